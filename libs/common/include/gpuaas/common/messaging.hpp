@@ -1,0 +1,193 @@
+#pragma once
+// NATS (nats.c) adapter: one connection per process with reconnect-forever and low-latency
+// sends, core publish/request, JetStream streams declared idempotently, synchronous publish
+// with Nats-Msg-Id de-duplication, and durable pull consumers with ack / nak-with-backoff /
+// dead-letter after max deliveries. nats.c status codes become Error values here.
+#include <nats/nats.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/result.hpp"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace gpuaas::messaging {
+
+using Headers = std::map<std::string, std::string>;
+
+inline constexpr const char* kHeaderMsgId = "Nats-Msg-Id";
+inline constexpr const char* kHeaderTraceparent = "traceparent";
+inline constexpr const char* kHeaderDeadline = "Gpuaas-Deadline-Ms";  // Unix epoch ms
+
+struct Message {
+  std::string subject;
+  std::string reply;
+  std::string data;
+  Headers headers;
+  std::string Header(const std::string& key) const {
+    auto it = headers.find(key);
+    return it == headers.end() ? std::string() : it->second;
+  }
+};
+
+struct ConnectionOptions {
+  std::string url = "nats://127.0.0.1:4222";
+  std::string name;  // shows in nats-server connz
+  int64_t connect_timeout_ms = 2000;
+  int64_t reconnect_wait_ms = 250;
+  // Also start when the server is down at first; the connection comes up when it does.
+  bool retry_on_failed_connect = true;
+};
+
+class Connection {
+ public:
+  static Result<std::shared_ptr<Connection>> Connect(const ConnectionOptions& opts,
+                                                     log::Logger logger);
+  ~Connection();
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  bool Connected() const;
+  natsConnection* raw() const { return nc_; }
+  jsCtx* js() const { return js_; }
+  const log::Logger& logger() const { return log_; }
+
+  Result<void> Publish(const std::string& subject, const std::string& data,
+                       const Headers& headers = {});
+  Result<Message> Request(const std::string& subject, const std::string& data,
+                          const Headers& headers, std::chrono::milliseconds timeout);
+  // Round trip to the server (PING/PONG): proves the connection is usable.
+  Result<void> Flush(std::chrono::milliseconds timeout);
+
+ private:
+  Connection() = default;
+  natsConnection* nc_ = nullptr;
+  natsOptions* opts_ = nullptr;
+  jsCtx* js_ = nullptr;
+  log::Logger log_;
+};
+
+// Converts a natsMsg (not taking ownership) into a Message.
+Message FromNats(natsMsg* m);
+// Builds a natsMsg; the caller owns it.
+Result<natsMsg*> ToNats(const std::string& subject, const std::string& reply,
+                        const std::string& data, const Headers& headers);
+Error NatsError(natsStatus s, const std::string& what);
+
+// ---- JetStream ----
+
+struct StreamSpec {
+  std::string name;
+  std::vector<std::string> subjects;
+  int64_t max_age_s = 0;  // 0 = keep forever (events are the audit log)
+  int64_t duplicate_window_s = 600;
+};
+
+// Creates the stream, or updates it when its subjects/limits differ. Safe to call from every
+// replica of every service at start.
+Result<void> EnsureStream(Connection& conn, const StreamSpec& spec);
+
+struct PublishAck {
+  std::string stream;
+  uint64_t sequence = 0;
+  bool duplicate = false;
+};
+Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
+                             const std::string& data, const std::string& msg_id,
+                             const Headers& headers = {}, int64_t timeout_ms = 5000);
+
+// The streams every service knows about (contracts; see asyncapi/).
+StreamSpec InventoryEventsStream();
+StreamSpec SchedulerEventsStream();
+StreamSpec DeadLetterStream();
+
+// ---- Durable pull consumers ----
+
+struct Delivery {
+  Message msg;
+  uint64_t stream_sequence = 0;
+  uint64_t num_delivered = 0;
+};
+
+enum class Disposition {
+  kAck,     // done (or a duplicate)
+  kRetry,   // transient failure: nak with backoff; dead-letter after max deliveries
+  kReject,  // permanent failure (malformed, invalid): dead-letter now
+};
+
+struct HandlerResult {
+  Disposition disposition = Disposition::kAck;
+  std::string reason;
+  static HandlerResult Ack() { return {}; }
+  static HandlerResult Retry(std::string why) { return {Disposition::kRetry, std::move(why)}; }
+  static HandlerResult Reject(std::string why) { return {Disposition::kReject, std::move(why)}; }
+};
+
+struct ConsumerSpec {
+  std::string stream;
+  std::string durable;
+  std::string filter_subject;
+  int64_t max_deliver = 5;
+  int64_t ack_wait_ms = 30000;
+  int batch = 64;
+  int64_t fetch_timeout_ms = 500;
+  // Delay before redelivery n (1-based); the last value repeats.
+  std::vector<int64_t> backoff_ms = {100, 500, 2000, 5000};
+};
+
+class Consumer {
+ public:
+  using Handler = std::function<HandlerResult(const Delivery&)>;
+  Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
+           log::Logger logger, prometheus::Registry* metrics = nullptr);
+  ~Consumer();
+
+  // Declares the durable consumer (idempotent) and starts the fetch loop.
+  Result<void> Start();
+  // Stops fetching; the message in hand is finished first.
+  void Stop();
+  // Deletes the durable consumer so the next Start() replays the stream from the start.
+  Result<void> DeleteDurable();
+  // Stream sequence of the last message this consumer acked (for tests and rebuild).
+  uint64_t LastAckedSequence() const { return last_acked_.load(); }
+  uint64_t Processed() const { return processed_.load(); }
+
+ private:
+  void Loop();
+  Result<void> Subscribe();
+  void Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r);
+  void DeadLetter(const Delivery& d, const std::string& reason);
+
+  std::shared_ptr<Connection> conn_;
+  ConsumerSpec spec_;
+  Handler handler_;
+  log::Logger log_;
+  struct Metrics;
+  std::shared_ptr<Metrics> metrics_;
+  std::mutex mu_;
+  natsSubscription* sub_ = nullptr;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<uint64_t> last_acked_{0};
+  std::atomic<uint64_t> processed_{0};
+};
+
+// Stream's last sequence (0 when empty).
+Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream);
+// Number of messages stored for `subject` in `stream`.
+Result<uint64_t> StreamSubjectCount(Connection& conn, const std::string& stream,
+                                    const std::string& subject);
+
+}  // namespace gpuaas::messaging

@@ -1,0 +1,82 @@
+#pragma once
+// Transactional outbox. Append() writes an event row inside the caller's transaction (so the
+// state change and its announcement commit together) and NOTIFYs the relay. The Relay
+// publishes unpublished rows in sequence order to JetStream with Nats-Msg-Id = event id, then
+// marks them; a crash between publish and mark re-publishes and JetStream drops the
+// duplicate. Several relay replicas are safe: each batch runs under a transaction-scoped
+// advisory lock, so one relay publishes at a time and order is kept.
+#include <google/protobuf/message.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/common/store.hpp"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace gpuaas::outbox {
+
+inline constexpr const char* kNotifyChannel = "gpuaas_outbox";
+
+struct EventSpec {
+  std::string nats_subject;    // e.g. "gpuaas.v1.evt.inventory.node.registered"
+  std::string type;            // CloudEvents type; defaults to nats_subject minus ".evt"
+  std::string source;          // "<service>/<instance>"
+  std::string entity;          // the envelope's `subject`: entity id
+  int64_t generation = 0;
+  std::string correlation_id;
+  std::string traceparent;
+  const google::protobuf::Message* data = nullptr;
+};
+
+// Inserts the event into the outbox in `tx`; returns the new event id (UUIDv7).
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec);
+
+struct RelayOptions {
+  int batch = 256;
+  int64_t idle_poll_ms = 1000;  // safety net; NOTIFY wakes the relay immediately
+  int64_t retain_published_s = 86400;
+};
+
+class Relay {
+ public:
+  Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn, log::Logger logger,
+        prometheus::Registry* metrics, RelayOptions opts = {});
+  ~Relay();
+  void Start();
+  // Stops the loop; with flush, first publishes every row committed so far (bounded).
+  void Stop(bool flush = true, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  // Rows published by this relay since start.
+  uint64_t Published() const { return published_.load(); }
+
+  // Test and benchmark hooks, called on the relay thread: after JetStream acked an event
+  // and before its row is marked. A hook that throws simulates a crash at that point.
+  std::function<void(const std::string& event_id)> after_publish;
+
+ private:
+  void Loop();
+  // Publishes one batch; returns rows published, or an error.
+  Result<int> RunBatch(pqxx::connection& c);
+
+  std::string dsn_;
+  std::shared_ptr<messaging::Connection> conn_;
+  log::Logger log_;
+  RelayOptions opts_;
+  struct Metrics;
+  std::shared_ptr<Metrics> metrics_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> flush_{true};
+  std::chrono::steady_clock::time_point flush_deadline_;
+  std::atomic<uint64_t> published_{0};
+};
+
+}  // namespace gpuaas::outbox

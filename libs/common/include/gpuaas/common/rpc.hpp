@@ -1,0 +1,110 @@
+#pragma once
+// Typed request/reply over NATS. A service subscribes once, in a queue group named after the
+// service, to "gpuaas.*.<service>.>", and routes by subject to typed handlers (protobuf in,
+// protobuf out). Every reply is a gpuaas.v1.Reply carrying a Status; malformed payloads,
+// unknown subjects or versions, oversize payloads, expired deadlines and overload all get a
+// structured error and the server keeps serving. Work runs on a bounded worker pool so a slow
+// handler never blocks NATS' delivery thread; Drain() stops intake and finishes in-flight work.
+#include <google/protobuf/any.pb.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/result.hpp"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace gpuaas::rpc {
+
+struct Context {
+  std::string subject;
+  std::string traceparent;  // this request's span (child of the caller's)
+  std::string trace_id;
+  std::chrono::system_clock::time_point deadline;
+  messaging::Headers headers;
+  log::Logger log;  // carries trace_id and subject
+  // Milliseconds left before the caller gives up (at least 1).
+  int64_t RemainingMs() const;
+};
+
+struct ServerOptions {
+  int workers = 4;
+  size_t max_queue = 1024;        // beyond this: RESOURCE_EXHAUSTED "overloaded"
+  size_t max_payload = 256 * 1024;  // bytes; beyond this: INVALID_ARGUMENT "payload_too_large"
+  int64_t default_deadline_ms = 10000;
+};
+
+class Server {
+ public:
+  using RawHandler =
+      std::function<Result<void>(const std::string& data, Context& ctx, google::protobuf::Any*)>;
+
+  // `filter` is the subscription, e.g. "gpuaas.*.inventory.>"; `service` names the queue group.
+  Server(std::shared_ptr<messaging::Connection> conn, std::string service, std::string filter,
+         log::Logger logger, prometheus::Registry* metrics, ServerOptions options = {});
+  ~Server();
+
+  template <typename Req, typename Resp>
+  void Handle(const std::string& subject, std::function<Result<Resp>(const Req&, Context&)> fn) {
+    Register(subject, [fn = std::move(fn)](const std::string& data, Context& ctx,
+                                           google::protobuf::Any* out) -> Result<void> {
+      Req req;
+      if (!req.ParseFromString(data)) {
+        return Error::InvalidArgument(
+            "malformed_payload",
+            "request body is not a valid " + Req::descriptor()->full_name() + " message");
+      }
+      Result<Resp> r = fn(req, ctx);
+      if (!r.ok()) return r.error();
+      out->PackFrom(*r);
+      return Ok();
+    });
+  }
+
+  void Register(const std::string& subject, RawHandler handler);
+  Result<void> Start();
+  // Stops taking requests, answers what was already received, waits for in-flight work.
+  void Drain(std::chrono::milliseconds timeout);
+  size_t InFlight() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+class Client {
+ public:
+  explicit Client(std::shared_ptr<messaging::Connection> conn) : conn_(std::move(conn)) {}
+
+  template <typename Resp, typename Req>
+  Result<Resp> Call(const std::string& subject, const Req& req,
+                    std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
+                    const std::string& traceparent = "") {
+    auto raw = CallRaw(subject, req.SerializeAsString(), timeout, traceparent,
+                       Resp::descriptor()->full_name());
+    if (!raw.ok()) return raw.error();
+    Resp resp;
+    if (!resp.ParseFromString(*raw)) {
+      return Error::Internal("malformed_reply", "reply result does not parse as " +
+                                                    Resp::descriptor()->full_name());
+    }
+    return resp;
+  }
+
+  // Sends raw bytes; returns the serialized result of type `expected_type` or the error
+  // carried in the reply's Status.
+  Result<std::string> CallRaw(const std::string& subject, const std::string& data,
+                              std::chrono::milliseconds timeout, const std::string& traceparent,
+                              const std::string& expected_type);
+
+ private:
+  std::shared_ptr<messaging::Connection> conn_;
+};
+
+}  // namespace gpuaas::rpc

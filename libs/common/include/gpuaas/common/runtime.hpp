@@ -1,0 +1,117 @@
+#pragma once
+// Service runtime shared by every service: common configuration keys, instance identity,
+// logger, metrics registry, the NATS connection, the PostgreSQL pool with migrations applied
+// at start, the health/metrics HTTP server, signal handling and graceful drain.
+//
+// Drain order on SIGTERM/SIGINT: readiness goes false, then every drain step runs in the order
+// registered (services register: stop taking requests, stop consumers, flush the outbox).
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gpuaas/common/config.hpp"
+#include "gpuaas/common/http.hpp"
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/common/store.hpp"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace gpuaas::runtime {
+
+struct CommonConfig {
+  std::string instance_id;
+  std::string log_level;
+  std::string nats_url;
+  int64_t nats_request_timeout_ms = 5000;
+  std::string pg_dsn;
+  int64_t pg_pool_size = 4;
+  std::string http_host;
+  int64_t http_port = 0;
+  int64_t rpc_workers = 4;
+  int64_t drain_timeout_ms = 10000;
+
+  // Registers the keys every service has; `with_postgres` adds the postgres.* keys.
+  void Register(config::Schema& schema, bool with_postgres);
+};
+
+struct Component {
+  std::string name;  // "inventory"
+  const std::vector<store::Migration>* migrations = nullptr;  // null: no PostgreSQL
+};
+
+class Service {
+ public:
+  Service(Component component, CommonConfig cfg);
+  ~Service();
+
+  // Connects NATS (and PostgreSQL, retrying until it is reachable or `start_timeout`),
+  // applies migrations, starts /healthz, /readyz and /metrics.
+  Result<void> Start(std::chrono::milliseconds start_timeout = std::chrono::seconds(30));
+
+  const std::string& name() const { return component_.name; }
+  const std::string& instance_id() const { return cfg_.instance_id; }
+  std::string source() const { return component_.name + "/" + cfg_.instance_id; }
+  const CommonConfig& config() const { return cfg_; }
+  const log::Logger& log() const { return log_; }
+  prometheus::Registry& metrics() { return *registry_; }
+  std::shared_ptr<messaging::Connection> nats() { return nats_; }
+  std::shared_ptr<store::Pool> pg() { return pool_; }
+  uint16_t http_port() const { return http_port_; }
+
+  // Starts an outbox relay for this service's database; it is flushed on drain.
+  outbox::Relay& StartOutboxRelay(outbox::RelayOptions opts = {});
+
+  // A readiness check; /readyz is 200 only while all pass and the service is not draining.
+  void AddReadinessCheck(std::string name, std::function<Result<void>()> check);
+  // Gate set by the service itself (e.g. node-agent until restart adoption finished).
+  void SetReady(bool ready) { self_ready_ = ready; }
+  // Steps run in registration order when the service stops.
+  void OnDrain(std::string name, std::function<void()> step);
+
+  // Blocks until SIGINT/SIGTERM or RequestStop(), then drains. Returns the exit code.
+  int Run();
+  void RequestStop();
+  // Drains and closes everything (idempotent).
+  void Shutdown();
+
+  // JSON of every readiness check: {"ready":bool,"checks":{name:"ok"|error}}.
+  std::pair<bool, std::string> Readiness();
+
+ private:
+  Component component_;
+  CommonConfig cfg_;
+  log::Logger log_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<messaging::Connection> nats_;
+  std::shared_ptr<store::Pool> pool_;
+  std::unique_ptr<http::Server> http_;
+  std::unique_ptr<outbox::Relay> relay_;
+  uint16_t http_port_ = 0;
+  std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
+  std::vector<std::pair<std::string, std::function<void()>>> drains_;
+  std::atomic<bool> self_ready_{true};
+  std::atomic<bool> draining_{false};
+  std::atomic<bool> shut_down_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
+  bool stop_requested_ = false;
+};
+
+// Blocks SIGINT/SIGTERM in the calling thread (and threads it creates later).
+void BlockTerminationSignals();
+
+// Parses `--config FILE` / `--print-config` for a service main(); loads schema + env.
+// Returns the exit code to use when main should stop now (help, bad config), else -1.
+int ParseServiceArgs(int argc, char** argv, const std::string& service, config::Schema& schema);
+
+}  // namespace gpuaas::runtime

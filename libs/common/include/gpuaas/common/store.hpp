@@ -1,0 +1,125 @@
+#pragma once
+// PostgreSQL (libpqxx 6.4) adapter: a small connection pool, versioned migrations applied at
+// start under an advisory lock, and WithTx(), which runs a unit of work in one transaction and
+// retries serialization failures and deadlocks. libpqxx exceptions become Error values here:
+// a lost connection is UNAVAILABLE (retryable), everything else INTERNAL.
+#include <pqxx/pqxx>
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/result.hpp"
+
+namespace gpuaas::store {
+
+struct Migration {
+  int version;
+  std::string name;
+  std::string sql;
+};
+
+// outbox and inbox tables, shared by every service database.
+const std::vector<Migration>& CommonMigrations();
+
+struct PoolOptions {
+  std::string dsn;
+  int size = 4;
+  int64_t acquire_timeout_ms = 5000;
+};
+
+class Pool {
+ public:
+  class Lease {
+   public:
+    Lease(Pool* pool, std::unique_ptr<pqxx::connection> c) : pool_(pool), c_(std::move(c)) {}
+    Lease(Lease&& o) noexcept : pool_(std::exchange(o.pool_, nullptr)), c_(std::move(o.c_)) {}
+    Lease& operator=(Lease&&) = delete;
+    Lease(const Lease&) = delete;
+    ~Lease();
+    pqxx::connection& operator*() { return *c_; }
+    pqxx::connection* operator->() { return c_.get(); }
+    // The connection is broken: do not return it to the pool.
+    void Discard() { c_.reset(); }
+
+   private:
+    Pool* pool_ = nullptr;
+    std::unique_ptr<pqxx::connection> c_;
+  };
+
+  Pool(PoolOptions opts, log::Logger logger);
+  Result<Lease> Acquire();
+  // SELECT 1 on a pooled connection.
+  Result<void> Ping();
+  const std::string& dsn() const { return opts_.dsn; }
+  const log::Logger& logger() const { return log_; }
+
+ private:
+  friend class Lease;
+  void Release(std::unique_ptr<pqxx::connection> c);
+  PoolOptions opts_;
+  log::Logger log_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_;
+  int open_ = 0;
+};
+
+// Classifies an exception thrown by libpqxx (or anything else) as an Error.
+// `retry_tx` is set for serialization failures and deadlocks.
+Error FromException(const std::exception& e, bool* retry_tx, bool* broken);
+
+struct TxOptions {
+  int max_attempts = 6;
+  bool serializable = false;
+};
+
+namespace detail {
+void BackoffSleep(int attempt);
+}
+
+// Runs fn(tx) in a transaction and commits when it returns ok; an error value rolls back.
+// fn must be safe to run again (it is, if all its effects go through tx).
+template <typename F>
+auto WithTx(Pool& pool, F&& fn, TxOptions opts = {})
+    -> decltype(fn(std::declval<pqxx::work&>())) {
+  using R = decltype(fn(std::declval<pqxx::work&>()));
+  Error last = Error::Unavailable("db_unavailable", "no attempt made");
+  for (int attempt = 1; attempt <= opts.max_attempts; ++attempt) {
+    auto lease = pool.Acquire();
+    if (!lease.ok()) return R(lease.error());
+    try {
+      pqxx::work tx(**lease);
+      if (opts.serializable) tx.exec0("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
+      R r = fn(tx);
+      if (r.ok()) tx.commit();
+      return r;
+    } catch (const std::exception& e) {
+      bool retry = false;
+      bool broken = false;
+      last = FromException(e, &retry, &broken);
+      if (broken) lease->Discard();
+      if (!retry && !broken) return R(last);
+      if (broken && attempt >= 2) return R(last);
+      detail::BackoffSleep(attempt);
+    }
+  }
+  return R(last);
+}
+
+// Applies `migrations` of `component` (e.g. "inventory") that are not yet applied, in version
+// order, each in its own transaction, under a session advisory lock so concurrent replicas
+// starting together apply each migration once. An applied migration whose text changed is an
+// error (edit by adding a new one).
+Result<int> Migrate(Pool& pool, const std::string& component,
+                    const std::vector<Migration>& migrations);
+
+}  // namespace gpuaas::store

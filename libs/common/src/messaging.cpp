@@ -1,0 +1,453 @@
+#include "gpuaas/common/messaging.hpp"
+
+#include <fmt/format.h>
+#include <prometheus/counter.h>
+#include <prometheus/registry.h>
+
+#include <google/protobuf/timestamp.pb.h>
+#include <google/protobuf/util/time_util.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/v1/event.pb.h"
+
+namespace gpuaas::messaging {
+
+Error NatsError(natsStatus s, const std::string& what) {
+  const char* text = natsStatus_GetText(s);
+  switch (s) {
+    case NATS_TIMEOUT:
+      return {Code::kDeadlineExceeded, "nats_timeout", what + ": " + text, {}, true};
+    case NATS_NO_RESPONDERS:
+      return {Code::kUnavailable, "no_responders", what + ": no service answers this subject",
+              {}, true};
+    case NATS_CONNECTION_CLOSED:
+    case NATS_CONNECTION_DISCONNECTED:
+    case NATS_NO_SERVER:
+    case NATS_STALE_CONNECTION:
+    case NATS_NOT_YET_CONNECTED:
+      return {Code::kUnavailable, "nats_unavailable", what + ": " + text, {}, true};
+    case NATS_MAX_PAYLOAD:
+      return {Code::kInvalidArgument, "payload_too_large", what + ": " + text, {}, false};
+    default:
+      return {Code::kUnavailable, "nats_error", what + ": " + text, {}, true};
+  }
+}
+
+Message FromNats(natsMsg* m) {
+  Message out;
+  out.subject = natsMsg_GetSubject(m) ? natsMsg_GetSubject(m) : "";
+  out.reply = natsMsg_GetReply(m) ? natsMsg_GetReply(m) : "";
+  if (natsMsg_GetDataLength(m) > 0) {
+    out.data.assign(natsMsg_GetData(m), static_cast<size_t>(natsMsg_GetDataLength(m)));
+  }
+  const char** keys = nullptr;
+  int count = 0;
+  if (natsMsgHeader_Keys(m, &keys, &count) == NATS_OK) {
+    for (int i = 0; i < count; ++i) {
+      const char* v = nullptr;
+      if (natsMsgHeader_Get(m, keys[i], &v) == NATS_OK && v) out.headers[keys[i]] = v;
+    }
+    free(static_cast<void*>(keys));
+  }
+  return out;
+}
+
+Result<natsMsg*> ToNats(const std::string& subject, const std::string& reply,
+                        const std::string& data, const Headers& headers) {
+  natsMsg* m = nullptr;
+  natsStatus s = natsMsg_Create(&m, subject.c_str(), reply.empty() ? nullptr : reply.c_str(),
+                                data.data(), static_cast<int>(data.size()));
+  if (s != NATS_OK) return NatsError(s, "create message on " + subject);
+  for (const auto& [k, v] : headers) {
+    s = natsMsgHeader_Set(m, k.c_str(), v.c_str());
+    if (s != NATS_OK) {
+      natsMsg_Destroy(m);
+      return NatsError(s, "set header " + k);
+    }
+  }
+  return m;
+}
+
+namespace {
+void OnDisconnected(natsConnection*, void* closure) {
+  static_cast<Connection*>(closure)->logger().Warn("nats disconnected");
+}
+void OnReconnected(natsConnection*, void* closure) {
+  static_cast<Connection*>(closure)->logger().Info("nats reconnected");
+}
+void OnConnected(natsConnection*, void* closure) {
+  static_cast<Connection*>(closure)->logger().Info("nats connected");
+}
+}  // namespace
+
+Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions& o,
+                                                        log::Logger logger) {
+  std::shared_ptr<Connection> c(new Connection());
+  c->log_ = std::move(logger);
+  natsStatus s = natsOptions_Create(&c->opts_);
+  if (s == NATS_OK) s = natsOptions_SetURL(c->opts_, o.url.c_str());
+  if (s == NATS_OK && !o.name.empty()) s = natsOptions_SetName(c->opts_, o.name.c_str());
+  if (s == NATS_OK) s = natsOptions_SetTimeout(c->opts_, o.connect_timeout_ms);
+  if (s == NATS_OK) s = natsOptions_SetMaxReconnect(c->opts_, -1);
+  if (s == NATS_OK) s = natsOptions_SetReconnectWait(c->opts_, o.reconnect_wait_ms);
+  if (s == NATS_OK) s = natsOptions_SetReconnectJitter(c->opts_, 50, 50);
+  // Requests/replies are small and latency-bound: flush every send immediately.
+  if (s == NATS_OK) s = natsOptions_SetSendAsap(c->opts_, true);
+  // Keep publishing into the reconnect buffer while the server restarts.
+  if (s == NATS_OK) s = natsOptions_SetReconnectBufSize(c->opts_, 32 * 1024 * 1024);
+  if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(c->opts_, OnDisconnected, c.get());
+  if (s == NATS_OK) s = natsOptions_SetReconnectedCB(c->opts_, OnReconnected, c.get());
+  if (s == NATS_OK && o.retry_on_failed_connect) {
+    s = natsOptions_SetRetryOnFailedConnect(c->opts_, true, OnConnected, c.get());
+  }
+  if (s != NATS_OK) return NatsError(s, "nats options");
+  s = natsConnection_Connect(&c->nc_, c->opts_);
+  if (s != NATS_OK && !(o.retry_on_failed_connect && s == NATS_NOT_YET_CONNECTED)) {
+    return NatsError(s, "connect to " + o.url);
+  }
+  jsOptions jo;
+  jsOptions_Init(&jo);
+  jo.Wait = 5000;
+  s = natsConnection_JetStream(&c->js_, c->nc_, &jo);
+  if (s != NATS_OK) return NatsError(s, "jetstream context");
+  return c;
+}
+
+Connection::~Connection() {
+  if (js_) jsCtx_Destroy(js_);
+  if (nc_) {
+    natsConnection_Close(nc_);
+    natsConnection_Destroy(nc_);
+  }
+  if (opts_) natsOptions_Destroy(opts_);
+}
+
+bool Connection::Connected() const {
+  return nc_ && natsConnection_Status(nc_) == NATS_CONN_STATUS_CONNECTED;
+}
+
+Result<void> Connection::Publish(const std::string& subject, const std::string& data,
+                                 const Headers& headers) {
+  auto m = ToNats(subject, "", data, headers);
+  if (!m.ok()) return m.error();
+  natsStatus s = natsConnection_PublishMsg(nc_, *m);
+  natsMsg_Destroy(*m);
+  if (s != NATS_OK) return NatsError(s, "publish " + subject);
+  return Ok();
+}
+
+Result<Message> Connection::Request(const std::string& subject, const std::string& data,
+                                    const Headers& headers, std::chrono::milliseconds timeout) {
+  auto m = ToNats(subject, "", data, headers);
+  if (!m.ok()) return m.error();
+  natsMsg* reply = nullptr;
+  natsStatus s = natsConnection_RequestMsg(&reply, nc_, *m, timeout.count());
+  natsMsg_Destroy(*m);
+  if (s != NATS_OK) return NatsError(s, "request " + subject);
+  Message out = FromNats(reply);
+  natsMsg_Destroy(reply);
+  return out;
+}
+
+Result<void> Connection::Flush(std::chrono::milliseconds timeout) {
+  natsStatus s = natsConnection_FlushTimeout(nc_, timeout.count());
+  if (s != NATS_OK) return NatsError(s, "flush");
+  return Ok();
+}
+
+// ---- JetStream ----
+
+namespace {
+Error JsError(natsStatus s, jsErrCode jerr, const std::string& what) {
+  Error e = NatsError(s, what);
+  if (jerr != 0) e.details["js_err_code"] = std::to_string(static_cast<int>(jerr));
+  natsStatus ls = NATS_OK;
+  if (const char* last = nats_GetLastError(&ls); last != nullptr && *last != '\0') {
+    e.details["nats_last_error"] = last;
+  }
+  return e;
+}
+}  // namespace
+
+Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
+  jsStreamConfig cfg;
+  jsStreamConfig_Init(&cfg);
+  std::vector<const char*> subjects;
+  for (const auto& s : spec.subjects) subjects.push_back(s.c_str());
+  cfg.Name = spec.name.c_str();
+  cfg.Subjects = subjects.data();
+  cfg.SubjectsLen = static_cast<int>(subjects.size());
+  cfg.Storage = js_FileStorage;
+  cfg.Retention = js_LimitsPolicy;
+  cfg.MaxAge = spec.max_age_s * int64_t{1000000000};
+  cfg.Duplicates = spec.duplicate_window_s * int64_t{1000000000};
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_AddStream(&si, conn.js(), &cfg, nullptr, &jerr);
+  if (s == NATS_OK) {
+    jsStreamInfo_Destroy(si);
+    return Ok();
+  }
+  if (jerr == JSStreamNameExistErr) {
+    s = js_UpdateStream(&si, conn.js(), &cfg, nullptr, &jerr);
+    if (s == NATS_OK) {
+      jsStreamInfo_Destroy(si);
+      conn.logger().Info("stream updated", {{"stream", spec.name}});
+      return Ok();
+    }
+  }
+  return JsError(s, jerr, "ensure stream " + spec.name);
+}
+
+Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
+                             const std::string& data, const std::string& msg_id,
+                             const Headers& headers, int64_t timeout_ms) {
+  auto m = ToNats(subject, "", data, headers);
+  if (!m.ok()) return m.error();
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  po.MsgId = msg_id.empty() ? nullptr : msg_id.c_str();
+  po.MaxWait = timeout_ms;
+  jsPubAck* pa = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_PublishMsg(&pa, conn.js(), *m, &po, &jerr);
+  natsMsg_Destroy(*m);
+  if (s != NATS_OK) return JsError(s, jerr, "jetstream publish " + subject);
+  PublishAck ack{pa->Stream ? pa->Stream : "", pa->Sequence, pa->Duplicate};
+  jsPubAck_Destroy(pa);
+  return ack;
+}
+
+StreamSpec InventoryEventsStream() {
+  return {"GPUAAS_EVT_INVENTORY", {"gpuaas.v1.evt.inventory.>"}, 0, 600};
+}
+StreamSpec SchedulerEventsStream() {
+  return {"GPUAAS_EVT_SCHEDULER", {"gpuaas.v1.evt.scheduler.>"}, 0, 600};
+}
+StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
+
+Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, conn.js(), stream.c_str(), nullptr, &jerr);
+  if (s != NATS_OK) return JsError(s, jerr, "stream info " + stream);
+  uint64_t last = si->State.LastSeq;
+  jsStreamInfo_Destroy(si);
+  return last;
+}
+
+Result<uint64_t> StreamSubjectCount(Connection& conn, const std::string& stream,
+                                    const std::string& subject) {
+  jsOptions o;
+  jsOptions_Init(&o);
+  o.Stream.Info.SubjectsFilter = subject.c_str();
+  jsStreamInfo* si = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetStreamInfo(&si, conn.js(), stream.c_str(), &o, &jerr);
+  if (s != NATS_OK) return JsError(s, jerr, "stream info " + stream);
+  uint64_t n = 0;
+  if (si->State.Subjects) {
+    for (int i = 0; i < si->State.Subjects->Count; ++i) n += si->State.Subjects->List[i].Msgs;
+  }
+  jsStreamInfo_Destroy(si);
+  return n;
+}
+
+// ---- Consumer ----
+
+struct Consumer::Metrics {
+  prometheus::Family<prometheus::Counter>* family = nullptr;
+  prometheus::Counter* acked = nullptr;
+  prometheus::Counter* retried = nullptr;
+  prometheus::Counter* dead = nullptr;
+};
+
+Consumer::Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
+                   log::Logger logger, prometheus::Registry* metrics)
+    : conn_(std::move(conn)),
+      spec_(std::move(spec)),
+      handler_(std::move(handler)),
+      log_(logger.With({{"consumer", spec_.durable}})),
+      metrics_(std::make_shared<Metrics>()) {
+  if (metrics) {
+    metrics_->family = &prometheus::BuildCounter()
+                            .Name("gpuaas_events_consumed_total")
+                            .Help("Events handled by durable consumers, by outcome")
+                            .Register(*metrics);
+    metrics_->acked = &metrics_->family->Add({{"consumer", spec_.durable}, {"result", "ack"}});
+    metrics_->retried = &metrics_->family->Add({{"consumer", spec_.durable}, {"result", "retry"}});
+    metrics_->dead =
+        &metrics_->family->Add({{"consumer", spec_.durable}, {"result", "dead_letter"}});
+  }
+}
+
+Consumer::~Consumer() { Stop(); }
+
+Result<void> Consumer::Subscribe() {
+  std::lock_guard lock(mu_);
+  if (sub_) {
+    natsSubscription_Destroy(sub_);
+    sub_ = nullptr;
+  }
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = spec_.stream.c_str();
+  so.Config.Durable = spec_.durable.c_str();
+  so.Config.AckPolicy = js_AckExplicit;
+  so.Config.DeliverPolicy = js_DeliverAll;
+  so.Config.MaxDeliver = spec_.max_deliver;
+  so.Config.AckWait = spec_.ack_wait_ms * int64_t{1000000};
+  so.Config.FilterSubject = spec_.filter_subject.c_str();
+  so.Config.MaxAckPending = 10000;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_PullSubscribe(&sub_, conn_->js(), spec_.filter_subject.c_str(),
+                                  spec_.durable.c_str(), nullptr, &so, &jerr);
+  if (s != NATS_OK) {
+    sub_ = nullptr;
+    return JsError(s, jerr, "pull subscribe " + spec_.durable);
+  }
+  return Ok();
+}
+
+Result<void> Consumer::Start() {
+  if (auto r = Subscribe(); !r.ok()) return r;
+  stop_ = false;
+  thread_ = std::thread([this] { Loop(); });
+  log_.Info("consumer started",
+            {{"stream", spec_.stream}, {"filter", spec_.filter_subject}});
+  return Ok();
+}
+
+void Consumer::Stop() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+  std::lock_guard lock(mu_);
+  if (sub_) {
+    natsSubscription_Destroy(sub_);
+    sub_ = nullptr;
+  }
+}
+
+Result<void> Consumer::DeleteDurable() {
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s =
+      js_DeleteConsumer(conn_->js(), spec_.stream.c_str(), spec_.durable.c_str(), nullptr, &jerr);
+  if (s != NATS_OK && jerr != JSConsumerNotFoundErr) {
+    return JsError(s, jerr, "delete consumer " + spec_.durable);
+  }
+  return Ok();
+}
+
+void Consumer::Loop() {
+  int64_t error_backoff_ms = 100;
+  while (!stop_) {
+    natsSubscription* sub = nullptr;
+    {
+      std::lock_guard lock(mu_);
+      sub = sub_;
+    }
+    if (!sub) {
+      if (auto r = Subscribe(); !r.ok()) {
+        log_.Warn("consumer resubscribe failed", {{"error", r.error().ToString()}});
+        std::this_thread::sleep_for(std::chrono::milliseconds(error_backoff_ms));
+        error_backoff_ms = std::min<int64_t>(error_backoff_ms * 2, 2000);
+      }
+      continue;
+    }
+    natsMsgList list{nullptr, 0};
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = natsSubscription_Fetch(&list, sub, spec_.batch, spec_.fetch_timeout_ms, &jerr);
+    if (s == NATS_TIMEOUT) continue;
+    if (s != NATS_OK) {
+      if (!stop_) {
+        log_.Warn("consumer fetch failed", {{"error", JsError(s, jerr, "fetch").ToString()}});
+        if (jerr == JSConsumerNotFoundErr || s == NATS_INVALID_SUBSCRIPTION ||
+            s == NATS_CONNECTION_CLOSED) {
+          std::lock_guard lock(mu_);
+          if (sub_) natsSubscription_Destroy(sub_);
+          sub_ = nullptr;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(error_backoff_ms));
+        error_backoff_ms = std::min<int64_t>(error_backoff_ms * 2, 2000);
+      }
+      continue;
+    }
+    error_backoff_ms = 100;
+    for (int i = 0; i < list.Count; ++i) {
+      natsMsg* m = list.Msgs[i];
+      Delivery d;
+      d.msg = FromNats(m);
+      jsMsgMetaData* meta = nullptr;
+      if (natsMsg_GetMetaData(&meta, m) == NATS_OK) {
+        d.stream_sequence = meta->Sequence.Stream;
+        d.num_delivered = meta->NumDelivered;
+        jsMsgMetaData_Destroy(meta);
+      }
+      HandlerResult r;
+      try {
+        r = handler_(d);
+      } catch (const std::exception& e) {
+        r = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+      }
+      Dispose(m, d, r);
+    }
+    natsMsgList_Destroy(&list);
+  }
+}
+
+void Consumer::Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r) {
+  auto fields = log::Fields{{"subject", d.msg.subject},
+                            {"stream_seq", std::to_string(d.stream_sequence)},
+                            {"deliveries", std::to_string(d.num_delivered)},
+                            {"trace_id", ids::TraceId(d.msg.Header(kHeaderTraceparent))}};
+  processed_++;
+  if (r.disposition == Disposition::kAck) {
+    natsMsg_Ack(m, nullptr);
+    last_acked_ = d.stream_sequence;
+    if (metrics_->acked) metrics_->acked->Increment();
+    return;
+  }
+  const bool exhausted = static_cast<int64_t>(d.num_delivered) >= spec_.max_deliver;
+  if (r.disposition == Disposition::kRetry && !exhausted) {
+    const size_t idx = std::min<size_t>(d.num_delivered == 0 ? 0 : d.num_delivered - 1,
+                                        spec_.backoff_ms.size() - 1);
+    const int64_t delay = spec_.backoff_ms.empty() ? 0 : spec_.backoff_ms[idx];
+    fields.emplace_back("reason", r.reason);
+    log_.Warn("event handling failed, will retry", fields);
+    natsMsg_NakWithDelay(m, delay, nullptr);
+    if (metrics_->retried) metrics_->retried->Increment();
+    return;
+  }
+  const std::string why = exhausted && r.disposition == Disposition::kRetry
+                              ? "max deliveries exceeded: " + r.reason
+                              : r.reason;
+  fields.emplace_back("reason", why);
+  log_.Error("event dead-lettered", fields);
+  DeadLetter(d, why);
+  natsMsg_Term(m, nullptr);
+  last_acked_ = d.stream_sequence;
+  if (metrics_->dead) metrics_->dead->Increment();
+}
+
+void Consumer::DeadLetter(const Delivery& d, const std::string& reason) {
+  v1::DeadLetter dl;
+  dl.set_stream(spec_.stream);
+  dl.set_consumer(spec_.durable);
+  dl.set_subject(d.msg.subject);
+  dl.set_stream_sequence(d.stream_sequence);
+  dl.set_deliveries(d.num_delivered);
+  dl.set_payload(d.msg.data);
+  for (const auto& [k, v] : d.msg.headers) (*dl.mutable_headers())[k] = v;
+  dl.set_reason(reason);
+  *dl.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  const std::string subject =
+      fmt::format("gpuaas.v1.dlq.{stream}.{consumer}", fmt::arg("stream", spec_.stream),
+                  fmt::arg("consumer", spec_.durable));
+  Headers h;
+  if (auto tp = d.msg.Header(kHeaderTraceparent); !tp.empty()) h[kHeaderTraceparent] = tp;
+  auto r = JsPublish(*conn_, subject, dl.SerializeAsString(),
+                     fmt::format("{}:{}:{}", spec_.stream, spec_.durable, d.stream_sequence), h);
+  if (!r.ok()) log_.Error("dead-letter publish failed", {{"error", r.error().ToString()}});
+}
+
+}  // namespace gpuaas::messaging

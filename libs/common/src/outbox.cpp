@@ -1,0 +1,225 @@
+#include "gpuaas/common/outbox.hpp"
+
+#include <google/protobuf/any.pb.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <fmt/format.h>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/v1/event.pb.h"
+
+namespace gpuaas::outbox {
+
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
+  if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0) {
+    return Error::Internal("bad_event_subject", "events go to gpuaas.v1.evt.>: " + spec.nats_subject);
+  }
+  v1::Event ev;
+  ev.set_id(ids::NewUuidV7());
+  ev.set_specversion("1.0");
+  ev.set_type(spec.type.empty() ? "gpuaas.v1." + spec.nats_subject.substr(14) : spec.type);
+  ev.set_source(spec.source);
+  ev.set_subject(spec.entity);
+  *ev.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  ev.set_generation(spec.generation);
+  ev.set_correlation_id(spec.correlation_id);
+  if (spec.data) ev.mutable_data()->PackFrom(*spec.data);
+  const std::string payload = ev.SerializeAsString();
+  pqxx::binarystring blob(payload.data(), payload.size());
+  tx.exec_params(
+      "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)",
+      ev.id(), spec.nats_subject, blob,
+      spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent);
+  // Delivered at commit; several NOTIFYs in one transaction fold into one.
+  tx.exec0(fmt::format("NOTIFY {}", kNotifyChannel));
+  return ev.id();
+}
+
+struct Relay::Metrics {
+  prometheus::Counter* published = nullptr;
+  prometheus::Counter* errors = nullptr;
+  prometheus::Histogram* lag = nullptr;
+};
+
+namespace {
+class Receiver : public pqxx::notification_receiver {
+ public:
+  Receiver(pqxx::connection_base& c, const std::string& channel)
+      : pqxx::notification_receiver(c, channel) {}
+  void operator()(const std::string& /*payload*/, int /*backend_pid*/) override {}
+};
+}  // namespace
+
+Relay::Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn, log::Logger logger,
+             prometheus::Registry* metrics, RelayOptions opts)
+    : dsn_(std::move(dsn)),
+      conn_(std::move(conn)),
+      log_(logger.With({{"component", "outbox_relay"}})),
+      opts_(opts),
+      metrics_(std::make_shared<Metrics>()) {
+  if (metrics) {
+    metrics_->published = &prometheus::BuildCounter()
+                               .Name("gpuaas_outbox_published_total")
+                               .Help("Outbox events published to JetStream")
+                               .Register(*metrics)
+                               .Add({});
+    metrics_->errors = &prometheus::BuildCounter()
+                            .Name("gpuaas_outbox_errors_total")
+                            .Help("Outbox relay batches that failed")
+                            .Register(*metrics)
+                            .Add({});
+    metrics_->lag = &prometheus::BuildHistogram()
+                         .Name("gpuaas_outbox_lag_seconds")
+                         .Help("Time from outbox insert to JetStream ack")
+                         .Register(*metrics)
+                         .Add({}, prometheus::Histogram::BucketBoundaries{
+                                      0.0005, 0.001, 0.002, 0.005, 0.01, 0.05, 0.1, 1, 10});
+  }
+}
+
+Relay::~Relay() { Stop(false, std::chrono::milliseconds(0)); }
+
+void Relay::Start() {
+  stop_ = false;
+  thread_ = std::thread([this] { Loop(); });
+}
+
+void Relay::Stop(bool flush, std::chrono::milliseconds timeout) {
+  if (!thread_.joinable()) return;
+  flush_ = flush;
+  flush_deadline_ = std::chrono::steady_clock::now() + timeout;
+  stop_ = true;
+  thread_.join();
+}
+
+Result<int> Relay::RunBatch(pqxx::connection& c) {
+  pqxx::work tx(c);
+  // One publisher at a time keeps the stream in outbox order across relay replicas.
+  if (!tx.exec1("SELECT pg_try_advisory_xact_lock(hashtext('gpuaas_outbox_relay'))")[0]
+           .as<bool>()) {
+    return 0;
+  }
+  auto rows = tx.exec_params(
+      "SELECT seq, event_id::text, subject, payload, traceparent, "
+      "extract(epoch from created_at)::float8 FROM outbox "
+      "WHERE published_at IS NULL ORDER BY seq LIMIT $1",
+      opts_.batch);
+  if (rows.empty()) return 0;
+  std::vector<int64_t> done;
+  done.reserve(rows.size());
+  Error failure = Error::Internal("", "");
+  bool failed = false;
+  for (const auto& row : rows) {
+    const std::string event_id = row[1].as<std::string>();
+    pqxx::binarystring payload(row[3]);
+    messaging::Headers h{{messaging::kHeaderTraceparent, row[4].as<std::string>()}};
+    auto ack = messaging::JsPublish(*conn_, row[2].as<std::string>(), payload.str(), event_id, h);
+    if (!ack.ok()) {
+      failure = ack.error();
+      failed = true;
+      break;
+    }
+    if (after_publish) after_publish(event_id);
+    done.push_back(row[0].as<int64_t>());
+    if (metrics_->lag) {
+      const double now =
+          std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch())
+              .count();
+      metrics_->lag->Observe(std::max(0.0, now - row[5].as<double>()));
+    }
+  }
+  if (!done.empty()) {
+    std::string ids = "{";
+    for (size_t i = 0; i < done.size(); ++i) ids += (i ? "," : "") + std::to_string(done[i]);
+    ids += "}";
+    // A lost mark only causes a re-publish, which JetStream de-duplicates by Nats-Msg-Id, so
+    // this commit need not wait for the WAL flush.
+    tx.exec0("SET LOCAL synchronous_commit = off");
+    tx.exec_params("UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", ids);
+    tx.commit();
+    published_ += done.size();
+    if (metrics_->published) metrics_->published->Increment(static_cast<double>(done.size()));
+  }
+  if (failed) return failure;
+  return static_cast<int>(done.size());
+}
+
+void Relay::Loop() {
+  std::unique_ptr<pqxx::connection> c;
+  std::unique_ptr<Receiver> receiver;
+  int64_t backoff_ms = 100;
+  auto last_cleanup = std::chrono::steady_clock::now();
+  auto last_batch = std::chrono::steady_clock::time_point{};
+  bool woken = true;
+  while (true) {
+    if (stop_ && (!flush_ || std::chrono::steady_clock::now() >= flush_deadline_)) break;
+    if (!c) {
+      try {
+        c = std::make_unique<pqxx::connection>(dsn_);
+        receiver = std::make_unique<Receiver>(*c, kNotifyChannel);
+        backoff_ms = 100;
+        woken = true;
+      } catch (const std::exception& e) {
+        receiver.reset();
+        c.reset();
+        if (stop_) break;
+        log_.Warn("relay cannot reach the database", {{"error", e.what()}});
+        std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+        backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
+        continue;
+      }
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (woken || stop_ || now - last_batch >= std::chrono::milliseconds(opts_.idle_poll_ms)) {
+      last_batch = now;
+      Result<int> r = Error::Internal("", "");
+      try {
+        r = RunBatch(*c);
+      } catch (const std::exception& e) {
+        bool retry = false;
+        bool broken = false;
+        r = store::FromException(e, &retry, &broken);
+        if (broken || !c->is_open()) {
+          receiver.reset();
+          c.reset();
+        }
+      }
+      if (!r.ok()) {
+        if (metrics_->errors) metrics_->errors->Increment();
+        log_.Warn("relay batch failed", {{"error", r.error().ToString()}});
+        if (stop_ && !conn_->Connected()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+        backoff_ms = std::min<int64_t>(backoff_ms * 2, 2000);
+        woken = true;
+        continue;
+      }
+      backoff_ms = 100;
+      if (*r >= opts_.batch) continue;  // more may be waiting
+      if (stop_) break;                 // flushed everything committed so far
+    }
+    if (now - last_cleanup > std::chrono::minutes(5)) {
+      last_cleanup = now;
+      try {
+        pqxx::work tx(*c);
+        tx.exec_params(
+            "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)",
+            static_cast<double>(opts_.retain_published_s));
+        tx.commit();
+      } catch (const std::exception& e) {
+        log_.Warn("outbox cleanup failed", {{"error", e.what()}});
+      }
+    }
+    try {
+      // Short waits so Stop() is seen promptly; a NOTIFY ends the wait at once.
+      woken = c->await_notification(0, 200000) > 0;
+    } catch (const std::exception& e) {
+      receiver.reset();
+      c.reset();
+    }
+  }
+}
+
+}  // namespace gpuaas::outbox

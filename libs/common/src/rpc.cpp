@@ -1,0 +1,298 @@
+#include "gpuaas/common/rpc.hpp"
+
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <prometheus/counter.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/v1/status.pb.h"
+
+namespace gpuaas::rpc {
+
+namespace {
+int64_t NowMs() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::vector<std::string> Tokens(const std::string& subject) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (true) {
+    size_t dot = subject.find('.', start);
+    out.push_back(subject.substr(start, dot - start));
+    if (dot == std::string::npos) break;
+    start = dot + 1;
+  }
+  return out;
+}
+}  // namespace
+
+int64_t Context::RemainingMs() const {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  deadline - std::chrono::system_clock::now())
+                  .count();
+  return std::max<int64_t>(1, left);
+}
+
+struct Server::Impl {
+  std::shared_ptr<messaging::Connection> conn;
+  std::string service;
+  std::string filter;
+  log::Logger log;
+  ServerOptions opts;
+  std::map<std::string, RawHandler> handlers;
+  natsSubscription* sub = nullptr;
+
+  std::mutex mu;
+  std::condition_variable cv;
+  std::condition_variable idle_cv;
+  std::deque<natsMsg*> queue;
+  size_t in_flight = 0;
+  bool stopping = false;
+  std::vector<std::thread> workers;
+
+  prometheus::Family<prometheus::Counter>* requests = nullptr;
+  prometheus::Family<prometheus::Histogram>* duration = nullptr;
+
+  void Reply(const messaging::Message& m, const Context& ctx, const v1::Reply& reply) {
+    if (m.reply.empty()) return;
+    messaging::Headers h{{messaging::kHeaderTraceparent, ctx.traceparent}};
+    auto r = conn->Publish(m.reply, reply.SerializeAsString(), h);
+    if (!r.ok()) ctx.log.Warn("reply publish failed", {{"error", r.error().ToString()}});
+  }
+
+  void Process(natsMsg* raw) {
+    const auto started = std::chrono::steady_clock::now();
+    messaging::Message m = messaging::FromNats(raw);
+    natsMsg_Destroy(raw);
+    Context ctx;
+    ctx.subject = m.subject;
+    ctx.headers = m.headers;
+    ctx.traceparent = ids::ChildTraceparent(m.Header(messaging::kHeaderTraceparent));
+    ctx.trace_id = ids::TraceId(ctx.traceparent);
+    int64_t deadline_ms = NowMs() + opts.default_deadline_ms;
+    if (auto d = m.Header(messaging::kHeaderDeadline); !d.empty()) {
+      try {
+        deadline_ms = std::stoll(d);
+      } catch (...) {
+        // A malformed deadline is treated as absent.
+      }
+    }
+    ctx.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(deadline_ms));
+    ctx.log = log.With({{"trace_id", ctx.trace_id}, {"subject", m.subject}});
+
+    v1::Reply reply;
+    Result<void> result = Dispatch(m, ctx, reply.mutable_result());
+    auto* st = reply.mutable_status();
+    if (result.ok()) {
+      st->set_code(v1::OK);
+    } else {
+      reply.clear_result();
+      const Error& e = result.error();
+      st->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
+      st->set_reason(e.reason);
+      st->set_message(e.message);
+      st->set_retryable(e.retryable);
+      for (const auto& [k, v] : e.details) (*st->mutable_details())[k] = v;
+      const auto lvl = e.code == Code::kInternal ? log::Level::kError : log::Level::kInfo;
+      ctx.log.Log(lvl, "request failed", {{"error", e.ToString()}});
+    }
+    Reply(m, ctx, reply);
+    const std::string code = CodeName(static_cast<Code>(st->code()));
+    const std::string label = handlers.count(m.subject) ? m.subject : "unknown";
+    if (requests) requests->Add({{"subject", label}, {"code", code}}).Increment();
+    if (duration) {
+      duration
+          ->Add({{"subject", label}},
+                prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                        0.025, 0.05, 0.1, 0.25, 1, 5})
+          .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
+                       .count());
+    }
+  }
+
+  Result<void> Dispatch(const messaging::Message& m, Context& ctx, google::protobuf::Any* out) {
+    if (m.data.size() > opts.max_payload) {
+      return Error::InvalidArgument(
+          "payload_too_large",
+          fmt::format("request is {} bytes; the limit is {}", m.data.size(), opts.max_payload),
+          {{"size", std::to_string(m.data.size())},
+           {"limit", std::to_string(opts.max_payload)}});
+    }
+    auto tokens = Tokens(m.subject);
+    if (tokens.size() < 3 || tokens[0] != "gpuaas") {
+      return Error::InvalidArgument("unknown_subject", "not a gpuaas subject: " + m.subject);
+    }
+    if (tokens[1] != "v1") {
+      return Error::InvalidArgument(
+          "unsupported_version",
+          fmt::format("subject version '{}' is not served; this service speaks v1", tokens[1]),
+          {{"version", tokens[1]}, {"supported", "v1"}});
+    }
+    auto it = handlers.find(m.subject);
+    if (it == handlers.end()) {
+      return {Error{Code::kUnimplemented, "unknown_subject",
+                    "no handler for " + m.subject + " in " + service, {}, false}};
+    }
+    if (std::chrono::system_clock::now() >= ctx.deadline) {
+      return {Error{Code::kDeadlineExceeded, "deadline_exceeded",
+                    "the caller's deadline passed before the request was handled", {}, false}};
+    }
+    try {
+      return it->second(m.data, ctx, out);
+    } catch (const std::exception& e) {
+      return Error::Internal("handler_exception", e.what());
+    }
+  }
+
+  void Worker() {
+    while (true) {
+      natsMsg* m = nullptr;
+      {
+        std::unique_lock lock(mu);
+        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        if (queue.empty()) return;  // stopping and nothing left
+        m = queue.front();
+        queue.pop_front();
+        ++in_flight;
+      }
+      Process(m);
+      {
+        std::lock_guard lock(mu);
+        --in_flight;
+        if (in_flight == 0 && queue.empty()) idle_cv.notify_all();
+      }
+    }
+  }
+
+  static void OnMsg(natsConnection*, natsSubscription*, natsMsg* msg, void* closure) {
+    auto* self = static_cast<Impl*>(closure);
+    {
+      std::lock_guard lock(self->mu);
+      if (!self->stopping && self->queue.size() < self->opts.max_queue) {
+        self->queue.push_back(msg);
+        self->cv.notify_one();
+        return;
+      }
+    }
+    // Overloaded (or stopping): answer now rather than letting the caller time out.
+    messaging::Message m = messaging::FromNats(msg);
+    natsMsg_Destroy(msg);
+    v1::Reply reply;
+    reply.mutable_status()->set_code(v1::RESOURCE_EXHAUSTED);
+    reply.mutable_status()->set_reason("overloaded");
+    reply.mutable_status()->set_message("server queue is full or draining; retry");
+    reply.mutable_status()->set_retryable(true);
+    if (!m.reply.empty()) (void)self->conn->Publish(m.reply, reply.SerializeAsString());
+  }
+};
+
+Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service,
+               std::string filter, log::Logger logger, prometheus::Registry* metrics,
+               ServerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->conn = std::move(conn);
+  impl_->service = std::move(service);
+  impl_->filter = std::move(filter);
+  impl_->log = std::move(logger);
+  impl_->opts = options;
+  if (metrics) {
+    impl_->requests = &prometheus::BuildCounter()
+                           .Name("gpuaas_rpc_requests_total")
+                           .Help("Requests answered, by subject and status code")
+                           .Register(*metrics);
+    impl_->duration = &prometheus::BuildHistogram()
+                           .Name("gpuaas_rpc_duration_seconds")
+                           .Help("Time from dequeue to reply, by subject")
+                           .Register(*metrics);
+  }
+}
+
+Server::~Server() { Drain(std::chrono::milliseconds(2000)); }
+
+void Server::Register(const std::string& subject, RawHandler handler) {
+  impl_->handlers[subject] = std::move(handler);
+}
+
+Result<void> Server::Start() {
+  for (int i = 0; i < impl_->opts.workers; ++i) {
+    impl_->workers.emplace_back([this] { impl_->Worker(); });
+  }
+  natsStatus s = natsConnection_QueueSubscribe(&impl_->sub, impl_->conn->raw(),
+                                               impl_->filter.c_str(), impl_->service.c_str(),
+                                               &Impl::OnMsg, impl_.get());
+  if (s != NATS_OK) return messaging::NatsError(s, "subscribe " + impl_->filter);
+  natsSubscription_SetPendingLimits(impl_->sub, -1, -1);
+  impl_->log.Info("rpc server started",
+                  {{"filter", impl_->filter}, {"handlers", std::to_string(impl_->handlers.size())}});
+  return Ok();
+}
+
+void Server::Drain(std::chrono::milliseconds timeout) {
+  if (!impl_) return;
+  if (impl_->sub) {
+    // Stop interest; messages already delivered to us are still queued and answered.
+    natsSubscription_Drain(impl_->sub);
+    natsSubscription_WaitForDrainCompletion(impl_->sub, timeout.count());
+    natsSubscription_Destroy(impl_->sub);
+    impl_->sub = nullptr;
+  }
+  {
+    std::unique_lock lock(impl_->mu);
+    impl_->idle_cv.wait_for(lock, timeout,
+                            [&] { return impl_->queue.empty() && impl_->in_flight == 0; });
+    impl_->stopping = true;
+  }
+  impl_->cv.notify_all();
+  for (auto& t : impl_->workers) {
+    if (t.joinable()) t.join();
+  }
+  impl_->workers.clear();
+}
+
+size_t Server::InFlight() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->in_flight + impl_->queue.size();
+}
+
+Result<std::string> Client::CallRaw(const std::string& subject, const std::string& data,
+                                    std::chrono::milliseconds timeout,
+                                    const std::string& traceparent,
+                                    const std::string& expected_type) {
+  messaging::Headers h{
+      {messaging::kHeaderTraceparent,
+       traceparent.empty() ? ids::NewTraceparent() : ids::ChildTraceparent(traceparent)},
+      {messaging::kHeaderDeadline, std::to_string(NowMs() + timeout.count())}};
+  auto resp = conn_->Request(subject, data, h, timeout);
+  if (!resp.ok()) return resp.error();
+  v1::Reply reply;
+  if (!reply.ParseFromString(resp->data)) {
+    return Error::Internal("malformed_reply", "reply to " + subject + " is not a gpuaas.v1.Reply");
+  }
+  const auto& st = reply.status();
+  if (st.code() != v1::OK) {
+    Error e{static_cast<Code>(static_cast<int>(st.code())), st.reason(), st.message(), {},
+            st.retryable()};
+    for (const auto& [k, v] : st.details()) e.details[k] = v;
+    return e;
+  }
+  const std::string& url = reply.result().type_url();
+  if (url.size() < expected_type.size() ||
+      url.compare(url.size() - expected_type.size(), expected_type.size(), expected_type) != 0) {
+    return Error::Internal("unexpected_reply_type",
+                           "expected " + expected_type + ", got " + url);
+  }
+  return reply.result().value();
+}
+
+}  // namespace gpuaas::rpc

@@ -1,0 +1,217 @@
+#include "gpuaas/common/runtime.hpp"
+
+#include <signal.h>
+
+#include <cstdio>
+#include <iostream>
+#include <thread>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "gpuaas/common/ids.hpp"
+
+namespace gpuaas::runtime {
+
+void CommonConfig::Register(config::Schema& s, bool with_postgres) {
+  s.Add("service.instance_id", &instance_id,
+        "Instance identity in logs, events and NATS connection names (empty: generated)", "");
+  s.Add("log.level", &log_level, "debug | info | warn | error", "info",
+        config::OneOf({"debug", "info", "warn", "error"}));
+  s.Add("nats.url", &nats_url, "NATS server URL", "nats://127.0.0.1:4222", config::NonEmpty());
+  s.Add("nats.request_timeout_ms", &nats_request_timeout_ms,
+        "Timeout of requests this service makes", 5000, config::Range(1, 600000));
+  if (with_postgres) {
+    s.Add("postgres.dsn", &pg_dsn, "libpq connection string of this service's own database", "",
+          config::NonEmpty());
+    s.Add("postgres.pool_size", &pg_pool_size, "Connections in the pool", 4,
+          config::Range(1, 256));
+  }
+  s.Add("http.host", &http_host, "Address for /healthz, /readyz, /metrics", "127.0.0.1",
+        config::NonEmpty());
+  s.Add("http.port", &http_port, "Port for /healthz, /readyz, /metrics (0 = any free port)", 0,
+        config::Range(0, 65535));
+  s.Add("rpc.workers", &rpc_workers, "Request handler threads", 4, config::Range(1, 256));
+  s.Add("shutdown.drain_timeout_ms", &drain_timeout_ms,
+        "How long a stopping service may take to finish in-flight work", 10000,
+        config::Range(0, 600000));
+}
+
+Service::Service(Component component, CommonConfig cfg)
+    : component_(std::move(component)),
+      cfg_(std::move(cfg)),
+      registry_(std::make_shared<prometheus::Registry>()) {
+  if (cfg_.instance_id.empty()) cfg_.instance_id = ids::NewInstanceId();
+  log_ = log::Logger(component_.name, cfg_.instance_id, log::ParseLevel(cfg_.log_level));
+}
+
+Service::~Service() { Shutdown(); }
+
+Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + start_timeout;
+  messaging::ConnectionOptions no;
+  no.url = cfg_.nats_url;
+  no.name = source();
+  auto nc = messaging::Connection::Connect(no, log_);
+  if (!nc.ok()) return nc.error();
+  nats_ = *nc;
+  AddReadinessCheck("nats", [this]() -> Result<void> {
+    if (!nats_->Connected()) return Error::Unavailable("nats_disconnected", "not connected");
+    return Ok();
+  });
+
+  if (component_.migrations) {
+    pool_ = std::make_shared<store::Pool>(
+        store::PoolOptions{cfg_.pg_dsn, static_cast<int>(cfg_.pg_pool_size), 5000}, log_);
+    while (true) {
+      auto common = store::Migrate(*pool_, "common", store::CommonMigrations());
+      Result<int> own = common.ok() ? store::Migrate(*pool_, component_.name,
+                                                     *component_.migrations)
+                                    : Result<int>(common.error());
+      if (own.ok()) break;
+      if (!own.error().retryable || std::chrono::steady_clock::now() > deadline) {
+        return own.error();
+      }
+      log_.Warn("database not ready, retrying", {{"error", own.error().ToString()}});
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    }
+    AddReadinessCheck("postgres", [this]() { return pool_->Ping(); });
+  }
+
+  http_ = std::make_unique<http::Server>(cfg_.http_host, static_cast<uint16_t>(cfg_.http_port),
+                                         log_);
+  http_->Route("/healthz", [](const std::string&, const std::string&) {
+    return http::Response{200, "text/plain; charset=utf-8", "ok\n"};
+  });
+  http_->Route("/readyz", [this](const std::string&, const std::string&) {
+    auto [ready, body] = Readiness();
+    return http::Response{ready ? 200 : 503, "application/json", body + "\n"};
+  });
+  http_->Route("/metrics", [this](const std::string&, const std::string&) {
+    prometheus::TextSerializer ser;
+    return http::Response{200, "text/plain; version=0.0.4", ser.Serialize(registry_->Collect())};
+  });
+  auto port = http_->Start();
+  if (!port.ok()) return port.error();
+  http_port_ = *port;
+  log_.Info("service started", {{"http_port", std::to_string(http_port_)}});
+  return Ok();
+}
+
+outbox::Relay& Service::StartOutboxRelay(outbox::RelayOptions opts) {
+  relay_ = std::make_unique<outbox::Relay>(cfg_.pg_dsn, nats_, log_, registry_.get(), opts);
+  relay_->Start();
+  return *relay_;
+}
+
+void Service::AddReadinessCheck(std::string name, std::function<Result<void>()> check) {
+  checks_.emplace_back(std::move(name), std::move(check));
+}
+
+void Service::OnDrain(std::string name, std::function<void()> step) {
+  drains_.emplace_back(std::move(name), std::move(step));
+}
+
+std::pair<bool, std::string> Service::Readiness() {
+  nlohmann::json j;
+  bool ready = self_ready_ && !draining_;
+  j["checks"] = nlohmann::json::object();
+  for (const auto& [name, check] : checks_) {
+    auto r = check();
+    j["checks"][name] = r.ok() ? "ok" : r.error().ToString();
+    ready = ready && r.ok();
+  }
+  if (!self_ready_) j["checks"]["service"] = "not ready";
+  if (draining_) j["checks"]["service"] = "draining";
+  j["ready"] = ready;
+  return {ready, j.dump()};
+}
+
+int Service::Run() {
+  // Signals are taken by a dedicated thread; every other thread has them blocked.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  std::thread waiter([this, set] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    if (sig != 0) log_.Info("signal received, draining", {{"signal", std::to_string(sig)}});
+    RequestStop();
+  });
+  {
+    std::unique_lock lock(stop_mu_);
+    stop_cv_.wait(lock, [this] { return stop_requested_; });
+  }
+  Shutdown();
+  // Wake the waiter if we stopped for another reason.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  return 0;
+}
+
+void Service::RequestStop() {
+  std::lock_guard lock(stop_mu_);
+  stop_requested_ = true;
+  stop_cv_.notify_all();
+}
+
+void Service::Shutdown() {
+  if (shut_down_.exchange(true)) return;
+  draining_ = true;
+  for (auto& [name, step] : drains_) {
+    log_.Info("drain step", {{"step", name}});
+    step();
+  }
+  if (relay_) {
+    relay_->Stop(true, std::chrono::milliseconds(cfg_.drain_timeout_ms));
+    log_.Info("outbox flushed", {{"published", std::to_string(relay_->Published())}});
+  }
+  if (http_) http_->Stop();
+  log_.Info("service stopped");
+}
+
+void BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+int ParseServiceArgs(int argc, char** argv, const std::string& service, config::Schema& schema) {
+  // Before any thread exists, so that only Service::Run's waiter ever takes SIGINT/SIGTERM.
+  BlockTerminationSignals();
+  std::string path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if ((a == "--config" || a == "-c") && i + 1 < argc) {
+      path = argv[++i];
+    } else if (a.rfind("--config=", 0) == 0) {
+      path = a.substr(9);
+    } else if (a == "--print-config") {
+      std::cout << schema.Describe();
+      return 0;
+    } else if (a == "--help" || a == "-h") {
+      std::cout << fmt::format(
+          "usage: gpuaas-{} [--config FILE] [--print-config]\n"
+          "Every key can be overridden by GPUAAS_<KEY> (dots become _), e.g. GPUAAS_NATS_URL.\n",
+          service);
+      return 0;
+    } else {
+      std::cerr << "unknown argument: " << a << "\n";
+      return 2;
+    }
+  }
+  auto r = schema.Load(path, config::ProcessEnv());
+  if (!r.ok()) {
+    std::cerr << "gpuaas-" << service << ": " << r.error().message << "\n";
+    return 2;
+  }
+  return -1;
+}
+
+}  // namespace gpuaas::runtime

@@ -1,0 +1,194 @@
+#include "gpuaas/common/store.hpp"
+
+#include <random>
+
+#include <fmt/format.h>
+
+namespace gpuaas::store {
+
+Pool::Lease::~Lease() {
+  // A discarded lease (null connection) still frees its slot in the pool.
+  if (pool_) pool_->Release(std::move(c_));
+}
+
+Pool::Pool(PoolOptions opts, log::Logger logger) : opts_(std::move(opts)), log_(std::move(logger)) {}
+
+Result<Pool::Lease> Pool::Acquire() {
+  std::unique_lock lock(mu_);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.acquire_timeout_ms);
+  while (idle_.empty() && open_ >= opts_.size) {
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
+      return Error{Code::kResourceExhausted, "db_pool_exhausted",
+                   "no database connection free within the acquire timeout", {}, true};
+    }
+  }
+  if (!idle_.empty()) {
+    auto c = std::move(idle_.back());
+    idle_.pop_back();
+    if (c->is_open()) return Lease(this, std::move(c));
+    --open_;
+  }
+  ++open_;
+  lock.unlock();
+  try {
+    auto c = std::make_unique<pqxx::connection>(opts_.dsn);
+    return Lease(this, std::move(c));
+  } catch (const std::exception& e) {
+    std::lock_guard relock(mu_);
+    --open_;
+    cv_.notify_one();
+    return Error::Unavailable("db_unavailable", std::string("cannot connect: ") + e.what());
+  }
+}
+
+void Pool::Release(std::unique_ptr<pqxx::connection> c) {
+  std::lock_guard lock(mu_);
+  if (c && c->is_open()) {
+    idle_.push_back(std::move(c));
+  } else {
+    --open_;
+  }
+  cv_.notify_one();
+}
+
+Result<void> Pool::Ping() {
+  return WithTx(*this, [](pqxx::work& tx) -> Result<void> {
+    tx.exec1("SELECT 1");
+    return Ok();
+  }, TxOptions{1, false});
+}
+
+Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
+  *retry_tx = false;
+  *broken = false;
+  if (dynamic_cast<const pqxx::serialization_failure*>(&e) ||
+      dynamic_cast<const pqxx::deadlock_detected*>(&e)) {
+    *retry_tx = true;
+    return Error::Aborted("tx_conflict", e.what());
+  }
+  if (dynamic_cast<const pqxx::broken_connection*>(&e) ||
+      dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
+    *broken = true;
+    return Error::Unavailable("db_unavailable", e.what());
+  }
+  if (const auto* se = dynamic_cast<const pqxx::sql_error*>(&e)) {
+    const std::string& state = se->sqlstate();
+    // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, 08xxx connection.
+    if (state.rfind("57P", 0) == 0 || state.rfind("08", 0) == 0) {
+      *broken = true;
+      return Error::Unavailable("db_unavailable", e.what());
+    }
+    if (state == "40001" || state == "40P01") {
+      *retry_tx = true;
+      return Error::Aborted("tx_conflict", e.what());
+    }
+    Error err = Error::Internal("db_error", e.what());
+    err.details["sqlstate"] = state;
+    return err;
+  }
+  return Error::Internal("internal", e.what());
+}
+
+namespace detail {
+void BackoffSleep(int attempt) {
+  thread_local std::mt19937 rng(std::random_device{}());
+  const int base = std::min(200, 5 << std::min(attempt, 6));
+  std::uniform_int_distribution<int> jitter(0, base);
+  std::this_thread::sleep_for(std::chrono::milliseconds(base / 2 + jitter(rng)));
+}
+}  // namespace detail
+
+namespace {
+std::string Checksum(const std::string& s) {
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return fmt::format("{:016x}", h);
+}
+}  // namespace
+
+Result<int> Migrate(Pool& pool, const std::string& component,
+                    const std::vector<Migration>& migrations) {
+  auto lease = pool.Acquire();
+  if (!lease.ok()) return lease.error();
+  int applied = 0;
+  try {
+    pqxx::connection& c = **lease;
+    {
+      pqxx::nontransaction nt(c);
+      nt.exec("SELECT pg_advisory_lock(hashtext('gpuaas_schema_migrations'))");
+      nt.exec(
+          "CREATE TABLE IF NOT EXISTS schema_migrations ("
+          " component text NOT NULL, version int NOT NULL, name text NOT NULL,"
+          " checksum text NOT NULL, applied_at timestamptz NOT NULL DEFAULT now(),"
+          " PRIMARY KEY (component, version))");
+    }
+    for (const auto& m : migrations) {
+      pqxx::work tx(c);
+      auto rows = tx.exec_params(
+          "SELECT checksum FROM schema_migrations WHERE component = $1 AND version = $2",
+          component, m.version);
+      const std::string sum = Checksum(m.sql);
+      if (!rows.empty()) {
+        if (rows[0][0].as<std::string>() != sum) {
+          tx.abort();
+          pqxx::nontransaction nt(c);
+          nt.exec("SELECT pg_advisory_unlock(hashtext('gpuaas_schema_migrations'))");
+          return Error::FailedPrecondition(
+              "migration_changed",
+              fmt::format("{} migration {} ({}) was changed after it was applied", component,
+                          m.version, m.name));
+        }
+        continue;
+      }
+      tx.exec(m.sql);
+      tx.exec_params(
+          "INSERT INTO schema_migrations (component, version, name, checksum) "
+          "VALUES ($1, $2, $3, $4)",
+          component, m.version, m.name, sum);
+      tx.commit();
+      ++applied;
+      pool.logger().Info("migration applied",
+                         {{"component", component}, {"migration", m.name}});
+    }
+    pqxx::nontransaction nt(c);
+    nt.exec("SELECT pg_advisory_unlock(hashtext('gpuaas_schema_migrations'))");
+  } catch (const std::exception& e) {
+    bool retry = false;
+    bool broken = false;
+    Error err = FromException(e, &retry, &broken);
+    lease->Discard();  // also drops the session advisory lock
+    err.message = fmt::format("{} migrations: {}", component, err.message);
+    return err;
+  }
+  return applied;
+}
+
+const std::vector<Migration>& CommonMigrations() {
+  static const std::vector<Migration> kMigrations = {
+      {1, "0001_outbox_inbox.sql", R"sql(
+CREATE TABLE outbox (
+  seq          bigserial PRIMARY KEY,
+  event_id     uuid NOT NULL UNIQUE,
+  subject      text NOT NULL,
+  payload      bytea NOT NULL,
+  traceparent  text NOT NULL DEFAULT '',
+  created_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+  published_at timestamptz
+);
+CREATE INDEX outbox_unpublished ON outbox (seq) WHERE published_at IS NULL;
+CREATE TABLE inbox (
+  consumer     text NOT NULL,
+  event_id     uuid NOT NULL,
+  processed_at timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (consumer, event_id)
+);
+)sql"},
+  };
+  return kMigrations;
+}
+
+}  // namespace gpuaas::store

@@ -1,0 +1,253 @@
+#include "test_env.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <pwd.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <stdexcept>
+#include <thread>
+
+#include <fmt/format.h>
+#include <pqxx/pqxx>
+
+namespace gpuaas::testing {
+
+uint16_t FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string MakeTempDir(const std::string& prefix) {
+  std::string tmpl = (std::filesystem::temp_directory_path() / (prefix + "-XXXXXX")).string();
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  return buf.data();
+}
+
+bool WaitFor(const std::function<bool()>& pred, std::chrono::milliseconds timeout,
+             std::chrono::milliseconds step) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(step);
+  }
+  return pred();
+}
+
+int Shell(const std::string& cmd) {
+  int rc = std::system(cmd.c_str());
+  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+}
+
+Process::~Process() { Stop(std::chrono::seconds(5)); }
+
+void Process::Spawn(const std::vector<std::string>& argv, const std::string& log_path,
+                    const std::vector<std::string>& extra_env, const std::string& run_as) {
+  uid_t uid = 0;
+  gid_t gid = 0;
+  if (!run_as.empty()) {
+    passwd* pw = getpwnam(run_as.c_str());
+    if (!pw) throw std::runtime_error("no such user " + run_as);
+    uid = pw->pw_uid;
+    gid = pw->pw_gid;
+  }
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    int fd = open(log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    // Unblock signals the test runner may have blocked, so SIGTERM works on the child.
+    sigset_t set;
+    sigemptyset(&set);
+    sigprocmask(SIG_SETMASK, &set, nullptr);
+    setpgid(0, 0);
+    for (const auto& e : extra_env) putenv(const_cast<char*>(e.c_str()));
+    if (!run_as.empty() && geteuid() == 0) {
+      if (setgid(gid) != 0 || setuid(uid) != 0) _exit(126);
+    }
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    _exit(127);
+  }
+}
+
+bool Process::Running() {
+  if (pid_ <= 0) return false;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    pid_ = -1;
+    return false;
+  }
+  return true;
+}
+
+void Process::Signal(int sig) {
+  if (pid_ > 0) kill(pid_, sig);
+}
+
+void Process::Stop(std::chrono::milliseconds grace) {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGTERM);
+  const auto deadline = std::chrono::steady_clock::now() + grace;
+  while (std::chrono::steady_clock::now() < deadline) {
+    int status = 0;
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+namespace {
+bool PortOpen(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(port);
+  bool ok = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  close(fd);
+  return ok;
+}
+}  // namespace
+
+TestNats::TestNats() : port_(FreePort()), dir_(MakeTempDir("gpuaas-nats")) { Start(); }
+
+TestNats::~TestNats() {
+  Stop();
+  std::filesystem::remove_all(dir_);
+}
+
+void TestNats::Start() {
+  proc_.Spawn({"nats-server", "-a", "127.0.0.1", "-p", std::to_string(port_), "-js", "-sd",
+               dir_ + "/js", "--http_port", "0"},
+              dir_ + "/nats.log");
+  // 0 http port disables monitoring; wait for the client port.
+  if (!WaitFor([&] { return PortOpen(port_); }, std::chrono::seconds(10))) {
+    throw std::runtime_error("nats-server did not start; see " + dir_ + "/nats.log");
+  }
+}
+
+void TestNats::Stop() { proc_.Stop(); }
+
+std::string TestNats::url() const { return fmt::format("nats://127.0.0.1:{}", port_); }
+
+std::string PostgresBinDir() {
+  if (const char* d = std::getenv("GPUAAS_PG_BINDIR")) return d;
+  std::string best;
+  for (const auto& e : std::filesystem::directory_iterator("/usr/lib/postgresql")) {
+    auto bin = e.path() / "bin";
+    if (std::filesystem::exists(bin / "postgres") && bin.string() > best) best = bin.string();
+  }
+  if (best.empty()) throw std::runtime_error("PostgreSQL server binaries not found");
+  return best;
+}
+
+TestPostgres::TestPostgres(bool fsync)
+    : port_(FreePort()), dir_(MakeTempDir("gpuaas-pg")), bindir_(PostgresBinDir()), fsync_(fsync) {
+  const bool root = geteuid() == 0;
+  if (root && Shell("chown postgres: " + dir_) != 0) throw std::runtime_error("chown failed");
+  const std::string as = root ? "runuser -u postgres -- " : "";
+  const std::string cmd =
+      fmt::format("{}{}/initdb -D {}/data -U postgres --auth=trust -E UTF8 --no-sync "
+                  "--no-instructions > {}/initdb.log 2>&1",
+                  as, bindir_, dir_, dir_);
+  if (Shell(cmd) != 0) throw std::runtime_error("initdb failed; see " + dir_ + "/initdb.log");
+  Start();
+}
+
+TestPostgres::~TestPostgres() {
+  Stop();
+  std::filesystem::remove_all(dir_);
+}
+
+void TestPostgres::Start() {
+  std::vector<std::string> argv = {bindir_ + "/postgres", "-D", dir_ + "/data", "-p",
+                                   std::to_string(port_), "-k", dir_, "-c",
+                                   "listen_addresses=127.0.0.1", "-c", "max_connections=200"};
+  if (!fsync_) {
+    for (const char* o : {"fsync=off", "synchronous_commit=off", "full_page_writes=off"}) {
+      argv.push_back("-c");
+      argv.push_back(o);
+    }
+  }
+  proc_.Spawn(argv, dir_ + "/postgres.log", {}, geteuid() == 0 ? "postgres" : "");
+  bool up = WaitFor(
+      [&] {
+        try {
+          pqxx::connection c(Dsn("postgres"));
+          return true;
+        } catch (...) {
+          return false;
+        }
+      },
+      std::chrono::seconds(30), std::chrono::milliseconds(50));
+  if (!up) throw std::runtime_error("postgres did not start; see " + dir_ + "/postgres.log");
+}
+
+void TestPostgres::Stop() {
+  // SIGINT = fast shutdown: active sessions are disconnected, as in a real restart.
+  if (proc_.Running()) {
+    proc_.Signal(SIGINT);
+    WaitFor([&] { return !proc_.Running(); }, std::chrono::seconds(20));
+  }
+  proc_.Stop();
+}
+
+std::string TestPostgres::Dsn(const std::string& db) const {
+  return fmt::format("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=3", port_,
+                     db);
+}
+
+std::string TestPostgres::AdminDsn() const { return Dsn("postgres"); }
+
+std::string TestPostgres::CreateDatabase(const std::string& prefix) {
+  static std::atomic<int> counter{0};
+  const std::string name = fmt::format("{}_{}_{}", prefix, getpid(), counter++);
+  pqxx::connection c(Dsn("postgres"));
+  pqxx::nontransaction tx(c);
+  tx.exec("CREATE DATABASE " + tx.quote_name(name));
+  return Dsn(name);
+}
+
+TestPostgres& SharedPostgres() {
+  static auto* pg = new TestPostgres();  // stopped by the atexit below
+  static bool registered = [] {
+    std::atexit([] { delete pg; });
+    return true;
+  }();
+  (void)registered;
+  return *pg;
+}
+
+}  // namespace gpuaas::testing

@@ -1,0 +1,238 @@
+// RPC server/client and JetStream consumer behaviour against a real nats-server.
+#include <gtest/gtest.h>
+
+#include <prometheus/registry.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/status.pb.h"
+#include "test_env.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+class MessagingTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log_ = log::Logger("test", "t1", log::Level::kWarn);
+    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
+    ASSERT_TRUE(c.ok()) << c.error().ToString();
+    conn_ = *c;
+  }
+  testing::TestNats nats_;
+  log::Logger log_;
+  std::shared_ptr<messaging::Connection> conn_;
+  prometheus::Registry registry_;
+};
+
+std::unique_ptr<rpc::Server> EchoServer(std::shared_ptr<messaging::Connection> conn,
+                                        log::Logger log, prometheus::Registry* reg,
+                                        rpc::ServerOptions opts = {}) {
+  auto s = std::make_unique<rpc::Server>(conn, "test", "gpuaas.*.test.>", log, reg, opts);
+  s->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
+      "gpuaas.v1.test.node.echo",
+      [](const v1::RegisterNodeRequest& req, rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
+        if (req.node_id().empty()) {
+          return Error::InvalidArgument("missing_fields", "node_id is required",
+                                        {{"node_id", "required"}});
+        }
+        if (req.node_id() == "slow") std::this_thread::sleep_for(300ms);
+        if (req.node_id() == "throw") throw std::runtime_error("boom");
+        v1::RegisterNodeResponse resp;
+        resp.mutable_node()->set_node_id(req.node_id());
+        resp.mutable_node()->set_hostname(ctx.trace_id);
+        return resp;
+      });
+  EXPECT_TRUE(s->Start().ok());
+  return s;
+}
+
+v1::Reply RawReply(messaging::Connection& c, const std::string& subject, const std::string& data,
+                   messaging::Headers h = {}) {
+  auto r = c.Request(subject, data, h, 2000ms);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().ToString());
+  v1::Reply reply;
+  EXPECT_TRUE(r.ok() && reply.ParseFromString(r->data));
+  return reply;
+}
+
+TEST_F(MessagingTest, TypedRequestReplyPropagatesTrace) {
+  auto server = EchoServer(conn_, log_, &registry_);
+  rpc::Client client(conn_);
+  v1::RegisterNodeRequest req;
+  req.set_node_id("n1");
+  const std::string tp = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+  auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", req, 2000ms, tp);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->node().node_id(), "n1");
+  EXPECT_EQ(r->node().hostname(), "0af7651916cd43dd8448eb211c80319c");
+}
+
+TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
+  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000});
+  // Malformed protobuf.
+  auto bad = RawReply(*conn_, "gpuaas.v1.test.node.echo", std::string("\xff\xff\xff\xff", 4));
+  EXPECT_EQ(bad.status().code(), v1::INVALID_ARGUMENT);
+  EXPECT_EQ(bad.status().reason(), "malformed_payload");
+  // Missing fields: the handler's own validation.
+  auto missing = RawReply(*conn_, "gpuaas.v1.test.node.echo", "");
+  EXPECT_EQ(missing.status().code(), v1::INVALID_ARGUMENT);
+  EXPECT_EQ(missing.status().details().at("node_id"), "required");
+  // Unknown version.
+  auto v2 = RawReply(*conn_, "gpuaas.v2.test.node.echo", "");
+  EXPECT_EQ(v2.status().code(), v1::INVALID_ARGUMENT);
+  EXPECT_EQ(v2.status().reason(), "unsupported_version");
+  // Unknown subject in a known version.
+  auto unknown = RawReply(*conn_, "gpuaas.v1.test.node.frobnicate", "");
+  EXPECT_EQ(unknown.status().code(), v1::UNIMPLEMENTED);
+  EXPECT_EQ(unknown.status().reason(), "unknown_subject");
+  // Oversize payload.
+  auto big = RawReply(*conn_, "gpuaas.v1.test.node.echo", std::string(4096, 'x'));
+  EXPECT_EQ(big.status().code(), v1::INVALID_ARGUMENT);
+  EXPECT_EQ(big.status().reason(), "payload_too_large");
+  // Deadline already passed when the request is handled.
+  auto late = RawReply(*conn_, "gpuaas.v1.test.node.echo", "",
+                       {{messaging::kHeaderDeadline, "1000"}});
+  EXPECT_EQ(late.status().code(), v1::DEADLINE_EXCEEDED);
+  // A handler that throws becomes INTERNAL.
+  v1::RegisterNodeRequest t;
+  t.set_node_id("throw");
+  auto thrown = RawReply(*conn_, "gpuaas.v1.test.node.echo", t.SerializeAsString());
+  EXPECT_EQ(thrown.status().code(), v1::INTERNAL);
+  // And a good request still works.
+  rpc::Client client(conn_);
+  v1::RegisterNodeRequest ok;
+  ok.set_node_id("still-here");
+  auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", ok);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->node().node_id(), "still-here");
+}
+
+TEST_F(MessagingTest, ClientSeesStatusAsErrorAndNoResponders) {
+  rpc::Client client(conn_);
+  v1::RegisterNodeRequest req;
+  auto none = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.nobody.node.echo", req, 500ms);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().code, Code::kUnavailable);
+  EXPECT_EQ(none.error().reason, "no_responders");
+  auto server = EchoServer(conn_, log_, &registry_);
+  auto missing = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", req);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, Code::kInvalidArgument);
+  EXPECT_EQ(missing.error().details.at("node_id"), "required");
+}
+
+TEST_F(MessagingTest, QueueGroupSpreadsWorkAndDrainFinishesInFlight) {
+  auto a = EchoServer(conn_, log_, &registry_);
+  auto b = EchoServer(conn_, log_, &registry_);
+  rpc::Client client(conn_);
+  v1::RegisterNodeRequest slow;
+  slow.set_node_id("slow");
+  std::atomic<int> ok{0};
+  std::vector<std::thread> callers;
+  for (int i = 0; i < 4; ++i) {
+    callers.emplace_back([&] {
+      if (client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", slow, 3000ms).ok()) {
+        ok++;
+      }
+    });
+  }
+  std::this_thread::sleep_for(50ms);
+  a->Drain(3000ms);  // requests it already took are still answered
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(ok.load(), 4);
+  EXPECT_EQ(a->InFlight(), 0u);
+}
+
+TEST_F(MessagingTest, EnsureStreamIsIdempotentAndDeduplicates) {
+  messaging::StreamSpec spec{"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60};
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, spec).ok());
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, spec).ok());
+  spec.subjects.push_back("gpuaas.v1.evt.test2.>");  // changed config: updated in place
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, spec).ok());
+  auto a1 = messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.x", "a", "id-1");
+  auto a2 = messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.x", "a", "id-1");
+  ASSERT_TRUE(a1.ok() && a2.ok());
+  EXPECT_FALSE(a1->duplicate);
+  EXPECT_TRUE(a2->duplicate);
+  EXPECT_EQ(*messaging::StreamSubjectCount(*conn_, "TEST_EVT", "gpuaas.v1.evt.test.x"), 1u);
+}
+
+TEST_F(MessagingTest, ConsumerRetriesWithBackoffThenDeadLetters) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, messaging::DeadLetterStream()).ok());
+  std::atomic<int> ok_seen{0};
+  std::atomic<int> flaky_attempts{0};
+  std::atomic<int> poison_attempts{0};
+  messaging::ConsumerSpec spec;
+  spec.stream = "TEST_EVT";
+  spec.durable = "test-consumer";
+  spec.filter_subject = "gpuaas.v1.evt.test.>";
+  spec.max_deliver = 3;
+  spec.backoff_ms = {20, 40};
+  messaging::Consumer consumer(
+      conn_, spec,
+      [&](const messaging::Delivery& d) {
+        if (d.msg.data == "ok") {
+          ok_seen++;
+          return messaging::HandlerResult::Ack();
+        }
+        if (d.msg.data == "flaky") {
+          // Fails twice, then succeeds on the third delivery.
+          return ++flaky_attempts < 3 ? messaging::HandlerResult::Retry("transient")
+                                      : messaging::HandlerResult::Ack();
+        }
+        if (d.msg.data == "poison") {
+          poison_attempts++;
+          return messaging::HandlerResult::Retry("always fails");
+        }
+        return messaging::HandlerResult::Reject("malformed");
+      },
+      log_, &registry_);
+  ASSERT_TRUE(consumer.Start().ok());
+  for (const char* p : {"ok", "flaky", "poison", "garbage"}) {
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.e", p, std::string("m-") + p).ok());
+  }
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ",
+                                           "gpuaas.v1.dlq.TEST_EVT.test-consumer");
+    return n.ok() && *n == 2;
+  }));
+  EXPECT_EQ(ok_seen.load(), 1);
+  EXPECT_EQ(flaky_attempts.load(), 3);
+  EXPECT_EQ(poison_attempts.load(), 3);  // max_deliver, then dead-lettered, not redelivered
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(poison_attempts.load(), 3);
+  consumer.Stop();
+}
+
+TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  std::atomic<int> seen{0};
+  messaging::ConsumerSpec spec{"TEST_EVT", "restart-consumer", "gpuaas.v1.evt.test.>"};
+  messaging::Consumer consumer(conn_, spec, [&](const messaging::Delivery&) {
+    seen++;
+    return messaging::HandlerResult::Ack();
+  }, log_);
+  ASSERT_TRUE(consumer.Start().ok());
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "1", "r-1").ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return seen == 1; }));
+  nats_.Stop();
+  nats_.Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return conn_->Connected(); }));
+  ASSERT_TRUE(testing::WaitFor([&] {
+    return messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "2", "r-2").ok();
+  }));
+  EXPECT_TRUE(testing::WaitFor([&] { return seen == 2; }, std::chrono::seconds(15)));
+  consumer.Stop();
+}
+
+}  // namespace
+}  // namespace gpuaas

@@ -1,0 +1,259 @@
+// Store, outbox and inbox against a real PostgreSQL and nats-server.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include "gpuaas/common/inbox.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "test_env.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::vector<store::Migration> kTestMigrations = {
+    {1, "0001_items.sql", "CREATE TABLE items (id text PRIMARY KEY, n int NOT NULL);"},
+    {2, "0002_more.sql", "ALTER TABLE items ADD COLUMN note text;"},
+};
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    log_ = log::Logger("test", "t1", log::Level::kWarn);
+    dsn_ = testing::SharedPostgres().CreateDatabase("store");
+    pool_ = std::make_shared<store::Pool>(store::PoolOptions{dsn_, 8, 3000}, log_);
+  }
+  log::Logger log_;
+  std::string dsn_;
+  std::shared_ptr<store::Pool> pool_;
+};
+
+TEST_F(StoreTest, MigrationsApplyOnceUnderConcurrentStarts) {
+  std::vector<std::thread> ts;
+  std::atomic<int> applied{0};
+  std::atomic<int> failed{0};
+  for (int i = 0; i < 4; ++i) {
+    ts.emplace_back([&] {
+      auto r = store::Migrate(*pool_, "svc", kTestMigrations);
+      if (r.ok()) {
+        applied += *r;
+      } else {
+        failed++;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  EXPECT_EQ(failed.load(), 0);
+  EXPECT_EQ(applied.load(), 2);
+  auto again = store::Migrate(*pool_, "svc", kTestMigrations);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, 0);
+}
+
+TEST_F(StoreTest, ChangedMigrationIsRefused) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  auto edited = kTestMigrations;
+  edited[0].sql += " -- edited";
+  auto r = store::Migrate(*pool_, "svc", edited);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().reason, "migration_changed");
+}
+
+TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  ASSERT_TRUE(store::WithTx(*pool_, [](pqxx::work& tx) -> Result<void> {
+    tx.exec0("INSERT INTO items VALUES ('counter', 0)");
+    return Ok();
+  }).ok());
+  std::atomic<int> attempts{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 8; ++i) {
+    ts.emplace_back([&] {
+      for (int j = 0; j < 10; ++j) {
+        auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+          attempts++;
+          int n = tx.exec1("SELECT n FROM items WHERE id = 'counter'")[0].as<int>();
+          tx.exec_params("UPDATE items SET n = $1 WHERE id = 'counter'", n + 1);
+          return Ok();
+        }, store::TxOptions{50, true});
+        EXPECT_TRUE(r.ok()) << r.error().ToString();
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  auto n = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<int> {
+    return tx.exec1("SELECT n FROM items WHERE id = 'counter'")[0].as<int>();
+  });
+  EXPECT_EQ(*n, 80);          // no lost update
+  EXPECT_GT(attempts.load(), 80);  // conflicts happened and were retried
+}
+
+TEST_F(StoreTest, UnreachableDatabaseIsUnavailableNotACrash) {
+  store::Pool dead(store::PoolOptions{"host=127.0.0.1 port=1 user=x dbname=x connect_timeout=1", 2,
+                                      1000},
+                   log_);
+  auto r = dead.Ping();
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Code::kUnavailable);
+  EXPECT_TRUE(r.error().retryable);
+}
+
+class OutboxTest : public StoreTest {
+ protected:
+  void SetUp() override {
+    StoreTest::SetUp();
+    ASSERT_TRUE(store::Migrate(*pool_, "common", store::CommonMigrations()).ok());
+    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
+    ASSERT_TRUE(c.ok());
+    conn_ = *c;
+    ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_OUT", {"gpuaas.v1.evt.test.>"}, 0, 600}).ok());
+  }
+  std::string Append(int i) {
+    std::string id;
+    v1::NodeSnapshot data;
+    data.mutable_node()->set_node_id("n" + std::to_string(i));
+    auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+      auto e = outbox::Append(tx, {"gpuaas.v1.evt.test.node.registered", "", "test/t1",
+                                   "n" + std::to_string(i), i, "", "", &data});
+      if (!e.ok()) return e.error();
+      id = *e;
+      return Ok();
+    });
+    EXPECT_TRUE(r.ok());
+    return id;
+  }
+  uint64_t StreamCount() {
+    auto n = messaging::StreamSubjectCount(*conn_, "TEST_OUT", "gpuaas.v1.evt.test.node.registered");
+    return n.ok() ? *n : 0;
+  }
+  int64_t Unpublished() {
+    return *store::WithTx(*pool_, [](pqxx::work& tx) -> Result<int64_t> {
+      return tx.exec1("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].as<int64_t>();
+    });
+  }
+  testing::TestNats nats_;
+  std::shared_ptr<messaging::Connection> conn_;
+};
+
+TEST_F(OutboxTest, EventsCommittedWhileRelayIsDownArriveOnceInOrder) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(Append(i));
+  EXPECT_EQ(StreamCount(), 0u);
+  outbox::Relay relay(dsn_, conn_, log_, nullptr);
+  relay.Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }));
+  EXPECT_EQ(StreamCount(), 20u);
+  // Stream order = outbox order, and each message carries its event id as Nats-Msg-Id.
+  std::atomic<int> idx{0};
+  std::atomic<bool> in_order{true};
+  messaging::Consumer reader(conn_, {"TEST_OUT", "reader", "gpuaas.v1.evt.test.>"},
+                             [&](const messaging::Delivery& d) {
+                               v1::Event ev;
+                               ev.ParseFromString(d.msg.data);
+                               const int i = idx++;
+                               if (ev.id() != ids[i] || d.msg.Header("Nats-Msg-Id") != ids[i] ||
+                                   ev.generation() != i || ev.type() != "gpuaas.v1.test.node.registered") {
+                                 in_order = false;
+                               }
+                               return messaging::HandlerResult::Ack();
+                             }, log_);
+  ASSERT_TRUE(reader.Start().ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return idx == 20; }));
+  EXPECT_TRUE(in_order.load());
+  relay.Stop();
+}
+
+TEST_F(OutboxTest, CrashBetweenPublishAndMarkStillDeliversExactlyOnce) {
+  Append(1);
+  {
+    outbox::Relay crashing(dsn_, conn_, log_, nullptr);
+    std::atomic<int> published{0};
+    crashing.after_publish = [&](const std::string&) {
+      published++;
+      throw std::runtime_error("relay killed after publish, before mark");
+    };
+    crashing.Start();
+    ASSERT_TRUE(testing::WaitFor([&] { return published > 0; }));
+    crashing.Stop(false, 0ms);
+  }
+  EXPECT_EQ(Unpublished(), 1);  // the mark never happened
+  EXPECT_EQ(StreamCount(), 1u);
+  outbox::Relay restarted(dsn_, conn_, log_, nullptr);
+  restarted.Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }));
+  EXPECT_EQ(StreamCount(), 1u);  // re-published, de-duplicated by Nats-Msg-Id
+  restarted.Stop();
+}
+
+TEST_F(OutboxTest, TwoRelaysPublishEachEventOnce) {
+  outbox::Relay a(dsn_, conn_, log_, nullptr);
+  outbox::Relay b(dsn_, conn_, log_, nullptr);
+  a.Start();
+  b.Start();
+  std::vector<std::thread> writers;
+  for (int w = 0; w < 4; ++w) {
+    writers.emplace_back([&, w] {
+      for (int i = 0; i < 25; ++i) Append(w * 100 + i);
+    });
+  }
+  for (auto& t : writers) t.join();
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }));
+  a.Stop();
+  b.Stop();
+  EXPECT_EQ(StreamCount(), 100u);
+  EXPECT_EQ(a.Published() + b.Published(), 100u);
+}
+
+TEST_F(OutboxTest, RelayResumesAfterPostgresRestart) {
+  outbox::Relay relay(dsn_, conn_, log_, nullptr);
+  relay.Start();
+  Append(1);
+  ASSERT_TRUE(testing::WaitFor([&] { return StreamCount() == 1; }));
+  testing::SharedPostgres().Stop();
+  std::this_thread::sleep_for(300ms);
+  testing::SharedPostgres().Start();
+  Append(2);  // the pool drops the dead connection and reconnects
+  EXPECT_TRUE(testing::WaitFor([&] { return StreamCount() == 2; }, 15s));
+  relay.Stop();
+}
+
+TEST_F(OutboxTest, InboxMakesRedeliveryANoOp) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  auto stats = std::make_shared<inbox::ProjectionStats>();
+  auto handler = inbox::ProjectionHandler(
+      pool_, "test-projection",
+      [](pqxx::work& tx, const v1::Event& ev) -> Result<void> {
+        tx.exec_params(
+            "INSERT INTO items (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = items.n + 1",
+            ev.subject());
+        return Ok();
+      },
+      log_, stats);
+  v1::Event ev;
+  ev.set_id("0190a6e2-7c1b-7abc-8def-0123456789ab");
+  ev.set_subject("node-a");
+  messaging::Delivery d;
+  d.msg.data = ev.SerializeAsString();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(handler(d).disposition, messaging::Disposition::kAck);
+  }
+  EXPECT_EQ(stats->applied.load(), 1u);
+  EXPECT_EQ(stats->duplicates.load(), 2u);
+  auto n = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<int> {
+    return tx.exec1("SELECT n FROM items WHERE id = 'node-a'")[0].as<int>();
+  });
+  EXPECT_EQ(*n, 1);
+  // Malformed envelopes are rejected (dead-lettered), never applied.
+  messaging::Delivery junk;
+  junk.msg.data = std::string("\xff\x01", 2);
+  EXPECT_EQ(handler(junk).disposition, messaging::Disposition::kReject);
+}
+
+}  // namespace
+}  // namespace gpuaas
