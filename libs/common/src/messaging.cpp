@@ -338,6 +338,17 @@ Result<void> Consumer::DeleteDurable() {
   return Ok();
 }
 
+Result<uint64_t> Consumer::Backlog() {
+  jsConsumerInfo* ci = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetConsumerInfo(&ci, conn_->js(), spec_.stream.c_str(), spec_.durable.c_str(),
+                                    nullptr, &jerr);
+  if (s != NATS_OK) return JsError(s, jerr, "consumer info " + spec_.durable);
+  uint64_t n = ci->NumPending + static_cast<uint64_t>(ci->NumAckPending);
+  jsConsumerInfo_Destroy(ci);
+  return n;
+}
+
 void Consumer::Loop() {
   int64_t error_backoff_ms = 100;
   while (!stop_) {

@@ -106,6 +106,28 @@ outbox::Relay& Service::StartOutboxRelay(outbox::RelayOptions opts) {
   return *relay_;
 }
 
+rpc::Server& Service::Rpc() {
+  if (!rpc_) {
+    rpc::ServerOptions o;
+    o.workers = static_cast<int>(cfg_.rpc_workers);
+    rpc_ = std::make_unique<rpc::Server>(nats_, component_.name,
+                                         fmt::format("gpuaas.*.{}.>", component_.name), log_,
+                                         registry_.get(), o);
+  }
+  return *rpc_;
+}
+
+Result<void> Service::ServeRequests() { return Rpc().Start(); }
+
+Result<messaging::Consumer*> Service::StartConsumer(messaging::ConsumerSpec spec,
+                                                    messaging::Consumer::Handler handler) {
+  auto c = std::make_unique<messaging::Consumer>(nats_, std::move(spec), std::move(handler), log_,
+                                                 registry_.get());
+  if (auto r = c->Start(); !r.ok()) return r.error();
+  consumers_.push_back(std::move(c));
+  return consumers_.back().get();
+}
+
 void Service::AddReadinessCheck(std::string name, std::function<Result<void>()> check) {
   checks_.emplace_back(std::move(name), std::move(check));
 }
@@ -162,6 +184,11 @@ void Service::RequestStop() {
 void Service::Shutdown() {
   if (shut_down_.exchange(true)) return;
   draining_ = true;
+  if (rpc_) {
+    log_.Info("drain step", {{"step", "requests"}});
+    rpc_->Drain(std::chrono::milliseconds(cfg_.drain_timeout_ms));
+  }
+  for (auto& c : consumers_) c->Stop();
   for (auto& [name, step] : drains_) {
     log_.Info("drain step", {{"step", name}});
     step();

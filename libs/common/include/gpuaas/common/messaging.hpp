@@ -163,6 +163,8 @@ class Consumer {
   // Stream sequence of the last message this consumer acked (for tests and rebuild).
   uint64_t LastAckedSequence() const { return last_acked_.load(); }
   uint64_t Processed() const { return processed_.load(); }
+  // Messages the server still has for this consumer: not yet delivered + delivered unacked.
+  Result<uint64_t> Backlog();
 
  private:
   void Loop();

@@ -20,7 +20,10 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+
+#include <iostream>
 
 namespace prometheus {
 class Registry;
@@ -71,6 +74,15 @@ class Service {
   // Starts an outbox relay for this service's database; it is flushed on drain.
   outbox::Relay& StartOutboxRelay(outbox::RelayOptions opts = {});
 
+  // The service's request/reply server: queue group "<name>" on "gpuaas.*.<name>.>". Register
+  // handlers, then ServeRequests(). Drained first on shutdown.
+  rpc::Server& Rpc();
+  Result<void> ServeRequests();
+
+  // A durable consumer whose lifetime the runtime manages (stopped on drain, after requests).
+  Result<messaging::Consumer*> StartConsumer(messaging::ConsumerSpec spec,
+                                             messaging::Consumer::Handler handler);
+
   // A readiness check; /readyz is 200 only while all pass and the service is not draining.
   void AddReadinessCheck(std::string name, std::function<Result<void>()> check);
   // Gate set by the service itself (e.g. node-agent until restart adoption finished).
@@ -96,6 +108,8 @@ class Service {
   std::shared_ptr<store::Pool> pool_;
   std::unique_ptr<http::Server> http_;
   std::unique_ptr<outbox::Relay> relay_;
+  std::unique_ptr<rpc::Server> rpc_;
+  std::vector<std::unique_ptr<messaging::Consumer>> consumers_;
   uint16_t http_port_ = 0;
   std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
   std::vector<std::pair<std::string, std::function<void()>>> drains_;
@@ -113,5 +127,42 @@ void BlockTerminationSignals();
 // Parses `--config FILE` / `--print-config` for a service main(); loads schema + env.
 // Returns the exit code to use when main should stop now (help, bad config), else -1.
 int ParseServiceArgs(int argc, char** argv, const std::string& service, config::Schema& schema);
+
+// A service that so far only has the shared runtime (health, metrics, NATS, its database and
+// migrations) and no requests of its own.
+struct BasicConfig {
+  CommonConfig common;
+  void Register(config::Schema& schema) { common.Register(schema, true); }
+};
+
+class BasicService {
+ public:
+  BasicService(std::string name, const std::vector<store::Migration>* migrations,
+               const BasicConfig& cfg)
+      : svc_(Component{std::move(name), migrations}, cfg.common) {}
+  Result<void> Start() { return svc_.Start(); }
+  int Run() { return svc_.Run(); }
+  void Shutdown() { svc_.Shutdown(); }
+  Service& runtime() { return svc_; }
+
+ private:
+  Service svc_;
+};
+
+// The whole main() of a service: config from --config/env, start, run until signalled.
+// Svc: constructible from Cfg, with Result<void> Start() and int Run(); Cfg: Register(Schema&).
+template <typename Svc, typename Cfg>
+int Main(int argc, char** argv, const std::string& name) {
+  Cfg cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  if (int rc = ParseServiceArgs(argc, argv, name, schema); rc >= 0) return rc;
+  Svc svc(cfg);
+  if (auto r = svc.Start(); !r.ok()) {
+    std::cerr << "gpuaas-" << name << ": start failed: " << r.error().ToString() << "\n";
+    return 1;
+  }
+  return svc.Run();
+}
 
 }  // namespace gpuaas::runtime

@@ -1,0 +1,151 @@
+#include "scheduler_service.hpp"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+
+namespace gpuaas::scheduler {
+
+Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
+  v1::NodeSnapshot snap;
+  if (!ev.data().UnpackTo(&snap) || snap.node().node_id().empty()) {
+    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.NodeSnapshot");
+  }
+  const auto& n = snap.node();
+  tx.exec_params(
+      "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
+      "generation, last_event_id) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+      "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
+      "region = EXCLUDED.region, pool = EXCLUDED.pool, "
+      "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
+      "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
+      "WHERE projected_nodes.generation < EXCLUDED.generation",
+      n.node_id(), n.hostname(), n.region(), n.pool(),
+      n.capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL ? "baremetal" : "slice-vm",
+      n.generation(), ev.id());
+  return Ok();
+}
+
+SchedulerService::SchedulerService(SchedulerConfig cfg)
+    : cfg_(std::move(cfg)),
+      svc_(runtime::Component{"scheduler", &Migrations()}, cfg_.common),
+      stats_(std::make_shared<inbox::ProjectionStats>()) {}
+
+messaging::ConsumerSpec SchedulerService::NodeConsumerSpec() const {
+  messaging::ConsumerSpec spec;
+  spec.stream = messaging::InventoryEventsStream().name;
+  spec.durable = kNodeProjection;
+  spec.filter_subject = "gpuaas.v1.evt.inventory.node.>";
+  return spec;
+}
+
+Result<void> SchedulerService::Start() {
+  if (auto r = svc_.Start(); !r.ok()) return r;
+  auto nats = svc_.nats();
+  // Declared by every party that uses them, so start order does not matter.
+  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::SchedulerEventsStream(),
+                           messaging::DeadLetterStream()}) {
+    if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
+  }
+  svc_.StartOutboxRelay();
+  auto consumer = svc_.StartConsumer(
+      NodeConsumerSpec(),
+      inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_));
+  if (!consumer.ok()) return consumer.error();
+  nodes_consumer_ = *consumer;
+
+  auto pool = svc_.pg();
+  svc_.Rpc().Handle<v1::ListProjectedNodesRequest, v1::ListProjectedNodesResponse>(
+      "gpuaas.v1.scheduler.node.list",
+      [pool](const v1::ListProjectedNodesRequest& req,
+             rpc::Context&) -> Result<v1::ListProjectedNodesResponse> {
+        if (req.page_size() < 0 || req.page_size() > 1000) {
+          return Error::InvalidArgument("invalid_page_size", "page_size must be 0..1000",
+                                        {{"page_size", "must be 0..1000"}});
+        }
+        const int limit = req.page_size() == 0 ? 100 : req.page_size();
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedNodesResponse> {
+          auto rows = tx.exec_params(
+              "SELECT node_id, hostname, region, pool, capacity_profile, generation, "
+              "last_event_id::text, extract(epoch from projected_at)::float8 FROM projected_nodes "
+              "WHERE ($1 = '' OR region = $1) AND node_id > $2 ORDER BY node_id LIMIT $3",
+              req.region(), req.page_token(), limit + 1);
+          v1::ListProjectedNodesResponse resp;
+          for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
+            const auto& r = rows[i];
+            auto* n = resp.add_nodes();
+            n->set_node_id(r[0].as<std::string>());
+            n->set_hostname(r[1].as<std::string>());
+            n->set_region(r[2].as<std::string>());
+            n->set_pool(r[3].as<std::string>());
+            n->set_capacity_profile(r[4].as<std::string>() == "baremetal"
+                                        ? v1::CAPACITY_PROFILE_BAREMETAL
+                                        : v1::CAPACITY_PROFILE_SLICE_VM);
+            n->set_generation(r[5].as<int64_t>());
+            n->set_last_event_id(r[6].as<std::string>());
+            *n->mutable_projected_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
+                static_cast<int64_t>(r[7].as<double>() * 1000));
+          }
+          if (static_cast<int>(rows.size()) > limit) {
+            resp.set_next_page_token(resp.nodes(limit - 1).node_id());
+          }
+          return resp;
+        });
+      });
+
+  svc_.Rpc().Handle<v1::RebuildProjectionRequest, v1::RebuildProjectionResponse>(
+      "gpuaas.v1.scheduler.projection.rebuild",
+      [this](const v1::RebuildProjectionRequest&,
+             rpc::Context& ctx) -> Result<v1::RebuildProjectionResponse> {
+        auto r = RebuildProjection(std::chrono::milliseconds(ctx.RemainingMs()));
+        if (!r.ok()) return r.error();
+        v1::RebuildProjectionResponse resp;
+        resp.set_events_replayed(r->first);
+        resp.set_nodes(r->second);
+        ctx.log.Info("projection rebuilt", {{"events", std::to_string(r->first)},
+                                            {"nodes", std::to_string(r->second)}});
+        return resp;
+      });
+  return svc_.ServeRequests();
+}
+
+Result<std::pair<int64_t, int64_t>> SchedulerService::RebuildProjection(
+    std::chrono::milliseconds timeout) {
+  std::lock_guard lock(rebuild_mu_);
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  nodes_consumer_->Stop();
+  if (auto r = nodes_consumer_->DeleteDurable(); !r.ok()) return r.error();
+  auto cleared = store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<void> {
+    tx.exec0("DELETE FROM projected_nodes");
+    tx.exec_params("DELETE FROM inbox WHERE consumer = $1", kNodeProjection);
+    return Ok();
+  });
+  if (!cleared.ok()) return cleared.error();
+  const uint64_t before = nodes_consumer_->Processed();
+  if (auto r = nodes_consumer_->Start(); !r.ok()) return r.error();
+  while (true) {
+    auto backlog = nodes_consumer_->Backlog();
+    if (backlog.ok() && *backlog == 0) break;
+    if (std::chrono::steady_clock::now() > deadline) {
+      return Error{Code::kDeadlineExceeded, "rebuild_incomplete",
+                   "replay is still running; the projection will finish catching up", {}, true};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  auto count = store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<int64_t> {
+    return tx.exec1("SELECT count(*) FROM projected_nodes")[0].as<int64_t>();
+  });
+  if (!count.ok()) return count.error();
+  return std::make_pair(static_cast<int64_t>(nodes_consumer_->Processed() - before), *count);
+}
+
+}  // namespace gpuaas::scheduler

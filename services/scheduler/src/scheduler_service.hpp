@@ -1,0 +1,52 @@
+#pragma once
+// Scheduler: owns the SKU catalog, allocations and claims (later issues), and a projection of
+// inventory built from its events. Serves gpuaas.v1.scheduler.* requests.
+#include <mutex>
+#include <string>
+
+#include "gpuaas/common/config.hpp"
+#include "gpuaas/common/inbox.hpp"
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/common/runtime.hpp"
+
+namespace gpuaas::v1 {
+class Event;
+}
+
+namespace gpuaas::scheduler {
+
+inline constexpr const char* kNodeProjection = "scheduler-inventory-nodes";
+
+struct SchedulerConfig {
+  runtime::CommonConfig common;
+  void Register(config::Schema& schema) { common.Register(schema, true); }
+};
+
+const std::vector<store::Migration>& Migrations();
+
+// Applies one inventory node event to the projection in `tx` (generation-guarded).
+Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev);
+
+class SchedulerService {
+ public:
+  explicit SchedulerService(SchedulerConfig cfg);
+  Result<void> Start();
+  int Run() { return svc_.Run(); }
+  void Shutdown() { svc_.Shutdown(); }
+  runtime::Service& runtime() { return svc_; }
+  const inbox::ProjectionStats& projection_stats() const { return *stats_; }
+
+  // Drops the node projection and replays the inventory stream from its first message;
+  // returns once the replay caught up (or the deadline passed).
+  Result<std::pair<int64_t, int64_t>> RebuildProjection(std::chrono::milliseconds timeout);
+
+ private:
+  messaging::ConsumerSpec NodeConsumerSpec() const;
+  SchedulerConfig cfg_;
+  runtime::Service svc_;
+  std::shared_ptr<inbox::ProjectionStats> stats_;
+  messaging::Consumer* nodes_consumer_ = nullptr;
+  std::mutex rebuild_mu_;
+};
+
+}  // namespace gpuaas::scheduler
