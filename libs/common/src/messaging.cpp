@@ -221,9 +221,6 @@ Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
 StreamSpec InventoryEventsStream() {
   return {"GPUAAS_EVT_INVENTORY", {"gpuaas.v1.evt.inventory.>"}, 0, 600};
 }
-StreamSpec SchedulerEventsStream() {
-  return {"GPUAAS_EVT_SCHEDULER", {"gpuaas.v1.evt.scheduler.>"}, 0, 600};
-}
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

@@ -52,8 +52,7 @@ Result<void> SchedulerService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
   auto nats = svc_.nats();
   // Declared by every party that uses them, so start order does not matter.
-  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::SchedulerEventsStream(),
-                           messaging::DeadLetterStream()}) {
+  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::DeadLetterStream()}) {
     if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();

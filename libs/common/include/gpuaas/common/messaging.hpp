@@ -110,7 +110,6 @@ Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
 
 // The streams every service knows about (contracts; see asyncapi/).
 StreamSpec InventoryEventsStream();
-StreamSpec SchedulerEventsStream();
 StreamSpec DeadLetterStream();
 
 // ---- Durable pull consumers ----

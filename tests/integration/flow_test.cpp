@@ -1,0 +1,308 @@
+// The first real flow: inventory registers a node (request/reply), its outbox relay publishes
+// the event, and the scheduler's durable consumer projects it idempotently. Plus the faults:
+// duplicates, replay, PostgreSQL and nats-server restarts, malformed events, agent isolation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/http.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "inventory_service.hpp"
+#include "node_agent.hpp"
+#include "scheduler_service.hpp"
+#include "test_env.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+template <typename Cfg>
+Cfg LoadConfig(const std::map<std::string, std::string>& env) {
+  Cfg cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  auto r = schema.LoadFromString("", env);
+  EXPECT_TRUE(r.ok()) << r.error().ToString();
+  return cfg;
+}
+
+class FlowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    inv_dsn_ = testing::SharedPostgres().CreateDatabase("inv");
+    sched_dsn_ = testing::SharedPostgres().CreateDatabase("sched");
+    StartInventory();
+    StartScheduler();
+    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
+                                            log::Logger("test", "t", log::Level::kWarn));
+    ASSERT_TRUE(c.ok());
+    conn_ = *c;
+  }
+  void TearDown() override {
+    if (scheduler_) scheduler_->Shutdown();
+    if (inventory_) inventory_->Shutdown();
+  }
+  void StartInventory() {
+    inventory_ = std::make_unique<inventory::InventoryService>(
+        LoadConfig<inventory::InventoryConfig>(Env(inv_dsn_)));
+    auto r = inventory_->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  void StartScheduler() {
+    scheduler_ = std::make_unique<scheduler::SchedulerService>(
+        LoadConfig<scheduler::SchedulerConfig>(Env(sched_dsn_)));
+    auto r = scheduler_->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  std::map<std::string, std::string> Env(const std::string& dsn) {
+    return {{"GPUAAS_NATS_URL", nats_.url()},
+            {"GPUAAS_POSTGRES_DSN", dsn},
+            {"GPUAAS_LOG_LEVEL", "error"}};
+  }
+  v1::RegisterNodeRequest Req(const std::string& id, const std::string& pool = "h200") {
+    v1::RegisterNodeRequest r;
+    r.set_node_id(id);
+    r.set_hostname(id);
+    r.set_region("us-east-1");
+    r.set_pool(pool);
+    r.set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
+    return r;
+  }
+  Result<v1::RegisterNodeResponse> Register(const v1::RegisterNodeRequest& r) {
+    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register",
+                                                             r, 3000ms);
+  }
+  std::map<std::string, v1::ProjectedNode> Projection() {
+    std::map<std::string, v1::ProjectedNode> out;
+    v1::ListProjectedNodesRequest req;
+    req.set_page_size(1000);
+    auto r = rpc::Client(conn_).Call<v1::ListProjectedNodesResponse>(
+        "gpuaas.v1.scheduler.node.list", req, 3000ms);
+    if (r.ok()) {
+      for (const auto& n : r->nodes()) out[n.node_id()] = n;
+    }
+    return out;
+  }
+
+  testing::TestNats nats_;
+  std::string inv_dsn_;
+  std::string sched_dsn_;
+  std::unique_ptr<inventory::InventoryService> inventory_;
+  std::unique_ptr<scheduler::SchedulerService> scheduler_;
+  std::shared_ptr<messaging::Connection> conn_;
+};
+
+TEST_F(FlowTest, RegisteredNodeReachesTheSchedulerProjection) {
+  ASSERT_TRUE(Register(Req("gpu-01")).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-01") == 1; }));
+  auto p = Projection().at("gpu-01");
+  EXPECT_EQ(p.generation(), 1);
+  EXPECT_EQ(p.pool(), "h200");
+  ASSERT_TRUE(Register(Req("gpu-01", "h200-b")).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return Projection().at("gpu-01").generation() == 2; }));
+  EXPECT_EQ(Projection().at("gpu-01").pool(), "h200-b");
+}
+
+TEST_F(FlowTest, DuplicateAndStaleDeliveriesHaveNoEffect) {
+  ASSERT_TRUE(Register(Req("gpu-01")).ok());
+  ASSERT_TRUE(Register(Req("gpu-01", "h200-b")).ok());
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto p = Projection();
+    return p.count("gpu-01") && p.at("gpu-01").generation() == 2;
+  }));
+  const uint64_t applied = scheduler_->projection_stats().applied.load();
+  // Fetch the generation-1 event as stored and deliver it again under a new message id, so
+  // JetStream does not de-duplicate it: the inbox must.
+  std::string first_event;
+  messaging::Consumer reader(conn_, {"GPUAAS_EVT_INVENTORY", "test-reader",
+                                     "gpuaas.v1.evt.inventory.node.registered"},
+                             [&](const messaging::Delivery& d) {
+                               first_event = d.msg.data;
+                               return messaging::HandlerResult::Ack();
+                             }, log::Logger());
+  ASSERT_TRUE(reader.Start().ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return !first_event.empty(); }));
+  reader.Stop();
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
+                                     first_event, fmt::format("redelivery-{}", i)).ok());
+  }
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return scheduler_->projection_stats().duplicates.load() >= 3; }));
+  EXPECT_EQ(scheduler_->projection_stats().applied.load(), applied);
+  // A stale event with a new id (an older generation) must not roll the projection back.
+  v1::Event stale;
+  ASSERT_TRUE(stale.ParseFromString(first_event));
+  stale.set_id("0190a6e2-7c1b-7abc-8def-0123456789ab");
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
+                                   stale.SerializeAsString(), stale.id()).ok());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return scheduler_->projection_stats().applied.load() == applied + 1; }));
+  EXPECT_EQ(Projection().at("gpu-01").generation(), 2);
+  EXPECT_EQ(Projection().at("gpu-01").pool(), "h200-b");
+}
+
+TEST_F(FlowTest, MalformedEventIsDeadLetteredAndConsumptionContinues) {
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
+                                   "definitely not protobuf \xff\xff", "junk-1").ok());
+  ASSERT_TRUE(Register(Req("gpu-after-junk")).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-after-junk") == 1; }));
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto n = messaging::StreamSubjectCount(
+        *conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.GPUAAS_EVT_INVENTORY.scheduler-inventory-nodes");
+    return n.ok() && *n == 1;
+  }));
+}
+
+TEST_F(FlowTest, ProjectionRebuildsFromTheStream) {
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Register(Req(fmt::format("gpu-{:02}", i))).ok());
+  ASSERT_TRUE(Register(Req("gpu-00", "h200-b")).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return Projection().size() == 5; }));
+  auto r = rpc::Client(conn_).Call<v1::RebuildProjectionResponse>(
+      "gpuaas.v1.scheduler.projection.rebuild", v1::RebuildProjectionRequest(), 10000ms);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->nodes(), 5);
+  EXPECT_EQ(r->events_replayed(), 6);
+  auto p = Projection();
+  ASSERT_EQ(p.size(), 5u);
+  EXPECT_EQ(p.at("gpu-00").generation(), 2);
+  EXPECT_EQ(p.at("gpu-00").pool(), "h200-b");
+  // A node registered after the rebuild still flows in.
+  ASSERT_TRUE(Register(Req("gpu-late")).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-late") == 1; }));
+}
+
+// Registers nodes until `stop`, retrying each until inventory acknowledges it.
+void RegisterUntilStopped(FlowTest* t, std::function<Result<v1::RegisterNodeResponse>(int)> reg,
+                          std::atomic<bool>& stop, std::set<std::string>& acked) {
+  for (int i = 0; !stop || i < 5; ++i) {
+    while (true) {
+      auto r = reg(i);
+      if (r.ok()) {
+        acked.insert(r->node().node_id());
+        break;
+      }
+      EXPECT_TRUE(r.error().retryable) << r.error().ToString();
+      std::this_thread::sleep_for(50ms);
+    }
+    std::this_thread::sleep_for(20ms);
+  }
+  (void)t;
+}
+
+TEST_F(FlowTest, PostgresRestartMidRunLosesNothing) {
+  std::atomic<bool> stop{false};
+  std::set<std::string> acked;
+  std::thread writer([&] {
+    RegisterUntilStopped(this, [&](int i) { return Register(Req(fmt::format("pg-{:03}", i))); },
+                         stop, acked);
+  });
+  std::this_thread::sleep_for(300ms);
+  testing::SharedPostgres().Stop();
+  std::this_thread::sleep_for(700ms);  // requests now get UNAVAILABLE, and are retried
+  testing::SharedPostgres().Start();
+  std::this_thread::sleep_for(500ms);
+  stop = true;
+  writer.join();
+  ASSERT_GE(acked.size(), 5u);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto p = Projection();
+        for (const auto& id : acked) {
+          if (!p.count(id)) return false;
+        }
+        return true;
+      },
+      20s))
+      << "acknowledged registrations missing from the projection";
+}
+
+TEST_F(FlowTest, NatsRestartMidRunLosesNothing) {
+  std::atomic<bool> stop{false};
+  std::set<std::string> acked;
+  std::thread writer([&] {
+    RegisterUntilStopped(this, [&](int i) { return Register(Req(fmt::format("nats-{:03}", i))); },
+                         stop, acked);
+  });
+  std::this_thread::sleep_for(300ms);
+  nats_.Stop();
+  std::this_thread::sleep_for(500ms);
+  nats_.Start();
+  std::this_thread::sleep_for(1000ms);
+  stop = true;
+  writer.join();
+  ASSERT_GE(acked.size(), 5u);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto p = Projection();
+        for (const auto& id : acked) {
+          if (!p.count(id)) return false;
+        }
+        return true;
+      },
+      30s))
+      << "acknowledged registrations missing from the projection";
+}
+
+TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
+  auto make_agent = [&](const std::string& id, const std::string& region) {
+    auto env = Env("");
+    env.erase("GPUAAS_POSTGRES_DSN");
+    env["GPUAAS_NODE_ID"] = id;
+    env["GPUAAS_NODE_REGION"] = region;
+    env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
+    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+    return std::make_unique<node_agent::NodeAgent>(
+        LoadConfig<node_agent::NodeAgentConfig>(env));
+  };
+  auto good = make_agent("sim-01", "us-east-1");
+  ASSERT_TRUE(good->Start().ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return good->Registered(); }));
+  auto ready = http::Get("127.0.0.1", good->runtime().http_port(), "/readyz");
+  ASSERT_TRUE(ready.ok());
+  EXPECT_EQ(ready->first, 200) << ready->second;
+  EXPECT_TRUE(testing::WaitFor([&] { return Projection().count("sim-01") == 1; }));
+
+  // Inventory refuses this node (bad region): the agent isolates itself.
+  auto bad = make_agent("sim-02", "Not A Region");
+  ASSERT_TRUE(bad->Start().ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return !bad->LastError().empty(); }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_FALSE(bad->Registered());
+  EXPECT_NE(bad->LastError().find("invalid_node_registration"), std::string::npos);
+  auto not_ready = http::Get("127.0.0.1", bad->runtime().http_port(), "/readyz");
+  ASSERT_TRUE(not_ready.ok());
+  EXPECT_EQ(not_ready->first, 503);
+  good->Shutdown();
+  bad->Shutdown();
+}
+
+TEST_F(FlowTest, AgentStartedBeforeInventoryRegistersOnceItAppears) {
+  inventory_->Shutdown();
+  inventory_.reset();
+  auto env = Env("");
+  env.erase("GPUAAS_POSTGRES_DSN");
+  env["GPUAAS_NODE_ID"] = "sim-early";
+  env["GPUAAS_NODE_REGION"] = "us-east-1";
+  env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
+  env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+  node_agent::NodeAgent agent(LoadConfig<node_agent::NodeAgentConfig>(env));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return !agent.LastError().empty(); }));
+  EXPECT_NE(agent.LastError().find("no_responders"), std::string::npos) << agent.LastError();
+  StartInventory();
+  EXPECT_TRUE(testing::WaitFor([&] { return agent.Registered(); }));
+  agent.Shutdown();
+}
+
+}  // namespace
+}  // namespace gpuaas
