@@ -13,12 +13,23 @@ function(gpuaas_embed_sql target namespace dir)
   target_sources(${target} PRIVATE ${out})
 endfunction()
 
-# gpuaas_test(<name> LABELS ... SOURCES ... LIBS ...): one gtest binary per library/service.
+# gpuaas_test(<name> LABELS ... [UNIT_SUITES ...] SOURCES ... LIBS ...): one gtest binary per
+# library/service. Each TEST()/TEST_F() becomes its own ctest case (its own process, so a crash
+# names its case). Suites listed in UNIT_SUITES need no servers and are labelled `unit`; the
+# others get LABELS (e.g. nats, pg).
 function(gpuaas_test name)
-  cmake_parse_arguments(T "" "" "LABELS;SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "" "LABELS;UNIT_SUITES;SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${T_SOURCES})
-  target_link_libraries(${name} PRIVATE ${T_LIBS} gpuaas_testing GTest::gtest GTest::gmock GTest::gtest_main gpuaas_warnings)
-  # Each test case runs in its own process (gtest_discover_tests) so a crash names its case.
-  gtest_discover_tests(${name} DISCOVERY_TIMEOUT 60 PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300)
+  target_link_libraries(${name} PRIVATE ${T_LIBS} gpuaas_testing GTest::gtest GTest::gmock
+    GTest::gtest_main gpuaas_warnings)
+  gtest_add_tests(TARGET ${name} SOURCES ${T_SOURCES} TEST_LIST tests)
+  foreach(t ${tests})
+    string(REGEX REPLACE "\\..*" "" suite "${t}")
+    if(suite IN_LIST T_UNIT_SUITES)
+      set_tests_properties(${t} PROPERTIES LABELS "unit" TIMEOUT 300)
+    else()
+      set_tests_properties(${t} PROPERTIES LABELS "${T_LABELS}" TIMEOUT 300)
+    endif()
+  endforeach()
 endfunction()
 include(GoogleTest)

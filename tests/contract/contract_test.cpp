@@ -137,7 +137,8 @@ TEST(ContractTest, EveryChannelHasAnOperation) {
   std::set<std::string> with_ops;
   for (const auto& op : C().doc["operations"]) {
     with_ops.insert(op.second["channel"]["$ref"].as<std::string>());
-    if (op.second["reply"]) with_ops.insert(op.second["reply"]["channel"]["$ref"].as<std::string>());
+    if (op.second["reply"])
+      with_ops.insert(op.second["reply"]["channel"]["$ref"].as<std::string>());
   }
   for (const auto& ch : C().doc["channels"]) {
     EXPECT_TRUE(with_ops.count("#/channels/" + ch.first.as<std::string>()))

@@ -78,8 +78,8 @@ class FlowTest : public ::testing::Test {
     return r;
   }
   Result<v1::RegisterNodeResponse> Register(const v1::RegisterNodeRequest& r) {
-    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register",
-                                                             r, 3000ms);
+    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r,
+                                                             3000ms);
   }
   std::map<std::string, v1::ProjectedNode> Projection() {
     std::map<std::string, v1::ProjectedNode> out;
@@ -123,28 +123,31 @@ TEST_F(FlowTest, DuplicateAndStaleDeliveriesHaveNoEffect) {
   // Fetch the generation-1 event as stored and deliver it again under a new message id, so
   // JetStream does not de-duplicate it: the inbox must.
   std::string first_event;
-  messaging::Consumer reader(conn_, {"GPUAAS_EVT_INVENTORY", "test-reader",
-                                     "gpuaas.v1.evt.inventory.node.registered"},
-                             [&](const messaging::Delivery& d) {
-                               first_event = d.msg.data;
-                               return messaging::HandlerResult::Ack();
-                             }, log::Logger());
+  messaging::Consumer reader(
+      conn_, {"GPUAAS_EVT_INVENTORY", "test-reader", "gpuaas.v1.evt.inventory.node.registered"},
+      [&](const messaging::Delivery& d) {
+        first_event = d.msg.data;
+        return messaging::HandlerResult::Ack();
+      },
+      log::Logger());
   ASSERT_TRUE(reader.Start().ok());
   ASSERT_TRUE(testing::WaitFor([&] { return !first_event.empty(); }));
   reader.Stop();
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
-                                     first_event, fmt::format("redelivery-{}", i)).ok());
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered", first_event,
+                                     fmt::format("redelivery-{}", i))
+                    .ok());
   }
-  ASSERT_TRUE(testing::WaitFor(
-      [&] { return scheduler_->projection_stats().duplicates.load() >= 3; }));
+  ASSERT_TRUE(
+      testing::WaitFor([&] { return scheduler_->projection_stats().duplicates.load() >= 3; }));
   EXPECT_EQ(scheduler_->projection_stats().applied.load(), applied);
   // A stale event with a new id (an older generation) must not roll the projection back.
   v1::Event stale;
   ASSERT_TRUE(stale.ParseFromString(first_event));
   stale.set_id("0190a6e2-7c1b-7abc-8def-0123456789ab");
   ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
-                                   stale.SerializeAsString(), stale.id()).ok());
+                                   stale.SerializeAsString(), stale.id())
+                  .ok());
   ASSERT_TRUE(testing::WaitFor(
       [&] { return scheduler_->projection_stats().applied.load() == applied + 1; }));
   EXPECT_EQ(Projection().at("gpu-01").generation(), 2);
@@ -153,7 +156,8 @@ TEST_F(FlowTest, DuplicateAndStaleDeliveriesHaveNoEffect) {
 
 TEST_F(FlowTest, MalformedEventIsDeadLetteredAndConsumptionContinues) {
   ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.inventory.node.registered",
-                                   "definitely not protobuf \xff\xff", "junk-1").ok());
+                                   "definitely not protobuf \xff\xff", "junk-1")
+                  .ok());
   ASSERT_TRUE(Register(Req("gpu-after-junk")).ok());
   ASSERT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-after-junk") == 1; }));
   ASSERT_TRUE(testing::WaitFor([&] {
@@ -203,8 +207,8 @@ TEST_F(FlowTest, PostgresRestartMidRunLosesNothing) {
   std::atomic<bool> stop{false};
   std::set<std::string> acked;
   std::thread writer([&] {
-    RegisterUntilStopped(this, [&](int i) { return Register(Req(fmt::format("pg-{:03}", i))); },
-                         stop, acked);
+    RegisterUntilStopped(
+        this, [&](int i) { return Register(Req(fmt::format("pg-{:03}", i))); }, stop, acked);
   });
   std::this_thread::sleep_for(300ms);
   testing::SharedPostgres().Stop();
@@ -230,8 +234,8 @@ TEST_F(FlowTest, NatsRestartMidRunLosesNothing) {
   std::atomic<bool> stop{false};
   std::set<std::string> acked;
   std::thread writer([&] {
-    RegisterUntilStopped(this, [&](int i) { return Register(Req(fmt::format("nats-{:03}", i))); },
-                         stop, acked);
+    RegisterUntilStopped(
+        this, [&](int i) { return Register(Req(fmt::format("nats-{:03}", i))); }, stop, acked);
   });
   std::this_thread::sleep_for(300ms);
   nats_.Stop();
@@ -261,8 +265,7 @@ TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
     env["GPUAAS_NODE_REGION"] = region;
     env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
     env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
-    return std::make_unique<node_agent::NodeAgent>(
-        LoadConfig<node_agent::NodeAgentConfig>(env));
+    return std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env));
   };
   auto good = make_agent("sim-01", "us-east-1");
   ASSERT_TRUE(good->Start().ok());

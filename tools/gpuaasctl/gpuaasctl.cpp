@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/messaging.hpp"
@@ -73,9 +73,12 @@ void PrintTable(const std::vector<std::string>& header,
 
 std::string Profile(v1::CapacityProfile p) {
   switch (p) {
-    case v1::CAPACITY_PROFILE_BAREMETAL: return "baremetal";
-    case v1::CAPACITY_PROFILE_SLICE_VM: return "slice-vm";
-    default: return "unspecified";
+    case v1::CAPACITY_PROFILE_BAREMETAL:
+      return "baremetal";
+    case v1::CAPACITY_PROFILE_SLICE_VM:
+      return "slice-vm";
+    default:
+      return "unspecified";
   }
 }
 
@@ -148,15 +151,16 @@ int main(int argc, char** argv) {
       (*reg.mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
     }
     reg.set_agent_version("gpuaasctl");
-    auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", reg,
-                                                   timeout);
+    auto r =
+        client.Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", reg, timeout);
     if (!r.ok()) return Fail(g, r.error());
     if (g.output == "json") {
       std::cout << ToJson(*r) << "\n";
     } else {
-      std::cout << fmt::format("node {} {} (generation {})\n", r->node().node_id(),
-                               r->created() ? "registered" : (r->changed() ? "updated" : "unchanged"),
-                               r->node().generation());
+      std::cout << fmt::format(
+          "node {} {} (generation {})\n", r->node().node_id(),
+          r->created() ? "registered" : (r->changed() ? "updated" : "unchanged"),
+          r->node().generation());
     }
     return 0;
   }

@@ -162,8 +162,7 @@ void Schema::Add(std::string key, double* target, std::string doc, double def,
   fields_.push_back(std::move(f));
 }
 
-Result<void> Schema::Load(const std::string& path,
-                          const std::map<std::string, std::string>& env) {
+Result<void> Schema::Load(const std::string& path, const std::map<std::string, std::string>& env) {
   std::string text;
   if (!path.empty()) {
     std::ifstream in(path);

@@ -51,8 +51,8 @@ struct Server::Impl {
           r = {500, "text/plain; charset=utf-8", std::string("internal error: ") + e.what()};
         }
       }
-      res = bhttp::response<bhttp::string_body>(static_cast<bhttp::status>(r.status),
-                                                req.version());
+      res =
+          bhttp::response<bhttp::string_body>(static_cast<bhttp::status>(r.status), req.version());
       res.set(bhttp::field::content_type, r.content_type);
       res.set(bhttp::field::server, "gpuaas");
       res.keep_alive(req.keep_alive());
@@ -102,14 +102,12 @@ Result<uint16_t> Server::Start() {
     impl_->acceptor->listen();
     impl_->port = impl_->acceptor->local_endpoint().port();
   } catch (const std::exception& e) {
-    return Error::Unavailable("http_bind_failed", impl_->host + ":" +
-                                                      std::to_string(impl_->port) + ": " +
-                                                      e.what());
+    return Error::Unavailable("http_bind_failed",
+                              impl_->host + ":" + std::to_string(impl_->port) + ": " + e.what());
   }
   impl_->Accept();
   impl_->thread = std::thread([this] { impl_->io.run(); });
-  impl_->log.Info("http listening",
-                  {{"addr", impl_->host + ":" + std::to_string(impl_->port)}});
+  impl_->log.Info("http listening", {{"addr", impl_->host + ":" + std::to_string(impl_->port)}});
   return impl_->port;
 }
 

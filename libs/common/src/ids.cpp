@@ -33,10 +33,9 @@ bool IsHex(std::string_view s) {
 }  // namespace
 
 std::string NewUuidV7() {
-  const uint64_t ms = static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(
-          std::chrono::system_clock::now().time_since_epoch())
-          .count());
+  const uint64_t ms = static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                                std::chrono::system_clock::now().time_since_epoch())
+                                                .count());
   const uint64_t r1 = Rng()();
   const uint64_t r2 = Rng()();
   std::array<uint8_t, 16> b{};

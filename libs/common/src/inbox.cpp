@@ -38,7 +38,9 @@ messaging::Consumer::Handler ProjectionHandler(std::shared_ptr<store::Pool> pool
     if (!r.ok()) {
       const Error& e = r.error();
       logger.Warn("event not applied",
-                  {{"event_id", ev.id()}, {"type", ev.type()}, {"error", e.ToString()},
+                  {{"event_id", ev.id()},
+                   {"type", ev.type()},
+                   {"error", e.ToString()},
                    {"trace_id", ids::TraceId(d.msg.Header(messaging::kHeaderTraceparent))}});
       if (e.retryable) return messaging::HandlerResult::Retry(e.ToString());
       return messaging::HandlerResult::Reject(e.ToString());

@@ -18,8 +18,11 @@ Error NatsError(natsStatus s, const std::string& what) {
     case NATS_TIMEOUT:
       return {Code::kDeadlineExceeded, "nats_timeout", what + ": " + text, {}, true};
     case NATS_NO_RESPONDERS:
-      return {Code::kUnavailable, "no_responders", what + ": no service answers this subject",
-              {}, true};
+      return {Code::kUnavailable,
+              "no_responders",
+              what + ": no service answers this subject",
+              {},
+              true};
     case NATS_CONNECTION_CLOSED:
     case NATS_CONNECTION_DISCONNECTED:
     case NATS_NO_SERVER:
@@ -199,9 +202,9 @@ Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
   return JsError(s, jerr, "ensure stream " + spec.name);
 }
 
-Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
-                             const std::string& data, const std::string& msg_id,
-                             const Headers& headers, int64_t timeout_ms) {
+Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const std::string& data,
+                             const std::string& msg_id, const Headers& headers,
+                             int64_t timeout_ms) {
   auto m = ToNats(subject, "", data, headers);
   if (!m.ok()) return m.error();
   jsPubOptions po;
@@ -310,8 +313,7 @@ Result<void> Consumer::Start() {
   if (auto r = Subscribe(); !r.ok()) return r;
   stop_ = false;
   thread_ = std::thread([this] { Loop(); });
-  log_.Info("consumer started",
-            {{"stream", spec_.stream}, {"filter", spec_.filter_subject}});
+  log_.Info("consumer started", {{"stream", spec_.stream}, {"filter", spec_.filter_subject}});
   return Ok();
 }
 

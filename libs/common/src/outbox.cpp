@@ -15,7 +15,8 @@ namespace gpuaas::outbox {
 
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
   if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0) {
-    return Error::Internal("bad_event_subject", "events go to gpuaas.v1.evt.>: " + spec.nats_subject);
+    return Error::Internal("bad_event_subject",
+                           "events go to gpuaas.v1.evt.>: " + spec.nats_subject);
   }
   v1::Event ev;
   ev.set_id(ids::NewUuidV7());
@@ -204,9 +205,8 @@ void Relay::Loop() {
       last_cleanup = now;
       try {
         pqxx::work tx(*c);
-        tx.exec_params(
-            "DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)",
-            static_cast<double>(opts_.retain_published_s));
+        tx.exec_params("DELETE FROM outbox WHERE published_at < now() - make_interval(secs => $1)",
+                       static_cast<double>(opts_.retain_published_s));
         tx.commit();
       } catch (const std::exception& e) {
         log_.Warn("outbox cleanup failed", {{"error", e.what()}});

@@ -114,10 +114,10 @@ struct Server::Impl {
     if (duration) {
       duration
           ->Add({{"subject", label}},
-                prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
-                                                        0.025, 0.05, 0.1, 0.25, 1, 5})
-          .Observe(std::chrono::duration<double>(std::chrono::steady_clock::now() - started)
-                       .count());
+                prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+                                                        0.05, 0.1, 0.25, 1, 5})
+          .Observe(
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
   }
 
@@ -126,8 +126,7 @@ struct Server::Impl {
       return Error::InvalidArgument(
           "payload_too_large",
           fmt::format("request is {} bytes; the limit is {}", m.data.size(), opts.max_payload),
-          {{"size", std::to_string(m.data.size())},
-           {"limit", std::to_string(opts.max_payload)}});
+          {{"size", std::to_string(m.data.size())}, {"limit", std::to_string(opts.max_payload)}});
     }
     auto tokens = Tokens(m.subject);
     if (tokens.size() < 3 || tokens[0] != "gpuaas") {
@@ -141,12 +140,18 @@ struct Server::Impl {
     }
     auto it = handlers.find(m.subject);
     if (it == handlers.end()) {
-      return {Error{Code::kUnimplemented, "unknown_subject",
-                    "no handler for " + m.subject + " in " + service, {}, false}};
+      return {Error{Code::kUnimplemented,
+                    "unknown_subject",
+                    "no handler for " + m.subject + " in " + service,
+                    {},
+                    false}};
     }
     if (std::chrono::system_clock::now() >= ctx.deadline) {
-      return {Error{Code::kDeadlineExceeded, "deadline_exceeded",
-                    "the caller's deadline passed before the request was handled", {}, false}};
+      return {Error{Code::kDeadlineExceeded,
+                    "deadline_exceeded",
+                    "the caller's deadline passed before the request was handled",
+                    {},
+                    false}};
     }
     try {
       return it->second(m.data, ctx, out);
@@ -197,9 +202,8 @@ struct Server::Impl {
   }
 };
 
-Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service,
-               std::string filter, log::Logger logger, prometheus::Registry* metrics,
-               ServerOptions options)
+Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service, std::string filter,
+               log::Logger logger, prometheus::Registry* metrics, ServerOptions options)
     : impl_(std::make_unique<Impl>()) {
   impl_->conn = std::move(conn);
   impl_->service = std::move(service);
@@ -228,13 +232,13 @@ Result<void> Server::Start() {
   for (int i = 0; i < impl_->opts.workers; ++i) {
     impl_->workers.emplace_back([this] { impl_->Worker(); });
   }
-  natsStatus s = natsConnection_QueueSubscribe(&impl_->sub, impl_->conn->raw(),
-                                               impl_->filter.c_str(), impl_->service.c_str(),
-                                               &Impl::OnMsg, impl_.get());
+  natsStatus s =
+      natsConnection_QueueSubscribe(&impl_->sub, impl_->conn->raw(), impl_->filter.c_str(),
+                                    impl_->service.c_str(), &Impl::OnMsg, impl_.get());
   if (s != NATS_OK) return messaging::NatsError(s, "subscribe " + impl_->filter);
   natsSubscription_SetPendingLimits(impl_->sub, -1, -1);
-  impl_->log.Info("rpc server started",
-                  {{"filter", impl_->filter}, {"handlers", std::to_string(impl_->handlers.size())}});
+  impl_->log.Info("rpc server started", {{"filter", impl_->filter},
+                                         {"handlers", std::to_string(impl_->handlers.size())}});
   return Ok();
 }
 
@@ -281,7 +285,10 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
   }
   const auto& st = reply.status();
   if (st.code() != v1::OK) {
-    Error e{static_cast<Code>(static_cast<int>(st.code())), st.reason(), st.message(), {},
+    Error e{static_cast<Code>(static_cast<int>(st.code())),
+            st.reason(),
+            st.message(),
+            {},
             st.retryable()};
     for (const auto& [k, v] : st.details()) e.details[k] = v;
     return e;
@@ -289,8 +296,7 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
   const std::string& url = reply.result().type_url();
   if (url.size() < expected_type.size() ||
       url.compare(url.size() - expected_type.size(), expected_type.size(), expected_type) != 0) {
-    return Error::Internal("unexpected_reply_type",
-                           "expected " + expected_type + ", got " + url);
+    return Error::Internal("unexpected_reply_type", "expected " + expected_type + ", got " + url);
   }
   return reply.result().value();
 }

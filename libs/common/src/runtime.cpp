@@ -7,9 +7,9 @@
 #include <thread>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <nlohmann/json.hpp>
 
 #include "gpuaas/common/ids.hpp"
 
@@ -26,8 +26,7 @@ void CommonConfig::Register(config::Schema& s, bool with_postgres) {
   if (with_postgres) {
     s.Add("postgres.dsn", &pg_dsn, "libpq connection string of this service's own database", "",
           config::NonEmpty());
-    s.Add("postgres.pool_size", &pg_pool_size, "Connections in the pool", 4,
-          config::Range(1, 256));
+    s.Add("postgres.pool_size", &pg_pool_size, "Connections in the pool", 4, config::Range(1, 256));
   }
   s.Add("http.host", &http_host, "Address for /healthz, /readyz, /metrics", "127.0.0.1",
         config::NonEmpty());
@@ -67,9 +66,9 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
         store::PoolOptions{cfg_.pg_dsn, static_cast<int>(cfg_.pg_pool_size), 5000}, log_);
     while (true) {
       auto common = store::Migrate(*pool_, "common", store::CommonMigrations());
-      Result<int> own = common.ok() ? store::Migrate(*pool_, component_.name,
-                                                     *component_.migrations)
-                                    : Result<int>(common.error());
+      Result<int> own = common.ok()
+                            ? store::Migrate(*pool_, component_.name, *component_.migrations)
+                            : Result<int>(common.error());
       if (own.ok()) break;
       if (!own.error().retryable || std::chrono::steady_clock::now() > deadline) {
         return own.error();
@@ -80,8 +79,8 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
     AddReadinessCheck("postgres", [this]() { return pool_->Ping(); });
   }
 
-  http_ = std::make_unique<http::Server>(cfg_.http_host, static_cast<uint16_t>(cfg_.http_port),
-                                         log_);
+  http_ =
+      std::make_unique<http::Server>(cfg_.http_host, static_cast<uint16_t>(cfg_.http_port), log_);
   http_->Route("/healthz", [](const std::string&, const std::string&) {
     return http::Response{200, "text/plain; charset=utf-8", "ok\n"};
   });

@@ -11,7 +11,8 @@ Pool::Lease::~Lease() {
   if (pool_) pool_->Release(std::move(c_));
 }
 
-Pool::Pool(PoolOptions opts, log::Logger logger) : opts_(std::move(opts)), log_(std::move(logger)) {}
+Pool::Pool(PoolOptions opts, log::Logger logger)
+    : opts_(std::move(opts)), log_(std::move(logger)) {}
 
 Result<Pool::Lease> Pool::Acquire() {
   std::unique_lock lock(mu_);
@@ -19,8 +20,11 @@ Result<Pool::Lease> Pool::Acquire() {
       std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.acquire_timeout_ms);
   while (idle_.empty() && open_ >= opts_.size) {
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      return Error{Code::kResourceExhausted, "db_pool_exhausted",
-                   "no database connection free within the acquire timeout", {}, true};
+      return Error{Code::kResourceExhausted,
+                   "db_pool_exhausted",
+                   "no database connection free within the acquire timeout",
+                   {},
+                   true};
     }
   }
   if (!idle_.empty()) {
@@ -53,10 +57,13 @@ void Pool::Release(std::unique_ptr<pqxx::connection> c) {
 }
 
 Result<void> Pool::Ping() {
-  return WithTx(*this, [](pqxx::work& tx) -> Result<void> {
-    tx.exec1("SELECT 1");
-    return Ok();
-  }, TxOptions{1, false});
+  return WithTx(
+      *this,
+      [](pqxx::work& tx) -> Result<void> {
+        tx.exec1("SELECT 1");
+        return Ok();
+      },
+      TxOptions{1, false});
 }
 
 Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
@@ -129,8 +136,8 @@ Result<int> Migrate(Pool& pool, const std::string& component,
     for (const auto& m : migrations) {
       pqxx::work tx(c);
       auto rows = tx.exec_params(
-          "SELECT checksum FROM schema_migrations WHERE component = $1 AND version = $2",
-          component, m.version);
+          "SELECT checksum FROM schema_migrations WHERE component = $1 AND version = $2", component,
+          m.version);
       const std::string sum = Checksum(m.sql);
       if (!rows.empty()) {
         if (rows[0][0].as<std::string>() != sum) {
@@ -151,8 +158,7 @@ Result<int> Migrate(Pool& pool, const std::string& component,
           component, m.version, m.name, sum);
       tx.commit();
       ++applied;
-      pool.logger().Info("migration applied",
-                         {{"component", component}, {"migration", m.name}});
+      pool.logger().Info("migration applied", {{"component", component}, {"migration", m.name}});
     }
     pqxx::nontransaction nt(c);
     nt.exec("SELECT pg_advisory_unlock(hashtext('gpuaas_schema_migrations'))");

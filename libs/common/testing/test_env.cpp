@@ -178,10 +178,10 @@ TestPostgres::TestPostgres(bool fsync)
   const bool root = geteuid() == 0;
   if (root && Shell("chown postgres: " + dir_) != 0) throw std::runtime_error("chown failed");
   const std::string as = root ? "runuser -u postgres -- " : "";
-  const std::string cmd =
-      fmt::format("{}{}/initdb -D {}/data -U postgres --auth=trust -E UTF8 --no-sync "
-                  "--no-instructions > {}/initdb.log 2>&1",
-                  as, bindir_, dir_, dir_);
+  const std::string cmd = fmt::format(
+      "{}{}/initdb -D {}/data -U postgres --auth=trust -E UTF8 --no-sync "
+      "--no-instructions > {}/initdb.log 2>&1",
+      as, bindir_, dir_, dir_);
   if (Shell(cmd) != 0) throw std::runtime_error("initdb failed; see " + dir_ + "/initdb.log");
   Start();
 }
@@ -192,9 +192,17 @@ TestPostgres::~TestPostgres() {
 }
 
 void TestPostgres::Start() {
-  std::vector<std::string> argv = {bindir_ + "/postgres", "-D", dir_ + "/data", "-p",
-                                   std::to_string(port_), "-k", dir_, "-c",
-                                   "listen_addresses=127.0.0.1", "-c", "max_connections=200"};
+  std::vector<std::string> argv = {bindir_ + "/postgres",
+                                   "-D",
+                                   dir_ + "/data",
+                                   "-p",
+                                   std::to_string(port_),
+                                   "-k",
+                                   dir_,
+                                   "-c",
+                                   "listen_addresses=127.0.0.1",
+                                   "-c",
+                                   "max_connections=200"};
   if (!fsync_) {
     for (const char* o : {"fsync=off", "synchronous_commit=off", "full_page_writes=off"}) {
       argv.push_back("-c");
@@ -225,8 +233,7 @@ void TestPostgres::Stop() {
 }
 
 std::string TestPostgres::Dsn(const std::string& db) const {
-  return fmt::format("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=3", port_,
-                     db);
+  return fmt::format("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=3", port_, db);
 }
 
 std::string TestPostgres::AdminDsn() const { return Dsn("postgres"); }

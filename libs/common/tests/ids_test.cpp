@@ -13,7 +13,7 @@ TEST(IdsTest, UuidV7FormatVersionAndOrder) {
   for (int i = 0; i < 2000; ++i) {
     auto id = NewUuidV7();
     ASSERT_TRUE(IsUuid(id)) << id;
-    EXPECT_EQ(id[14], '7');                                       // version
+    EXPECT_EQ(id[14], '7');                                          // version
     EXPECT_NE(std::string("89ab").find(id[19]), std::string::npos);  // variant
     EXPECT_TRUE(seen.insert(id).second);
     // The 48-bit millisecond prefix never goes backwards.

@@ -38,7 +38,8 @@ std::unique_ptr<rpc::Server> EchoServer(std::shared_ptr<messaging::Connection> c
   auto s = std::make_unique<rpc::Server>(conn, "test", "gpuaas.*.test.>", log, reg, opts);
   s->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
       "gpuaas.v1.test.node.echo",
-      [](const v1::RegisterNodeRequest& req, rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
+      [](const v1::RegisterNodeRequest& req,
+         rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
         if (req.node_id().empty()) {
           return Error::InvalidArgument("missing_fields", "node_id is required",
                                         {{"node_id", "required"}});
@@ -98,8 +99,8 @@ TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
   EXPECT_EQ(big.status().code(), v1::INVALID_ARGUMENT);
   EXPECT_EQ(big.status().reason(), "payload_too_large");
   // Deadline already passed when the request is handled.
-  auto late = RawReply(*conn_, "gpuaas.v1.test.node.echo", "",
-                       {{messaging::kHeaderDeadline, "1000"}});
+  auto late =
+      RawReply(*conn_, "gpuaas.v1.test.node.echo", "", {{messaging::kHeaderDeadline, "1000"}});
   EXPECT_EQ(late.status().code(), v1::DEADLINE_EXCEEDED);
   // A handler that throws becomes INTERNAL.
   v1::RegisterNodeRequest t;
@@ -198,11 +199,12 @@ TEST_F(MessagingTest, ConsumerRetriesWithBackoffThenDeadLetters) {
       log_, &registry_);
   ASSERT_TRUE(consumer.Start().ok());
   for (const char* p : {"ok", "flaky", "poison", "garbage"}) {
-    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.e", p, std::string("m-") + p).ok());
+    ASSERT_TRUE(
+        messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.e", p, std::string("m-") + p).ok());
   }
   ASSERT_TRUE(testing::WaitFor([&] {
-    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ",
-                                           "gpuaas.v1.dlq.TEST_EVT.test-consumer");
+    auto n =
+        messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.TEST_EVT.test-consumer");
     return n.ok() && *n == 2;
   }));
   EXPECT_EQ(ok_seen.load(), 1);
@@ -217,19 +219,21 @@ TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {
   ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
   std::atomic<int> seen{0};
   messaging::ConsumerSpec spec{"TEST_EVT", "restart-consumer", "gpuaas.v1.evt.test.>"};
-  messaging::Consumer consumer(conn_, spec, [&](const messaging::Delivery&) {
-    seen++;
-    return messaging::HandlerResult::Ack();
-  }, log_);
+  messaging::Consumer consumer(
+      conn_, spec,
+      [&](const messaging::Delivery&) {
+        seen++;
+        return messaging::HandlerResult::Ack();
+      },
+      log_);
   ASSERT_TRUE(consumer.Start().ok());
   ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "1", "r-1").ok());
   ASSERT_TRUE(testing::WaitFor([&] { return seen == 1; }));
   nats_.Stop();
   nats_.Start();
   ASSERT_TRUE(testing::WaitFor([&] { return conn_->Connected(); }));
-  ASSERT_TRUE(testing::WaitFor([&] {
-    return messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "2", "r-2").ok();
-  }));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "2", "r-2").ok(); }));
   EXPECT_TRUE(testing::WaitFor([&] { return seen == 2; }, std::chrono::seconds(15)));
   consumer.Stop();
 }

@@ -68,20 +68,23 @@ TEST_F(StoreTest, ChangedMigrationIsRefused) {
 TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
   ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
   ASSERT_TRUE(store::WithTx(*pool_, [](pqxx::work& tx) -> Result<void> {
-    tx.exec0("INSERT INTO items VALUES ('counter', 0)");
-    return Ok();
-  }).ok());
+                tx.exec0("INSERT INTO items VALUES ('counter', 0)");
+                return Ok();
+              }).ok());
   std::atomic<int> attempts{0};
   std::vector<std::thread> ts;
   for (int i = 0; i < 8; ++i) {
     ts.emplace_back([&] {
       for (int j = 0; j < 10; ++j) {
-        auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
-          attempts++;
-          int n = tx.exec1("SELECT n FROM items WHERE id = 'counter'")[0].as<int>();
-          tx.exec_params("UPDATE items SET n = $1 WHERE id = 'counter'", n + 1);
-          return Ok();
-        }, store::TxOptions{50, true});
+        auto r = store::WithTx(
+            *pool_,
+            [&](pqxx::work& tx) -> Result<void> {
+              attempts++;
+              int n = tx.exec1("SELECT n FROM items WHERE id = 'counter'")[0].as<int>();
+              tx.exec_params("UPDATE items SET n = $1 WHERE id = 'counter'", n + 1);
+              return Ok();
+            },
+            store::TxOptions{50, true});
         EXPECT_TRUE(r.ok()) << r.error().ToString();
       }
     });
@@ -90,14 +93,13 @@ TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
   auto n = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<int> {
     return tx.exec1("SELECT n FROM items WHERE id = 'counter'")[0].as<int>();
   });
-  EXPECT_EQ(*n, 80);          // no lost update
+  EXPECT_EQ(*n, 80);               // no lost update
   EXPECT_GT(attempts.load(), 80);  // conflicts happened and were retried
 }
 
 TEST_F(StoreTest, UnreachableDatabaseIsUnavailableNotACrash) {
-  store::Pool dead(store::PoolOptions{"host=127.0.0.1 port=1 user=x dbname=x connect_timeout=1", 2,
-                                      1000},
-                   log_);
+  store::Pool dead(
+      store::PoolOptions{"host=127.0.0.1 port=1 user=x dbname=x connect_timeout=1", 2, 1000}, log_);
   auto r = dead.Ping();
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Code::kUnavailable);
@@ -112,7 +114,8 @@ class OutboxTest : public StoreTest {
     auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
     ASSERT_TRUE(c.ok());
     conn_ = *c;
-    ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_OUT", {"gpuaas.v1.evt.test.>"}, 0, 600}).ok());
+    ASSERT_TRUE(
+        messaging::EnsureStream(*conn_, {"TEST_OUT", {"gpuaas.v1.evt.test.>"}, 0, 600}).ok());
   }
   std::string Append(int i) {
     std::string id;
@@ -129,7 +132,8 @@ class OutboxTest : public StoreTest {
     return id;
   }
   uint64_t StreamCount() {
-    auto n = messaging::StreamSubjectCount(*conn_, "TEST_OUT", "gpuaas.v1.evt.test.node.registered");
+    auto n =
+        messaging::StreamSubjectCount(*conn_, "TEST_OUT", "gpuaas.v1.evt.test.node.registered");
     return n.ok() ? *n : 0;
   }
   int64_t Unpublished() {
@@ -152,17 +156,19 @@ TEST_F(OutboxTest, EventsCommittedWhileRelayIsDownArriveOnceInOrder) {
   // Stream order = outbox order, and each message carries its event id as Nats-Msg-Id.
   std::atomic<int> idx{0};
   std::atomic<bool> in_order{true};
-  messaging::Consumer reader(conn_, {"TEST_OUT", "reader", "gpuaas.v1.evt.test.>"},
-                             [&](const messaging::Delivery& d) {
-                               v1::Event ev;
-                               ev.ParseFromString(d.msg.data);
-                               const int i = idx++;
-                               if (ev.id() != ids[i] || d.msg.Header("Nats-Msg-Id") != ids[i] ||
-                                   ev.generation() != i || ev.type() != "gpuaas.v1.test.node.registered") {
-                                 in_order = false;
-                               }
-                               return messaging::HandlerResult::Ack();
-                             }, log_);
+  messaging::Consumer reader(
+      conn_, {"TEST_OUT", "reader", "gpuaas.v1.evt.test.>"},
+      [&](const messaging::Delivery& d) {
+        v1::Event ev;
+        ev.ParseFromString(d.msg.data);
+        const int i = idx++;
+        if (ev.id() != ids[i] || d.msg.Header("Nats-Msg-Id") != ids[i] || ev.generation() != i ||
+            ev.type() != "gpuaas.v1.test.node.registered") {
+          in_order = false;
+        }
+        return messaging::HandlerResult::Ack();
+      },
+      log_);
   ASSERT_TRUE(reader.Start().ok());
   ASSERT_TRUE(testing::WaitFor([&] { return idx == 20; }));
   EXPECT_TRUE(in_order.load());
@@ -230,7 +236,8 @@ TEST_F(OutboxTest, InboxMakesRedeliveryANoOp) {
       pool_, "test-projection",
       [](pqxx::work& tx, const v1::Event& ev) -> Result<void> {
         tx.exec_params(
-            "INSERT INTO items (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = items.n + 1",
+            "INSERT INTO items (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = items.n + "
+            "1",
             ev.subject());
         return Ok();
       },

@@ -127,10 +127,11 @@ Result<void> InventoryService::Start() {
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::RegisterNodeResponse> {
           v1::RegisterNodeResponse resp;
           auto inserted = tx.exec_params(
-              fmt::format("INSERT INTO nodes (node_id, hostname, region, pool, capacity_profile, "
-                          "labels, agent_version, generation) VALUES ($1,$2,$3,$4,$5,$6::jsonb,$7,1) "
-                          "ON CONFLICT (node_id) DO NOTHING RETURNING {}",
-                          kNodeColumns),
+              fmt::format(
+                  "INSERT INTO nodes (node_id, hostname, region, pool, capacity_profile, "
+                  "labels, agent_version, generation) VALUES ($1,$2,$3,$4,$5,$6::jsonb,$7,1) "
+                  "ON CONFLICT (node_id) DO NOTHING RETURNING {}",
+                  kNodeColumns),
               req.node_id(), req.hostname(), req.region(), req.pool(), profile, labels,
               req.agent_version());
           std::string subject;
@@ -151,9 +152,9 @@ Result<void> InventoryService::Start() {
                 req.node_id(), req.hostname(), req.region(), req.pool(), profile, labels,
                 req.agent_version());
             if (updated.empty()) {
-              auto cur = tx.exec_params(
-                  fmt::format("SELECT {} FROM nodes WHERE node_id=$1", kNodeColumns),
-                  req.node_id());
+              auto cur =
+                  tx.exec_params(fmt::format("SELECT {} FROM nodes WHERE node_id=$1", kNodeColumns),
+                                 req.node_id());
               *resp.mutable_node() = NodeFromRow(cur.at(0));
               return resp;
             }
@@ -163,9 +164,9 @@ Result<void> InventoryService::Start() {
           }
           v1::NodeSnapshot snap;
           *snap.mutable_node() = resp.node();
-          auto ev = outbox::Append(tx, {subject, "", source, req.node_id(),
-                                        resp.node().generation(), req.node_id(),
-                                        ctx.traceparent, &snap});
+          auto ev =
+              outbox::Append(tx, {subject, "", source, req.node_id(), resp.node().generation(),
+                                  req.node_id(), ctx.traceparent, &snap});
           if (!ev.ok()) return ev.error();
           ctx.log.Info(resp.created() ? "node registered" : "node updated",
                        {{"node_id", req.node_id()},

@@ -70,8 +70,8 @@ class InventoryTest : public ::testing::Test {
   void TearDown() override { svc_->Shutdown(); }
 
   Result<v1::RegisterNodeResponse> Register(const v1::RegisterNodeRequest& r) {
-    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register",
-                                                             r, 5000ms);
+    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r,
+                                                             5000ms);
   }
   uint64_t Events(const std::string& kind) {
     auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_INVENTORY",
@@ -177,8 +177,10 @@ TEST_F(InventoryTest, HealthAndMetricsEndpoints) {
   ASSERT_TRUE(Register(Req("gpu-m")).ok());
   auto metrics = http::Get("127.0.0.1", port, "/metrics");
   ASSERT_TRUE(metrics.ok());
-  EXPECT_NE(metrics->second.find("gpuaas_rpc_requests_total{code=\"OK\",subject=\"gpuaas.v1.inventory.node.register\"}"),
-            std::string::npos)
+  EXPECT_NE(
+      metrics->second.find(
+          "gpuaas_rpc_requests_total{code=\"OK\",subject=\"gpuaas.v1.inventory.node.register\"}"),
+      std::string::npos)
       << metrics->second.substr(0, 2000);
   // Readiness follows PostgreSQL.
   testing::SharedPostgres().Stop();

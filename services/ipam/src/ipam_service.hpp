@@ -1,7 +1,7 @@
 #pragma once
-// ipam: will own per-node management subnets, MAC assignments, private-IP reservations, lease observations and IPAM drift (issue 5).
-// Today it runs the shared runtime only: config, NATS, its own database with migrations,
-// /healthz, /readyz and /metrics. It serves no requests yet.
+// ipam: will own per-node management subnets, MAC assignments, private-IP reservations, lease
+// observations and IPAM drift (issue 5). Today it runs the shared runtime only: config, NATS, its
+// own database with migrations, /healthz, /readyz and /metrics. It serves no requests yet.
 #include "gpuaas/common/runtime.hpp"
 
 namespace gpuaas::ipam {
@@ -12,8 +12,7 @@ using IpamConfig = runtime::BasicConfig;
 
 class IpamService : public runtime::BasicService {
  public:
-  explicit IpamService(const IpamConfig& cfg)
-      : runtime::BasicService("ipam", &Migrations(), cfg) {}
+  explicit IpamService(const IpamConfig& cfg) : runtime::BasicService("ipam", &Migrations(), cfg) {}
 };
 
 }  // namespace gpuaas::ipam

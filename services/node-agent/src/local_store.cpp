@@ -85,8 +85,11 @@ Result<std::optional<nlohmann::json>> LocalStore::Get(const std::string& key) co
   try {
     return std::optional<nlohmann::json>(nlohmann::json::parse(ss.str()));
   } catch (const std::exception& e) {
-    return Error{Code::kDataLoss, "local_store_corrupt",
-                 fmt::format("{} is not valid JSON: {}", PathOf(key), e.what()), {}, false};
+    return Error{Code::kDataLoss,
+                 "local_store_corrupt",
+                 fmt::format("{} is not valid JSON: {}", PathOf(key), e.what()),
+                 {},
+                 false};
   }
 }
 

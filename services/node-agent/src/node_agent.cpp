@@ -80,9 +80,8 @@ void NodeAgent::RegisterLoop() {
       if (auto w = store_->Put("registration", reg); !w.ok()) {
         log.Error("cannot persist registration", {{"error", w.error().ToString()}});
       }
-      log.Info("registered with inventory",
-               {{"generation", std::to_string(r->node().generation())},
-                {"created", r->created() ? "true" : "false"}});
+      log.Info("registered with inventory", {{"generation", std::to_string(r->node().generation())},
+                                             {"created", r->created() ? "true" : "false"}});
       registered_ = true;
       svc_.SetReady(true);
       return;
@@ -100,9 +99,8 @@ void NodeAgent::RegisterLoop() {
     }
     log.Warn("inventory unreachable, will retry", {{"error", r.error().ToString()}});
     std::unique_lock lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(cfg_.register_retry_ms), [this] {
-      return stop_.load();
-    });
+    cv_.wait_for(lock, std::chrono::milliseconds(cfg_.register_retry_ms),
+                 [this] { return stop_.load(); });
   }
 }
 

@@ -110,8 +110,8 @@ Result<void> SchedulerService::Start() {
         v1::RebuildProjectionResponse resp;
         resp.set_events_replayed(r->first);
         resp.set_nodes(r->second);
-        ctx.log.Info("projection rebuilt", {{"events", std::to_string(r->first)},
-                                            {"nodes", std::to_string(r->second)}});
+        ctx.log.Info("projection rebuilt",
+                     {{"events", std::to_string(r->first)}, {"nodes", std::to_string(r->second)}});
         return resp;
       });
   return svc_.ServeRequests();
@@ -135,8 +135,11 @@ Result<std::pair<int64_t, int64_t>> SchedulerService::RebuildProjection(
     auto backlog = nodes_consumer_->Backlog();
     if (backlog.ok() && *backlog == 0) break;
     if (std::chrono::steady_clock::now() > deadline) {
-      return Error{Code::kDeadlineExceeded, "rebuild_incomplete",
-                   "replay is still running; the projection will finish catching up", {}, true};
+      return Error{Code::kDeadlineExceeded,
+                   "rebuild_incomplete",
+                   "replay is still running; the projection will finish catching up",
+                   {},
+                   true};
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }

@@ -104,9 +104,9 @@ struct PublishAck {
   uint64_t sequence = 0;
   bool duplicate = false;
 };
-Result<PublishAck> JsPublish(Connection& conn, const std::string& subject,
-                             const std::string& data, const std::string& msg_id,
-                             const Headers& headers = {}, int64_t timeout_ms = 5000);
+Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const std::string& data,
+                             const std::string& msg_id, const Headers& headers = {},
+                             int64_t timeout_ms = 5000);
 
 // The streams every service knows about (contracts; see asyncapi/).
 StreamSpec InventoryEventsStream();
@@ -149,8 +149,8 @@ struct ConsumerSpec {
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&)>;
-  Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
-           log::Logger logger, prometheus::Registry* metrics = nullptr);
+  Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler, log::Logger logger,
+           prometheus::Registry* metrics = nullptr);
   ~Consumer();
 
   // Declares the durable consumer (idempotent) and starts the fetch loop.

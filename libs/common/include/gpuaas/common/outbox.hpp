@@ -27,10 +27,10 @@ namespace gpuaas::outbox {
 inline constexpr const char* kNotifyChannel = "gpuaas_outbox";
 
 struct EventSpec {
-  std::string nats_subject;    // e.g. "gpuaas.v1.evt.inventory.node.registered"
-  std::string type;            // CloudEvents type; defaults to nats_subject minus ".evt"
-  std::string source;          // "<service>/<instance>"
-  std::string entity;          // the envelope's `subject`: entity id
+  std::string nats_subject;  // e.g. "gpuaas.v1.evt.inventory.node.registered"
+  std::string type;          // CloudEvents type; defaults to nats_subject minus ".evt"
+  std::string source;        // "<service>/<instance>"
+  std::string entity;        // the envelope's `subject`: entity id
   int64_t generation = 0;
   std::string correlation_id;
   std::string traceparent;

@@ -35,7 +35,7 @@ struct Context {
 
 struct ServerOptions {
   int workers = 4;
-  size_t max_queue = 1024;        // beyond this: RESOURCE_EXHAUSTED "overloaded"
+  size_t max_queue = 1024;          // beyond this: RESOURCE_EXHAUSTED "overloaded"
   size_t max_payload = 256 * 1024;  // bytes; beyond this: INVALID_ARGUMENT "payload_too_large"
   int64_t default_deadline_ms = 10000;
 };
@@ -52,19 +52,20 @@ class Server {
 
   template <typename Req, typename Resp>
   void Handle(const std::string& subject, std::function<Result<Resp>(const Req&, Context&)> fn) {
-    Register(subject, [fn = std::move(fn)](const std::string& data, Context& ctx,
-                                           google::protobuf::Any* out) -> Result<void> {
-      Req req;
-      if (!req.ParseFromString(data)) {
-        return Error::InvalidArgument(
-            "malformed_payload",
-            "request body is not a valid " + Req::descriptor()->full_name() + " message");
-      }
-      Result<Resp> r = fn(req, ctx);
-      if (!r.ok()) return r.error();
-      out->PackFrom(*r);
-      return Ok();
-    });
+    Register(subject,
+             [fn = std::move(fn)](const std::string& data, Context& ctx,
+                                  google::protobuf::Any* out) -> Result<void> {
+               Req req;
+               if (!req.ParseFromString(data)) {
+                 return Error::InvalidArgument(
+                     "malformed_payload",
+                     "request body is not a valid " + Req::descriptor()->full_name() + " message");
+               }
+               Result<Resp> r = fn(req, ctx);
+               if (!r.ok()) return r.error();
+               out->PackFrom(*r);
+               return Ok();
+             });
   }
 
   void Register(const std::string& subject, RawHandler handler);
@@ -91,8 +92,8 @@ class Client {
     if (!raw.ok()) return raw.error();
     Resp resp;
     if (!resp.ParseFromString(*raw)) {
-      return Error::Internal("malformed_reply", "reply result does not parse as " +
-                                                    Resp::descriptor()->full_name());
+      return Error::Internal("malformed_reply",
+                             "reply result does not parse as " + Resp::descriptor()->full_name());
     }
     return resp;
   }

@@ -48,7 +48,7 @@ struct CommonConfig {
 };
 
 struct Component {
-  std::string name;  // "inventory"
+  std::string name;                                           // "inventory"
   const std::vector<store::Migration>* migrations = nullptr;  // null: no PostgreSQL
 };
 

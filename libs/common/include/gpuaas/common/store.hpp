@@ -89,8 +89,7 @@ void BackoffSleep(int attempt);
 // Runs fn(tx) in a transaction and commits when it returns ok; an error value rolls back.
 // fn must be safe to run again (it is, if all its effects go through tx).
 template <typename F>
-auto WithTx(Pool& pool, F&& fn, TxOptions opts = {})
-    -> decltype(fn(std::declval<pqxx::work&>())) {
+auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval<pqxx::work&>())) {
   using R = decltype(fn(std::declval<pqxx::work&>()));
   Error last = Error::Unavailable("db_unavailable", "no attempt made");
   for (int attempt = 1; attempt <= opts.max_attempts; ++attempt) {
