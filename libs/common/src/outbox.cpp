@@ -8,6 +8,8 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <optional>
+
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/event.pb.h"
 
@@ -97,22 +99,23 @@ void Relay::Stop(bool flush, std::chrono::milliseconds timeout) {
 }
 
 Result<int> Relay::RunBatch(pqxx::connection& c) {
-  pqxx::work tx(c);
-  // One publisher at a time keeps the stream in outbox order across relay replicas.
-  if (!tx.exec1("SELECT pg_try_advisory_xact_lock(hashtext('gpuaas_outbox_relay'))")[0]
-           .as<bool>()) {
-    return 0;
+  // One publisher at a time keeps the stream in outbox order across relay replicas: the leader
+  // holds a session advisory lock for as long as its connection lives; the others retry on
+  // every wake-up and take over when the leader's connection goes away. No transaction is
+  // needed on the hot path: the leader alone reads and marks rows.
+  if (!leader_) {
+    pqxx::nontransaction nt(c);
+    leader_ = nt.exec1("SELECT pg_try_advisory_lock(hashtext('gpuaas_outbox_relay'))")[0]
+                  .as<bool>();
+    if (!leader_) return 0;
+    log_.Info("outbox relay is the publishing leader");
   }
-  auto rows = tx.exec_params(
-      "SELECT seq, event_id::text, subject, payload, traceparent, "
-      "extract(epoch from created_at)::float8 FROM outbox "
-      "WHERE published_at IS NULL ORDER BY seq LIMIT $1",
-      opts_.batch);
+  pqxx::nontransaction nt(c);
+  auto rows = nt.exec_prepared("gpuaas_outbox_fetch", opts_.batch);
   if (rows.empty()) return 0;
   std::vector<int64_t> done;
   done.reserve(rows.size());
-  Error failure = Error::Internal("", "");
-  bool failed = false;
+  std::optional<Error> failure;
   for (const auto& row : rows) {
     const std::string event_id = row[1].as<std::string>();
     pqxx::binarystring payload(row[3]);
@@ -120,7 +123,6 @@ Result<int> Relay::RunBatch(pqxx::connection& c) {
     auto ack = messaging::JsPublish(*conn_, row[2].as<std::string>(), payload.str(), event_id, h);
     if (!ack.ok()) {
       failure = ack.error();
-      failed = true;
       break;
     }
     if (after_publish) after_publish(event_id);
@@ -136,15 +138,11 @@ Result<int> Relay::RunBatch(pqxx::connection& c) {
     std::string ids = "{";
     for (size_t i = 0; i < done.size(); ++i) ids += (i ? "," : "") + std::to_string(done[i]);
     ids += "}";
-    // A lost mark only causes a re-publish, which JetStream de-duplicates by Nats-Msg-Id, so
-    // this commit need not wait for the WAL flush.
-    tx.exec0("SET LOCAL synchronous_commit = off");
-    tx.exec_params("UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])", ids);
-    tx.commit();
+    nt.exec_prepared("gpuaas_outbox_mark", ids);
     published_ += done.size();
     if (metrics_->published) metrics_->published->Increment(static_cast<double>(done.size()));
   }
-  if (failed) return failure;
+  if (failure) return *failure;
   return static_cast<int>(done.size());
 }
 
@@ -160,6 +158,16 @@ void Relay::Loop() {
     if (!c) {
       try {
         c = std::make_unique<pqxx::connection>(dsn_);
+        // A lost mark only causes a re-publish, which JetStream de-duplicates by
+        // Nats-Msg-Id, so marking need not wait for the WAL flush.
+        c->set_variable("synchronous_commit", "off");
+        c->prepare("gpuaas_outbox_fetch",
+                   "SELECT seq, event_id::text, subject, payload, traceparent, "
+                   "extract(epoch from created_at)::float8 FROM outbox "
+                   "WHERE published_at IS NULL ORDER BY seq LIMIT $1");
+        c->prepare("gpuaas_outbox_mark",
+                   "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])");
+        leader_ = false;
         receiver = std::make_unique<Receiver>(*c, kNotifyChannel);
         backoff_ms = 100;
         woken = true;

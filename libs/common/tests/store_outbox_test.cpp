@@ -216,6 +216,26 @@ TEST_F(OutboxTest, TwoRelaysPublishEachEventOnce) {
   EXPECT_EQ(a.Published() + b.Published(), 100u);
 }
 
+TEST_F(OutboxTest, StandbyRelayTakesOverWhenTheLeaderStops) {
+  auto a = std::make_unique<outbox::Relay>(dsn_, conn_, log_, nullptr);
+  auto b = std::make_unique<outbox::Relay>(dsn_, conn_, log_, nullptr);
+  a->Start();
+  b->Start();
+  for (int i = 0; i < 10; ++i) Append(i);
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }));
+  // Exactly one of them published; stop that one.
+  ASSERT_TRUE((a->Published() == 10) != (b->Published() == 10));
+  auto& leader = a->Published() == 10 ? a : b;
+  auto& standby = a->Published() == 10 ? b : a;
+  leader->Stop();
+  leader.reset();
+  for (int i = 10; i < 20; ++i) Append(i);
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }, 10s));
+  EXPECT_EQ(standby->Published(), 10u);
+  EXPECT_EQ(StreamCount(), 20u);
+  standby->Stop();
+}
+
 TEST_F(OutboxTest, RelayResumesAfterPostgresRestart) {
   outbox::Relay relay(dsn_, conn_, log_, nullptr);
   relay.Start();

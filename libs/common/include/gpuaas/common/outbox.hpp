@@ -3,8 +3,8 @@
 // state change and its announcement commit together) and NOTIFYs the relay. The Relay
 // publishes unpublished rows in sequence order to JetStream with Nats-Msg-Id = event id, then
 // marks them; a crash between publish and mark re-publishes and JetStream drops the
-// duplicate. Several relay replicas are safe: each batch runs under a transaction-scoped
-// advisory lock, so one relay publishes at a time and order is kept.
+// duplicate. Several relay replicas are safe: the one holding a session advisory lock publishes,
+// the others stand by and take over when its connection goes away, so order is kept.
 #include <google/protobuf/message.h>
 
 #include <atomic>
@@ -77,6 +77,7 @@ class Relay {
   std::atomic<bool> flush_{true};
   std::chrono::steady_clock::time_point flush_deadline_;
   std::atomic<uint64_t> published_{0};
+  bool leader_ = false;  // relay thread only
 };
 
 }  // namespace gpuaas::outbox
