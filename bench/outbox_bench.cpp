@@ -61,9 +61,11 @@ int main(int argc, char** argv) {
   std::vector<double> raw;
   for (int i = 0; i < events + 100; ++i) {
     const auto t0 = Clock::now();
-    auto r = messaging::JsPublish(**conn, "gpuaas.v1.evt.bench.raw", payload, fmt::format("raw-{}", i));
+    auto r =
+        messaging::JsPublish(**conn, "gpuaas.v1.evt.bench.raw", payload, fmt::format("raw-{}", i));
     if (!r.ok()) return 1;
-    if (i >= 100) raw.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    if (i >= 100)
+      raw.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
   }
 
   // Outbox: commit an event, wait for the relay to get its JetStream ack, repeat.

@@ -93,6 +93,9 @@ class FlowTest : public ::testing::Test {
     return out;
   }
 
+  void RegisterThroughOutage(const std::string& prefix, const std::function<void()>& outage,
+                             std::chrono::seconds settle);
+
   testing::TestNats nats_;
   std::string inv_dsn_;
   std::string sched_dsn_;
@@ -185,76 +188,65 @@ TEST_F(FlowTest, ProjectionRebuildsFromTheStream) {
   EXPECT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-late") == 1; }));
 }
 
-// Registers nodes until `stop`, retrying each until inventory acknowledges it.
-void RegisterUntilStopped(FlowTest* t, std::function<Result<v1::RegisterNodeResponse>(int)> reg,
-                          std::atomic<bool>& stop, std::set<std::string>& acked) {
-  for (int i = 0; !stop || i < 5; ++i) {
-    while (true) {
-      auto r = reg(i);
-      if (r.ok()) {
-        acked.insert(r->node().node_id());
-        break;
+// Keeps registering nodes (each retried until inventory acknowledges it) while `outage` runs,
+// then checks that every acknowledged registration reached the scheduler's projection.
+void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::function<void()>& outage,
+                                     std::chrono::seconds settle) {
+  std::atomic<bool> stop{false};
+  std::set<std::string> acked;
+  std::thread writer([&] {
+    for (int i = 0; !stop || i < 5; ++i) {
+      while (true) {
+        auto r = Register(Req(fmt::format("{}-{:03}", prefix, i)));
+        if (r.ok()) {
+          acked.insert(r->node().node_id());
+          break;
+        }
+        EXPECT_TRUE(r.error().retryable) << r.error().ToString();
+        std::this_thread::sleep_for(50ms);
       }
-      EXPECT_TRUE(r.error().retryable) << r.error().ToString();
-      std::this_thread::sleep_for(50ms);
+      std::this_thread::sleep_for(20ms);
     }
-    std::this_thread::sleep_for(20ms);
-  }
-  (void)t;
+  });
+  std::this_thread::sleep_for(300ms);
+  outage();
+  stop = true;
+  writer.join();
+  ASSERT_GE(acked.size(), 5u);
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        auto p = Projection();
+        for (const auto& id : acked) {
+          if (!p.count(id)) return false;
+        }
+        return true;
+      },
+      settle))
+      << "acknowledged registrations missing from the projection";
 }
 
 TEST_F(FlowTest, PostgresRestartMidRunLosesNothing) {
-  std::atomic<bool> stop{false};
-  std::set<std::string> acked;
-  std::thread writer([&] {
-    RegisterUntilStopped(
-        this, [&](int i) { return Register(Req(fmt::format("pg-{:03}", i))); }, stop, acked);
-  });
-  std::this_thread::sleep_for(300ms);
-  testing::SharedPostgres().Stop();
-  std::this_thread::sleep_for(700ms);  // requests now get UNAVAILABLE, and are retried
-  testing::SharedPostgres().Start();
-  std::this_thread::sleep_for(500ms);
-  stop = true;
-  writer.join();
-  ASSERT_GE(acked.size(), 5u);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        auto p = Projection();
-        for (const auto& id : acked) {
-          if (!p.count(id)) return false;
-        }
-        return true;
+  RegisterThroughOutage(
+      "pg",
+      [] {
+        testing::SharedPostgres().Stop();
+        std::this_thread::sleep_for(700ms);  // requests now get UNAVAILABLE, and are retried
+        testing::SharedPostgres().Start();
+        std::this_thread::sleep_for(500ms);
       },
-      20s))
-      << "acknowledged registrations missing from the projection";
+      20s);
 }
 
 TEST_F(FlowTest, NatsRestartMidRunLosesNothing) {
-  std::atomic<bool> stop{false};
-  std::set<std::string> acked;
-  std::thread writer([&] {
-    RegisterUntilStopped(
-        this, [&](int i) { return Register(Req(fmt::format("nats-{:03}", i))); }, stop, acked);
-  });
-  std::this_thread::sleep_for(300ms);
-  nats_.Stop();
-  std::this_thread::sleep_for(500ms);
-  nats_.Start();
-  std::this_thread::sleep_for(1000ms);
-  stop = true;
-  writer.join();
-  ASSERT_GE(acked.size(), 5u);
-  ASSERT_TRUE(testing::WaitFor(
-      [&] {
-        auto p = Projection();
-        for (const auto& id : acked) {
-          if (!p.count(id)) return false;
-        }
-        return true;
+  RegisterThroughOutage(
+      "nats",
+      [this] {
+        nats_.Stop();
+        std::this_thread::sleep_for(500ms);
+        nats_.Start();
+        std::this_thread::sleep_for(1000ms);
       },
-      30s))
-      << "acknowledged registrations missing from the projection";
+      30s);
 }
 
 TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {

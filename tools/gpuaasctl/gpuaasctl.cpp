@@ -5,6 +5,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <string>
@@ -84,6 +85,20 @@ std::string Profile(v1::CapacityProfile p) {
 
 std::string Time(const google::protobuf::Timestamp& t) {
   return google::protobuf::util::TimeUtil::ToString(t).substr(0, 19) + "Z";
+}
+
+// Calls a paginated list subject until the last page; `add` takes each page.
+template <typename Resp, typename Req>
+Result<void> ListAll(rpc::Client& client, const std::string& subject, Req req,
+                     std::chrono::milliseconds timeout, const std::function<void(Resp&)>& add) {
+  req.set_page_size(500);
+  do {
+    auto r = client.Call<Resp>(subject, req, timeout);
+    if (!r.ok()) return r.error();
+    add(*r);
+    req.set_page_token(r->next_page_token());
+  } while (!req.page_token().empty());
+  return Ok();
 }
 
 }  // namespace
@@ -170,13 +185,10 @@ int main(int argc, char** argv) {
     v1::ListNodesRequest req;
     req.set_region(list_region);
     req.set_pool(list_pool);
-    req.set_page_size(500);
-    do {
-      auto r = client.Call<v1::ListNodesResponse>("gpuaas.v1.inventory.node.list", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      for (const auto& n : r->nodes()) *all.add_nodes() = n;
-      req.set_page_token(r->next_page_token());
-    } while (!req.page_token().empty());
+    auto r = ListAll<v1::ListNodesResponse>(
+        client, "gpuaas.v1.inventory.node.list", req, timeout,
+        [&](v1::ListNodesResponse& page) { all.mutable_nodes()->MergeFrom(page.nodes()); });
+    if (!r.ok()) return Fail(g, r.error());
     if (g.output == "json") {
       std::cout << ToJson(all) << "\n";
       return 0;
@@ -195,14 +207,12 @@ int main(int argc, char** argv) {
     v1::ListProjectedNodesResponse all;
     v1::ListProjectedNodesRequest req;
     req.set_region(sched_region);
-    req.set_page_size(500);
-    do {
-      auto r = client.Call<v1::ListProjectedNodesResponse>("gpuaas.v1.scheduler.node.list", req,
-                                                           timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      for (const auto& n : r->nodes()) *all.add_nodes() = n;
-      req.set_page_token(r->next_page_token());
-    } while (!req.page_token().empty());
+    auto r =
+        ListAll<v1::ListProjectedNodesResponse>(client, "gpuaas.v1.scheduler.node.list", req,
+                                                timeout, [&](v1::ListProjectedNodesResponse& page) {
+                                                  all.mutable_nodes()->MergeFrom(page.nodes());
+                                                });
+    if (!r.ok()) return Fail(g, r.error());
     if (g.output == "json") {
       std::cout << ToJson(all) << "\n";
       return 0;

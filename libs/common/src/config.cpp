@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cctype>
 #include <fstream>
+#include <optional>
 #include <set>
 #include <sstream>
-#include <variant>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
@@ -19,7 +19,6 @@ namespace gpuaas::config {
 struct Schema::Field {
   std::string key;
   std::string doc;
-  std::variant<std::string*, int64_t*, bool*, double*> target;
   std::string def_text;
   std::function<std::string(const std::string&)> apply;  // parse + validate + store
 };
@@ -69,97 +68,89 @@ std::map<std::string, std::string> ProcessEnv() {
   return env;
 }
 
-void Schema::Add(std::string key, std::string* target, std::string doc, std::string def,
-                 Validator<std::string> validate) {
-  *target = def;
+namespace {
+
+// Parses raw text into T, or says why it cannot.
+template <typename T>
+using Parser = std::function<std::optional<T>(const std::string&)>;
+
+template <typename T>
+std::function<std::string(const std::string&)> Applier(T* target, Parser<T> parse, const char* what,
+                                                       Validator<T> validate) {
+  return [=](const std::string& raw) -> std::string {
+    std::optional<T> parsed = parse(raw);
+    if (!parsed) return fmt::format("'{}' is not {}", raw, what);
+    if (validate) {
+      if (auto p = validate(*parsed); !p.empty()) return p;
+    }
+    *target = *parsed;
+    return "";
+  };
+}
+
+template <typename T, typename Conv>
+Parser<T> Numeric(Conv conv) {
+  return [conv](const std::string& raw) -> std::optional<T> {
+    const std::string v = Trim(raw);
+    size_t used = 0;
+    T parsed{};
+    try {
+      parsed = conv(v, &used);
+    } catch (...) {
+      return std::nullopt;
+    }
+    if (v.empty() || used != v.size()) return std::nullopt;
+    return parsed;
+  };
+}
+
+}  // namespace
+
+void Schema::AddField(std::string key, std::string doc, std::string def_text,
+                      std::function<std::string(const std::string&)> apply) {
   auto f = std::make_shared<Field>();
   f->key = std::move(key);
   f->doc = std::move(doc);
-  f->target = target;
-  f->def_text = def;
-  f->apply = [target, validate](const std::string& v) -> std::string {
-    if (validate) {
-      if (auto p = validate(v); !p.empty()) return p;
-    }
-    *target = v;
-    return "";
-  };
+  f->def_text = std::move(def_text);
+  f->apply = std::move(apply);
   fields_.push_back(std::move(f));
+}
+
+void Schema::Add(std::string key, std::string* target, std::string doc, std::string def,
+                 Validator<std::string> validate) {
+  *target = def;
+  Parser<std::string> identity = [](const std::string& v) { return std::optional(v); };
+  AddField(std::move(key), std::move(doc), def, Applier(target, identity, "text", validate));
 }
 
 void Schema::Add(std::string key, int64_t* target, std::string doc, int64_t def,
                  Validator<int64_t> validate) {
   *target = def;
-  auto f = std::make_shared<Field>();
-  f->key = std::move(key);
-  f->doc = std::move(doc);
-  f->target = target;
-  f->def_text = std::to_string(def);
-  f->apply = [target, validate](const std::string& raw) -> std::string {
-    const std::string v = Trim(raw);
-    int64_t parsed = 0;
-    size_t used = 0;
-    try {
-      parsed = std::stoll(v, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (v.empty() || used != v.size()) return fmt::format("'{}' is not an integer", raw);
-    if (validate) {
-      if (auto p = validate(parsed); !p.empty()) return p;
-    }
-    *target = parsed;
-    return "";
-  };
-  fields_.push_back(std::move(f));
+  auto parse = Numeric<int64_t>(
+      [](const std::string& v, size_t* used) { return static_cast<int64_t>(std::stoll(v, used)); });
+  AddField(std::move(key), std::move(doc), std::to_string(def),
+           Applier(target, parse, "an integer", validate));
 }
 
 void Schema::Add(std::string key, bool* target, std::string doc, bool def) {
   *target = def;
-  auto f = std::make_shared<Field>();
-  f->key = std::move(key);
-  f->doc = std::move(doc);
-  f->target = target;
-  f->def_text = def ? "true" : "false";
-  f->apply = [target](const std::string& raw) -> std::string {
+  Parser<bool> parse = [](const std::string& raw) -> std::optional<bool> {
     const std::string v = Trim(raw);
-    if (v == "true" || v == "1" || v == "yes") {
-      *target = true;
-    } else if (v == "false" || v == "0" || v == "no") {
-      *target = false;
-    } else {
-      return fmt::format("'{}' is not a boolean", raw);
-    }
-    return "";
+    if (v == "true" || v == "1" || v == "yes") return true;
+    if (v == "false" || v == "0" || v == "no") return false;
+    return std::nullopt;
   };
-  fields_.push_back(std::move(f));
+  AddField(std::move(key), std::move(doc), def ? "true" : "false",
+           Applier<bool>(target, parse, "a boolean", {}));
 }
 
 void Schema::Add(std::string key, double* target, std::string doc, double def,
                  Validator<double> validate) {
   *target = def;
-  auto f = std::make_shared<Field>();
-  f->key = std::move(key);
-  f->doc = std::move(doc);
-  f->target = target;
-  f->def_text = fmt::format("{}", def);
-  f->apply = [target, validate](const std::string& raw) -> std::string {
-    const std::string v = Trim(raw);
-    double parsed = 0;
-    size_t used = 0;
-    try {
-      parsed = std::stod(v, &used);
-    } catch (...) {
-      used = 0;
-    }
-    if (v.empty() || used != v.size()) return fmt::format("'{}' is not a number", raw);
-    if (validate) {
-      if (auto p = validate(parsed); !p.empty()) return p;
-    }
-    *target = parsed;
-    return "";
-  };
-  fields_.push_back(std::move(f));
+  auto parse =
+      Numeric<double>([](const std::string& v, size_t* used) { return std::stod(v, used); });
+  AddField(std::move(key), std::move(doc), fmt::format("{}", def),
+           Applier(target, parse, "a number", validate));
 }
 
 Result<void> Schema::Load(const std::string& path, const std::map<std::string, std::string>& env) {

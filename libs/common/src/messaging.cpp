@@ -72,15 +72,22 @@ Result<natsMsg*> ToNats(const std::string& subject, const std::string& reply,
 }
 
 namespace {
+// nats.c runs connection callbacks on its own thread, and may still run them after
+// natsConnection_Destroy returns. They therefore get their own heap state, freed by the
+// closed callback, which is always the last one nats.c invokes for a connection.
+struct CallbackState {
+  log::Logger log;
+};
 void OnDisconnected(natsConnection*, void* closure) {
-  static_cast<Connection*>(closure)->logger().Warn("nats disconnected");
+  static_cast<CallbackState*>(closure)->log.Warn("nats disconnected");
 }
 void OnReconnected(natsConnection*, void* closure) {
-  static_cast<Connection*>(closure)->logger().Info("nats reconnected");
+  static_cast<CallbackState*>(closure)->log.Info("nats reconnected");
 }
 void OnConnected(natsConnection*, void* closure) {
-  static_cast<Connection*>(closure)->logger().Info("nats connected");
+  static_cast<CallbackState*>(closure)->log.Info("nats connected");
 }
+void OnClosed(natsConnection*, void* closure) { delete static_cast<CallbackState*>(closure); }
 }  // namespace
 
 Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions& o,
@@ -98,16 +105,19 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
   if (s == NATS_OK) s = natsOptions_SetSendAsap(c->opts_, true);
   // Keep publishing into the reconnect buffer while the server restarts.
   if (s == NATS_OK) s = natsOptions_SetReconnectBufSize(c->opts_, 32 * 1024 * 1024);
-  if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(c->opts_, OnDisconnected, c.get());
-  if (s == NATS_OK) s = natsOptions_SetReconnectedCB(c->opts_, OnReconnected, c.get());
+  auto cb = std::make_unique<CallbackState>(CallbackState{c->log_});
+  if (s == NATS_OK) s = natsOptions_SetDisconnectedCB(c->opts_, OnDisconnected, cb.get());
+  if (s == NATS_OK) s = natsOptions_SetReconnectedCB(c->opts_, OnReconnected, cb.get());
+  if (s == NATS_OK) s = natsOptions_SetClosedCB(c->opts_, OnClosed, cb.get());
   if (s == NATS_OK && o.retry_on_failed_connect) {
-    s = natsOptions_SetRetryOnFailedConnect(c->opts_, true, OnConnected, c.get());
+    s = natsOptions_SetRetryOnFailedConnect(c->opts_, true, OnConnected, cb.get());
   }
   if (s != NATS_OK) return NatsError(s, "nats options");
   s = natsConnection_Connect(&c->nc_, c->opts_);
   if (s != NATS_OK && !(o.retry_on_failed_connect && s == NATS_NOT_YET_CONNECTED)) {
-    return NatsError(s, "connect to " + o.url);
+    return NatsError(s, "connect to " + o.url);  // no connection: nats.c never calls back
   }
+  cb.release();  // owned by the connection from here; freed in OnClosed
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = 5000;

@@ -105,8 +105,8 @@ Result<int> Relay::RunBatch(pqxx::connection& c) {
   // needed on the hot path: the leader alone reads and marks rows.
   if (!leader_) {
     pqxx::nontransaction nt(c);
-    leader_ = nt.exec1("SELECT pg_try_advisory_lock(hashtext('gpuaas_outbox_relay'))")[0]
-                  .as<bool>();
+    leader_ =
+        nt.exec1("SELECT pg_try_advisory_lock(hashtext('gpuaas_outbox_relay'))")[0].as<bool>();
     if (!leader_) return 0;
     log_.Info("outbox relay is the publishing leader");
   }

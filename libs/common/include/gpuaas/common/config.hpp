@@ -40,6 +40,8 @@ class Schema {
 
  private:
   struct Field;
+  void AddField(std::string key, std::string doc, std::string def_text,
+                std::function<std::string(const std::string&)> apply);
   std::vector<std::shared_ptr<Field>> fields_;
 };
 
