@@ -107,7 +107,8 @@ struct Server::Impl {
       const auto lvl = e.code == Code::kInternal ? log::Level::kError : log::Level::kInfo;
       ctx.log.Log(lvl, "request failed", {{"error", e.ToString()}});
     }
-    Reply(m, ctx, reply);
+    // Metrics are recorded before the reply goes out so that a caller who has its answer
+    // also sees it counted.
     const std::string code = CodeName(static_cast<Code>(st->code()));
     const std::string label = handlers.count(m.subject) ? m.subject : "unknown";
     if (requests) requests->Add({{"subject", label}, {"code", code}}).Increment();
@@ -119,6 +120,7 @@ struct Server::Impl {
           .Observe(
               std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
     }
+    Reply(m, ctx, reply);
   }
 
   Result<void> Dispatch(const messaging::Message& m, Context& ctx, google::protobuf::Any* out) {
