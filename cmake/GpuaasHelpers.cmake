@@ -9,7 +9,8 @@ function(gpuaas_embed_sql target namespace dir)
     COMMAND ${CMAKE_COMMAND} -DOUT=${out} -DNS=${namespace} "-DFILES=${sql_files}"
             -P ${PROJECT_SOURCE_DIR}/cmake/EmbedSql.cmake
     DEPENDS ${sql_files} ${PROJECT_SOURCE_DIR}/cmake/EmbedSql.cmake
-    COMMENT "Embedding migrations for ${target}")
+    COMMENT "Embedding migrations for ${target}"
+    VERBATIM)
   target_sources(${target} PRIVATE ${out})
 endfunction()
 

@@ -89,4 +89,12 @@ std::string NewInstanceId() {
   return fmt::format("{}-{}-{:04x}", host.data(), getpid(), Rng()() & 0xffff);
 }
 
+bool IsNodeId(std::string_view s) {
+  if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+  for (char c : s) {
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-')) return false;
+  }
+  return true;
+}
+
 }  // namespace gpuaas::ids

@@ -234,6 +234,9 @@ Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const
 StreamSpec InventoryEventsStream() {
   return {"GPUAAS_EVT_INVENTORY", {"gpuaas.v1.evt.inventory.>"}, 0, 600};
 }
+StreamSpec NodeTasksStream() { return {"GPUAAS_NODE_TASKS", {"gpuaas.v1.node.*.task"}, 0, 600}; }
+StreamSpec NodeEventsStream() { return {"GPUAAS_EVT_NODE", {"gpuaas.v1.evt.node.>"}, 0, 600}; }
+StreamSpec IpamEventsStream() { return {"GPUAAS_EVT_IPAM", {"gpuaas.v1.evt.ipam.>"}, 0, 600}; }
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {
@@ -261,6 +264,20 @@ Result<uint64_t> StreamSubjectCount(Connection& conn, const std::string& stream,
   }
   jsStreamInfo_Destroy(si);
   return n;
+}
+
+Result<Message> StreamLastMessage(Connection& conn, const std::string& stream,
+                                  const std::string& subject) {
+  natsMsg* m = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_GetLastMsg(&m, conn.js(), stream.c_str(), subject.c_str(), nullptr, &jerr);
+  if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
+    return Error::NotFound("no_message", "no message for " + subject + " in " + stream);
+  }
+  if (s != NATS_OK) return JsError(s, jerr, "last message of " + subject);
+  Message out = FromNats(m);
+  natsMsg_Destroy(m);
+  return out;
 }
 
 // ---- Consumer ----

@@ -15,21 +15,45 @@
 
 namespace gpuaas::outbox {
 
-Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
-  if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0) {
-    return Error::Internal("bad_event_subject",
-                           "events go to gpuaas.v1.evt.>: " + spec.nats_subject);
-  }
+v1::Event MakeEvent(const EventSpec& spec) {
   v1::Event ev;
   ev.set_id(ids::NewUuidV7());
   ev.set_specversion("1.0");
-  ev.set_type(spec.type.empty() ? "gpuaas.v1." + spec.nats_subject.substr(14) : spec.type);
+  ev.set_type(spec.type.empty() ? DefaultType(spec.nats_subject) : spec.type);
   ev.set_source(spec.source);
   ev.set_subject(spec.entity);
   *ev.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   ev.set_generation(spec.generation);
   ev.set_correlation_id(spec.correlation_id);
   if (spec.data) ev.mutable_data()->PackFrom(*spec.data);
+  return ev;
+}
+
+std::string DefaultType(const std::string& nats_subject) {
+  const std::string evt = "gpuaas.v1.evt.";
+  if (nats_subject.rfind(evt, 0) == 0) return "gpuaas.v1." + nats_subject.substr(evt.size());
+  // gpuaas.v1.node.<id>.<kind>: the type does not depend on which node.
+  std::vector<std::string> tokens;
+  for (size_t start = 0; start <= nats_subject.size();) {
+    const size_t dot = std::min(nats_subject.find('.', start), nats_subject.size());
+    tokens.push_back(nats_subject.substr(start, dot - start));
+    start = dot + 1;
+  }
+  if (tokens.size() == 5 && tokens[2] == "node") {
+    return tokens[0] + "." + tokens[1] + "." + tokens[2] + "." + tokens[4];
+  }
+  return nats_subject;
+}
+
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
+  if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0 &&
+      spec.nats_subject.rfind("gpuaas.v1.node.", 0) != 0) {
+    return Error::Internal("bad_event_subject",
+                           "the outbox publishes events (gpuaas.v1.evt.>) and node tasks "
+                           "(gpuaas.v1.node.>), not " +
+                               spec.nats_subject);
+  }
+  const v1::Event ev = MakeEvent(spec);
   const std::string payload = ev.SerializeAsString();
   pqxx::binarystring blob(payload.data(), payload.size());
   tx.exec_params(

@@ -197,4 +197,18 @@ CREATE TABLE inbox (
   return kMigrations;
 }
 
+std::string TextArrayLiteral(const std::vector<std::string>& items) {
+  std::string out = "{";
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ",";
+    out += "\"";
+    for (char ch : items[i]) {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
+    out += "\"";
+  }
+  return out + "}";
+}
+
 }  // namespace gpuaas::store

@@ -19,4 +19,8 @@ std::string TraceId(std::string_view traceparent);
 // "<hostname>-<pid>-<4 random hex>": unique per process, readable in logs.
 std::string NewInstanceId();
 
+// Node ids and slot keys become NATS subject tokens / durable names: a lowercase DNS label
+// (a-z, 0-9, '-', 1..63 characters, no leading/trailing '-'). No dots, no wildcards.
+bool IsNodeId(std::string_view s);
+
 }  // namespace gpuaas::ids

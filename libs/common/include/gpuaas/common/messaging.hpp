@@ -111,6 +111,11 @@ Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const
 // The streams every service knows about (contracts; see asyncapi/).
 StreamSpec InventoryEventsStream();
 StreamSpec DeadLetterStream();
+// Typed tasks for node-agents: gpuaas.v1.node.<node_id>.task (one durable consumer per node).
+StreamSpec NodeTasksStream();
+// What node-agents report: gpuaas.v1.evt.node.<node_id>.{topology,task.<status>}.
+StreamSpec NodeEventsStream();
+StreamSpec IpamEventsStream();
 
 // ---- Durable pull consumers ----
 
@@ -190,5 +195,8 @@ Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream)
 // Number of messages stored for `subject` in `stream`.
 Result<uint64_t> StreamSubjectCount(Connection& conn, const std::string& stream,
                                     const std::string& subject);
+// The newest message stored for `subject` (wildcards allowed) in `stream`; NOT_FOUND when none.
+Result<Message> StreamLastMessage(Connection& conn, const std::string& stream,
+                                  const std::string& subject);
 
 }  // namespace gpuaas::messaging

@@ -17,6 +17,7 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
 
 namespace prometheus {
 class Registry;
@@ -37,7 +38,17 @@ struct EventSpec {
   const google::protobuf::Message* data = nullptr;
 };
 
-// Inserts the event into the outbox in `tx`; returns the new event id (UUIDv7).
+// The CloudEvents-style envelope for `spec` (new UUIDv7 id, time now, data packed). Used by
+// Append and by publishers without a database (node-agent), which send it with JsPublish and
+// Nats-Msg-Id = the event id.
+v1::Event MakeEvent(const EventSpec& spec);
+// CloudEvents type of a subject: an event subject without its evt token (gpuaas.v1.evt.X.Y
+// becomes gpuaas.v1.X.Y); a node task subject without its node id token (gpuaas.v1.node.ID.task
+// becomes gpuaas.v1.node.task).
+std::string DefaultType(const std::string& nats_subject);
+
+// Inserts the event into the outbox in `tx` (subjects gpuaas.v1.evt.> and, for typed tasks sent
+// to node-agents, gpuaas.v1.node.>); returns the new event id (UUIDv7).
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec);
 
 struct RelayOptions {

@@ -121,4 +121,7 @@ auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval
 Result<int> Migrate(Pool& pool, const std::string& component,
                     const std::vector<Migration>& migrations);
 
+// A PostgreSQL text[] literal ({"a","b\"c"}) to pass as a parameter cast with ::text[].
+std::string TextArrayLiteral(const std::vector<std::string>& items);
+
 }  // namespace gpuaas::store
