@@ -4,6 +4,8 @@
 
 #include <regex>
 
+#include "gpuaas/common/ids.hpp"
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -12,6 +14,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/inventory.pb.h"
+#include "slots.hpp"
 
 namespace gpuaas::inventory {
 
@@ -64,7 +67,7 @@ std::string LabelsJson(const v1::RegisterNodeRequest& req) {
 
 }  // namespace
 
-bool ValidNodeId(const std::string& id) { return std::regex_match(id, kLabel); }
+bool ValidNodeId(const std::string& id) { return ids::IsNodeId(id); }
 
 Result<void> ValidateRegister(const v1::RegisterNodeRequest& req) {
   std::map<std::string, std::string> problems;
@@ -102,6 +105,16 @@ Result<void> ValidateRegister(const v1::RegisterNodeRequest& req) {
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   return Ok();
+}
+
+void InventoryConfig::Register(config::Schema& s) {
+  common.Register(s, true);
+  s.Add("inventory.ipam_timeout_ms", &ipam_timeout_ms,
+        "Timeout of the MAC/IP reservation asked from ipam when a slot is approved", 5000,
+        config::Range(1, 600000));
+  s.Add("inventory.task_deadline_s", &task_deadline_s,
+        "Deadline of typed tasks sent to node-agents (a task received later fails)", 300,
+        config::Range(1, 86400));
 }
 
 InventoryService::InventoryService(InventoryConfig cfg)
@@ -162,6 +175,14 @@ Result<void> InventoryService::Start() {
             resp.set_changed(true);
             subject = "gpuaas.v1.evt.inventory.node.updated";
           }
+          tx.exec_params("INSERT INTO regions (name) VALUES ($1) ON CONFLICT DO NOTHING",
+                         req.region());
+          if (!resp.created()) {
+            // Slot snapshots carry region and pool: re-announce them with the node's change.
+            if (auto r = ReemitNodeSlots(tx, req.node_id(), source, ctx.traceparent); !r.ok()) {
+              return r.error();
+            }
+          }
           v1::NodeSnapshot snap;
           *snap.mutable_node() = resp.node();
           auto ev =
@@ -200,6 +221,11 @@ Result<void> InventoryService::Start() {
           return resp;
         });
       });
+  SlotDeps deps;
+  deps.source = source;
+  deps.ipam_timeout_ms = cfg_.ipam_timeout_ms;
+  deps.task_deadline_s = cfg_.task_deadline_s;
+  if (auto r = StartSlotDomain(svc_, deps); !r.ok()) return r;
   return svc_.ServeRequests();
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Inventory: owns regions, pools, nodes (and later topology snapshots and approved slots).
+// Inventory: owns regions, pools, nodes, topology snapshots and approved slots (slots.hpp).
 // Serves gpuaas.v1.inventory.* requests and announces every change through its outbox.
 #include <string>
 
@@ -15,7 +15,9 @@ namespace gpuaas::inventory {
 
 struct InventoryConfig {
   runtime::CommonConfig common;
-  void Register(config::Schema& schema) { common.Register(schema, true); }
+  int64_t ipam_timeout_ms = 5000;  // MAC/IP reservation at approval
+  int64_t task_deadline_s = 300;   // typed tasks sent to node-agents
+  void Register(config::Schema& schema);
 };
 
 // Field-level validation of a registration; every problem is in the error's details.

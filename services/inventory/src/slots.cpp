@@ -1,0 +1,968 @@
+#include "slots.hpp"
+
+#include <google/protobuf/util/message_differencer.h>
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/inbox.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
+#include "gpuaas/v1/node.pb.h"
+#include "gpuaas/v1/topology.pb.h"
+#include "slot_rules.hpp"
+
+namespace gpuaas::inventory {
+
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+constexpr const char* kSlotEvent = "gpuaas.v1.evt.inventory.slot.updated";
+constexpr const char* kFabricPerSlotVf = "per_slot_vf";
+
+google::protobuf::Timestamp TsFromEpoch(double epoch) {
+  return TimeUtil::MillisecondsToTimestamp(static_cast<int64_t>(epoch * 1000));
+}
+
+// What every slot snapshot of a node carries besides the slot itself.
+struct NodeCtx {
+  std::string node_id;
+  std::string region;
+  std::string pool;
+  bool region_enabled = true;
+  std::vector<std::string> blockers;  // of the latest topology snapshot
+  int64_t snapshot_version = 0;
+};
+
+Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, bool lock) {
+  auto rows = tx.exec_params(std::string("SELECT n.region, n.pool, COALESCE(r.enabled, true) "
+                                         "FROM nodes n LEFT JOIN regions r ON r.name = n.region "
+                                         "WHERE n.node_id = $1") +
+                                 (lock ? " FOR UPDATE OF n" : ""),
+                             node_id);
+  if (rows.empty()) {
+    return Error{Code::kNotFound,
+                 "node_not_found",
+                 "inventory does not know node " + node_id,
+                 {{"node_id", node_id}},
+                 false};
+  }
+  NodeCtx c;
+  c.node_id = node_id;
+  c.region = rows[0][0].as<std::string>();
+  c.pool = rows[0][1].as<std::string>();
+  c.region_enabled = rows[0][2].as<bool>();
+  auto snap = tx.exec_params(
+      "SELECT version, array_to_string(node_blockers, ',') FROM topology_snapshots "
+      "WHERE node_id = $1 ORDER BY version DESC LIMIT 1",
+      node_id);
+  if (!snap.empty()) {
+    c.snapshot_version = snap[0][0].as<int64_t>();
+    const auto joined = snap[0][1].as<std::string>();
+    size_t start = 0;
+    while (start < joined.size()) {
+      const size_t comma = joined.find(',', start);
+      const size_t end = comma == std::string::npos ? joined.size() : comma;
+      if (end > start) c.blockers.push_back(joined.substr(start, end - start));
+      start = end + 1;
+    }
+  }
+  return c;
+}
+
+struct Snapshot {
+  int64_t version = 0;
+  double received_at = 0;
+  v1::TopologyReport report;
+};
+
+Result<std::optional<Snapshot>> LoadSnapshot(pqxx::work& tx, const std::string& node_id,
+                                             int64_t version) {
+  auto rows = tx.exec_params(
+      "SELECT version, report::text, extract(epoch from received_at)::float8 "
+      "FROM topology_snapshots WHERE node_id = $1 AND ($2 = 0 OR version = $2) "
+      "ORDER BY version DESC LIMIT 1",
+      node_id, version);
+  if (rows.empty()) return std::optional<Snapshot>();
+  Snapshot s;
+  s.version = rows[0][0].as<int64_t>();
+  if (auto r = protojson::FromJson(rows[0][1].as<std::string>(), &s.report); !r.ok()) {
+    return Error::Internal("corrupt_snapshot", r.error().message);
+  }
+  s.received_at = rows[0][2].as<double>();
+  return std::optional<Snapshot>(std::move(s));
+}
+
+Result<std::map<std::string, v1::Slot>> LoadSlots(pqxx::work& tx, const std::string& node_id) {
+  std::map<std::string, v1::Slot> out;
+  for (const auto& r : tx.exec_params("SELECT slot_key, doc::text FROM node_resource_slots WHERE "
+                                      "node_id = $1 ORDER BY slot_key",
+                                      node_id)) {
+    v1::Slot s;
+    if (auto p = protojson::FromJson(r[1].as<std::string>(), &s); !p.ok()) {
+      return Error::Internal("corrupt_slot", p.error().message);
+    }
+    out[r[0].as<std::string>()] = std::move(s);
+  }
+  return out;
+}
+
+bool Complete(const v1::Slot& s) {
+  return !s.gpu_pci_address().empty() && !s.nvme_by_id().empty() &&
+         s.fabric_claim_mode() == kFabricPerSlotVf && !s.fabric_vf_pci_address().empty() &&
+         !s.mac().empty() && !s.private_ip().empty();
+}
+
+bool Schedulable(const v1::Slot& s, const NodeCtx& c) {
+  return s.admin_state() == "available" && s.health() == "healthy" && Complete(s) &&
+         c.region_enabled && c.blockers.empty();
+}
+
+// Same slot apart from bookkeeping (generation, time)?
+bool SameSlot(v1::Slot a, v1::Slot b) {
+  for (auto* s : {&a, &b}) {
+    s->clear_generation();
+    s->clear_updated_at();
+    for (auto& d : *s->mutable_drift()) d.clear_detected_at();
+  }
+  return google::protobuf::util::MessageDifferencer::Equals(a, b);
+}
+
+// Writes the slot with the next generation and announces its snapshot in the same transaction.
+Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
+                          const std::string& source, const std::string& traceparent,
+                          const std::string& correlation) {
+  auto cur = tx.exec_params(
+      "SELECT generation FROM node_resource_slots WHERE node_id = $1 AND slot_key = $2 FOR UPDATE",
+      c.node_id, slot.slot_key());
+  const int64_t gen = cur.empty() ? 1 : cur[0][0].as<int64_t>() + 1;
+  slot.set_node_id(c.node_id);
+  slot.set_generation(gen);
+  *slot.mutable_updated_at() = TimeUtil::GetCurrentTime();
+  const bool schedulable = Schedulable(slot, c);
+  tx.exec_params(
+      "INSERT INTO node_resource_slots (node_id, slot_key, admin_state, health, sku, gpu_model, "
+      "nvme_by_id, fabric_vf_pci_address, schedulable, generation, doc, updated_at) "
+      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11::jsonb, now()) "
+      "ON CONFLICT (node_id, slot_key) DO UPDATE SET admin_state = EXCLUDED.admin_state, "
+      "health = EXCLUDED.health, sku = EXCLUDED.sku, gpu_model = EXCLUDED.gpu_model, "
+      "nvme_by_id = EXCLUDED.nvme_by_id, fabric_vf_pci_address = EXCLUDED.fabric_vf_pci_address, "
+      "schedulable = EXCLUDED.schedulable, generation = EXCLUDED.generation, doc = EXCLUDED.doc, "
+      "updated_at = now()",
+      c.node_id, slot.slot_key(), slot.admin_state(), slot.health(), slot.sku(), slot.gpu_model(),
+      slot.nvme_by_id(), slot.fabric_vf_pci_address(), schedulable, gen, protojson::ToJson(slot));
+  v1::SlotSnapshot snap;
+  *snap.mutable_slot() = slot;
+  snap.set_region(c.region);
+  snap.set_pool(c.pool);
+  snap.set_region_enabled(c.region_enabled);
+  for (const auto& b : c.blockers) snap.add_node_blockers(b);
+  snap.set_schedulable(schedulable);
+  auto ev = outbox::Append(tx, {kSlotEvent, "", source, c.node_id + "/" + slot.slot_key(), gen,
+                                correlation, traceparent, &snap});
+  if (!ev.ok()) return ev.error();
+  return slot;
+}
+
+// A new desired-set version when the node's available slots differ from the latest version.
+Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
+  auto slots = LoadSlots(tx, node_id);
+  if (!slots.ok()) return slots.error();
+  v1::DesiredSlotSet want;
+  want.set_node_id(node_id);
+  for (const auto& [key, s] : *slots) {
+    if (s.admin_state() != "available") continue;
+    v1::Slot d = s;
+    d.clear_health();
+    d.clear_health_detail();
+    d.clear_rejections();
+    d.clear_drift();
+    d.clear_disabled_reason();
+    d.clear_generation();
+    d.clear_updated_at();
+    d.clear_approved_snapshot();
+    *want.add_slots() = d;
+  }
+  auto latest = tx.exec_params(
+      "SELECT version, doc::text FROM desired_slot_sets WHERE node_id = $1 ORDER BY version DESC "
+      "LIMIT 1",
+      node_id);
+  int64_t version = 0;
+  if (!latest.empty()) {
+    version = latest[0][0].as<int64_t>();
+    v1::DesiredSlotSet have;
+    if (protojson::FromJson(latest[0][1].as<std::string>(), &have).ok()) {
+      have.clear_version();
+      have.clear_created_at();
+      if (google::protobuf::util::MessageDifferencer::Equals(have, want)) return version;
+    }
+  }
+  if (latest.empty() && want.slots_size() == 0) return int64_t{0};
+  ++version;
+  want.set_version(version);
+  *want.mutable_created_at() = TimeUtil::GetCurrentTime();
+  tx.exec_params("INSERT INTO desired_slot_sets (node_id, version, doc) VALUES ($1, $2, $3::jsonb)",
+                 node_id, version, protojson::ToJson(want));
+  return version;
+}
+
+Result<void> CheckNodeId(const std::string& id) {
+  if (id.empty()) {
+    return Error::InvalidArgument("invalid_node_id", "node_id is required",
+                                  {{"node_id", "required"}});
+  }
+  if (!ids::IsNodeId(id)) {
+    return Error::InvalidArgument("invalid_node_id", "node_id is not a valid node id: " + id,
+                                  {{"node_id", "must be a lowercase DNS label"}});
+  }
+  return Ok();
+}
+
+std::set<std::string> WipedDisks(pqxx::work& tx, const std::string& node_id) {
+  std::set<std::string> out;
+  for (const auto& r :
+       tx.exec_params("SELECT nvme_by_id FROM wipe_proofs WHERE node_id = $1", node_id)) {
+    out.insert(r[0].as<std::string>());
+  }
+  return out;
+}
+
+// The slot a candidate becomes (before addresses).
+v1::Slot SlotFromCandidate(const v1::CandidateSlot& c, const v1::TopologyReport& report,
+                           int64_t snapshot_version) {
+  v1::Slot s;
+  s.set_slot_key(c.slot_key());
+  s.set_index(c.index());
+  s.set_gpu_pci_address(c.gpu_pci_address());
+  for (const auto& g : report.gpus()) {
+    if (g.pci_address() == c.gpu_pci_address()) {
+      s.set_gpu_model(g.model());
+      s.set_sku(SkuForDevice(g.device_id()));
+    }
+  }
+  if (s.sku().empty()) s.set_sku(SkuForDevice(""));
+  if (c.has_numa_node()) s.set_numa_node(c.numa_node());
+  s.set_pcie_switch(c.pcie_switch());
+  s.set_locality_group(c.locality_group());
+  s.set_nvme_by_id(c.nvme_by_id());
+  s.set_fabric_claim_mode(c.fabric_claim_mode());
+  s.set_fabric_vf_pci_address(c.fabric_vf_pci_address());
+  s.set_fabric_type(c.fabric_type());
+  *s.mutable_profile() = c.profile();
+  s.set_approved_snapshot(snapshot_version);
+  return s;
+}
+
+// Holders a candidate must not collide with: available slots of other keys.
+std::vector<v1::Slot> Holders(const std::map<std::string, v1::Slot>& slots) {
+  std::vector<v1::Slot> out;
+  for (const auto& [k, s] : slots) {
+    if (s.admin_state() == "available") out.push_back(s);
+  }
+  return out;
+}
+
+struct Deps {
+  std::shared_ptr<store::Pool> pool;
+  std::shared_ptr<messaging::Connection> nats;
+  SlotDeps cfg;
+};
+
+// Reserves MAC/IP for a slot from ipam (idempotent on ipam's side).
+Result<v1::SlotReservation> Reserve(const Deps& d, const std::string& node_id,
+                                    const std::string& slot_key, const std::string& traceparent) {
+  v1::ReserveSlotAddressRequest req;
+  req.set_node_id(node_id);
+  req.set_slot_key(slot_key);
+  auto r = rpc::Client(d.nats).Call<v1::ReserveSlotAddressResponse>(
+      "gpuaas.v1.ipam.reservation.reserve", req, std::chrono::milliseconds(d.cfg.ipam_timeout_ms),
+      traceparent);
+  if (!r.ok()) return r.error();
+  return r->reservation();
+}
+
+v1::SlotRejection Rejection(const std::string& reason, const std::string& message) {
+  v1::SlotRejection r;
+  r.set_reason(reason);
+  r.set_message(message);
+  return r;
+}
+
+// Approval of a list of candidates of one snapshot. Validation runs before the address
+// reservations (outside any transaction) and again, authoritatively, under the node's row
+// lock together with the writes.
+Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRequest& req,
+                                         rpc::Context& ctx, bool repair) {
+  if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+  if (req.snapshot_version() < 0) {
+    return Error::InvalidArgument("invalid_snapshot_version", "snapshot_version must be >= 0",
+                                  {{"snapshot_version", "must be >= 0 (0 = latest)"}});
+  }
+  // Phase 1: what would pass the local rules now.
+  std::map<std::string, bool> passes;
+  auto pre = store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<void> {
+    auto node = LoadNode(tx, req.node_id(), false);
+    if (!node.ok()) return node.error();
+    auto snap = LoadSnapshot(tx, req.node_id(), req.snapshot_version());
+    if (!snap.ok()) return snap.error();
+    if (!snap->has_value()) {
+      if (req.snapshot_version() != 0) {
+        return Error{Code::kNotFound,
+                     "snapshot_not_found",
+                     fmt::format("node {} has no topology snapshot version {}", req.node_id(),
+                                 req.snapshot_version()),
+                     {{"snapshot_version", std::to_string(req.snapshot_version())}},
+                     false};
+      }
+      return Error::FailedPrecondition(
+          "no_topology_snapshot",
+          "node " + req.node_id() + " has not reported its topology yet; run node discover");
+    }
+    auto slots = LoadSlots(tx, req.node_id());
+    if (!slots.ok()) return slots.error();
+    ApprovalContext actx;
+    actx.report = &(*snap)->report;
+    actx.wiped_nvme = WipedDisks(tx, req.node_id());
+    auto holders = Holders(*slots);
+    for (const auto& c : (*snap)->report.candidates()) {
+      if (!req.slot_keys().empty() && std::find(req.slot_keys().begin(), req.slot_keys().end(),
+                                                c.slot_key()) == req.slot_keys().end()) {
+        continue;
+      }
+      actx.holders = holders;
+      const bool ok = ValidateCandidate(c, actx).empty();
+      passes[c.slot_key()] = ok;
+      if (ok) holders.push_back(SlotFromCandidate(c, (*snap)->report, 0));
+    }
+    return Ok();
+  });
+  if (!pre.ok()) return pre.error();
+
+  // Phase 2: addresses for the candidates that pass (ipam is idempotent per slot).
+  std::map<std::string, Result<v1::SlotReservation>> addresses;
+  for (const auto& [key, ok] : passes) {
+    if (ok) addresses.emplace(key, Reserve(d, req.node_id(), key, ctx.traceparent));
+  }
+
+  // Phase 3: validate again under the node lock, write slots, events and the desired set.
+  return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ApproveSlotsResponse> {
+    auto node = LoadNode(tx, req.node_id(), true);
+    if (!node.ok()) return node.error();
+    auto snap = LoadSnapshot(tx, req.node_id(), req.snapshot_version());
+    if (!snap.ok()) return snap.error();
+    if (!snap->has_value()) {
+      return Error::FailedPrecondition("no_topology_snapshot", "topology snapshot disappeared");
+    }
+    const auto& report = (*snap)->report;
+    auto slots = LoadSlots(tx, req.node_id());
+    if (!slots.ok()) return slots.error();
+    ApprovalContext actx;
+    actx.report = &report;
+    actx.wiped_nvme = WipedDisks(tx, req.node_id());
+    v1::ApproveSlotsResponse resp;
+    resp.set_snapshot_version((*snap)->version);
+    std::set<std::string> seen;
+    for (const auto& key : req.slot_keys()) {
+      if (seen.insert(key).second &&
+          std::none_of(report.candidates().begin(), report.candidates().end(),
+                       [&](const v1::CandidateSlot& c) { return c.slot_key() == key; })) {
+        auto* res = resp.add_results();
+        res->set_slot_key(key);
+        *res->add_rejections() =
+            Rejection(reason::kNotInSnapshot,
+                      fmt::format("snapshot {} has no candidate {}", (*snap)->version, key));
+      }
+    }
+    for (const auto& c : report.candidates()) {
+      if (!req.slot_keys().empty() && !seen.count(c.slot_key())) continue;
+      // The holders: available slots of other keys as they are now (including this batch).
+      std::map<std::string, v1::Slot> others = *slots;
+      others.erase(c.slot_key());
+      actx.holders = Holders(others);
+      auto rejections = ValidateCandidate(c, actx);
+      v1::Slot slot = SlotFromCandidate(c, report, (*snap)->version);
+      slot.set_node_id(req.node_id());
+      if (rejections.empty()) {
+        auto it = addresses.find(c.slot_key());
+        if (it == addresses.end()) {
+          rejections.push_back(Rejection(reason::kAddressReservationFailed,
+                                         "the candidate changed while it was being approved; "
+                                         "approve it again"));
+        } else if (!it->second.ok()) {
+          rejections.push_back(
+              Rejection(reason::kAddressReservationFailed,
+                        "ipam could not reserve a MAC/IP: " + it->second.error().ToString()));
+        } else {
+          slot.set_mac(it->second->mac());
+          slot.set_private_ip(it->second->ip());
+        }
+      }
+      auto* res = resp.add_results();
+      res->set_slot_key(c.slot_key());
+      const auto existing = slots->find(c.slot_key());
+      if (!rejections.empty()) {
+        for (const auto& r : rejections) *res->add_rejections() = r;
+        if (existing != slots->end() && existing->second.admin_state() == "available") {
+          // An approved slot is never demoted by a failed re-approval; drift and disable do that.
+          *res->mutable_slot() = existing->second;
+          continue;
+        }
+        // Incomplete or unsafe: recorded, but disabled.
+        slot.set_admin_state("disabled");
+        slot.set_health("unknown");
+        slot.set_disabled_reason("approval rejected: " + rejections.front().reason());
+        for (const auto& r : rejections) *slot.add_rejections() = r;
+        if (existing != slots->end()) {
+          *slot.mutable_drift() = existing->second.drift();
+          if (existing->second.admin_state() == "disabled" &&
+              !existing->second.disabled_reason().empty() &&
+              existing->second.disabled_reason().rfind("approval rejected", 0) != 0) {
+            slot.set_disabled_reason(existing->second.disabled_reason());
+          }
+        }
+      } else {
+        slot.set_admin_state("available");
+        slot.set_health("healthy");
+        res->set_approved(true);
+        if (!repair && existing != slots->end() && existing->second.drift_size() > 0) {
+          // Approval does not clear drift; repair re-validates and clears it.
+          *slot.mutable_drift() = existing->second.drift();
+          slot.set_health("degraded");
+          slot.set_health_detail(existing->second.health_detail());
+        }
+      }
+      if (existing != slots->end() && SameSlot(existing->second, slot)) {
+        *res->mutable_slot() = existing->second;
+        continue;
+      }
+      auto saved = SaveSlot(tx, *node, slot, d.cfg.source, ctx.traceparent, "");
+      if (!saved.ok()) return saved.error();
+      (*slots)[c.slot_key()] = *saved;
+      *res->mutable_slot() = *saved;
+    }
+    auto desired = UpdateDesired(tx, req.node_id());
+    if (!desired.ok()) return desired.error();
+    resp.set_desired_version(*desired);
+    ctx.log.Info(repair ? "slots repaired" : "slots approved",
+                 {{"node_id", req.node_id()},
+                  {"snapshot_version", std::to_string((*snap)->version)},
+                  {"desired_version", std::to_string(*desired)}});
+    return resp;
+  });
+}
+
+Result<std::vector<std::string>> NodesInRegion(pqxx::work& tx, const std::string& region) {
+  std::vector<std::string> out;
+  for (const auto& r :
+       tx.exec_params("SELECT DISTINCT n.node_id FROM nodes n JOIN node_resource_slots s "
+                      "USING (node_id) WHERE n.region = $1 ORDER BY 1",
+                      region)) {
+    out.push_back(r[0].as<std::string>());
+  }
+  return out;
+}
+
+v1::Region RegionFromRow(pqxx::work& tx, const std::string& name, bool enabled) {
+  v1::Region r;
+  r.set_name(name);
+  r.set_enabled(enabled);
+  for (const auto& p :
+       tx.exec_params("SELECT DISTINCT pool FROM nodes WHERE region = $1 ORDER BY 1", name)) {
+    r.add_pools(p[0].as<std::string>());
+  }
+  return r;
+}
+
+}  // namespace
+
+Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const std::string& source,
+                             const std::string& traceparent) {
+  auto node = LoadNode(tx, node_id, false);
+  if (!node.ok()) return node.error();
+  auto slots = LoadSlots(tx, node_id);
+  if (!slots.ok()) return slots.error();
+  for (const auto& [key, s] : *slots) {
+    if (auto r = SaveSlot(tx, *node, s, source, traceparent, ""); !r.ok()) return r.error();
+  }
+  return Ok();
+}
+
+Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source) {
+  v1::TopologyReport report;
+  if (!ev.data().UnpackTo(&report)) {
+    return Error::InvalidArgument("malformed_event",
+                                  "event data is not a gpuaas.v1.TopologyReport");
+  }
+  if (!ids::IsNodeId(report.node_id())) {
+    return Error::InvalidArgument("malformed_event", "topology report without a valid node_id");
+  }
+  auto before = LoadNode(tx, report.node_id(), true);
+  if (!before.ok()) return before.error();  // unknown node: not retryable, dead-lettered
+  if (report.has_discovered_at()) {
+    // A report that arrives after a newer one (redelivery, a slow task) is history, not news.
+    auto newer = tx.exec_params(
+        "SELECT 1 FROM topology_snapshots WHERE node_id = $1 AND report ? 'discovered_at' AND "
+        "(report->>'discovered_at')::timestamptz > $2::timestamptz LIMIT 1",
+        report.node_id(), TimeUtil::ToString(report.discovered_at()));
+    if (!newer.empty()) return Ok();
+  }
+  const int64_t version = before->snapshot_version + 1;
+  tx.exec_params(
+      "INSERT INTO topology_snapshots (node_id, version, event_id, report, node_blockers) "
+      "VALUES ($1, $2, $3, $4::jsonb, $5::text[])",
+      report.node_id(), version, ev.id(), protojson::ToJson(report),
+      store::TextArrayLiteral({report.node_blockers().begin(), report.node_blockers().end()}));
+  auto after = LoadNode(tx, report.node_id(), false);
+  if (!after.ok()) return after.error();
+  const bool blockers_changed = before->blockers != after->blockers;
+  auto slots = LoadSlots(tx, report.node_id());
+  if (!slots.ok()) return slots.error();
+  for (const auto& [key, slot] : *slots) {
+    v1::Slot next = slot;
+    auto drift = DetectDrift(slot, report);
+    if (!drift.empty()) {
+      std::set<std::string> had, now;
+      for (const auto& x : slot.drift()) had.insert(x.kind());
+      for (const auto& x : drift) now.insert(x.kind());
+      if (had != now) {
+        next.clear_drift();
+        std::string detail;
+        for (auto& x : drift) {
+          *x.mutable_detected_at() = TimeUtil::GetCurrentTime();
+          *next.add_drift() = x;
+          detail += (detail.empty() ? "" : "; ") + x.kind() + ": " + x.detail();
+        }
+        next.set_health("degraded");
+        next.set_health_detail(detail);
+      }
+    }
+    if (blockers_changed || !SameSlot(slot, next)) {
+      if (auto r = SaveSlot(tx, *after, next, source, "", ev.correlation_id()); !r.ok()) {
+        return r.error();
+      }
+    }
+  }
+  return Ok();
+}
+
+Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
+  v1::NodeTaskResult res;
+  if (!ev.data().UnpackTo(&res)) {
+    return Error::InvalidArgument("malformed_event",
+                                  "event data is not a gpuaas.v1.NodeTaskResult");
+  }
+  if (!ids::IsUuid(res.task_id())) {
+    return Error::InvalidArgument("malformed_event", "task result without a task id");
+  }
+  std::string status = "failed";
+  if (res.status() == v1::TASK_STATUS_SUCCEEDED) status = "succeeded";
+  if (res.status() == v1::TASK_STATUS_REJECTED) status = "rejected";
+  const std::string error =
+      res.has_error() ? res.error().reason() + ": " + res.error().message() : std::string();
+  auto updated = tx.exec_params(
+      "UPDATE node_tasks SET status = $2, error = $3, finished_at = now() WHERE task_id = $1",
+      res.task_id(), status, error);
+  if (updated.affected_rows() == 0) {
+    // A task this inventory did not queue (sent by another tool): recorded when the node is known.
+    tx.exec_params(
+        "INSERT INTO node_tasks (task_id, node_id, type, status, error, finished_at) "
+        "SELECT $1, node_id, $3, $4, $5, now() FROM nodes WHERE node_id = $2 "
+        "ON CONFLICT DO NOTHING",
+        res.task_id(), res.node_id(), res.type(), status, error);
+  }
+  return Ok();
+}
+
+Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
+  auto nats = svc.nats();
+  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
+    if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
+  }
+  Deps d{svc.pg(), nats, cfg};
+  auto& rpc = svc.Rpc();
+
+  rpc.Handle<v1::DiscoverNodeRequest, v1::DiscoverNodeResponse>(
+      "gpuaas.v1.inventory.node.discover",
+      [d](const v1::DiscoverNodeRequest& req,
+          rpc::Context& ctx) -> Result<v1::DiscoverNodeResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::DiscoverNodeResponse> {
+          if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
+          v1::NodeTask task;
+          task.set_task_id(ids::NewUuidV7());
+          task.set_node_id(req.node_id());
+          task.set_type("topology.discover");
+          *task.mutable_deadline() =
+              TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(d.cfg.task_deadline_s);
+          task.set_correlation_id(task.task_id());
+          task.set_requested_by(d.cfg.source);
+          tx.exec_params(
+              "INSERT INTO node_tasks (task_id, node_id, type, status) "
+              "VALUES ($1, $2, $3, 'queued')",
+              task.task_id(), req.node_id(), task.type());
+          auto ev = outbox::Append(
+              tx, {fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", req.node_id())),
+                   "", d.cfg.source, req.node_id(), 0, task.task_id(), ctx.traceparent, &task});
+          if (!ev.ok()) return ev.error();
+          v1::DiscoverNodeResponse resp;
+          resp.set_task_id(task.task_id());
+          ctx.log.Info("discovery requested",
+                       {{"node_id", req.node_id()}, {"task_id", task.task_id()}});
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ShowNodeRequest, v1::ShowNodeResponse>(
+      "gpuaas.v1.inventory.node.show",
+      [d](const v1::ShowNodeRequest& req, rpc::Context&) -> Result<v1::ShowNodeResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ShowNodeResponse> {
+          auto node = LoadNode(tx, req.node_id(), false);
+          if (!node.ok()) return node.error();
+          v1::ShowNodeResponse resp;
+          auto n = tx.exec_params(
+              "SELECT node_id, hostname, region, pool, capacity_profile, agent_version, "
+              "generation, labels::text FROM nodes WHERE node_id = $1",
+              req.node_id());
+          auto* pn = resp.mutable_node();
+          pn->set_node_id(n[0][0].as<std::string>());
+          pn->set_hostname(n[0][1].as<std::string>());
+          pn->set_region(n[0][2].as<std::string>());
+          pn->set_pool(n[0][3].as<std::string>());
+          pn->set_capacity_profile(n[0][4].as<std::string>() == "baremetal"
+                                       ? v1::CAPACITY_PROFILE_BAREMETAL
+                                       : v1::CAPACITY_PROFILE_SLICE_VM);
+          pn->set_agent_version(n[0][5].as<std::string>());
+          pn->set_generation(n[0][6].as<int64_t>());
+          resp.set_region_enabled(node->region_enabled);
+          auto snap = LoadSnapshot(tx, req.node_id(), 0);
+          if (!snap.ok()) return snap.error();
+          if (snap->has_value()) {
+            resp.set_snapshot_version((*snap)->version);
+            *resp.mutable_snapshot_at() = TsFromEpoch((*snap)->received_at);
+            *resp.mutable_topology() = (*snap)->report;
+          }
+          auto slots = LoadSlots(tx, req.node_id());
+          if (!slots.ok()) return slots.error();
+          for (const auto& [k, s] : *slots) {
+            *resp.add_slots() = s;
+            for (const auto& dr : s.drift()) *resp.add_drift() = dr;
+          }
+          for (const auto& b : node->blockers) {
+            resp.add_node_blockers(b);
+            auto* dr = resp.add_drift();
+            dr->set_kind("node_blocker");
+            dr->set_detail(b);
+          }
+          auto dv = tx.exec_params(
+              "SELECT COALESCE(max(version), 0) FROM desired_slot_sets WHERE node_id = $1",
+              req.node_id());
+          resp.set_desired_version(dv[0][0].as<int64_t>());
+          auto av = tx.exec_params("SELECT applied_version FROM node_agent_acks WHERE node_id = $1",
+                                   req.node_id());
+          if (!av.empty()) resp.set_applied_version(av[0][0].as<int64_t>());
+          for (const auto& r :
+               tx.exec_params("SELECT task_id::text, type, status, error, "
+                              "extract(epoch from queued_at)::float8, "
+                              "extract(epoch from finished_at)::float8 FROM node_tasks "
+                              "WHERE node_id = $1 ORDER BY queued_at DESC LIMIT 10",
+                              req.node_id())) {
+            auto* t = resp.add_recent_tasks();
+            t->set_task_id(r[0].as<std::string>());
+            t->set_type(r[1].as<std::string>());
+            t->set_status(r[2].as<std::string>());
+            t->set_error(r[3].as<std::string>());
+            *t->mutable_queued_at() = TsFromEpoch(r[4].as<double>());
+            if (!r[5].is_null()) *t->mutable_finished_at() = TsFromEpoch(r[5].as<double>());
+          }
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ApproveSlotsRequest, v1::ApproveSlotsResponse>(
+      "gpuaas.v1.inventory.slot.approve",
+      [d](const v1::ApproveSlotsRequest& req, rpc::Context& ctx) {
+        return Approve(d, req, ctx, false);
+      });
+
+  rpc.Handle<v1::RepairSlotRequest, v1::RepairSlotResponse>(
+      "gpuaas.v1.inventory.slot.repair",
+      [d](const v1::RepairSlotRequest& req, rpc::Context& ctx) -> Result<v1::RepairSlotResponse> {
+        if (req.slot_key().empty()) {
+          return Error::InvalidArgument("invalid_slot_key", "slot_key is required",
+                                        {{"slot_key", "required"}});
+        }
+        auto exists = store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<void> {
+          if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+          if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
+          auto r = tx.exec_params(
+              "SELECT 1 FROM node_resource_slots WHERE node_id = $1 AND slot_key = $2",
+              req.node_id(), req.slot_key());
+          if (r.empty()) {
+            return Error::NotFound("slot_not_found",
+                                   "node " + req.node_id() + " has no slot " + req.slot_key());
+          }
+          return Ok();
+        });
+        if (!exists.ok()) return exists.error();
+        v1::ApproveSlotsRequest a;
+        a.set_node_id(req.node_id());
+        a.add_slot_keys(req.slot_key());
+        // Repair re-validates against the latest evidence and clears drift when it passes.
+        auto r = Approve(d, a, ctx, true);
+        if (!r.ok()) return r.error();
+        v1::RepairSlotResponse resp;
+        if (r->results_size() > 0) *resp.mutable_result() = r->results(0);
+        resp.set_desired_version(r->desired_version());
+        return resp;
+      });
+
+  rpc.Handle<v1::DisableSlotRequest, v1::DisableSlotResponse>(
+      "gpuaas.v1.inventory.slot.disable",
+      [d](const v1::DisableSlotRequest& req, rpc::Context& ctx) -> Result<v1::DisableSlotResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        if (req.slot_key().empty()) {
+          return Error::InvalidArgument("invalid_slot_key", "slot_key is required",
+                                        {{"slot_key", "required"}});
+        }
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::DisableSlotResponse> {
+          auto node = LoadNode(tx, req.node_id(), true);
+          if (!node.ok()) return node.error();
+          auto slots = LoadSlots(tx, req.node_id());
+          if (!slots.ok()) return slots.error();
+          auto it = slots->find(req.slot_key());
+          if (it == slots->end()) {
+            return Error::NotFound("slot_not_found",
+                                   "node " + req.node_id() + " has no slot " + req.slot_key());
+          }
+          v1::Slot s = it->second;
+          s.set_admin_state("disabled");
+          s.set_disabled_reason(req.reason().empty() ? "disabled by an operator" : req.reason());
+          v1::DisableSlotResponse resp;
+          if (SameSlot(s, it->second)) {
+            *resp.mutable_slot() = it->second;
+          } else {
+            auto saved = SaveSlot(tx, *node, s, d.cfg.source, ctx.traceparent, "");
+            if (!saved.ok()) return saved.error();
+            *resp.mutable_slot() = *saved;
+          }
+          auto desired = UpdateDesired(tx, req.node_id());
+          if (!desired.ok()) return desired.error();
+          resp.set_desired_version(*desired);
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::RecordWipeProofRequest, v1::RecordWipeProofResponse>(
+      "gpuaas.v1.inventory.disk.wipe_proof.record",
+      [d](const v1::RecordWipeProofRequest& req,
+          rpc::Context& ctx) -> Result<v1::RecordWipeProofResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        std::map<std::string, std::string> problems;
+        if (req.nvme_by_id().rfind("/dev/disk/by-id/", 0) != 0) {
+          problems["nvme_by_id"] = "must be a /dev/disk/by-id/ path";
+        }
+        static const std::set<std::string> kMethods = {"blkdiscard", "nvme-format", "wipefs"};
+        if (!kMethods.count(req.method())) {
+          problems["method"] = "one of blkdiscard, nvme-format, wipefs";
+        }
+        if (req.evidence().empty()) problems["evidence"] = "required: what proves the wipe";
+        if (!problems.empty()) {
+          return Error::InvalidArgument(
+              "invalid_wipe_proof", fmt::format("{} invalid field(s)", problems.size()), problems);
+        }
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::RecordWipeProofResponse> {
+          if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
+          const std::string actor = ctx.headers.count("Gpuaas-Actor")
+                                        ? ctx.headers.at("Gpuaas-Actor")
+                                        : "trace:" + ctx.trace_id;
+          auto r = tx.exec_params(
+              "INSERT INTO wipe_proofs (node_id, nvme_by_id, method, evidence, recorded_by) "
+              "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id, nvme_by_id) DO UPDATE SET "
+              "method = EXCLUDED.method, evidence = EXCLUDED.evidence, "
+              "recorded_by = EXCLUDED.recorded_by, recorded_at = now() "
+              "RETURNING extract(epoch from recorded_at)::float8",
+              req.node_id(), req.nvme_by_id(), req.method(), req.evidence(), actor);
+          v1::RecordWipeProofResponse resp;
+          *resp.mutable_recorded_at() = TsFromEpoch(r[0][0].as<double>());
+          ctx.log.Info("wipe proof recorded",
+                       {{"node_id", req.node_id()}, {"nvme_by_id", req.nvme_by_id()}});
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ListAvailabilityRequest, v1::ListAvailabilityResponse>(
+      "gpuaas.v1.inventory.availability.list",
+      [d](const v1::ListAvailabilityRequest& req,
+          rpc::Context&) -> Result<v1::ListAvailabilityResponse> {
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ListAvailabilityResponse> {
+          v1::ListAvailabilityResponse resp;
+          for (const auto& r :
+               tx.exec_params("SELECT n.region, n.pool, s.sku, s.gpu_model, "
+                              "count(*) FILTER (WHERE s.schedulable), "
+                              "count(*) FILTER (WHERE s.admin_state = 'available'), "
+                              "count(DISTINCT n.node_id) FROM node_resource_slots s JOIN nodes n "
+                              "USING (node_id) WHERE ($1 = '' OR n.region = $1) "
+                              "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+                              req.region())) {
+            auto* a = resp.add_availability();
+            a->set_region(r[0].as<std::string>());
+            a->set_pool(r[1].as<std::string>());
+            a->set_sku(r[2].as<std::string>());
+            a->set_gpu_model(r[3].as<std::string>());
+            a->set_schedulable_slots(r[4].as<int32_t>());
+            a->set_approved_slots(r[5].as<int32_t>());
+            a->set_nodes(r[6].as<int32_t>());
+          }
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ListRegionsRequest, v1::ListRegionsResponse>(
+      "gpuaas.v1.inventory.region.list",
+      [d](const v1::ListRegionsRequest&, rpc::Context&) -> Result<v1::ListRegionsResponse> {
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ListRegionsResponse> {
+          v1::ListRegionsResponse resp;
+          for (const auto& r : tx.exec("SELECT name, enabled FROM regions ORDER BY name")) {
+            *resp.add_regions() = RegionFromRow(tx, r[0].as<std::string>(), r[1].as<bool>());
+          }
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::SetRegionRequest, v1::SetRegionResponse>(
+      "gpuaas.v1.inventory.region.set",
+      [d](const v1::SetRegionRequest& req, rpc::Context& ctx) -> Result<v1::SetRegionResponse> {
+        if (!ids::IsNodeId(req.name())) {
+          return Error::InvalidArgument(
+              "invalid_region", "region names are lowercase DNS labels: '" + req.name() + "'",
+              {{"name", "must be a lowercase DNS label"}});
+        }
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::SetRegionResponse> {
+          // A new region is created in the requested state (nodes may join it later).
+          tx.exec_params(
+              "INSERT INTO regions (name, enabled) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+              req.name(), req.enabled());
+          auto cur =
+              tx.exec_params("SELECT enabled FROM regions WHERE name = $1 FOR UPDATE", req.name());
+          if (cur[0][0].as<bool>() != req.enabled()) {
+            tx.exec_params("UPDATE regions SET enabled = $2, updated_at = now() WHERE name = $1",
+                           req.name(), req.enabled());
+            // Every slot snapshot carries region_enabled: re-announce the region's slots.
+            auto nodes = NodesInRegion(tx, req.name());
+            if (!nodes.ok()) return nodes.error();
+            for (const auto& n : *nodes) {
+              if (auto r = ReemitNodeSlots(tx, n, d.cfg.source, ctx.traceparent); !r.ok()) {
+                return r.error();
+              }
+            }
+            ctx.log.Info("region changed",
+                         {{"region", req.name()}, {"enabled", req.enabled() ? "true" : "false"}});
+          }
+          v1::SetRegionResponse resp;
+          *resp.mutable_region() = RegionFromRow(tx, req.name(), req.enabled());
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::GetDesiredSlotsRequest, v1::GetDesiredSlotsResponse>(
+      "gpuaas.v1.inventory.node.desired.get",
+      [d](const v1::GetDesiredSlotsRequest& req,
+          rpc::Context&) -> Result<v1::GetDesiredSlotsResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::GetDesiredSlotsResponse> {
+          if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
+          v1::GetDesiredSlotsResponse resp;
+          auto r = tx.exec_params(
+              "SELECT doc::text FROM desired_slot_sets WHERE node_id = $1 ORDER BY version DESC "
+              "LIMIT 1",
+              req.node_id());
+          if (r.empty()) {
+            resp.mutable_desired()->set_node_id(req.node_id());
+            resp.mutable_desired()->set_version(0);
+          } else if (auto p =
+                         protojson::FromJson(r[0][0].as<std::string>(), resp.mutable_desired());
+                     !p.ok()) {
+            return Error::Internal("corrupt_desired_set", p.error().message);
+          }
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::AckDesiredSlotsRequest, v1::AckDesiredSlotsResponse>(
+      "gpuaas.v1.inventory.node.desired.ack",
+      [d](const v1::AckDesiredSlotsRequest& req,
+          rpc::Context& ctx) -> Result<v1::AckDesiredSlotsResponse> {
+        if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
+        if (req.version() < 0) {
+          return Error::InvalidArgument("invalid_version", "version must be >= 0",
+                                        {{"version", "must be >= 0"}});
+        }
+        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::AckDesiredSlotsResponse> {
+          if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
+          auto latest =
+              tx.exec_params(
+                    "SELECT COALESCE(max(version), 0) FROM desired_slot_sets WHERE node_id = $1",
+                    req.node_id())[0][0]
+                  .as<int64_t>();
+          if (req.version() > latest) {
+            return Error{
+                Code::kInvalidArgument,
+                "unknown_version",
+                fmt::format("node {} has desired versions up to {}; cannot ack {}", req.node_id(),
+                            latest, req.version()),
+                {{"version", std::to_string(req.version())}, {"latest", std::to_string(latest)}},
+                false};
+          }
+          // Acks only move forward: a late ack of an older version is not a regression.
+          auto r = tx.exec_params(
+              "INSERT INTO node_agent_acks (node_id, applied_version) VALUES ($1, $2) "
+              "ON CONFLICT (node_id) DO UPDATE SET applied_version = "
+              "GREATEST(node_agent_acks.applied_version, EXCLUDED.applied_version), "
+              "acked_at = now() RETURNING applied_version",
+              req.node_id(), req.version());
+          v1::AckDesiredSlotsResponse resp;
+          resp.set_applied_version(r[0][0].as<int64_t>());
+          ctx.log.Debug("desired set acked",
+                        {{"node_id", req.node_id()}, {"version", std::to_string(req.version())}});
+          return resp;
+        });
+      });
+
+  // Consumers of what node-agents report.
+  messaging::ConsumerSpec topo;
+  topo.stream = messaging::NodeEventsStream().name;
+  topo.durable = kTopologyConsumer;
+  topo.filter_subject = "gpuaas.v1.evt.node.*.topology";
+  auto source = cfg.source;
+  auto c1 = svc.StartConsumer(topo, inbox::ProjectionHandler(
+                                        svc.pg(), kTopologyConsumer,
+                                        [source](pqxx::work& tx, const v1::Event& ev) {
+                                          return ApplyTopologyEvent(tx, ev, source);
+                                        },
+                                        svc.log()));
+  if (!c1.ok()) return c1.error();
+  messaging::ConsumerSpec tasks;
+  tasks.stream = messaging::NodeEventsStream().name;
+  tasks.durable = kTaskConsumer;
+  tasks.filter_subject = "gpuaas.v1.evt.node.*.task.>";
+  auto c2 = svc.StartConsumer(
+      tasks, inbox::ProjectionHandler(svc.pg(), kTaskConsumer, ApplyTaskEvent, svc.log()));
+  if (!c2.ok()) return c2.error();
+  return Ok();
+}
+
+}  // namespace gpuaas::inventory
