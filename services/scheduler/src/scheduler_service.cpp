@@ -35,6 +35,32 @@ Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
   return Ok();
 }
 
+Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
+  v1::SlotSnapshot snap;
+  if (!ev.data().UnpackTo(&snap) || snap.slot().node_id().empty() ||
+      snap.slot().slot_key().empty()) {
+    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.SlotSnapshot");
+  }
+  const auto& s = snap.slot();
+  const std::string blockers =
+      store::TextArrayLiteral({snap.node_blockers().begin(), snap.node_blockers().end()});
+  tx.exec_params(
+      "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
+      "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id) "
+      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13) "
+      "ON CONFLICT (node_id, slot_key) DO UPDATE SET region = EXCLUDED.region, "
+      "pool = EXCLUDED.pool, sku = EXCLUDED.sku, admin_state = EXCLUDED.admin_state, "
+      "health = EXCLUDED.health, schedulable = EXCLUDED.schedulable, "
+      "node_blockers = EXCLUDED.node_blockers, gpu_pci_address = EXCLUDED.gpu_pci_address, "
+      "locality_group = EXCLUDED.locality_group, generation = EXCLUDED.generation, "
+      "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
+      "WHERE projected_slots.generation < EXCLUDED.generation",
+      s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), s.admin_state(), s.health(),
+      snap.schedulable(), blockers, s.gpu_pci_address(), s.locality_group(), s.generation(),
+      ev.id());
+  return Ok();
+}
+
 SchedulerService::SchedulerService(SchedulerConfig cfg)
     : cfg_(std::move(cfg)),
       svc_(runtime::Component{"scheduler", &Migrations()}, cfg_.common),
@@ -45,6 +71,14 @@ messaging::ConsumerSpec SchedulerService::NodeConsumerSpec() const {
   spec.stream = messaging::InventoryEventsStream().name;
   spec.durable = kNodeProjection;
   spec.filter_subject = "gpuaas.v1.evt.inventory.node.>";
+  return spec;
+}
+
+messaging::ConsumerSpec SchedulerService::SlotConsumerSpec() const {
+  messaging::ConsumerSpec spec;
+  spec.stream = messaging::InventoryEventsStream().name;
+  spec.durable = kSlotProjection;
+  spec.filter_subject = "gpuaas.v1.evt.inventory.slot.>";
   return spec;
 }
 
@@ -61,6 +95,11 @@ Result<void> SchedulerService::Start() {
       inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_));
   if (!consumer.ok()) return consumer.error();
   nodes_consumer_ = *consumer;
+  auto slots = svc_.StartConsumer(
+      SlotConsumerSpec(),
+      inbox::ProjectionHandler(svc_.pg(), kSlotProjection, ApplySlotEvent, svc_.log(), stats_));
+  if (!slots.ok()) return slots.error();
+  slots_consumer_ = *slots;
 
   auto pool = svc_.pg();
   svc_.Rpc().Handle<v1::ListProjectedNodesRequest, v1::ListProjectedNodesResponse>(
@@ -101,6 +140,42 @@ Result<void> SchedulerService::Start() {
         });
       });
 
+  svc_.Rpc().Handle<v1::ListProjectedSlotsRequest, v1::ListProjectedSlotsResponse>(
+      "gpuaas.v1.scheduler.slot.list",
+      [pool](const v1::ListProjectedSlotsRequest& req,
+             rpc::Context&) -> Result<v1::ListProjectedSlotsResponse> {
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedSlotsResponse> {
+          auto rows = tx.exec_params(
+              "SELECT node_id, slot_key, region, pool, sku, admin_state, health, schedulable, "
+              "array_to_string(node_blockers, ','), generation, gpu_pci_address, locality_group "
+              "FROM projected_slots WHERE ($1 = '' OR node_id = $1) AND ($2 = '' OR region = $2) "
+              "ORDER BY node_id, slot_key LIMIT 10000",
+              req.node_id(), req.region());
+          v1::ListProjectedSlotsResponse resp;
+          for (const auto& r : rows) {
+            auto* p = resp.add_slots();
+            p->set_node_id(r[0].as<std::string>());
+            p->set_slot_key(r[1].as<std::string>());
+            p->set_region(r[2].as<std::string>());
+            p->set_pool(r[3].as<std::string>());
+            p->set_sku(r[4].as<std::string>());
+            p->set_admin_state(r[5].as<std::string>());
+            p->set_health(r[6].as<std::string>());
+            p->set_schedulable(r[7].as<bool>());
+            const auto b = r[8].as<std::string>();
+            for (size_t start = 0; start < b.size();) {
+              const size_t comma = std::min(b.find(',', start), b.size());
+              p->add_node_blockers(b.substr(start, comma - start));
+              start = comma + 1;
+            }
+            p->set_generation(r[9].as<int64_t>());
+            p->set_gpu_pci_address(r[10].as<std::string>());
+            p->set_locality_group(r[11].as<std::string>());
+          }
+          return resp;
+        });
+      });
+
   svc_.Rpc().Handle<v1::RebuildProjectionRequest, v1::RebuildProjectionResponse>(
       "gpuaas.v1.scheduler.projection.rebuild",
       [this](const v1::RebuildProjectionRequest&,
@@ -108,46 +183,67 @@ Result<void> SchedulerService::Start() {
         auto r = RebuildProjection(std::chrono::milliseconds(ctx.RemainingMs()));
         if (!r.ok()) return r.error();
         v1::RebuildProjectionResponse resp;
-        resp.set_events_replayed(r->first);
-        resp.set_nodes(r->second);
-        ctx.log.Info("projection rebuilt",
-                     {{"events", std::to_string(r->first)}, {"nodes", std::to_string(r->second)}});
+        resp.set_events_replayed(r->events_replayed);
+        resp.set_nodes(r->nodes);
+        resp.set_slots(r->slots);
+        ctx.log.Info("projection rebuilt", {{"events", std::to_string(r->events_replayed)},
+                                            {"nodes", std::to_string(r->nodes)},
+                                            {"slots", std::to_string(r->slots)}});
         return resp;
       });
   return svc_.ServeRequests();
 }
 
-Result<std::pair<int64_t, int64_t>> SchedulerService::RebuildProjection(
-    std::chrono::milliseconds timeout) {
+Result<RebuildStats> SchedulerService::RebuildProjection(std::chrono::milliseconds timeout) {
   std::lock_guard lock(rebuild_mu_);
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  nodes_consumer_->Stop();
-  if (auto r = nodes_consumer_->DeleteDurable(); !r.ok()) return r.error();
+  const std::vector<messaging::Consumer*> consumers = {nodes_consumer_, slots_consumer_};
+  for (auto* c : consumers) {
+    c->Stop();
+    if (auto r = c->DeleteDurable(); !r.ok()) return r.error();
+  }
   auto cleared = store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<void> {
     tx.exec0("DELETE FROM projected_nodes");
-    tx.exec_params("DELETE FROM inbox WHERE consumer = $1", kNodeProjection);
+    tx.exec0("DELETE FROM projected_slots");
+    tx.exec_params("DELETE FROM inbox WHERE consumer = $1 OR consumer = $2", kNodeProjection,
+                   kSlotProjection);
     return Ok();
   });
   if (!cleared.ok()) return cleared.error();
-  const uint64_t before = nodes_consumer_->Processed();
-  if (auto r = nodes_consumer_->Start(); !r.ok()) return r.error();
-  while (true) {
-    auto backlog = nodes_consumer_->Backlog();
-    if (backlog.ok() && *backlog == 0) break;
-    if (std::chrono::steady_clock::now() > deadline) {
-      return Error{Code::kDeadlineExceeded,
-                   "rebuild_incomplete",
-                   "replay is still running; the projection will finish catching up",
-                   {},
-                   true};
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  uint64_t before = 0;
+  for (auto* c : consumers) {
+    before += c->Processed();
+    if (auto r = c->Start(); !r.ok()) return r.error();
   }
-  auto count = store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<int64_t> {
-    return tx.exec1("SELECT count(*) FROM projected_nodes")[0].as<int64_t>();
-  });
-  if (!count.ok()) return count.error();
-  return std::make_pair(static_cast<int64_t>(nodes_consumer_->Processed() - before), *count);
+  for (auto* c : consumers) {
+    while (true) {
+      auto backlog = c->Backlog();
+      if (backlog.ok() && *backlog == 0) break;
+      if (std::chrono::steady_clock::now() > deadline) {
+        return Error{Code::kDeadlineExceeded,
+                     "rebuild_incomplete",
+                     "replay is still running; the projection will finish catching up",
+                     {},
+                     true};
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
+  auto counts =
+      store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<std::pair<int64_t, int64_t>> {
+        auto r = tx.exec1(
+            "SELECT (SELECT count(*) FROM projected_nodes), (SELECT count(*) FROM "
+            "projected_slots)");
+        return std::make_pair(r[0].as<int64_t>(), r[1].as<int64_t>());
+      });
+  if (!counts.ok()) return counts.error();
+  RebuildStats st;
+  uint64_t after = 0;
+  for (auto* c : consumers) after += c->Processed();
+  st.events_replayed = static_cast<int64_t>(after - before);
+  st.nodes = counts->first;
+  st.slots = counts->second;
+  return st;
 }
 
 }  // namespace gpuaas::scheduler

@@ -16,6 +16,7 @@ class Event;
 namespace gpuaas::scheduler {
 
 inline constexpr const char* kNodeProjection = "scheduler-inventory-nodes";
+inline constexpr const char* kSlotProjection = "scheduler-inventory-slots";
 
 struct SchedulerConfig {
   runtime::CommonConfig common;
@@ -26,6 +27,14 @@ const std::vector<store::Migration>& Migrations();
 
 // Applies one inventory node event to the projection in `tx` (generation-guarded).
 Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev);
+// Applies one inventory slot snapshot event to the slot projection (generation-guarded).
+Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev);
+
+struct RebuildStats {
+  int64_t events_replayed = 0;
+  int64_t nodes = 0;
+  int64_t slots = 0;
+};
 
 class SchedulerService {
  public:
@@ -36,16 +45,18 @@ class SchedulerService {
   runtime::Service& runtime() { return svc_; }
   const inbox::ProjectionStats& projection_stats() const { return *stats_; }
 
-  // Drops the node projection and replays the inventory stream from its first message;
-  // returns once the replay caught up (or the deadline passed).
-  Result<std::pair<int64_t, int64_t>> RebuildProjection(std::chrono::milliseconds timeout);
+  // Drops the node and slot projections and replays the inventory stream from its first
+  // message; returns once the replay caught up (or the deadline passed).
+  Result<RebuildStats> RebuildProjection(std::chrono::milliseconds timeout);
 
  private:
   messaging::ConsumerSpec NodeConsumerSpec() const;
+  messaging::ConsumerSpec SlotConsumerSpec() const;
   SchedulerConfig cfg_;
   runtime::Service svc_;
   std::shared_ptr<inbox::ProjectionStats> stats_;
   messaging::Consumer* nodes_consumer_ = nullptr;
+  messaging::Consumer* slots_consumer_ = nullptr;
   std::mutex rebuild_mu_;
 };
 
