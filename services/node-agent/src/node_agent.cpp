@@ -4,14 +4,31 @@
 
 #include <array>
 
+#include <google/protobuf/util/time_util.h>
+
+#include <fmt/format.h>
+
+#include "discovery.hpp"
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/node.pb.h"
+#include "gpuaas/v1/topology.pb.h"
 
 namespace gpuaas::node_agent {
 
 void NodeAgentConfig::Register(config::Schema& s) {
   common.Register(s, false);
-  s.Add("node.id", &node_id, "This host's node id (lowercase DNS label)", "", config::NonEmpty());
+  s.Add("node.id", &node_id, "This host's node id (lowercase DNS label)", "",
+        [](const std::string& v) -> std::string {
+          // It becomes a NATS subject token and a durable consumer name: refuse it at start
+          // rather than being isolated by inventory later (an FQDN node name is a common slip).
+          if (v.empty()) return "required";
+          return ids::IsNodeId(v) ? "" : "must be a lowercase DNS label (a-z, 0-9, '-', max 63)";
+        });
   s.Add("node.hostname", &hostname, "Hostname reported to inventory (empty: gethostname)", "");
   s.Add("node.region", &region, "Region the host belongs to", "", config::NonEmpty());
   s.Add("node.pool", &pool, "Pool the host belongs to", "default", config::NonEmpty());
@@ -22,6 +39,22 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("node.register_retry_ms", &register_retry_ms,
         "Delay between registration attempts while inventory is unreachable", 1000,
         config::Range(10, 600000));
+  s.Add("node.desired_poll_ms", &desired_poll_ms,
+        "How often the agent asks inventory for the node's desired slot set", 5000,
+        config::Range(10, 600000));
+  s.Add("node.host_root", &host_root,
+        "Root of every host read (\"/\" on a host; a fixture tree in simulations)", "/",
+        config::NonEmpty());
+  s.Add("node.discover_on_start", &discover_on_start, "Report the host topology once registered",
+        true);
+  s.Add("network.mode", &network_mode, "Slice network mode checked on this host", "private-nat",
+        config::OneOf({"private-nat", "fabric-only"}));
+  s.Add("network.bridge", &bridge, "Bridge of the slices' management network", "ovsbr0",
+        config::NonEmpty());
+  s.Add("network.gateway_cidr", &gateway_cidr, "Gateway address expected on the bridge",
+        "10.100.0.1/24", config::NonEmpty());
+  s.Add("libvirt.uri", &libvirt_uri, "libvirt connection URI (\"\" skips the libvirt check)",
+        "qemu:///system");
 }
 
 NodeAgent::NodeAgent(NodeAgentConfig cfg)
@@ -35,18 +68,62 @@ NodeAgent::NodeAgent(NodeAgentConfig cfg)
 
 NodeAgent::~NodeAgent() { Shutdown(); }
 
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+std::string Hex(const std::string& bytes) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+std::string Unhex(const std::string& hex) {
+  std::string out;
+  out.reserve(hex.size() / 2);
+  auto val = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
+    out += static_cast<char>((val(hex[i]) << 4) | val(hex[i + 1]));
+  }
+  return out;
+}
+
+const char* StatusWord(v1::TaskStatus s) {
+  switch (s) {
+    case v1::TASK_STATUS_SUCCEEDED:
+      return "succeeded";
+    case v1::TASK_STATUS_REJECTED:
+      return "rejected";
+    default:
+      return "failed";
+  }
+}
+
+}  // namespace
+
 Result<void> NodeAgent::Start() {
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
+  if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
+    applied_version_ = (**v).value("version", int64_t{0});
+  }
   svc_.SetReady(false);
   if (auto r = svc_.Start(); !r.ok()) return r;
-  svc_.OnDrain("registration", [this] {
+  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
+    if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
+  }
+  svc_.OnDrain("control loop", [this] {
     stop_ = true;
     cv_.notify_all();
     if (register_thread_.joinable()) register_thread_.join();
   });
-  register_thread_ = std::thread([this] { RegisterLoop(); });
+  register_thread_ = std::thread([this] { ControlLoop(); });
   return Ok();
 }
 
@@ -57,7 +134,37 @@ std::string NodeAgent::LastError() const {
   return last_error_;
 }
 
-void NodeAgent::RegisterLoop() {
+void NodeAgent::Isolate(const std::string& why) {
+  if (!isolated_.exchange(true)) {
+    svc_.log().Warn("agent isolated: refusing tasks", {{"node_id", cfg_.node_id}, {"why", why}});
+  }
+  registered_ = false;
+  discovered_ = false;  // the next registration reports the topology again
+  svc_.SetReady(false);
+  std::lock_guard lock(mu_);
+  last_error_ = why;
+}
+
+void NodeAgent::ControlLoop() {
+  while (!stop_) {
+    int64_t wait_ms = cfg_.desired_poll_ms;
+    if (!registered_) {
+      if (TryRegister()) {
+        OnRegistered();
+      } else if (rejected_) {
+        return;  // isolated until an operator fixes the configuration and restarts the agent
+      } else {
+        wait_ms = cfg_.register_retry_ms;
+      }
+    }
+    if (registered_) PollDesired();
+    std::unique_lock lock(mu_);
+    cv_.wait_for(lock, std::chrono::milliseconds(registered_ ? wait_ms : cfg_.register_retry_ms),
+                 [this] { return stop_.load(); });
+  }
+}
+
+bool NodeAgent::TryRegister() {
   rpc::Client client(svc_.nats());
   v1::RegisterNodeRequest req;
   req.set_node_id(cfg_.node_id);
@@ -68,40 +175,237 @@ void NodeAgent::RegisterLoop() {
                                                                 : v1::CAPACITY_PROFILE_SLICE_VM);
   req.set_agent_version(GPUAAS_VERSION);
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
-  while (!stop_) {
-    auto r = client.Call<v1::RegisterNodeResponse>(
-        "gpuaas.v1.inventory.node.register", req,
-        std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms));
-    if (r.ok()) {
-      nlohmann::json reg = {{"node_id", r->node().node_id()},
-                            {"generation", r->node().generation()},
-                            {"region", r->node().region()},
-                            {"pool", r->node().pool()}};
-      if (auto w = store_->Put("registration", reg); !w.ok()) {
-        log.Error("cannot persist registration", {{"error", w.error().ToString()}});
-      }
-      log.Info("registered with inventory", {{"generation", std::to_string(r->node().generation())},
-                                             {"created", r->created() ? "true" : "false"}});
-      registered_ = true;
-      svc_.SetReady(true);
-      return;
+  auto r = client.Call<v1::RegisterNodeResponse>(
+      "gpuaas.v1.inventory.node.register", req,
+      std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms));
+  if (r.ok()) {
+    nlohmann::json reg = {{"node_id", r->node().node_id()},
+                          {"generation", r->node().generation()},
+                          {"region", r->node().region()},
+                          {"pool", r->node().pool()}};
+    if (auto w = store_->Put("registration", reg); !w.ok()) {
+      log.Error("cannot persist registration", {{"error", w.error().ToString()}});
     }
-    {
-      std::lock_guard lock(mu_);
-      last_error_ = r.error().ToString();
-    }
-    if (!r.error().retryable) {
-      // Inventory refuses this node: stay isolated (not ready, serving nothing) until an
-      // operator fixes the configuration.
-      log.Error("inventory rejected registration; agent stays isolated",
-                {{"error", r.error().ToString()}});
-      return;
-    }
-    log.Warn("inventory unreachable, will retry", {{"error", r.error().ToString()}});
-    std::unique_lock lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(cfg_.register_retry_ms),
-                 [this] { return stop_.load(); });
+    log.Info("registered with inventory", {{"generation", std::to_string(r->node().generation())},
+                                           {"created", r->created() ? "true" : "false"}});
+    return true;
   }
+  {
+    std::lock_guard lock(mu_);
+    last_error_ = r.error().ToString();
+  }
+  if (!r.error().retryable) {
+    // Inventory refuses this node: stay isolated (not ready, serving nothing) until an
+    // operator fixes the configuration.
+    log.Error("inventory rejected registration; agent stays isolated",
+              {{"error", r.error().ToString()}});
+    rejected_ = true;
+    return false;
+  }
+  log.Warn("inventory unreachable, will retry", {{"error", r.error().ToString()}});
+  return false;
+}
+
+void NodeAgent::OnRegistered() {
+  isolated_ = false;
+  {
+    std::lock_guard lock(mu_);
+    last_error_.clear();
+  }
+  if (!tasks_) {
+    messaging::ConsumerSpec spec;
+    spec.stream = messaging::NodeTasksStream().name;
+    spec.durable = "node-" + cfg_.node_id;
+    spec.filter_subject =
+        fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", cfg_.node_id));
+    spec.batch = 8;
+    spec.ack_wait_ms = 120000;  // discovery on a large host can take a while
+    auto c =
+        svc_.StartConsumer(spec, [this](const messaging::Delivery& d) { return HandleTask(d); });
+    if (!c.ok()) {
+      svc_.log().Error("cannot start the task consumer", {{"error", c.error().ToString()}});
+    } else {
+      tasks_ = *c;
+    }
+  }
+  if (cfg_.discover_on_start && !discovered_) {
+    if (auto r = PublishTopology(""); r.ok()) {
+      discovered_ = true;
+    } else {
+      svc_.log().Warn("topology not reported; will retry after the next registration",
+                      {{"error", r.error().ToString()}});
+    }
+  }
+  svc_.SetReady(true);
+  registered_ = true;
+}
+
+Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
+  DiscoveryOptions opts;
+  opts.root = cfg_.host_root;
+  opts.node_id = cfg_.node_id;
+  opts.hostname = cfg_.hostname;
+  opts.agent_version = GPUAAS_VERSION;
+  opts.network_mode = cfg_.network_mode;
+  opts.bridge = cfg_.bridge;
+  opts.gateway_cidr = cfg_.gateway_cidr;
+  opts.libvirt_uri = cfg_.libvirt_uri;
+  auto report = Discover(opts);
+  if (!report.ok()) return report.error();
+  const std::string subject =
+      fmt::format("gpuaas.v1.evt.node.{node_id}.topology", fmt::arg("node_id", cfg_.node_id));
+  const v1::Event ev = outbox::MakeEvent(
+      {subject, "", svc_.source(), cfg_.node_id, 0, correlation_id, "", &*report});
+  auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
+  if (!ack.ok()) return ack.error();
+  svc_.log().Info("topology reported",
+                  {{"node_id", cfg_.node_id},
+                   {"gpus", std::to_string(report->gpus_size())},
+                   {"candidates", std::to_string(report->candidates_size())},
+                   {"blockers", std::to_string(report->node_blockers_size())}});
+  return Ok();
+}
+
+void NodeAgent::PollDesired() {
+  rpc::Client client(svc_.nats());
+  const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
+  v1::GetDesiredSlotsRequest req;
+  req.set_node_id(cfg_.node_id);
+  auto r = client.Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", req,
+                                                    timeout);
+  if (!r.ok()) {
+    if (r.error().code == Code::kNotFound) {
+      // Inventory does not know this node (it was removed or its database was reset): refuse
+      // tasks until it is registered again.
+      Isolate("inventory does not know this node: " + r.error().ToString());
+      return;
+    }
+    // Transient: keep the last desired set we applied.
+    svc_.log().Debug("desired set not fetched", {{"error", r.error().ToString()}});
+    return;
+  }
+  const auto& want = r->desired();
+  if (want.version() == 0 || want.version() == applied_version_.load()) return;
+  // "Apply" today means: persist the set the VM runtime will follow (later issues), then ack.
+  nlohmann::json doc = {{"version", want.version()},
+                        {"set", nlohmann::json::parse(protojson::ToJson(want))}};
+  if (auto w = store_->Put("desired", doc); !w.ok()) {
+    svc_.log().Error("cannot persist desired set", {{"error", w.error().ToString()}});
+    return;
+  }
+  v1::AckDesiredSlotsRequest ack;
+  ack.set_node_id(cfg_.node_id);
+  ack.set_version(want.version());
+  auto a = client.Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack,
+                                                    timeout);
+  if (!a.ok()) {
+    svc_.log().Warn("desired set stored but not acked; will ack again",
+                    {{"version", std::to_string(want.version())}, {"error", a.error().ToString()}});
+    return;
+  }
+  applied_version_ = want.version();
+  svc_.log().Info("desired slot set applied", {{"version", std::to_string(want.version())},
+                                               {"slots", std::to_string(want.slots_size())}});
+}
+
+messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
+  v1::Event ev;
+  v1::NodeTask task;
+  if (!ev.ParseFromString(d.msg.data) || !ev.data().UnpackTo(&task)) {
+    return messaging::HandlerResult::Reject("not a gpuaas.v1.Event carrying a gpuaas.v1.NodeTask");
+  }
+  if (!ids::IsUuid(task.task_id())) {
+    return messaging::HandlerResult::Reject("task id is not a UUID: '" + task.task_id() + "'");
+  }
+  const auto log = svc_.log().With({{"task_id", task.task_id()}, {"type", task.type()}});
+  const std::string key = "task-" + task.task_id();
+  // A task delivered again: its stored result goes out again with the same message id.
+  if (auto stored = store_->Get(key); stored.ok() && stored->has_value()) {
+    const auto& rec = **stored;
+    auto ack = messaging::JsPublish(*svc_.nats(), rec.at("subject").get<std::string>(),
+                                    Unhex(rec.at("event").get<std::string>()),
+                                    rec.at("event_id").get<std::string>());
+    if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
+    log.Info("duplicate task: result re-published, not re-run");
+    return messaging::HandlerResult::Ack();
+  }
+  v1::NodeTaskResult res;
+  res.set_task_id(task.task_id());
+  res.set_node_id(cfg_.node_id);
+  res.set_type(task.type());
+  *res.mutable_started_at() = TimeUtil::GetCurrentTime();
+  auto fail = [&](v1::TaskStatus st, const std::string& reason, const std::string& message) {
+    res.set_status(st);
+    res.mutable_error()->set_code(st == v1::TASK_STATUS_REJECTED ? v1::FAILED_PRECONDITION
+                                                                 : v1::INTERNAL);
+    res.mutable_error()->set_reason(reason);
+    res.mutable_error()->set_message(message);
+  };
+  if (task.node_id() != cfg_.node_id) {
+    fail(v1::TASK_STATUS_REJECTED, "wrong_node",
+         "task for " + task.node_id() + " delivered to " + cfg_.node_id);
+  } else if (isolated_) {
+    fail(v1::TASK_STATUS_REJECTED, "agent_isolated",
+         "this agent is not registered with inventory and refuses tasks");
+  } else if (task.has_deadline() && TimeUtil::GetCurrentTime() > task.deadline()) {
+    fail(v1::TASK_STATUS_FAILED, "deadline_exceeded",
+         "the task arrived after its deadline " + TimeUtil::ToString(task.deadline()));
+    res.mutable_error()->set_code(v1::DEADLINE_EXCEEDED);
+  } else if (task.type() == "topology.discover" || task.type() == "prereq.check" ||
+             task.type() == "network.baseline.check") {
+    tasks_run_++;
+    DiscoveryOptions opts;
+    opts.root = cfg_.host_root;
+    opts.node_id = cfg_.node_id;
+    opts.hostname = cfg_.hostname;
+    opts.agent_version = GPUAAS_VERSION;
+    opts.network_mode = cfg_.network_mode;
+    opts.bridge = cfg_.bridge;
+    opts.gateway_cidr = cfg_.gateway_cidr;
+    opts.libvirt_uri = cfg_.libvirt_uri;
+    if (task.type() == "topology.discover") {
+      if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
+        if (r.error().retryable) return messaging::HandlerResult::Retry(r.error().ToString());
+        fail(v1::TASK_STATUS_FAILED, "discovery_failed", r.error().ToString());
+      } else {
+        res.set_status(v1::TASK_STATUS_SUCCEEDED);
+      }
+    } else if (auto report = Discover(opts); !report.ok()) {
+      fail(v1::TASK_STATUS_FAILED, "discovery_failed", report.error().ToString());
+    } else {
+      v1::ChecksOutput out;
+      const auto& checks =
+          task.type() == "prereq.check" ? report->prereqs() : report->network_checks();
+      *out.mutable_checks() = checks;
+      if (task.type() == "network.baseline.check") *out.mutable_network() = report->network();
+      *out.mutable_node_blockers() = report->node_blockers();
+      res.mutable_output()->PackFrom(out);
+      res.set_status(v1::TASK_STATUS_SUCCEEDED);
+    }
+  } else {
+    fail(v1::TASK_STATUS_REJECTED, "unknown_task_type",
+         "this agent does not run tasks of type '" + task.type() + "'");
+    res.mutable_error()->set_code(v1::UNIMPLEMENTED);
+  }
+  *res.mutable_finished_at() = TimeUtil::GetCurrentTime();
+  const std::string subject =
+      fmt::format("gpuaas.v1.evt.node.{node_id}.task.{status}", fmt::arg("node_id", cfg_.node_id),
+                  fmt::arg("status", StatusWord(res.status())));
+  const v1::Event out = outbox::MakeEvent(
+      {subject, "", svc_.source(), cfg_.node_id, 0, task.correlation_id(), "", &res});
+  // Stored before it is published: a crash in between re-publishes the same event id.
+  nlohmann::json rec = {{"subject", subject},
+                        {"event_id", out.id()},
+                        {"status", StatusWord(res.status())},
+                        {"event", Hex(out.SerializeAsString())}};
+  if (auto w = store_->Put(key, rec); !w.ok()) {
+    return messaging::HandlerResult::Retry("cannot persist task result: " + w.error().ToString());
+  }
+  auto ack = messaging::JsPublish(*svc_.nats(), subject, out.SerializeAsString(), out.id());
+  if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
+  log.Info("task finished", {{"status", StatusWord(res.status())},
+                             {"reason", res.has_error() ? res.error().reason() : ""}});
+  return messaging::HandlerResult::Ack();
 }
 
 }  // namespace gpuaas::node_agent

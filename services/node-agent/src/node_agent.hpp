@@ -1,8 +1,12 @@
 #pragma once
-// The node-agent process: runs on every GPU host. Today: registers its node with inventory
-// (retrying until inventory answers) and keeps its identity in the crash-safe local store.
-// /readyz stays false until inventory has accepted the registration; an agent that
-// inventory rejects stays isolated (not ready) rather than serving anything.
+// The node-agent process: runs on every GPU host. It registers its node with inventory
+// (retrying until inventory answers), reports its discovered topology, runs typed tasks from its
+// durable JetStream consumer (topology.discover, prereq.check, network.baseline.check), and
+// follows the node's versioned desired slot set (stored in the crash-safe local store, then
+// acked). /readyz stays false until inventory has accepted the registration. An agent that
+// inventory rejects, or that inventory answers NotFound for, is isolated: not ready, and every
+// task is rejected with `agent_isolated` until it is registered again. A task delivered twice
+// runs once: its result is kept in the local store and re-published with the same Nats-Msg-Id.
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -10,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "local_store.hpp"
 
@@ -24,6 +29,13 @@ struct NodeAgentConfig {
   std::string capacity_profile;
   std::string state_dir;
   int64_t register_retry_ms = 1000;
+  int64_t desired_poll_ms = 5000;
+  std::string host_root = "/";
+  std::string network_mode = "private-nat";
+  std::string bridge = "ovsbr0";
+  std::string gateway_cidr = "10.100.0.1/24";
+  std::string libvirt_uri = "qemu:///system";
+  bool discover_on_start = true;
   void Register(config::Schema& schema);
 };
 
@@ -36,16 +48,34 @@ class NodeAgent {
   void Shutdown();
   runtime::Service& runtime() { return svc_; }
   bool Registered() const { return registered_.load(); }
+  bool Isolated() const { return isolated_.load(); }
+  // Desired slot-set version stored and acked (0: none yet).
+  int64_t AppliedDesiredVersion() const { return applied_version_.load(); }
+  // Tasks executed (not counting re-published duplicates).
+  uint64_t TasksRun() const { return tasks_run_.load(); }
   // Last registration outcome that was not a success (empty when none).
   std::string LastError() const;
 
  private:
-  void RegisterLoop();
+  void ControlLoop();
+  // One registration attempt: true when accepted. A non-retryable refusal sets rejected_.
+  bool TryRegister();
+  void OnRegistered();
+  void PollDesired();
+  Result<void> PublishTopology(const std::string& correlation_id);
+  messaging::HandlerResult HandleTask(const messaging::Delivery& d);
+  void Isolate(const std::string& why);
   NodeAgentConfig cfg_;
   runtime::Service svc_;
   std::optional<LocalStore> store_;
   std::thread register_thread_;
   std::atomic<bool> registered_{false};
+  std::atomic<bool> isolated_{true};
+  std::atomic<bool> rejected_{false};
+  std::atomic<int64_t> applied_version_{0};
+  std::atomic<uint64_t> tasks_run_{0};
+  messaging::Consumer* tasks_ = nullptr;
+  bool discovered_ = false;
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::condition_variable cv_;
