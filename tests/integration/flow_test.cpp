@@ -16,6 +16,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "inventory_service.hpp"
+#include "load_config.hpp"
 #include "node_agent.hpp"
 #include "scheduler_service.hpp"
 #include "test_env.hpp"
@@ -24,16 +25,6 @@ namespace gpuaas {
 namespace {
 
 using namespace std::chrono_literals;
-
-template <typename Cfg>
-Cfg LoadConfig(const std::map<std::string, std::string>& env) {
-  Cfg cfg;
-  config::Schema schema;
-  cfg.Register(schema);
-  auto r = schema.LoadFromString("", env);
-  EXPECT_TRUE(r.ok()) << r.error().ToString();
-  return cfg;
-}
 
 class FlowTest : public ::testing::Test {
  protected:
@@ -257,6 +248,7 @@ TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
     env["GPUAAS_NODE_REGION"] = region;
     env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
     env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
     return std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env));
   };
   auto good = make_agent("sim-01", "us-east-1");
@@ -290,6 +282,7 @@ TEST_F(FlowTest, AgentStartedBeforeInventoryRegistersOnceItAppears) {
   env["GPUAAS_NODE_REGION"] = "us-east-1";
   env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
   env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+  env["GPUAAS_LIBVIRT_URI"] = "test:///default";
   node_agent::NodeAgent agent(LoadConfig<node_agent::NodeAgentConfig>(env));
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_TRUE(testing::WaitFor([&] { return !agent.LastError().empty(); }));

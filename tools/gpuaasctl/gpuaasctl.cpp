@@ -15,62 +15,16 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "ctl.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 
-namespace {
-
 using namespace gpuaas;
+using namespace gpuaas::ctl;
 
-struct Globals {
-  std::string nats_url;
-  std::string output = "table";
-  int64_t timeout_ms = 10000;
-};
-
-std::string ToJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions o;
-  o.add_whitespace = true;
-  o.preserve_proto_field_names = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, o);
-  return out;
-}
-
-int Fail(const Globals& g, const Error& e) {
-  if (g.output == "json") {
-    nlohmann::json j = {{"error",
-                         {{"code", CodeName(e.code)},
-                          {"reason", e.reason},
-                          {"message", e.message},
-                          {"details", e.details},
-                          {"retryable", e.retryable}}}};
-    std::cout << j.dump(2) << "\n";
-  } else {
-    std::cerr << "error: " << e.ToString() << "\n";
-  }
-  return 1;
-}
-
-void PrintTable(const std::vector<std::string>& header,
-                const std::vector<std::vector<std::string>>& rows) {
-  std::vector<size_t> w(header.size());
-  for (size_t i = 0; i < header.size(); ++i) w[i] = header[i].size();
-  for (const auto& r : rows) {
-    for (size_t i = 0; i < r.size(); ++i) w[i] = std::max(w[i], r[i].size());
-  }
-  auto line = [&](const std::vector<std::string>& r) {
-    std::string s;
-    for (size_t i = 0; i < r.size(); ++i) {
-      s += fmt::format("{:<{}}", r[i], i + 1 == r.size() ? 0 : w[i] + 2);
-    }
-    std::cout << s << "\n";
-  };
-  line(header);
-  for (const auto& r : rows) line(r);
-}
+namespace {
 
 std::string Profile(v1::CapacityProfile p) {
   switch (p) {
@@ -81,24 +35,6 @@ std::string Profile(v1::CapacityProfile p) {
     default:
       return "unspecified";
   }
-}
-
-std::string Time(const google::protobuf::Timestamp& t) {
-  return google::protobuf::util::TimeUtil::ToString(t).substr(0, 19) + "Z";
-}
-
-// Calls a paginated list subject until the last page; `add` takes each page.
-template <typename Resp, typename Req>
-Result<void> ListAll(rpc::Client& client, const std::string& subject, Req req,
-                     std::chrono::milliseconds timeout, const std::function<void(Resp&)>& add) {
-  req.set_page_size(500);
-  do {
-    auto r = client.Call<Resp>(subject, req, timeout);
-    if (!r.ok()) return r.error();
-    add(*r);
-    req.set_page_token(r->next_page_token());
-  } while (!req.page_token().empty());
-  return Ok();
 }
 
 }  // namespace
@@ -139,6 +75,8 @@ int main(int argc, char** argv) {
   auto* sched_rebuild = sched->add_subcommand(
       "rebuild-projection", "Drop the scheduler's projection and replay inventory events");
 
+  const Action inventory_commands = AddInventoryCommands(app, node);
+
   CLI11_PARSE(app, argc, argv);
 
   log::Logger quiet("gpuaasctl", "cli", log::Level::kError);
@@ -150,6 +88,8 @@ int main(int argc, char** argv) {
   if (!conn.ok()) return Fail(g, conn.error());
   rpc::Client client(*conn);
   const auto timeout = std::chrono::milliseconds(g.timeout_ms);
+
+  if (auto rc = inventory_commands(client, g)) return *rc;
 
   if (node_register->parsed()) {
     reg.set_node_id(reg_id);
@@ -233,8 +173,8 @@ int main(int argc, char** argv) {
     if (g.output == "json") {
       std::cout << ToJson(*r) << "\n";
     } else {
-      std::cout << fmt::format("projection rebuilt: {} events replayed, {} nodes\n",
-                               r->events_replayed(), r->nodes());
+      std::cout << fmt::format("projection rebuilt: {} events replayed, {} nodes, {} slots\n",
+                               r->events_replayed(), r->nodes(), r->slots());
     }
     return 0;
   }

@@ -1,0 +1,342 @@
+// gpuaasctl: node discover/show, slot approve/disable/repair, disk wipe-proof, availability,
+// region list/set, scheduler slots, ipam reservations.
+#include <iostream>
+#include <memory>
+
+#include <fmt/format.h>
+
+#include "ctl.hpp"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "gpuaas/v1/topology.pb.h"
+
+namespace gpuaas::ctl {
+
+namespace {
+
+std::string Numa(const v1::CandidateSlot& c) {
+  return c.has_numa_node() ? std::to_string(c.numa_node()) : "?";
+}
+
+std::string CheckWord(v1::CheckStatus s) {
+  switch (s) {
+    case v1::CHECK_STATUS_PASS:
+      return "PASS";
+    case v1::CHECK_STATUS_WARN:
+      return "WARN";
+    case v1::CHECK_STATUS_FAIL:
+      return "FAIL";
+    default:
+      return "?";
+  }
+}
+
+std::string Reasons(const google::protobuf::RepeatedPtrField<v1::SlotRejection>& rs) {
+  std::vector<std::string> out;
+  for (const auto& r : rs) out.push_back(r.reason());
+  return Join(out);
+}
+
+void PrintShow(const v1::ShowNodeResponse& r) {
+  const auto& n = r.node();
+  std::cout << fmt::format("node {}  host {}  region {}{}  pool {}  agent {}\n", n.node_id(),
+                           n.hostname(), n.region(), r.region_enabled() ? "" : " (disabled)",
+                           n.pool(), n.agent_version());
+  if (r.snapshot_version() == 0) {
+    std::cout << "topology: none reported yet (gpuaasctl node discover --id " << n.node_id()
+              << ")\n";
+  } else {
+    const auto& t = r.topology();
+    std::cout << fmt::format(
+        "topology: snapshot {} at {}  gpus {}  nvme {}  fabric {}  reboot_required {}\n",
+        r.snapshot_version(), Time(r.snapshot_at()), t.gpus_size(), t.nvme_size(), t.fabric_size(),
+        t.reboot_required() ? "yes" : "no");
+  }
+  std::vector<std::string> blockers(r.node_blockers().begin(), r.node_blockers().end());
+  std::cout << "blockers: " << (blockers.empty() ? "none" : Join(blockers, ", ")) << "\n";
+  std::cout << fmt::format("desired slot set: version {}, agent applied {}\n", r.desired_version(),
+                           r.applied_version());
+  if (r.snapshot_version() > 0) {
+    std::vector<std::vector<std::string>> checks;
+    for (const auto* list : {&r.topology().prereqs(), &r.topology().network_checks()}) {
+      for (const auto& c : *list) {
+        if (c.status() == v1::CHECK_STATUS_PASS) continue;
+        checks.push_back({CheckWord(c.status()), c.name(), c.blocker() ? "yes" : "", c.detail()});
+      }
+    }
+    if (!checks.empty()) {
+      std::cout << "\nchecks not passing:\n";
+      PrintTable({"STATUS", "CHECK", "BLOCKER", "DETAIL"}, checks);
+    }
+    std::cout << "\ncandidates (advisory):\n";
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& c : r.topology().candidates()) {
+      rows.push_back({c.slot_key(), std::to_string(c.index()), Numa(c), c.locality_group(),
+                      c.nvme_by_id().empty() ? "-" : c.nvme_by_id(), c.fabric_claim_mode(),
+                      c.fabric_vf_pci_address().empty() ? "-" : c.fabric_vf_pci_address()});
+    }
+    PrintTable({"SLOT", "IDX", "NUMA", "LOCALITY", "NVME", "FABRIC", "VF"}, rows);
+  }
+  std::cout << "\nslots:\n";
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : r.slots()) {
+    rows.push_back({s.slot_key(), s.admin_state(), s.health(), s.sku(),
+                    s.mac().empty() ? "-" : s.mac(), s.private_ip().empty() ? "-" : s.private_ip(),
+                    std::to_string(s.generation()),
+                    s.rejections().empty() ? s.disabled_reason() : Reasons(s.rejections())});
+  }
+  PrintTable({"SLOT", "ADMIN", "HEALTH", "SKU", "MAC", "IP", "GEN", "NOTE"}, rows);
+  if (!r.drift().empty()) {
+    std::cout << "\ndrift:\n";
+    std::vector<std::vector<std::string>> d;
+    for (const auto& x : r.drift()) {
+      d.push_back({x.slot_key().empty() ? "(node)" : x.slot_key(), x.kind(), x.detail()});
+    }
+    PrintTable({"SLOT", "KIND", "DETAIL"}, d);
+  }
+  if (!r.recent_tasks().empty()) {
+    std::cout << "\nrecent tasks:\n";
+    std::vector<std::vector<std::string>> t;
+    for (const auto& x : r.recent_tasks()) {
+      t.push_back({x.task_id(), x.type(), x.status(), Time(x.queued_at()), x.error()});
+    }
+    PrintTable({"TASK", "TYPE", "STATUS", "QUEUED", "ERROR"}, t);
+  }
+}
+
+void PrintApprovals(const google::protobuf::RepeatedPtrField<v1::SlotApproval>& results) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& a : results) {
+    std::vector<std::string> why;
+    for (const auto& r : a.rejections()) why.push_back(r.reason() + ": " + r.message());
+    rows.push_back({a.slot_key(), a.approved() ? "approved" : "rejected",
+                    a.slot().admin_state().empty() ? "-" : a.slot().admin_state(),
+                    a.slot().mac().empty() ? "-" : a.slot().mac(),
+                    a.slot().private_ip().empty() ? "-" : a.slot().private_ip(), Join(why, "; ")});
+  }
+  PrintTable({"SLOT", "RESULT", "ADMIN", "MAC", "IP", "REASONS"}, rows);
+}
+
+}  // namespace
+
+Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
+  struct Opts {
+    std::string node, slot, reason, nvme, method, evidence, region, name, enabled;
+    int64_t snapshot = 0;
+    std::vector<std::string> slots;
+  };
+  auto o = std::make_shared<Opts>();
+
+  auto* discover = node->add_subcommand("discover", "Ask the node's agent to report its topology");
+  discover->add_option("--id", o->node, "Node id")->required();
+  auto* show = node->add_subcommand(
+      "show", "Evidence, blockers, candidates, slots, drift and tasks of a node");
+  show->add_option("--id", o->node, "Node id")->required();
+
+  auto* slot = app.add_subcommand("slot", "Approved node resource slots");
+  slot->require_subcommand(1);
+  auto* approve = slot->add_subcommand("approve", "Approve candidate slot(s) of a snapshot");
+  approve->add_option("--node", o->node, "Node id")->required();
+  approve->add_option("--snapshot", o->snapshot, "Snapshot version (default: latest)");
+  approve->add_option("--slot", o->slots, "Slot key (repeatable; default: every candidate)");
+  auto* disable = slot->add_subcommand("disable", "Take a slot out of sale");
+  disable->add_option("--node", o->node, "Node id")->required();
+  disable->add_option("--slot", o->slot, "Slot key")->required();
+  disable->add_option("--reason", o->reason, "Why (shown in node show)");
+  auto* repair = slot->add_subcommand(
+      "repair", "Re-validate a slot against the latest evidence; clears drift when it passes");
+  repair->add_option("--node", o->node, "Node id")->required();
+  repair->add_option("--slot", o->slot, "Slot key")->required();
+
+  auto* disk = app.add_subcommand("disk", "Slot disks");
+  disk->require_subcommand(1);
+  auto* wipe = disk->add_subcommand("wipe-proof", "Record that a disk was wiped");
+  wipe->add_option("--node", o->node, "Node id")->required();
+  wipe->add_option("--nvme", o->nvme, "/dev/disk/by-id/... path")->required();
+  wipe->add_option("--method", o->method, "blkdiscard | nvme-format | wipefs")->required();
+  wipe->add_option("--evidence", o->evidence, "What proves it (command output, ticket)")
+      ->required();
+
+  auto* avail = app.add_subcommand("availability", "Sellable slots per region/pool/SKU");
+  avail->add_option("--region", o->region, "Only this region");
+
+  auto* region = app.add_subcommand("region", "Regions");
+  region->require_subcommand(1);
+  auto* region_list = region->add_subcommand("list", "List regions and their pools");
+  auto* region_set = region->add_subcommand("set", "Enable or disable a region");
+  region_set->add_option("--name", o->name, "Region")->required();
+  region_set->add_option("--enabled", o->enabled, "true | false")
+      ->required()
+      ->check(CLI::IsMember({"true", "false"}));
+
+  // "scheduler" exists in main; add "slots" under it.
+  CLI::App* sched = app.get_subcommand("scheduler");
+  auto* sched_slots = sched->add_subcommand("slots", "Slots in the scheduler's projection");
+  sched_slots->add_option("--node", o->node, "Only this node");
+  sched_slots->add_option("--region", o->region, "Only this region");
+
+  auto* ipam = app.add_subcommand("ipam", "Slot network identities");
+  ipam->require_subcommand(1);
+  auto* reservations = ipam->add_subcommand("reservations", "MAC/IP reservations of a node");
+  reservations->add_option("--node", o->node, "Node id")->required();
+
+  return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    const auto timeout = std::chrono::milliseconds(g.timeout_ms);
+    if (discover->parsed()) {
+      v1::DiscoverNodeRequest req;
+      req.set_node_id(o->node);
+      auto r =
+          client.Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::cout << fmt::format(
+            "discovery task {} sent to {}; see `gpuaasctl node show --id {}`\n", r->task_id(),
+            o->node, o->node);
+      });
+    }
+    if (show->parsed()) {
+      v1::ShowNodeRequest req;
+      req.set_node_id(o->node);
+      auto r = client.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] { PrintShow(*r); });
+    }
+    if (approve->parsed()) {
+      v1::ApproveSlotsRequest req;
+      req.set_node_id(o->node);
+      req.set_snapshot_version(o->snapshot);
+      for (const auto& s : o->slots) req.add_slot_keys(s);
+      auto r =
+          client.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      Print(g, *r, [&] {
+        std::cout << fmt::format("snapshot {}; desired slot set version {}\n",
+                                 r->snapshot_version(), r->desired_version());
+        PrintApprovals(r->results());
+      });
+      for (const auto& a : r->results()) {
+        if (!a.approved()) return 2;  // something was rejected: scripts can tell
+      }
+      return 0;
+    }
+    if (disable->parsed()) {
+      v1::DisableSlotRequest req;
+      req.set_node_id(o->node);
+      req.set_slot_key(o->slot);
+      req.set_reason(o->reason);
+      auto r =
+          client.Call<v1::DisableSlotResponse>("gpuaas.v1.inventory.slot.disable", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::cout << fmt::format("slot {} disabled ({}); desired slot set version {}\n",
+                                 r->slot().slot_key(), r->slot().disabled_reason(),
+                                 r->desired_version());
+      });
+    }
+    if (repair->parsed()) {
+      v1::RepairSlotRequest req;
+      req.set_node_id(o->node);
+      req.set_slot_key(o->slot);
+      auto r = client.Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      Print(g, *r, [&] {
+        google::protobuf::RepeatedPtrField<v1::SlotApproval> one;
+        *one.Add() = r->result();
+        PrintApprovals(one);
+      });
+      return r->result().approved() ? 0 : 2;
+    }
+    if (wipe->parsed()) {
+      v1::RecordWipeProofRequest req;
+      req.set_node_id(o->node);
+      req.set_nvme_by_id(o->nvme);
+      req.set_method(o->method);
+      req.set_evidence(o->evidence);
+      auto r = client.Call<v1::RecordWipeProofResponse>(
+          "gpuaas.v1.inventory.disk.wipe_proof.record", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::cout << fmt::format("wipe proof for {} on {} recorded at {}\n", o->nvme, o->node,
+                                 Time(r->recorded_at()));
+      });
+    }
+    if (avail->parsed()) {
+      v1::ListAvailabilityRequest req;
+      req.set_region(o->region);
+      auto r = client.Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list",
+                                                         req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& a : r->availability()) {
+          rows.push_back({a.region(), a.pool(), a.sku(), a.gpu_model(),
+                          std::to_string(a.schedulable_slots()), std::to_string(a.approved_slots()),
+                          std::to_string(a.nodes())});
+        }
+        PrintTable({"REGION", "POOL", "SKU", "MODEL", "SCHEDULABLE", "APPROVED", "NODES"}, rows);
+      });
+    }
+    if (region_list->parsed()) {
+      auto r = client.Call<v1::ListRegionsResponse>("gpuaas.v1.inventory.region.list",
+                                                    v1::ListRegionsRequest(), timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& x : r->regions()) {
+          rows.push_back({x.name(), x.enabled() ? "enabled" : "disabled",
+                          Join({x.pools().begin(), x.pools().end()})});
+        }
+        PrintTable({"REGION", "STATE", "POOLS"}, rows);
+      });
+    }
+    if (region_set->parsed()) {
+      v1::SetRegionRequest req;
+      req.set_name(o->name);
+      req.set_enabled(o->enabled == "true");
+      auto r = client.Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::cout << fmt::format("region {} {}\n", r->region().name(),
+                                 r->region().enabled() ? "enabled" : "disabled");
+      });
+    }
+    if (sched_slots->parsed()) {
+      v1::ListProjectedSlotsRequest req;
+      req.set_node_id(o->node);
+      req.set_region(o->region);
+      auto r = client.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
+                                                           timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& s : r->slots()) {
+          rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), s.admin_state(),
+                          s.health(), s.schedulable() ? "yes" : "no",
+                          Join({s.node_blockers().begin(), s.node_blockers().end()}),
+                          std::to_string(s.generation())});
+        }
+        PrintTable(
+            {"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS", "GEN"},
+            rows);
+      });
+    }
+    if (reservations->parsed()) {
+      v1::ListReservationsRequest req;
+      req.set_node_id(o->node);
+      auto r = client.Call<v1::ListReservationsResponse>("gpuaas.v1.ipam.reservation.list", req,
+                                                         timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& x : r->reservations()) {
+          rows.push_back({x.node_id(), x.slot_key(), x.mac(), x.ip(), x.subnet(), x.gateway()});
+        }
+        PrintTable({"NODE", "SLOT", "MAC", "IP", "SUBNET", "GATEWAY"}, rows);
+      });
+    }
+    return std::nullopt;
+  };
+}
+
+}  // namespace gpuaas::ctl
