@@ -61,8 +61,10 @@ void Logger::Log(Level level, const std::string& msg, const Fields& f) const {
   nlohmann::json j;
   const auto now = std::chrono::system_clock::now();
   const auto us = std::chrono::duration_cast<std::chrono::microseconds>(now.time_since_epoch());
-  j["ts"] = fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}Z",
-                        std::chrono::floor<std::chrono::seconds>(now), us.count() % 1000000);
+  // UTC whatever the host's TZ: fmt formats a time_point in local time, gmtime does not.
+  j["ts"] =
+      fmt::format("{:%Y-%m-%dT%H:%M:%S}.{:06d}Z",
+                  fmt::gmtime(std::chrono::system_clock::to_time_t(now)), us.count() % 1000000);
   j["level"] = LevelName(level);
   if (shared_) {
     j["service"] = shared_->service;
