@@ -9,7 +9,7 @@
 //
 // Default layout (an 8-GPU HGX-style host): GPU i sits behind its own PCIe switch
 // (root port 0000:BB:01.0 -> switch upstream 0000:BB+1:00.0 -> downstream ports on BB+2) with
-// an IB PF (two VFs) and a data NVMe behind the same switch; GPUs 0-3 on NUMA 0, 4-7 on
+// an IB PF (eight VFs) and a data NVMe behind the same switch; GPUs 0-3 on NUMA 0, 4-7 on
 // NUMA 1; a separate OS NVMe (BOSS-style) on its own root port; an ASPEED VGA that is not a GPU.
 #include <set>
 #include <string>
@@ -34,7 +34,7 @@ struct FixtureOptions {
   bool controller_path_names = false;  // add nvme<k>c<k>n1 multipath path devices
   // Fabric PFs; the first min(pfs, gpus) sit behind GPU i's switch. -1 = one per GPU.
   int fabric_pfs = -1;
-  int vfs_per_pf = 2;
+  int vfs_per_pf = 8;
   bool vf_rdma_devices = true;            // VFs get /sys/class/infiniband entries of their own
   std::string link_layer = "InfiniBand";  // or "Ethernet" (RoCE)
   // Prerequisites.

@@ -15,6 +15,8 @@
 #include <charconv>
 #include <cstring>
 #include <deque>
+#include <filesystem>
+#include <system_error>
 #include <thread>
 
 namespace gpuaas::node_agent {
@@ -92,6 +94,12 @@ std::optional<std::string> ReadFd(int fd, size_t cap) {
 }  // namespace
 
 HostRoot::HostRoot(std::string root) {
+  if (!root.empty() && root.front() != '/') {
+    // Tools found under a relative root must still get an absolute path for exec.
+    std::error_code ec;
+    auto abs = std::filesystem::absolute(root, ec);
+    if (!ec) root = abs.lexically_normal().string();
+  }
   while (root.size() > 1 && root.back() == '/') root.pop_back();
   if (root.empty() || root == "/") {
     root_ = "";

@@ -19,7 +19,8 @@ class HostRoot {
  public:
   explicit HostRoot(std::string root = "/");
 
-  // The root as given, normalised ("/" or an absolute path without a trailing slash).
+  // The root, normalised: "/" or an absolute path without a trailing slash (a relative root
+  // is made absolute against the working directory).
   const std::string& root() const { return display_; }
 
   // `logical` is an absolute path as seen on the host ("/sys/bus/pci/devices/0000:18:00.0").
