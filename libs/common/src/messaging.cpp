@@ -237,6 +237,9 @@ StreamSpec InventoryEventsStream() {
 StreamSpec NodeTasksStream() { return {"GPUAAS_NODE_TASKS", {"gpuaas.v1.node.*.task"}, 0, 600}; }
 StreamSpec NodeEventsStream() { return {"GPUAAS_EVT_NODE", {"gpuaas.v1.evt.node.>"}, 0, 600}; }
 StreamSpec IpamEventsStream() { return {"GPUAAS_EVT_IPAM", {"gpuaas.v1.evt.ipam.>"}, 0, 600}; }
+StreamSpec SchedulerEventsStream() {
+  return {"GPUAAS_EVT_SCHEDULER", {"gpuaas.v1.evt.scheduler.>"}, 0, 600};
+}
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

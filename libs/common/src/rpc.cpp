@@ -303,4 +303,12 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
   return reply.result().value();
 }
 
+Result<int> PageLimit(int32_t page_size, int def, int max) {
+  if (page_size < 0 || page_size > max) {
+    return Error::InvalidArgument("invalid_page_size", fmt::format("page_size must be 0..{}", max),
+                                  {{"page_size", fmt::format("must be 0..{}", max)}});
+  }
+  return page_size == 0 ? def : page_size;
+}
+
 }  // namespace gpuaas::rpc

@@ -116,6 +116,8 @@ StreamSpec NodeTasksStream();
 // What node-agents report: gpuaas.v1.evt.node.<node_id>.{topology,task.<status>}.
 StreamSpec NodeEventsStream();
 StreamSpec IpamEventsStream();
+// Allocation lifecycle events: gpuaas.v1.evt.scheduler.allocation.<state>.
+StreamSpec SchedulerEventsStream();
 
 // ---- Durable pull consumers ----
 

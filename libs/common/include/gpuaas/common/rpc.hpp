@@ -108,4 +108,8 @@ class Client {
   std::shared_ptr<messaging::Connection> conn_;
 };
 
+// The page size of a paginated list request: 0 means `def`; outside 0..`max` is
+// INVALID_ARGUMENT invalid_page_size.
+Result<int> PageLimit(int32_t page_size, int def = 100, int max = 1000);
+
 }  // namespace gpuaas::rpc
