@@ -200,11 +200,9 @@ Result<void> InventoryService::Start() {
   svc_.Rpc().Handle<v1::ListNodesRequest, v1::ListNodesResponse>(
       "gpuaas.v1.inventory.node.list",
       [pool](const v1::ListNodesRequest& req, rpc::Context&) -> Result<v1::ListNodesResponse> {
-        if (req.page_size() < 0 || req.page_size() > 1000) {
-          return Error::InvalidArgument("invalid_page_size", "page_size must be 0..1000",
-                                        {{"page_size", "must be 0..1000"}});
-        }
-        const int limit = req.page_size() == 0 ? 100 : req.page_size();
+        auto page = rpc::PageLimit(req.page_size());
+        if (!page.ok()) return page.error();
+        const int limit = *page;
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListNodesResponse> {
           auto rows = tx.exec_params(
               fmt::format("SELECT {} FROM nodes WHERE ($1 = '' OR region = $1) AND "

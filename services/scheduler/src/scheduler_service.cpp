@@ -1,5 +1,11 @@
 #include "scheduler_service.hpp"
 
+#include <fstream>
+#include <iterator>
+
+#include "allocations.hpp"
+#include "catalog.hpp"
+
 #include <google/protobuf/util/time_util.h>
 
 #include <thread>
@@ -46,19 +52,29 @@ Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
       store::TextArrayLiteral({snap.node_blockers().begin(), snap.node_blockers().end()});
   tx.exec_params(
       "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
-      "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id) "
-      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13) "
+      "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id, "
+      "fabric_type, numa, pcie_switch, region_enabled) "
+      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13,$14,$15,$16,$17) "
       "ON CONFLICT (node_id, slot_key) DO UPDATE SET region = EXCLUDED.region, "
       "pool = EXCLUDED.pool, sku = EXCLUDED.sku, admin_state = EXCLUDED.admin_state, "
       "health = EXCLUDED.health, schedulable = EXCLUDED.schedulable, "
       "node_blockers = EXCLUDED.node_blockers, gpu_pci_address = EXCLUDED.gpu_pci_address, "
       "locality_group = EXCLUDED.locality_group, generation = EXCLUDED.generation, "
-      "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
+      "last_event_id = EXCLUDED.last_event_id, fabric_type = EXCLUDED.fabric_type, "
+      "numa = EXCLUDED.numa, pcie_switch = EXCLUDED.pcie_switch, "
+      "region_enabled = EXCLUDED.region_enabled, projected_at = now() "
       "WHERE projected_slots.generation < EXCLUDED.generation",
       s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), s.admin_state(), s.health(),
       snap.schedulable(), blockers, s.gpu_pci_address(), s.locality_group(), s.generation(),
-      ev.id());
+      ev.id(), s.fabric_type(), s.has_numa_node() ? s.numa_node() : -1, s.pcie_switch(),
+      snap.region_enabled());
   return Ok();
+}
+
+void SchedulerConfig::Register(config::Schema& s) {
+  common.Register(s, true);
+  s.Add("scheduler.catalog_file", &catalog_file,
+        "SKU/profile catalog YAML (empty: the catalog built into the binary)", "");
 }
 
 SchedulerService::SchedulerService(SchedulerConfig cfg)
@@ -83,6 +99,17 @@ messaging::ConsumerSpec SchedulerService::SlotConsumerSpec() const {
 }
 
 Result<void> SchedulerService::Start() {
+  std::string yaml = Catalog::DefaultYaml();
+  if (!cfg_.catalog_file.empty()) {
+    std::ifstream in(cfg_.catalog_file);
+    if (!in) {
+      return Error::InvalidArgument("catalog_unreadable",
+                                    "cannot read scheduler.catalog_file " + cfg_.catalog_file);
+    }
+    yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto catalog = Catalog::Parse(yaml);
+  if (!catalog.ok()) return catalog.error();
   if (auto r = svc_.Start(); !r.ok()) return r;
   auto nats = svc_.nats();
   // Declared by every party that uses them, so start order does not matter.
@@ -106,11 +133,9 @@ Result<void> SchedulerService::Start() {
       "gpuaas.v1.scheduler.node.list",
       [pool](const v1::ListProjectedNodesRequest& req,
              rpc::Context&) -> Result<v1::ListProjectedNodesResponse> {
-        if (req.page_size() < 0 || req.page_size() > 1000) {
-          return Error::InvalidArgument("invalid_page_size", "page_size must be 0..1000",
-                                        {{"page_size", "must be 0..1000"}});
-        }
-        const int limit = req.page_size() == 0 ? 100 : req.page_size();
+        auto page = rpc::PageLimit(req.page_size());
+        if (!page.ok()) return page.error();
+        const int limit = *page;
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedNodesResponse> {
           auto rows = tx.exec_params(
               "SELECT node_id, hostname, region, pool, capacity_profile, generation, "
@@ -139,6 +164,8 @@ Result<void> SchedulerService::Start() {
           return resp;
         });
       });
+
+  if (auto r = StartAllocations(svc_, *catalog); !r.ok()) return r;
 
   svc_.Rpc().Handle<v1::ListProjectedSlotsRequest, v1::ListProjectedSlotsResponse>(
       "gpuaas.v1.scheduler.slot.list",

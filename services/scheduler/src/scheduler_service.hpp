@@ -20,7 +20,8 @@ inline constexpr const char* kSlotProjection = "scheduler-inventory-slots";
 
 struct SchedulerConfig {
   runtime::CommonConfig common;
-  void Register(config::Schema& schema) { common.Register(schema, true); }
+  std::string catalog_file;  // "" = the catalog compiled in (config/catalog.yaml)
+  void Register(config::Schema& schema);
 };
 
 const std::vector<store::Migration>& Migrations();

@@ -1,0 +1,472 @@
+#include "allocations.hpp"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <map>
+#include <regex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "placement.hpp"
+
+namespace gpuaas::scheduler {
+
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+const std::regex kLabel("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$");
+constexpr const char* kLiveStates = "('reserved','provisioning','active','releasing')";
+constexpr int kChoices = 8;
+
+google::protobuf::Timestamp Ts(double epoch) {
+  return TimeUtil::MillisecondsToTimestamp(static_cast<int64_t>(epoch * 1000));
+}
+
+constexpr const char* kAllocColumns =
+    "allocation_id::text, tenant, request_id, sku, shape, gpu_count, region, pool, network_mode, "
+    "state, node_id, failure_stage, failure_code, failure_detail, generation, "
+    "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8";
+
+v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
+  v1::Allocation a;
+  a.set_allocation_id(r[0].as<std::string>());
+  a.set_tenant(r[1].as<std::string>());
+  a.set_request_id(r[2].as<std::string>());
+  a.set_sku(r[3].as<std::string>());
+  a.set_shape(r[4].as<std::string>() == "baremetal" ? v1::CAPACITY_SHAPE_BAREMETAL
+                                                    : v1::CAPACITY_SHAPE_GPU_SLICE);
+  a.set_gpu_count(r[5].as<int>());
+  a.set_region(r[6].as<std::string>());
+  a.set_pool(r[7].as<std::string>());
+  a.set_network_mode(r[8].as<std::string>());
+  a.set_state(r[9].as<std::string>());
+  a.set_node_id(r[10].as<std::string>());
+  if (!r[12].as<std::string>().empty()) {
+    a.mutable_failure()->set_stage(r[11].as<std::string>());
+    a.mutable_failure()->set_code(r[12].as<std::string>());
+    a.mutable_failure()->set_detail(r[13].as<std::string>());
+  }
+  a.set_generation(r[14].as<int64_t>());
+  *a.mutable_created_at() = Ts(r[15].as<double>());
+  *a.mutable_updated_at() = Ts(r[16].as<double>());
+  for (const auto& c :
+       tx.exec_params("SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
+                      "extract(epoch from released_at)::float8 FROM allocation_resource_claims "
+                      "WHERE allocation_id = $1 ORDER BY slot_key",
+                      a.allocation_id())) {
+    auto* pc = a.add_claims();
+    pc->set_allocation_id(a.allocation_id());
+    pc->set_node_id(c[0].as<std::string>());
+    pc->set_slot_key(c[1].as<std::string>());
+    pc->set_kind(c[2].as<std::string>());
+    *pc->mutable_claimed_at() = Ts(c[3].as<double>());
+    if (!c[4].is_null()) *pc->mutable_released_at() = Ts(c[4].as<double>());
+    if (c[4].is_null() && pc->kind() == "slot") a.add_slot_keys(pc->slot_key());
+  }
+  return a;
+}
+
+Result<v1::Allocation> Load(pqxx::work& tx, const std::string& id, bool lock) {
+  if (!ids::IsUuid(id)) {
+    return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
+                                  {{"allocation_id", "must be a UUID"}});
+  }
+  auto r = tx.exec_params(fmt::format("SELECT {} FROM allocations WHERE allocation_id = $1{}",
+                                      kAllocColumns, lock ? " FOR UPDATE" : ""),
+                          id);
+  if (r.empty()) {
+    return Error{Code::kNotFound,
+                 "allocation_not_found",
+                 "no allocation " + id,
+                 {{"allocation_id", id}},
+                 false};
+  }
+  return FromRow(tx, r[0]);
+}
+
+Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string& source,
+                      const std::string& traceparent) {
+  v1::AllocationSnapshot snap;
+  *snap.mutable_allocation() = a;
+  auto ev = outbox::Append(
+      tx, {fmt::format("gpuaas.v1.evt.scheduler.allocation.{state}", fmt::arg("state", a.state())),
+           "", source, a.allocation_id(), a.generation(), a.allocation_id(), traceparent, &snap});
+  if (!ev.ok()) return ev.error();
+  return Ok();
+}
+
+Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
+  std::map<std::string, std::string> problems;
+  if (!std::regex_match(req.tenant(), kLabel)) problems["tenant"] = "a lowercase DNS label";
+  if (req.request_id().empty() || req.request_id().size() > 128) {
+    problems["request_id"] = "required, at most 128 characters (the idempotency key)";
+  }
+  if (!std::regex_match(req.region(), kLabel)) problems["region"] = "a lowercase DNS label";
+  if (!req.pool().empty() && !std::regex_match(req.pool(), kLabel)) {
+    problems["pool"] = "empty or a lowercase DNS label";
+  }
+  if (req.gpu_count() < 0) problems["gpu_count"] = "must be >= 0";
+  if (!problems.empty()) {
+    return Error::InvalidArgument("invalid_allocation_request",
+                                  fmt::format("{} invalid field(s)", problems.size()), problems);
+  }
+  return Ok();
+}
+
+struct Placed {
+  std::string node_id;
+  std::vector<std::string> slots;
+};
+
+// Why nothing could be placed, with counts per reason.
+Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
+                  int gpus) {
+  auto r = tx.exec_params(
+      "WITH free AS (SELECT p.* FROM projected_slots p WHERE p.region = $1 AND "
+      "($2 = '' OR p.pool = $2) AND p.schedulable AND NOT EXISTS (SELECT 1 FROM "
+      "allocation_resource_claims c WHERE c.released_at IS NULL AND c.node_id = p.node_id AND "
+      "(c.slot_key = p.slot_key OR c.kind = 'node_exclusive'))), "
+      "per_node AS (SELECT node_id, count(*) FILTER (WHERE sku = $3 AND ($4 = '' OR "
+      "fabric_type = $4)) AS fit, count(*) FILTER (WHERE sku = $3 AND $4 <> '' AND "
+      "fabric_type <> $4) AS wrong_fabric FROM free GROUP BY node_id) "
+      "SELECT (SELECT count(*) FROM free), (SELECT count(*) FROM free WHERE sku = $3), "
+      "(SELECT COALESCE(sum(fit), 0) FROM per_node), (SELECT COALESCE(max(fit), 0) FROM per_node), "
+      "(SELECT count(*) FROM per_node WHERE fit >= $5), "
+      "(SELECT count(*) FROM per_node WHERE wrong_fabric > 0), "
+      "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable)",
+      req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus);
+  const auto& x = r[0];
+  std::map<std::string, std::string> d = {{"free_gpus_in_region", x[0].as<std::string>()},
+                                          {"free_gpus_of_sku", x[1].as<std::string>()},
+                                          {"free_gpus_matching_fabric", x[2].as<std::string>()},
+                                          {"max_free_matching_on_one_node", x[3].as<std::string>()},
+                                          {"nodes_with_enough_free_slots", x[4].as<std::string>()},
+                                          {"nodes_with_wrong_fabric", x[5].as<std::string>()},
+                                          {"unschedulable_slots_in_region", x[6].as<std::string>()},
+                                          {"requested_gpus", std::to_string(gpus)}};
+  return Error{Code::kResourceExhausted, "no_placement",
+               fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
+                           "({} free matching GPUs in the region, at most {} on one node)",
+                           req.region(), gpus, sku.gpu_sku,
+                           sku.fabric_type.empty() ? "any" : sku.fabric_type,
+                           x[2].as<std::string>(), x[3].as<std::string>()),
+               d, true};
+}
+
+// One placement attempt for a slice in `tx`: rank, then lock and re-check the choices in order.
+Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocationRequest& req,
+                                         const Sku& sku, int gpus, bool* contended) {
+  std::map<std::string, placement::NodeView> nodes;
+  for (const auto& r : tx.exec_params(
+           "SELECT p.node_id, p.slot_key, p.numa, p.pcie_switch, p.fabric_type FROM "
+           "projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
+           "AND p.schedulable AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE "
+           "c.released_at IS NULL AND c.node_id = p.node_id AND (c.slot_key = p.slot_key OR "
+           "c.kind = 'node_exclusive')) ORDER BY p.node_id, p.slot_key",
+           req.region(), req.pool(), sku.gpu_sku)) {
+    auto& n = nodes[r[0].as<std::string>()];
+    n.node_id = r[0].as<std::string>();
+    n.free.push_back(
+        {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
+  }
+  if (nodes.empty()) return std::optional<Placed>();
+  for (const auto& r : tx.exec_params(
+           "SELECT p.node_id, count(*), (SELECT count(*) FROM allocation_resource_claims c WHERE "
+           "c.released_at IS NULL AND c.node_id = p.node_id AND c.kind = 'slot') FROM "
+           "projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
+           "GROUP BY p.node_id",
+           req.region(), req.pool(), sku.gpu_sku)) {
+    auto it = nodes.find(r[0].as<std::string>());
+    if (it == nodes.end()) continue;
+    it->second.total_slots = r[1].as<int>();
+    it->second.claimed_slots = r[2].as<int>();
+  }
+  std::vector<placement::NodeView> views;
+  views.reserve(nodes.size());
+  for (auto& [id, n] : nodes) views.push_back(std::move(n));
+  placement::Request preq;
+  preq.gpus = gpus;
+  preq.fabric_type = sku.fabric_type;
+  const auto choices = placement::Rank(views, preq, kChoices);
+  *contended = !choices.empty();  // every choice below was taken or locked by someone else
+  for (const auto& choice : choices) {
+    // Slices share the node row; a baremetal placer takes it exclusively.
+    auto node = tx.exec_params(
+        "SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE SKIP LOCKED", choice.node_id);
+    if (node.empty()) continue;
+    std::string keys = store::TextArrayLiteral(choice.slot_keys);
+    auto locked = tx.exec_params(
+        "SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = ANY($2::text[]) "
+        "AND schedulable FOR UPDATE SKIP LOCKED",
+        choice.node_id, keys);
+    if (static_cast<int>(locked.size()) != gpus) continue;
+    // Claims committed since our read (we hold the rows now, so none can appear after this).
+    auto taken = tx.exec_params(
+        "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL AND node_id = $1 AND "
+        "(slot_key = ANY($2::text[]) OR kind = 'node_exclusive') LIMIT 1",
+        choice.node_id, keys);
+    if (!taken.empty()) continue;
+    return std::optional<Placed>(Placed{choice.node_id, choice.slot_keys});
+  }
+  return std::optional<Placed>();
+}
+
+Result<std::optional<Placed>> PlaceBaremetal(pqxx::work& tx,
+                                             const v1::CreateAllocationRequest& req) {
+  // A node for baremetal has no live claim of any kind; prefer baremetal-profile nodes, then
+  // nodes with fewer approved slots (sliceable capacity stays for slices).
+  auto rows = tx.exec_params(
+      "SELECT n.node_id FROM projected_nodes n WHERE n.region = $1 AND ($2 = '' OR n.pool = $2) "
+      "AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL "
+      "AND c.node_id = n.node_id) AND NOT EXISTS (SELECT 1 FROM projected_slots s WHERE "
+      "s.node_id = n.node_id AND NOT s.region_enabled) "
+      "ORDER BY (n.capacity_profile = 'baremetal') DESC, (SELECT count(*) FROM projected_slots s "
+      "WHERE s.node_id = n.node_id), n.node_id LIMIT $3",
+      req.region(), req.pool(), kChoices);
+  for (const auto& r : rows) {
+    const std::string node = r[0].as<std::string>();
+    auto locked = tx.exec_params(
+        "SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR UPDATE SKIP LOCKED", node);
+    if (locked.empty()) continue;
+    auto taken = tx.exec_params(
+        "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL AND node_id = $1 "
+        "LIMIT 1",
+        node);
+    if (!taken.empty()) continue;
+    return std::optional<Placed>(Placed{node, {}});
+  }
+  return std::optional<Placed>();
+}
+
+}  // namespace
+
+std::vector<std::string> CheckInvariants(pqxx::work& tx) {
+  std::vector<std::string> out;
+  for (const auto& r :
+       tx.exec("SELECT node_id, slot_key FROM allocation_resource_claims WHERE released_at IS NULL "
+               "AND kind = 'slot' GROUP BY 1, 2 HAVING count(*) > 1")) {
+    out.push_back("slot " + r[0].as<std::string>() + "/" + r[1].as<std::string>() +
+                  " has two live claims");
+  }
+  for (const auto& r : tx.exec(
+           "SELECT node_id FROM allocation_resource_claims WHERE released_at IS NULL GROUP BY 1 "
+           "HAVING bool_or(kind = 'node_exclusive') AND count(*) > 1")) {
+    out.push_back("node " + r[0].as<std::string>() + " has an exclusive claim and others");
+  }
+  for (const auto& r : tx.exec(fmt::format(
+           "SELECT DISTINCT c.allocation_id::text, a.state FROM allocation_resource_claims c JOIN "
+           "allocations a USING (allocation_id) WHERE c.released_at IS NULL AND a.state NOT IN {}",
+           kLiveStates))) {
+    out.push_back("live claim of allocation " + r[0].as<std::string>() + " in state " +
+                  r[1].as<std::string>());
+  }
+  for (const auto& r : tx.exec(fmt::format(
+           "SELECT a.allocation_id::text, a.shape, a.gpu_count, count(c.*) FILTER (WHERE "
+           "c.kind = 'slot'), count(c.*) FILTER (WHERE c.kind = 'node_exclusive'), "
+           "count(DISTINCT c.node_id), bool_and(c.node_id = a.node_id) FROM allocations a "
+           "LEFT JOIN allocation_resource_claims c ON c.allocation_id = a.allocation_id AND "
+           "c.released_at IS NULL WHERE a.state IN {} GROUP BY 1, 2, 3",
+           kLiveStates))) {
+    const bool bm = r[1].as<std::string>() == "baremetal";
+    const int gpus = r[2].as<int>(), slots = r[3].as<int>(), excl = r[4].as<int>();
+    const int node_count = r[5].as<int>();
+    const bool same_node = !r[6].is_null() && r[6].as<bool>();
+    const bool ok = bm ? (excl == 1 && slots == 0) : (slots == gpus && excl == 0);
+    if (!ok || node_count != 1 || !same_node) {
+      out.push_back(fmt::format(
+          "allocation {} ({} x{}) has {} slot / {} exclusive claims on {} "
+          "node(s)",
+          r[0].as<std::string>(), r[1].as<std::string>(), gpus, slots, excl, node_count));
+    }
+  }
+  return out;
+}
+
+Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
+  if (auto r = messaging::EnsureStream(*svc.nats(), messaging::SchedulerEventsStream()); !r.ok()) {
+    return r;
+  }
+  auto pool = svc.pg();
+  const std::string source = svc.source();
+  auto& rpc = svc.Rpc();
+
+  rpc.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create",
+      [pool, source, catalog](const v1::CreateAllocationRequest& req,
+                              rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
+        if (auto v = ValidateCreate(req); !v.ok()) return v.error();
+        auto checked = catalog.Validate(req.sku(), req.gpu_count(), req.network_mode());
+        if (!checked.ok()) return checked.error();
+        const Sku& sku = *checked->first;
+        const bool baremetal = sku.shape == "baremetal";
+        const int gpus = req.gpu_count() == 0 ? sku.allowed_gpu_counts.front() : req.gpu_count();
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
+          v1::CreateAllocationResponse resp;
+          auto existing = tx.exec_params(
+              fmt::format("SELECT {} FROM allocations WHERE tenant = $1 AND request_id = $2",
+                          kAllocColumns),
+              req.tenant(), req.request_id());
+          if (!existing.empty()) {
+            *resp.mutable_allocation() = FromRow(tx, existing[0]);
+            return resp;  // a retry: same answer, no second placement
+          }
+          auto region = tx.exec_params(
+              "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
+              "WHERE region = $1",
+              req.region());
+          if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
+            return Error{Code::kFailedPrecondition,
+                         "region_disabled",
+                         "region " + req.region() + " is disabled",
+                         {{"region", req.region()}},
+                         false};
+          }
+          Result<std::optional<Placed>> placed = std::optional<Placed>();
+          for (int attempt = 0; attempt < 4; ++attempt) {
+            bool contended = false;
+            placed =
+                baremetal ? PlaceBaremetal(tx, req) : PlaceSlice(tx, req, sku, gpus, &contended);
+            if (!placed.ok() || placed->has_value() || !contended) break;
+            // Others held our choices: read again (their commits are visible to the next read).
+            std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
+          }
+          if (!placed.ok()) return placed.error();
+          if (!placed->has_value()) {
+            if (baremetal) {
+              return Error{Code::kResourceExhausted,
+                           "no_placement",
+                           "no node in " + req.region() + " is free of claims for baremetal",
+                           {{"requested", "node_exclusive"}},
+                           true};
+            }
+            return NoPlacement(tx, req, sku, gpus);
+          }
+          const Placed& p = **placed;
+          const std::string id = ids::NewUuidV7();
+          tx.exec_params(
+              "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
+              "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
+              "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
+              id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
+              req.pool(), checked->second, p.node_id);
+          if (baremetal) {
+            tx.exec_params(
+                "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
+                "($1, $2, 'node_exclusive')",
+                id, p.node_id);
+          } else {
+            tx.exec_params(
+                "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind) "
+                "SELECT $1, $2, unnest($3::text[]), 'slot'",
+                id, p.node_id, store::TextArrayLiteral(p.slots));
+          }
+          auto a = Load(tx, id, false);
+          if (!a.ok()) return a.error();
+          if (auto e = Announce(tx, *a, source, ctx.traceparent); !e.ok()) return e.error();
+          ctx.log.Info("allocation placed", {{"allocation_id", id},
+                                             {"node_id", p.node_id},
+                                             {"gpus", std::to_string(gpus)},
+                                             {"sku", req.sku()}});
+          *resp.mutable_allocation() = *a;
+          resp.set_created(true);
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::GetAllocationRequest, v1::GetAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.get",
+      [pool](const v1::GetAllocationRequest& req,
+             rpc::Context&) -> Result<v1::GetAllocationResponse> {
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::GetAllocationResponse> {
+          auto a = Load(tx, req.allocation_id(), false);
+          if (!a.ok()) return a.error();
+          v1::GetAllocationResponse resp;
+          *resp.mutable_allocation() = *a;
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ListAllocationsRequest, v1::ListAllocationsResponse>(
+      "gpuaas.v1.scheduler.allocation.list",
+      [pool](const v1::ListAllocationsRequest& req,
+             rpc::Context&) -> Result<v1::ListAllocationsResponse> {
+        auto page = rpc::PageLimit(req.page_size());
+        if (!page.ok()) return page.error();
+        if (!req.page_token().empty() && !ids::IsUuid(req.page_token())) {
+          return Error::InvalidArgument("invalid_page_token", "page_token is not from a list reply",
+                                        {{"page_token", "use next_page_token"}});
+        }
+        const int limit = *page;
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListAllocationsResponse> {
+          auto rows = tx.exec_params(
+              fmt::format("SELECT {} FROM allocations WHERE ($1 = '' OR tenant = $1) AND "
+                          "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
+                          "ORDER BY allocation_id LIMIT $4",
+                          kAllocColumns),
+              req.tenant(), req.state(), req.page_token(), limit + 1);
+          v1::ListAllocationsResponse resp;
+          for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
+            *resp.add_allocations() = FromRow(tx, rows[i]);
+          }
+          if (static_cast<int>(rows.size()) > limit) {
+            resp.set_next_page_token(resp.allocations(limit - 1).allocation_id());
+          }
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ReleaseAllocationRequest, v1::ReleaseAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.release",
+      [pool, source](const v1::ReleaseAllocationRequest& req,
+                     rpc::Context& ctx) -> Result<v1::ReleaseAllocationResponse> {
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ReleaseAllocationResponse> {
+          auto a = Load(tx, req.allocation_id(), true);
+          if (!a.ok()) return a.error();
+          v1::ReleaseAllocationResponse resp;
+          const std::string& st = a->state();
+          if (st == "released" || st == "failed" || (st == "releasing" && !req.force())) {
+            *resp.mutable_allocation() = *a;  // already released (or on its way): no effect
+            return resp;
+          }
+          if ((st == "provisioning" || st == "active") && !req.force()) {
+            return Error{Code::kUnimplemented,
+                         "release_saga_not_available",
+                         "releasing a provisioned allocation needs vm.release and slot.cleanup, "
+                         "which are not built yet; an admin can force-release",
+                         {{"state", st}},
+                         false};
+          }
+          // Reserved: nothing was created on the host, so its claims are free now. Force: an
+          // admin takes responsibility for the host state.
+          tx.exec_params(
+              "UPDATE allocation_resource_claims SET released_at = now() WHERE allocation_id = $1 "
+              "AND released_at IS NULL",
+              req.allocation_id());
+          tx.exec_params(
+              "UPDATE allocations SET state = 'released', generation = generation + 1, "
+              "updated_at = now(), failure_stage = CASE WHEN $2 THEN 'release' ELSE '' END, "
+              "failure_code = CASE WHEN $2 THEN 'force_released' ELSE '' END WHERE "
+              "allocation_id = $1",
+              req.allocation_id(), req.force() && st != "reserved");
+          auto after = Load(tx, req.allocation_id(), false);
+          if (!after.ok()) return after.error();
+          if (auto e = Announce(tx, *after, source, ctx.traceparent); !e.ok()) return e.error();
+          ctx.log.Info("allocation released", {{"allocation_id", req.allocation_id()},
+                                               {"from", st},
+                                               {"force", req.force() ? "true" : "false"}});
+          *resp.mutable_allocation() = *after;
+          return resp;
+        });
+      });
+  return Ok();
+}
+
+}  // namespace gpuaas::scheduler

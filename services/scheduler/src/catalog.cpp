@@ -1,0 +1,151 @@
+#include "catalog.hpp"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <set>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace gpuaas::scheduler {
+
+namespace {
+
+const std::set<std::string> kShapes = {"baremetal", "gpu_slice", "gpu_partition", "gpu_shared"};
+const std::set<std::string> kModes = {"private-nat", "fabric-only"};
+const std::set<std::string> kKeys = {
+    "shape",         "sharing_mechanism",  "gpu_sku",     "allowed_gpu_counts",
+    "vcpus_per_gpu", "memory_mib_per_gpu", "fabric_type", "network_modes"};
+
+}  // namespace
+
+Result<Catalog> Catalog::Parse(const std::string& yaml) {
+  std::map<std::string, std::string> problems;
+  Catalog c;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml);
+  } catch (const std::exception& e) {
+    return Error::InvalidArgument("invalid_catalog", std::string("not YAML: ") + e.what());
+  }
+  if (!root["skus"] || !root["skus"].IsMap() || root["skus"].size() == 0) {
+    return Error::InvalidArgument("invalid_catalog", "the catalog needs a non-empty `skus` map",
+                                  {{"skus", "required"}});
+  }
+  for (const auto& entry : root["skus"]) {
+    const std::string name = entry.first.as<std::string>();
+    const YAML::Node& n = entry.second;
+    auto bad = [&](const std::string& key, const std::string& why) {
+      problems["skus." + name + "." + key] = why;
+    };
+    if (!n.IsMap()) {
+      bad("", "must be a map");
+      continue;
+    }
+    Sku s;
+    s.name = name;
+    try {
+      for (const auto& kv : n) {
+        if (!kKeys.count(kv.first.as<std::string>()))
+          bad(kv.first.as<std::string>(), "unknown key");
+      }
+      s.shape = n["shape"] ? n["shape"].as<std::string>() : "";
+      s.sharing_mechanism = n["sharing_mechanism"] ? n["sharing_mechanism"].as<std::string>() : "";
+      s.gpu_sku = n["gpu_sku"] ? n["gpu_sku"].as<std::string>() : "";
+      if (n["allowed_gpu_counts"])
+        s.allowed_gpu_counts = n["allowed_gpu_counts"].as<std::vector<int>>();
+      s.vcpus_per_gpu = n["vcpus_per_gpu"] ? n["vcpus_per_gpu"].as<int>() : 0;
+      s.memory_mib_per_gpu = n["memory_mib_per_gpu"] ? n["memory_mib_per_gpu"].as<int64_t>() : 0;
+      s.fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
+      if (n["network_modes"]) s.network_modes = n["network_modes"].as<std::vector<std::string>>();
+    } catch (const std::exception& e) {
+      bad("", std::string("wrong type: ") + e.what());
+      continue;
+    }
+    if (!kShapes.count(s.shape))
+      bad("shape", "one of baremetal, gpu_slice, gpu_partition, gpu_shared");
+    if ((s.shape == "gpu_partition" || s.shape == "gpu_shared") && s.sharing_mechanism.empty()) {
+      bad("sharing_mechanism", "required for reserved shapes");
+    }
+    if (s.gpu_sku.empty()) bad("gpu_sku", "required");
+    if (s.allowed_gpu_counts.empty()) bad("allowed_gpu_counts", "at least one count");
+    for (int g : s.allowed_gpu_counts) {
+      if (g < 1 || g > 16) bad("allowed_gpu_counts", "counts are 1..16");
+    }
+    if (s.network_modes.empty()) bad("network_modes", "at least one mode");
+    for (const auto& m : s.network_modes) {
+      if (!kModes.count(m)) bad("network_modes", "modes are private-nat, fabric-only");
+    }
+    if (s.shape == "gpu_slice" &&
+        std::count(s.network_modes.begin(), s.network_modes.end(), "fabric-only")) {
+      bad("network_modes", "fabric-only is not offered for slices (they need the NAT vNIC)");
+    }
+    c.skus_[name] = std::move(s);
+  }
+  if (!problems.empty()) {
+    return Error::InvalidArgument(
+        "invalid_catalog", fmt::format("{} problem(s) in the catalog", problems.size()), problems);
+  }
+  return c;
+}
+
+const Sku* Catalog::Find(const std::string& name) const {
+  auto it = skus_.find(name);
+  return it == skus_.end() ? nullptr : &it->second;
+}
+
+Result<std::pair<const Sku*, std::string>> Catalog::Validate(const std::string& sku, int gpu_count,
+                                                             const std::string& mode) const {
+  const Sku* s = Find(sku);
+  if (!s) {
+    std::vector<std::string> names;
+    for (const auto& [n, x] : skus_) {
+      if (x.shape == "baremetal" || x.shape == "gpu_slice") names.push_back(n);
+    }
+    return Error{Code::kInvalidArgument,
+                 "unknown_sku",
+                 "no SKU named '" + sku + "'",
+                 {{"sku", sku}, {"offered", fmt::format("{}", fmt::join(names, ","))}},
+                 false};
+  }
+  if (s->shape != "baremetal" && s->shape != "gpu_slice") {
+    return Error{Code::kInvalidArgument,
+                 "shape_not_offered",
+                 fmt::format("SKU {} has shape {} ({}), which is modelled but not offered yet", sku,
+                             s->shape, s->sharing_mechanism),
+                 {{"shape", s->shape}},
+                 false};
+  }
+  const bool count_ok =
+      std::count(s->allowed_gpu_counts.begin(), s->allowed_gpu_counts.end(), gpu_count) > 0 ||
+      (s->shape == "baremetal" && gpu_count == 0);
+  if (!count_ok) {
+    return Error{Code::kInvalidArgument,
+                 "gpu_count_not_allowed",
+                 fmt::format("SKU {} allows {} GPUs, not {}", sku,
+                             fmt::join(s->allowed_gpu_counts, "/"), gpu_count),
+                 {{"gpu_count", std::to_string(gpu_count)},
+                  {"allowed", fmt::format("{}", fmt::join(s->allowed_gpu_counts, ","))}},
+                 false};
+  }
+  const std::string effective = mode.empty() ? s->network_modes.front() : mode;
+  if (s->shape == "gpu_slice" && effective == "fabric-only") {
+    return Error{Code::kInvalidArgument,
+                 "fabric_only_not_for_slices",
+                 "slices always get the private-nat management vNIC; fabric-only is baremetal only",
+                 {{"network_mode", effective}},
+                 false};
+  }
+  if (!std::count(s->network_modes.begin(), s->network_modes.end(), effective)) {
+    return Error{Code::kInvalidArgument,
+                 "network_mode_not_allowed",
+                 fmt::format("SKU {} offers network modes {}, not {}", sku,
+                             fmt::join(s->network_modes, ","), effective),
+                 {{"network_mode", effective}},
+                 false};
+  }
+  return std::make_pair(s, effective);
+}
+
+}  // namespace gpuaas::scheduler

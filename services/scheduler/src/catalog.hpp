@@ -1,0 +1,45 @@
+#pragma once
+// The SKU/profile catalog (YAML): what tenants can order and what each order needs from a slot
+// (slot SKU, fabric type, GPU counts, network modes). Request validation against it gives each
+// invalid request its own structured error.
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpuaas/common/result.hpp"
+
+namespace gpuaas::scheduler {
+
+struct Sku {
+  std::string name;
+  std::string shape;              // baremetal | gpu_slice | gpu_partition | gpu_shared
+  std::string sharing_mechanism;  // reserved shapes only (mig, time-slicing, mps)
+  std::string gpu_sku;            // inventory slot SKU ("h200-sxm")
+  std::vector<int> allowed_gpu_counts;
+  int vcpus_per_gpu = 0;
+  int64_t memory_mib_per_gpu = 0;
+  std::string fabric_type;  // required slot fabric ("" = any)
+  std::vector<std::string> network_modes;
+};
+
+class Catalog {
+ public:
+  // Parses the YAML; every problem is reported at once in the error's details.
+  static Result<Catalog> Parse(const std::string& yaml);
+  // The catalog compiled into the binary (services/scheduler/config/catalog.yaml).
+  static const std::string& DefaultYaml();
+
+  const Sku* Find(const std::string& name) const;
+  const std::map<std::string, Sku>& skus() const { return skus_; }
+
+  // Checks an order: unknown_sku, shape_not_offered (reserved shapes), gpu_count_not_allowed,
+  // fabric_only_not_for_slices, network_mode_not_allowed. Returns the SKU and the effective
+  // network mode.
+  Result<std::pair<const Sku*, std::string>> Validate(const std::string& sku, int gpu_count,
+                                                      const std::string& network_mode) const;
+
+ private:
+  std::map<std::string, Sku> skus_;
+};
+
+}  // namespace gpuaas::scheduler

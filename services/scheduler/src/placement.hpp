@@ -1,0 +1,78 @@
+#pragma once
+// Pure placement engine of the scheduler (no I/O): given the free slots of candidate nodes,
+// rank nodes for a request with a deterministic, fragmentation-aware best-fit score and pick
+// the slot group on the chosen node. The service fetches candidates with SQL, ranks here, then
+// locks the chosen node's slots (FOR UPDATE SKIP LOCKED) and falls back to the next choice.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace gpuaas::scheduler::placement {
+
+struct SlotView {
+  std::string slot_key;
+  int numa = -1;            // -1: unknown
+  std::string pcie_switch;  // "" unknown
+  std::string fabric_type;  // "infiniband" | "roce" | ""
+};
+
+struct NodeView {
+  std::string node_id;
+  std::vector<SlotView> free;  // schedulable slots without a live claim
+  int total_slots = 0;         // approved slots of the node (free + claimed + unschedulable)
+  int claimed_slots = 0;       // slots with a live slice claim
+  bool baremetal_claimed = false;
+};
+
+struct Request {
+  int gpus = 1;
+  bool baremetal = false;   // whole node: needs a node with no claims at all
+  std::string fabric_type;  // required fabric ("" = any)
+};
+
+struct Choice {
+  std::string node_id;
+  std::vector<std::string> slot_keys;  // empty for baremetal
+  double score = 0;                    // lower is better
+};
+
+// Demand mix used by the fragmentation measure: probability of a request of n GPUs.
+using Mix = std::map<int, double>;
+Mix DefaultMix();  // {1: .4, 2: .3, 4: .2, 8: .1}
+
+// Expected GPUs on a node that could not be used by the next request drawn from `mix`, given
+// the node's free slots grouped by locality (FGD-style fragmentation measure).
+//   F = sum over (n, p) in mix with n > 0, p > 0 of  p * S(n)
+//   S(n) = 1/2 * (f mod n) + 1/4 * sum_numa (c mod n) + 1/4 * sum_switch (c mod n)
+// f: free slots of the node; c: free slots of one NUMA node, or of one (NUMA node, PCIe switch)
+// pair. Slots of unknown NUMA (-1) form one NUMA group; "" is a switch name like any other.
+// (x mod n) is what is left once requests of n are packed inside that domain, so a GPU that no
+// request of n can use on this node counts 1, one usable only across NUMA nodes 1/2, one usable
+// only across switches 1/4. When n exceeds a domain's size every such GPU counts at that level,
+// so an idle node scores > 0 for large n; that part is the same for every node of a topology and
+// cancels in the increase that Rank compares.
+double Fragmentation(const std::vector<SlotView>& free, const Mix& mix);
+
+// Up to `limit` choices, best first; deterministic for equal inputs (ties by node id).
+// Slices go to nodes that are not baremetal-claimed and where PickSlots finds a group, ordered by:
+// (1) nodes that could not be sold as baremetal anyway (claims, or unschedulable slots) first;
+// (2) the increase of Fragmentation(free, mix) the placement causes, in steps of 1e-6;
+// (3) fewer free slots left (best fit); (4) locality of the group; (5) node id.
+// Baremetal goes to nodes with no claim at all and every slot free (and of `fabric_type`, when
+// set), with at least `gpus` slots: fewest slots first, then node id.
+// `score` is that order packed into an exact double (only its order means anything): it never
+// decreases along the result.
+std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req, size_t limit,
+                         const Mix& mix = DefaultMix());
+
+// The slot group for `gpus` GPUs on one node: same NUMA node and PCIe switch preferred, then
+// same NUMA, then anything; empty when the node cannot hold it. Slots of unknown NUMA (-1) form
+// one group, worse than a known NUMA node and better than a group spanning NUMA nodes.
+// Among groups of equal locality, the one leaving the least Fragmentation(mix) wins, then the
+// smallest sorted list of slot keys. `req.baremetal` is ignored; a baremetal-claimed node and
+// `req.gpus <= 0` give an empty group. The two-argument form uses DefaultMix().
+std::vector<std::string> PickSlots(const NodeView& node, const Request& req);
+std::vector<std::string> PickSlots(const NodeView& node, const Request& req, const Mix& mix);
+
+}  // namespace gpuaas::scheduler::placement

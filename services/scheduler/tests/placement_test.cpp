@@ -1,0 +1,411 @@
+#include "placement.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace gpuaas::scheduler::placement {
+namespace {
+
+// The usual 8-GPU node: gpu0..gpu7, NUMA 0 holds gpu0-3, NUMA 1 gpu4-7, one PCIe switch per pair.
+SlotView StdSlot(int i, const std::string& fabric = "infiniband") {
+  return {"gpu" + std::to_string(i), i / 4, "sw" + std::to_string(i / 2), fabric};
+}
+
+// A node of the usual topology whose free slots are `free`; the others are slice-claimed.
+NodeView StdNode(const std::string& id, const std::vector<int>& free,
+                 const std::string& fabric = "infiniband") {
+  NodeView node;
+  node.node_id = id;
+  node.free.reserve(free.size());
+  for (const int i : free) {
+    node.free.push_back(StdSlot(i, fabric));
+  }
+  node.total_slots = 8;
+  node.claimed_slots = 8 - static_cast<int>(free.size());
+  return node;
+}
+
+NodeView CleanNode(const std::string& id) { return StdNode(id, {0, 1, 2, 3, 4, 5, 6, 7}); }
+
+std::vector<std::string> Ids(const std::vector<Choice>& choices) {
+  std::vector<std::string> out;
+  out.reserve(choices.size());
+  for (const Choice& c : choices) {
+    out.push_back(c.node_id);
+  }
+  return out;
+}
+
+Request Slice(int gpus, const std::string& fabric = "") { return {gpus, false, fabric}; }
+
+// A fleet of usual nodes with a random part of their slots claimed, a few baremetal-claimed.
+std::vector<NodeView> RandomFleet(int nodes, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<NodeView> fleet;
+  for (int n = 0; n < nodes; ++n) {
+    std::vector<int> free;
+    const int occupancy = static_cast<int>(rng() % 9);  // claimed slots 0..8 on average 4
+    for (int i = 0; i < 8; ++i) {
+      if (static_cast<int>(rng() % 8) >= occupancy) {
+        free.push_back(i);
+      }
+    }
+    char id[32];
+    std::snprintf(id, sizeof id, "node-%03d", n);
+    NodeView node = StdNode(id, free);
+    if (rng() % 20 == 0) {
+      node = StdNode(id, {});
+      node.claimed_slots = 0;
+      node.baremetal_claimed = true;
+    }
+    fleet.push_back(node);
+  }
+  return fleet;
+}
+
+TEST(PlacementTest, SameInputInAnyOrderGivesSameRanking) {
+  const std::vector<NodeView> fleet = RandomFleet(300, 7);
+  std::mt19937 rng(11);
+  for (const int gpus : {1, 2, 3, 4, 8}) {
+    const std::vector<Choice> want = Rank(fleet, Slice(gpus), 25);
+    ASSERT_FALSE(want.empty()) << gpus;
+    for (int round = 0; round < 5; ++round) {
+      std::vector<NodeView> shuffled = fleet;
+      std::shuffle(shuffled.begin(), shuffled.end(), rng);
+      for (NodeView& node : shuffled) {
+        std::shuffle(node.free.begin(), node.free.end(), rng);
+      }
+      const std::vector<Choice> got = Rank(shuffled, Slice(gpus), 25);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        EXPECT_EQ(got[i].node_id, want[i].node_id) << gpus << " #" << i;
+        EXPECT_EQ(got[i].slot_keys, want[i].slot_keys) << gpus << " #" << i;
+        EXPECT_EQ(got[i].score, want[i].score) << gpus << " #" << i;
+      }
+    }
+  }
+}
+
+TEST(PlacementTest, ScoreNeverDecreasesAlongTheResult) {
+  const std::vector<NodeView> fleet = RandomFleet(300, 3);
+  for (const Request& req : {Slice(1), Slice(2), Slice(4), Request{1, true, ""}}) {
+    const std::vector<Choice> got = Rank(fleet, req, 1000);
+    ASSERT_GT(got.size(), 1u);
+    for (size_t i = 1; i < got.size(); ++i) {
+      EXPECT_LE(got[i - 1].score, got[i].score) << i;
+      if (got[i - 1].score == got[i].score) {
+        EXPECT_LT(got[i - 1].node_id, got[i].node_id);
+      }
+    }
+  }
+}
+
+TEST(PlacementTest, SmallSlicePrefersAlreadySlicedNodeOverCleanNode) {
+  // "a-clean" would win a tie on node id; the sliced node must win on the score itself.
+  const std::vector<Choice> got =
+      Rank({CleanNode("a-clean"), StdNode("b-sliced", {1, 2, 3, 4, 5, 6, 7})}, Slice(1), 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-sliced", "a-clean"}));
+  EXPECT_LT(got[0].score, got[1].score);
+
+  // Even where the fragmentation measure alone would rather take a GPU from a small clean node
+  // (2 slots, one pair: ΔF 0) than break a whole NUMA node of a sliced one (ΔF 0.7).
+  NodeView small;
+  small.node_id = "a-small-clean";
+  small.total_slots = 2;
+  small.free = {StdSlot(0), StdSlot(1)};
+  EXPECT_EQ(Ids(Rank({small, StdNode("b-sliced", {4, 5, 6, 7})}, Slice(1), 10)),
+            (std::vector<std::string>{"b-sliced", "a-small-clean"}));
+
+  // A node without claims but with an unschedulable slot cannot be sold as baremetal either, so
+  // it is not kept for baremetal.
+  NodeView partial = StdNode("b-partial", {0, 1, 2, 3, 4, 5, 6});
+  partial.claimed_slots = 0;
+  EXPECT_EQ(Ids(Rank({CleanNode("a-clean"), partial}, Slice(1), 10)),
+            (std::vector<std::string>{"b-partial", "a-clean"}));
+}
+
+TEST(PlacementTest, BestFitWinsWhenFragmentationIsEqual) {
+  // 6 free: whole switches sw0, sw1 (NUMA 0) and sw2 (NUMA 1); 2 free: whole switch sw3. Taking a
+  // whole switch pair changes the fragmentation of both by the same amount.
+  const NodeView six = StdNode("a-six", {0, 1, 2, 3, 4, 5});
+  const NodeView two = StdNode("b-two", {6, 7});
+  const std::vector<Choice> got = Rank({six, two}, Slice(2), 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-two", "a-six"}));
+  EXPECT_EQ(got[0].slot_keys, (std::vector<std::string>{"gpu6", "gpu7"}));
+  // On the six-free node the pair comes from NUMA 1, keeping NUMA 0 whole for a 4-GPU request.
+  EXPECT_EQ(got[1].slot_keys, (std::vector<std::string>{"gpu4", "gpu5"}));
+}
+
+TEST(PlacementTest, LowerFragmentationBeatsTighterFit) {
+  // Plain best fit would take one GPU of the intact pair on "a" (1 left); taking the lone GPU of
+  // "b" leaves a whole switch pair and an even count.
+  const std::vector<Choice> got =
+      Rank({StdNode("a-pair", {0, 1}), StdNode("b-three", {0, 1, 2})}, Slice(1), 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-three", "a-pair"}));
+  EXPECT_EQ(got[0].slot_keys, (std::vector<std::string>{"gpu2"}));
+}
+
+TEST(PlacementTest, PicksSameSwitchGroupOverSplitGroup) {
+  NodeView node;
+  node.node_id = "n";
+  node.total_slots = 8;
+  // The split slots have the smaller keys, so only locality can make the switch group win.
+  node.free = {{"a0", 1, "B", "roce"}, {"a1", 1, "C", "roce"}, {"a2", 1, "D", "roce"},
+               {"a3", 1, "E", "roce"}, {"g4", 0, "A", "roce"}, {"g5", 0, "A", "roce"},
+               {"g6", 0, "A", "roce"}, {"g7", 0, "A", "roce"}};
+  EXPECT_EQ(PickSlots(node, Slice(4)), (std::vector<std::string>{"g4", "g5", "g6", "g7"}));
+  const std::vector<Choice> got = Rank({node}, Slice(4), 1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].slot_keys, (std::vector<std::string>{"g4", "g5", "g6", "g7"}));
+}
+
+TEST(PlacementTest, BetterLocalityWinsWhenAllElseIsEqual) {
+  // Same shape (one group of two slots), so the same fragmentation and the same fit.
+  const auto pair = [](const std::string& id, int numa, const std::string& pcie_switch) {
+    NodeView node;
+    node.node_id = id;
+    node.total_slots = 8;
+    node.claimed_slots = 6;
+    node.free = {{"gpu0", numa, pcie_switch, ""}, {"gpu1", numa, pcie_switch, ""}};
+    return node;
+  };
+  const std::vector<Choice> got = Rank(
+      {pair("a-unknown-numa", -1, "u"), pair("a-unknown-switch", 0, ""), pair("b-known", 0, "s")},
+      Slice(2), 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-known", "a-unknown-switch", "a-unknown-numa"}));
+  EXPECT_LT(got[0].score, got[1].score);
+  EXPECT_LT(got[1].score, got[2].score);
+}
+
+TEST(PlacementTest, LocalityOrderIsSwitchThenNumaThenUnknownNumaThenAnywhere) {
+  NodeView node;
+  node.node_id = "n";
+  node.total_slots = 8;
+  const SlotView far0{"a0", 0, "s0", ""};  // alone on NUMA 0
+  const SlotView unknown0{"b0", -1, "u", ""};
+  const SlotView unknown1{"b1", -1, "u", ""};
+  const SlotView numa1a{"c0", 1, "s1", ""};  // NUMA 1, two switches
+  const SlotView numa1b{"c1", 1, "s2", ""};
+  const SlotView switch3a{"d0", 1, "s3", ""};  // NUMA 1, one switch
+  const SlotView switch3b{"d1", 1, "s3", ""};
+  node.free = {far0, unknown0, unknown1, numa1a, numa1b, switch3a, switch3b};
+  EXPECT_EQ(PickSlots(node, Slice(2)), (std::vector<std::string>{"d0", "d1"}));
+  node.free = {far0, unknown0, unknown1, numa1a, numa1b};
+  EXPECT_EQ(PickSlots(node, Slice(2)), (std::vector<std::string>{"c0", "c1"}));
+  node.free = {far0, unknown0, unknown1, numa1a};
+  EXPECT_EQ(PickSlots(node, Slice(2)), (std::vector<std::string>{"b0", "b1"}));
+  node.free = {far0, unknown0, numa1a};
+  EXPECT_EQ(PickSlots(node, Slice(2)), (std::vector<std::string>{"a0", "b0"}));
+  EXPECT_EQ(PickSlots(node, Slice(3)), (std::vector<std::string>{"a0", "b0", "c0"}));
+  EXPECT_TRUE(PickSlots(node, Slice(4)).empty());
+}
+
+TEST(PlacementTest, SameLocalityGroupsArePickedToLeaveLeastFragmentation) {
+  // One GPU: gpu0/gpu1 form a whole pair on sw0, gpu2 is alone on sw1 (gpu3 claimed). The lone
+  // GPU goes first although gpu0 has the smaller key.
+  EXPECT_EQ(PickSlots(StdNode("n", {0, 1, 2}), Slice(1)), (std::vector<std::string>{"gpu2"}));
+  // Three GPUs inside NUMA 0 (no switch has three): pairs on A and B, one GPU on C. Taking C's
+  // GPU and a whole pair leaves the other pair whole; the smallest keys (a0 a1 b0) would not.
+  NodeView node;
+  node.node_id = "n";
+  node.total_slots = 8;
+  node.free = {{"a0", 0, "A", ""}, {"a1", 0, "A", ""}, {"b0", 0, "B", ""},
+               {"b1", 0, "B", ""}, {"z0", 0, "C", ""}, {"y0", 1, "D", ""}};
+  EXPECT_EQ(PickSlots(node, Slice(3)), (std::vector<std::string>{"a0", "a1", "z0"}));
+  // Equal groups: the smallest keys win.
+  EXPECT_EQ(PickSlots(CleanNode("n"), Slice(2)), (std::vector<std::string>{"gpu0", "gpu1"}));
+}
+
+TEST(PlacementTest, ManyDomainsFallBackToAGreedyFillOfTheSmallestDomains) {
+  // 6 switches with 2 free on NUMA 0 and 6 with 1 free on NUMA 1: 14 GPUs fit in no NUMA node,
+  // and there are too many ways to split them to try each. The single GPUs go first (they are
+  // the fragments), then whole pairs in switch order.
+  NodeView node;
+  node.node_id = "big";
+  node.total_slots = 18;
+  std::vector<std::string> want;
+  for (int s = 0; s < 6; ++s) {
+    for (int i = 0; i < 2; ++i) {
+      const std::string key = "a" + std::to_string(s) + std::to_string(i);
+      node.free.push_back({key, 0, "s" + std::to_string(s), ""});
+      if (s < 4) {
+        want.push_back(key);
+      }
+    }
+    const std::string key = "z" + std::to_string(s);
+    node.free.push_back({key, 1, "t" + std::to_string(s), ""});
+    want.push_back(key);
+  }
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(PickSlots(node, Slice(14)), want);
+  std::mt19937 rng(1);
+  for (int round = 0; round < 5; ++round) {
+    std::shuffle(node.free.begin(), node.free.end(), rng);
+    EXPECT_EQ(PickSlots(node, Slice(14)), want);
+  }
+}
+
+TEST(PlacementTest, FabricFilter) {
+  const NodeView roce = StdNode("a-roce", {0, 1, 2, 3}, "roce");
+  const NodeView ib = StdNode("b-ib", {0, 1, 2, 3}, "infiniband");
+  EXPECT_EQ(Ids(Rank({roce, ib}, Slice(2, "infiniband"), 10)), (std::vector<std::string>{"b-ib"}));
+  EXPECT_EQ(Ids(Rank({roce, ib}, Slice(2, "roce"), 10)), (std::vector<std::string>{"a-roce"}));
+  EXPECT_EQ(Rank({roce, ib}, Slice(2), 10).size(), 2u);
+  EXPECT_TRUE(Rank({roce, ib}, Slice(2, "nvlink"), 10).empty());
+
+  // Mixed node: only the matching slots count, even when others have better locality.
+  NodeView mixed = StdNode("m", {0, 1, 2, 3});
+  mixed.free[0].fabric_type = "roce";
+  mixed.free[1].fabric_type = "roce";
+  EXPECT_EQ(PickSlots(mixed, Slice(2, "infiniband")), (std::vector<std::string>{"gpu2", "gpu3"}));
+  EXPECT_TRUE(PickSlots(mixed, Slice(3, "infiniband")).empty());
+  EXPECT_TRUE(PickSlots(mixed, Slice(3, "roce")).empty());
+  EXPECT_EQ(PickSlots(mixed, Slice(3)).size(), 3u);
+
+  // Baremetal needs every slot of the fabric.
+  NodeView clean_mixed = CleanNode("c");
+  clean_mixed.free[7].fabric_type = "roce";
+  EXPECT_TRUE(Rank({clean_mixed}, Request{8, true, "infiniband"}, 10).empty());
+  EXPECT_EQ(Rank({clean_mixed}, Request{8, true, ""}, 10).size(), 1u);
+}
+
+TEST(PlacementTest, BaremetalOnlyOnWholeFreeUnclaimedNodes) {
+  NodeView small = StdNode("c-small", {0, 1, 2, 3});
+  small.total_slots = 4;
+  small.claimed_slots = 0;
+  NodeView bm = CleanNode("bm");  // free rows still listed, but the node is sold whole
+  bm.baremetal_claimed = true;
+  NodeView unschedulable = StdNode("u", {0, 1, 2, 3, 4, 5, 6});
+  unschedulable.claimed_slots = 0;  // gpu7 is unschedulable, not claimed
+  NodeView empty;
+  empty.node_id = "e";
+  NodeView racing = CleanNode("r");  // a claim whose slot rows do not show it yet
+  racing.claimed_slots = 1;
+  const std::vector<NodeView> nodes{CleanNode("a-clean"),
+                                    StdNode("s-sliced", {1, 2, 3, 4, 5}),
+                                    bm,
+                                    small,
+                                    unschedulable,
+                                    empty,
+                                    racing};
+  const std::vector<Choice> got = Rank(nodes, Request{1, true, ""}, 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"c-small", "a-clean"}));  // smallest first
+  EXPECT_TRUE(got[0].slot_keys.empty());
+  EXPECT_LT(got[0].score, got[1].score);
+  EXPECT_EQ(Ids(Rank(nodes, Request{8, true, ""}, 10)), (std::vector<std::string>{"a-clean"}));
+  EXPECT_TRUE(Rank(nodes, Request{9, true, ""}, 10).empty());
+}
+
+TEST(PlacementTest, SlicesNeverOnBaremetalClaimedNodes) {
+  NodeView bm = CleanNode("a-bm");
+  bm.baremetal_claimed = true;
+  EXPECT_TRUE(PickSlots(bm, Slice(1)).empty());
+  for (const int gpus : {1, 2, 4, 8}) {
+    EXPECT_EQ(Ids(Rank({bm, StdNode("b", {0, 1, 2, 3, 4, 5, 6, 7})}, Slice(gpus), 10)),
+              (std::vector<std::string>{"b"}))
+        << gpus;
+  }
+  EXPECT_TRUE(Rank({bm}, Slice(1), 10).empty());
+}
+
+TEST(PlacementTest, RequestBiggerThanAnyNodeGivesNothing) {
+  const std::vector<NodeView> fleet{CleanNode("a"), CleanNode("b"), StdNode("c", {0, 1, 2})};
+  EXPECT_TRUE(Rank(fleet, Slice(9), 10).empty());
+  EXPECT_TRUE(Rank(fleet, Request{9, true, ""}, 10).empty());
+  EXPECT_TRUE(PickSlots(CleanNode("a"), Slice(9)).empty());
+  EXPECT_TRUE(Rank(fleet, Slice(0), 10).empty());
+  EXPECT_TRUE(Rank({}, Slice(1), 10).empty());
+}
+
+TEST(PlacementTest, MultiGpuRequestNeverSpansNodes) {
+  // Per-node keys so that a slot of one node cannot pass for a slot of another.
+  std::vector<NodeView> fleet = RandomFleet(200, 5);
+  for (NodeView& node : fleet) {
+    for (SlotView& slot : node.free) {
+      slot.slot_key = node.node_id + "/" + slot.slot_key;
+    }
+  }
+  for (const int gpus : {2, 3, 4, 5, 8}) {
+    const std::vector<Choice> got = Rank(fleet, Slice(gpus), 1000);
+    ASSERT_FALSE(got.empty()) << gpus;
+    for (const Choice& choice : got) {
+      const auto node = std::find_if(fleet.begin(), fleet.end(), [&](const NodeView& n) {
+        return n.node_id == choice.node_id;
+      });
+      ASSERT_NE(node, fleet.end());
+      ASSERT_EQ(choice.slot_keys.size(), static_cast<size_t>(gpus));
+      std::set<std::string> free_keys;
+      for (const SlotView& slot : node->free) {
+        free_keys.insert(slot.slot_key);
+      }
+      const std::set<std::string> picked(choice.slot_keys.begin(), choice.slot_keys.end());
+      EXPECT_EQ(picked.size(), choice.slot_keys.size()) << "duplicate slot";
+      for (const std::string& key : picked) {
+        EXPECT_TRUE(free_keys.count(key)) << key;
+      }
+      EXPECT_FALSE(node->baremetal_claimed);
+    }
+    // Every node that can hold the request is listed, and no other.
+    size_t fitting = 0;
+    for (const NodeView& node : fleet) {
+      if (!node.baremetal_claimed && node.free.size() >= static_cast<size_t>(gpus)) {
+        ++fitting;
+      }
+    }
+    EXPECT_EQ(got.size(), fitting) << gpus;
+  }
+}
+
+TEST(PlacementTest, FragmentationHandComputedCases) {
+  // S(n) = 1/2 (f mod n) + 1/4 sum_numa (c mod n) + 1/4 sum_switch (c mod n)
+  const auto slots = [](const std::vector<int>& idx) {
+    std::vector<SlotView> out;
+    out.reserve(idx.size());
+    for (const int i : idx) {
+      out.push_back(StdSlot(i));
+    }
+    return out;
+  };
+  EXPECT_DOUBLE_EQ(Fragmentation({}, DefaultMix()), 0.0);
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4, 5, 6, 7}), {{1, 1.0}, {2, 1.0}}), 0.0);
+  // A lone GPU cannot serve a pair anywhere.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0}), {{2, 1.0}}), 1.0);
+  // Two GPUs on one NUMA node, different switches: only the switch level strands them.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 2}), {{2, 1.0}}), 0.5);
+  // Two GPUs on different NUMA nodes: NUMA and switch levels.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 4}), {{2, 1.0}}), 1.0);
+  // 5 free for 4-GPU requests: node 1, NUMA 0+1, switches 2+2+1 -> 1/2 + 1/4 + 5/4.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4}), {{4, 1.0}}), 2.0);
+  // An idle node for 8-GPU requests: no NUMA node or switch holds 8 -> 0 + 8/4 + 8/4.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4, 5, 6, 7}), {{8, 1.0}}), 4.0);
+  // Default mix, gpu0-2 free: n=1 0; n=2 (1/2 + 1/4*1 + 1/4*1) = 1; n=4 and n=8 all 3.
+  EXPECT_NEAR(Fragmentation(slots({0, 1, 2}), DefaultMix()), 0.3 * 1 + 0.2 * 3 + 0.1 * 3, 1e-12);
+  // Sizes and probabilities that cannot occur are ignored.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0}), {{0, 1.0}, {-2, 1.0}, {2, 0.0}, {4, -1.0}}), 0.0);
+  // Unknown NUMA is one group; its slots pair up there.
+  EXPECT_DOUBLE_EQ(Fragmentation({{"x", -1, "", ""}, {"y", -1, "", ""}}, {{2, 1.0}}), 0.0);
+  EXPECT_DOUBLE_EQ(Fragmentation({{"x", -1, "", ""}, {"y", -7, "p", ""}}, {{2, 1.0}}), 0.5);
+}
+
+TEST(PlacementTest, LimitIsHonoured) {
+  const std::vector<NodeView> fleet = RandomFleet(100, 9);
+  const std::vector<Choice> all = Rank(fleet, Slice(1), 100000);
+  ASSERT_GT(all.size(), 20u);
+  const std::vector<Choice> five = Rank(fleet, Slice(1), 5);
+  ASSERT_EQ(five.size(), 5u);
+  for (size_t i = 0; i < five.size(); ++i) {
+    EXPECT_EQ(five[i].node_id, all[i].node_id);
+    EXPECT_EQ(five[i].slot_keys, all[i].slot_keys);
+  }
+  EXPECT_TRUE(Rank(fleet, Slice(1), 0).empty());
+  EXPECT_EQ(Rank(fleet, Request{1, true, ""}, 1).size(), 1u);
+}
+
+}  // namespace
+}  // namespace gpuaas::scheduler::placement
