@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include "bench_util.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
@@ -24,17 +25,8 @@
 using namespace gpuaas;
 using Clock = std::chrono::steady_clock;
 
-namespace {
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v[std::min(v.size() - 1, static_cast<size_t>(p * static_cast<double>(v.size())))];
-}
-void Report(const char* name, const std::vector<double>& ms) {
-  std::printf("%-22s n=%zu p50=%.3fms p90=%.3fms p99=%.3fms max=%.3fms\n", name, ms.size(),
-              Percentile(ms, 0.5), Percentile(ms, 0.9), Percentile(ms, 0.99),
-              *std::max_element(ms.begin(), ms.end()));
-}
-}  // namespace
+using bench::Percentile;
+using bench::Report;
 
 int main(int argc, char** argv) {
   int events = 2000;

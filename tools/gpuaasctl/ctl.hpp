@@ -51,6 +51,8 @@ using Action = std::function<std::optional<int>(rpc::Client&, const Globals&)>;
 
 // Inventory slot/topology/region commands and ipam reservations (inventory_commands.cpp).
 Action AddInventoryCommands(CLI::App& app, CLI::App* node);
+// Allocation commands (alloc_commands.cpp).
+Action AddAllocCommands(CLI::App& app);
 
 // Prints `m` as JSON when -o json; else runs `table`. Returns 0.
 int Print(const Globals& g, const google::protobuf::Message& m, const std::function<void()>& table);

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
       "rebuild-projection", "Drop the scheduler's projection and replay inventory events");
 
   const Action inventory_commands = AddInventoryCommands(app, node);
+  const Action alloc_commands = AddAllocCommands(app);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -90,6 +91,7 @@ int main(int argc, char** argv) {
   const auto timeout = std::chrono::milliseconds(g.timeout_ms);
 
   if (auto rc = inventory_commands(client, g)) return *rc;
+  if (auto rc = alloc_commands(client, g)) return *rc;
 
   if (node_register->parsed()) {
     reg.set_node_id(reg_id);

@@ -1,0 +1,243 @@
+// P1 and P2 of the scheduler, on a real nats-server and a PostgreSQL with fsync on, against an
+// in-process scheduler (NATS request/reply, real transactions), each with a baseline measured in
+// the same run:
+//   P1 placements_per_s=<x> pgbench_tps=<y> ratio=<x/y>
+//       closed loop, --clients C creators (1/2/4/8-GPU mix, each releasing to hold ~85%
+//       occupancy) vs pgbench TPC-B with the same client count on the same PostgreSQL.
+//   P2 alloc_p99_ms=<x> nats_rtt_p99_ms=<r> fdatasync_ms=<f> ratio=<x/(r+f)>
+//       one creator paced at 50% of the P1 rate vs a raw NATS request/reply round trip and one
+//       8 KiB write+fdatasync on the same disk.
+//   scheduler_bench [--nodes 1000] [--clients 4] [--seconds 10]
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "bench_util.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "scheduler_service.hpp"
+#include "test_env.hpp"
+
+using namespace gpuaas;
+using Clock = std::chrono::steady_clock;
+using bench::Percentile;
+using bench::Report;
+
+namespace {
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+// A fleet of `nodes` x 8 slots (2 NUMA x 2 switches x 2 GPUs), ~85% occupied by 1-GPU claims.
+bool Fill(store::Pool& pool, int nodes) {
+  auto r = store::WithTx(pool, [&](pqxx::work& tx) -> Result<void> {
+    tx.exec_params(
+        "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
+        "generation, last_event_id) SELECT 'n' || lpad(i::text, 6, '0'), 'h' || i, 'us-east-1', "
+        "'h200', 'slice-vm', 1, gen_random_uuid() FROM generate_series(1, $1) i",
+        nodes);
+    tx.exec_params(
+        "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
+        "schedulable, generation, last_event_id, fabric_type, numa, pcie_switch) "
+        "SELECT 'n' || lpad(i::text, 6, '0'), 'gpu-' || s, 'us-east-1', 'h200', 'h200-sxm', "
+        "'available', 'healthy', true, 1, gen_random_uuid(), 'infiniband', s / 4, "
+        "'sw' || (s / 2) FROM generate_series(1, $1) i, generate_series(0, 7) s",
+        nodes);
+    // Occupancy: a deterministic ~85% of slots hold a 1-GPU allocation.
+    tx.exec(
+        "CREATE TEMP TABLE occ AS SELECT node_id, slot_key, gen_random_uuid() AS id FROM "
+        "projected_slots WHERE abs(hashtext(node_id || slot_key)) % 100 < 85");
+    tx.exec(
+        "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
+        "region, network_mode, state, node_id, generation) SELECT id, 'fill', id::text, "
+        "'h200-sxm-slice', 'gpu_slice', 1, 'us-east-1', 'private-nat', 'reserved', node_id, 1 "
+        "FROM occ");
+    tx.exec(
+        "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind) "
+        "SELECT id, node_id, slot_key, 'slot' FROM occ");
+    return Ok();
+  });
+  if (!r.ok()) std::fprintf(stderr, "fill: %s\n", r.error().ToString().c_str());
+  return r.ok();
+}
+
+double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
+  const std::string db = "pgbench";
+  const std::string bin = pg.bindir() + "/pgbench";
+  const std::string conn = fmt::format("-h 127.0.0.1 -p {} -U postgres", pg.port());
+  testing::Shell(fmt::format("{}/psql {} -qc 'CREATE DATABASE {}' postgres >/dev/null 2>&1",
+                             pg.bindir(), conn, db));
+  if (testing::Shell(fmt::format("{} -i -q -s 10 {} {} >/dev/null 2>&1", bin, conn, db)) != 0) {
+    return 0;
+  }
+  const std::string out = "/tmp/gpuaas-pgbench.out";
+  testing::Shell(fmt::format("{} -n -c {} -j {} -T {} {} {} >{} 2>&1", bin, clients, clients,
+                             seconds, conn, db, out));
+  FILE* f = std::fopen(out.c_str(), "r");
+  if (!f) return 0;
+  char line[512];
+  double tps = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    std::cmatch m;
+    if (std::regex_search(line, m, std::regex("tps = ([0-9.]+)"))) tps = std::stod(m[1]);
+  }
+  std::fclose(f);
+  return tps;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int nodes = 1000, clients = 4, seconds = 10;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--nodes")) nodes = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--seconds")) seconds = std::atoi(argv[i + 1]);
+  }
+  log::Logger logger("bench", "scheduler", log::Level::kError);
+  testing::TestNats nats;
+  testing::TestPostgres pg(/*fsync=*/true);
+  const std::string dsn = pg.CreateDatabase("sched");
+
+  scheduler::SchedulerConfig cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  if (!schema
+           .LoadFromString("", {{"GPUAAS_NATS_URL", nats.url()},
+                                {"GPUAAS_POSTGRES_DSN", dsn},
+                                {"GPUAAS_LOG_LEVEL", "error"},
+                                {"GPUAAS_RPC_WORKERS", std::to_string(clients)},
+                                {"GPUAAS_POSTGRES_POOL_SIZE", std::to_string(clients + 2)}})
+           .ok()) {
+    return 1;
+  }
+  scheduler::SchedulerService svc(cfg);
+  if (auto r = svc.Start(); !r.ok()) {
+    std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
+    return 1;
+  }
+  store::Pool pool({dsn, 2, 5000}, logger);
+  if (!Fill(pool, nodes)) return 1;
+  auto conn = messaging::Connection::Connect({nats.url(), "bench", 2000, 100, false}, logger);
+  if (!conn.ok()) return 1;
+  rpc::Client client(*conn);
+
+  auto create = [&](const std::string& id, int gpus) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant("bench");
+    r.set_request_id(id);
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(gpus);
+    r.set_region("us-east-1");
+    return client.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r,
+                                                     std::chrono::seconds(10));
+  };
+  auto release = [&](const std::string& id) {
+    v1::ReleaseAllocationRequest r;
+    r.set_allocation_id(id);
+    return client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r,
+                                                      std::chrono::seconds(10));
+  };
+  const int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
+
+  // ---- P1: closed loop, C creators; each releases what it created to hold occupancy ----
+  std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  const auto t0 = Clock::now();
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(static_cast<unsigned>(c + 1));
+      std::vector<std::string> mine;
+      for (int i = 0; !stop; ++i) {
+        auto r = create(fmt::format("p1-{}-{}", c, i), kSizes[rng() % 10]);
+        if (r.ok()) {
+          placed++;
+          mine.push_back(r->allocation().allocation_id());
+        } else if (r.error().reason == "no_placement") {
+          rejected++;
+        } else {
+          failed++;
+        }
+        if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
+          const size_t k = rng() % mine.size();
+          if (!release(mine[k]).ok()) failed++;
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+      }
+      for (const auto& id : mine) (void)release(id);
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(seconds));
+  stop = true;
+  for (auto& t : threads) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double rate = static_cast<double>(placed.load()) / elapsed;
+  std::printf("p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
+              static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
+              static_cast<long long>(failed.load()), elapsed, clients, nodes);
+  const double tps = PgbenchTps(pg, clients, seconds);
+
+  // ---- P2: one creator at 50% of the P1 rate; baselines: NATS round trip, fdatasync ----
+  std::vector<double> alloc_ms;
+  const auto gap = std::chrono::duration<double>(rate > 0 ? 2.0 / rate : 0.01);
+  for (int i = 0; i < 300; ++i) {
+    const auto start = Clock::now();
+    auto r = create(fmt::format("p2-{}", i), kSizes[i % 10]);
+    alloc_ms.push_back(Ms(Clock::now() - start));
+    if (r.ok()) (void)release(r->allocation().allocation_id());
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
+  }
+  // Raw request/reply to a trivial responder on the same server.
+  natsSubscription* sub = nullptr;
+  natsConnection_Subscribe(
+      &sub, (*conn)->raw(), "bench.echo",
+      [](natsConnection* nc, natsSubscription*, natsMsg* m, void*) {
+        natsConnection_Publish(nc, natsMsg_GetReply(m), "ok", 2);
+        natsMsg_Destroy(m);
+      },
+      nullptr);
+  std::vector<double> rtt_ms;
+  for (int i = 0; i < 1000; ++i) {
+    const auto start = Clock::now();
+    if (!(*conn)->Request("bench.echo", "ping", {}, std::chrono::seconds(2)).ok()) return 1;
+    rtt_ms.push_back(Ms(Clock::now() - start));
+  }
+  natsSubscription_Destroy(sub);
+  std::vector<double> sync_ms;
+  {
+    const std::string path = testing::MakeTempDir("gpuaas-fsync") + "/f";
+    const int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_TRUNC, 0600);
+    std::string block(8192, 'x');
+    for (int i = 0; i < 300 && fd >= 0; ++i) {
+      const auto start = Clock::now();
+      if (::write(fd, block.data(), block.size()) < 0) break;
+      ::fdatasync(fd);
+      sync_ms.push_back(Ms(Clock::now() - start));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  svc.Shutdown();
+  Report("alloc_create_50pct", alloc_ms);
+  Report("nats_request_reply", rtt_ms);
+  Report("write_fdatasync_8k", sync_ms);
+  std::printf("P1 placements_per_s=%.1f pgbench_tps=%.1f ratio=%.2f\n", rate, tps,
+              tps > 0 ? rate / tps : 0.0);
+  const double x = Percentile(alloc_ms, 0.99), r = Percentile(rtt_ms, 0.99),
+               f = Percentile(sync_ms, 0.5);
+  std::printf("P2 alloc_p99_ms=%.3f nats_rtt_p99_ms=%.3f fdatasync_ms=%.3f ratio=%.2f\n", x, r, f,
+              x / (r + f));
+  return 0;
+}
