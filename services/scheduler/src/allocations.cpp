@@ -164,31 +164,30 @@ Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const 
 // One placement attempt for a slice in `tx`: rank, then lock and re-check the choices in order.
 Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocationRequest& req,
                                          const Sku& sku, int gpus, bool* contended) {
+  // One pass over the region's slots of this SKU, each with its live claim (probes of the
+  // partial unique claim indexes): free schedulable slots, slot and claimed counts per node.
   std::map<std::string, placement::NodeView> nodes;
   for (const auto& r : tx.exec_params(
-           "SELECT p.node_id, p.slot_key, p.numa, p.pcie_switch, p.fabric_type FROM "
-           "projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
-           "AND p.schedulable AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE "
-           "c.released_at IS NULL AND c.node_id = p.node_id AND (c.slot_key = p.slot_key OR "
-           "c.kind = 'node_exclusive')) ORDER BY p.node_id, p.slot_key",
+           "SELECT p.node_id, p.slot_key, p.numa, p.pcie_switch, p.fabric_type, p.schedulable, "
+           "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
+           "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
+           "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
+           "c.kind = 'node_exclusive' AND c.node_id = p.node_id) FROM projected_slots p "
+           "WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
+           "ORDER BY p.node_id, p.slot_key",
            req.region(), req.pool(), sku.gpu_sku)) {
     auto& n = nodes[r[0].as<std::string>()];
     n.node_id = r[0].as<std::string>();
-    n.free.push_back(
-        {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
+    n.total_slots++;
+    const bool claimed = r[6].as<bool>();
+    n.claimed_slots += claimed ? 1 : 0;
+    if (r[7].as<bool>()) n.baremetal_claimed = true;
+    if (r[5].as<bool>() && !claimed) {
+      n.free.push_back({r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(),
+                        r[4].as<std::string>()});
+    }
   }
   if (nodes.empty()) return std::optional<Placed>();
-  for (const auto& r : tx.exec_params(
-           "SELECT p.node_id, count(*), (SELECT count(*) FROM allocation_resource_claims c WHERE "
-           "c.released_at IS NULL AND c.node_id = p.node_id AND c.kind = 'slot') FROM "
-           "projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
-           "GROUP BY p.node_id",
-           req.region(), req.pool(), sku.gpu_sku)) {
-    auto it = nodes.find(r[0].as<std::string>());
-    if (it == nodes.end()) continue;
-    it->second.total_slots = r[1].as<int>();
-    it->second.claimed_slots = r[2].as<int>();
-  }
   std::vector<placement::NodeView> views;
   views.reserve(nodes.size());
   for (auto& [id, n] : nodes) views.push_back(std::move(n));
