@@ -23,4 +23,7 @@ endif()
 if(GPUAAS_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  # GCC 12 + ASan reports -Wmaybe-uninitialized inside libstdc++'s <regex> (a known false
+  # positive); keep every other warning an error.
+  target_compile_options(gpuaas_warnings INTERFACE -Wno-maybe-uninitialized)
 endif()
