@@ -183,8 +183,8 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
     n.claimed_slots += claimed ? 1 : 0;
     if (r[7].as<bool>()) n.baremetal_claimed = true;
     if (r[5].as<bool>() && !claimed) {
-      n.free.push_back({r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(),
-                        r[4].as<std::string>()});
+      n.free.push_back(
+          {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
     }
   }
   if (nodes.empty()) return std::optional<Placed>();
