@@ -525,9 +525,10 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
       "VALUES ($1, $2, $3, $4::jsonb, $5::text[])",
       report.node_id(), version, ev.id(), protojson::ToJson(report),
       store::TextArrayLiteral({report.node_blockers().begin(), report.node_blockers().end()}));
-  auto after = LoadNode(tx, report.node_id(), false);
-  if (!after.ok()) return after.error();
-  const bool blockers_changed = before->blockers != after->blockers;
+  NodeCtx after = *before;  // what every slot snapshot carries, as of this report
+  after.snapshot_version = version;
+  after.blockers.assign(report.node_blockers().begin(), report.node_blockers().end());
+  const bool blockers_changed = before->blockers != after.blockers;
   auto slots = LoadSlots(tx, report.node_id());
   if (!slots.ok()) return slots.error();
   for (const auto& [key, slot] : *slots) {
@@ -550,7 +551,7 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
       }
     }
     if (blockers_changed || !SameSlot(slot, next)) {
-      if (auto r = SaveSlot(tx, *after, next, source, "", ev.correlation_id()); !r.ok()) {
+      if (auto r = SaveSlot(tx, after, next, source, "", ev.correlation_id()); !r.ok()) {
         return r.error();
       }
     }

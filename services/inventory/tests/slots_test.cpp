@@ -18,6 +18,7 @@
 #include "gpuaas/v1/topology.pb.h"
 #include "inventory_service.hpp"
 #include "ipam_service.hpp"
+#include "load_config.hpp"
 #include "slot_rules.hpp"
 #include "test_env.hpp"
 
@@ -81,22 +82,12 @@ class SlotsTest : public ::testing::Test {
   void SetUp() override {
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_LOG_LEVEL", "warn"}};
-    {
-      ipam::IpamConfig cfg;
-      config::Schema schema;
-      cfg.Register(schema);
-      env["GPUAAS_POSTGRES_DSN"] = testing::SharedPostgres().CreateDatabase("ipam");
-      ASSERT_TRUE(schema.LoadFromString("", env).ok());
-      ipam_ = std::make_unique<ipam::IpamService>(cfg);
-      auto r = ipam_->Start();
-      ASSERT_TRUE(r.ok()) << r.error().ToString();
-    }
-    InventoryConfig cfg;
-    config::Schema schema;
-    cfg.Register(schema);
+    env["GPUAAS_POSTGRES_DSN"] = testing::SharedPostgres().CreateDatabase("ipam");
+    ipam_ = std::make_unique<ipam::IpamService>(LoadConfig<ipam::IpamConfig>(env));
+    auto ri = ipam_->Start();
+    ASSERT_TRUE(ri.ok()) << ri.error().ToString();
     env["GPUAAS_POSTGRES_DSN"] = testing::SharedPostgres().CreateDatabase("inv");
-    ASSERT_TRUE(schema.LoadFromString("", env).ok());
-    svc_ = std::make_unique<InventoryService>(cfg);
+    svc_ = std::make_unique<InventoryService>(LoadConfig<InventoryConfig>(env));
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},

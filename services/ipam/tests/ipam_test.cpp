@@ -8,6 +8,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "ipam_service.hpp"
+#include "load_config.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::ipam {
@@ -28,16 +29,12 @@ class IpamTest : public ::testing::Test {
  protected:
   void SetUp() override { Start({}); }
   void Start(std::map<std::string, std::string> extra) {
-    IpamConfig cfg;
-    config::Schema schema;
-    cfg.Register(schema);
     if (dsn_.empty()) dsn_ = testing::SharedPostgres().CreateDatabase("ipam");
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_POSTGRES_DSN", dsn_},
                                               {"GPUAAS_LOG_LEVEL", "warn"}};
     for (auto& [k, v] : extra) env[k] = v;
-    ASSERT_TRUE(schema.LoadFromString("", env).ok());
-    svc_ = std::make_unique<IpamService>(cfg);
+    svc_ = std::make_unique<IpamService>(LoadConfig<IpamConfig>(env));
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},

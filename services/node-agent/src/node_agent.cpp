@@ -72,27 +72,6 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
-std::string Hex(const std::string& bytes) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
-  return out;
-}
-
-std::string Unhex(const std::string& hex) {
-  std::string out;
-  out.reserve(hex.size() / 2);
-  auto val = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-  for (size_t i = 0; i + 1 < hex.size(); i += 2) {
-    out += static_cast<char>((val(hex[i]) << 4) | val(hex[i + 1]));
-  }
-  return out;
-}
-
 const char* StatusWord(v1::TaskStatus s) {
   switch (s) {
     case v1::TASK_STATUS_SUCCEEDED:
@@ -240,7 +219,7 @@ void NodeAgent::OnRegistered() {
   registered_ = true;
 }
 
-Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
+DiscoveryOptions NodeAgent::Options() const {
   DiscoveryOptions opts;
   opts.root = cfg_.host_root;
   opts.node_id = cfg_.node_id;
@@ -250,7 +229,11 @@ Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
   opts.bridge = cfg_.bridge;
   opts.gateway_cidr = cfg_.gateway_cidr;
   opts.libvirt_uri = cfg_.libvirt_uri;
-  auto report = Discover(opts);
+  return opts;
+}
+
+Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
+  auto report = Discover(Options());
   if (!report.ok()) return report.error();
   const std::string subject =
       fmt::format("gpuaas.v1.evt.node.{node_id}.topology", fmt::arg("node_id", cfg_.node_id));
@@ -322,9 +305,13 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   // A task delivered again: its stored result goes out again with the same message id.
   if (auto stored = store_->Get(key); stored.ok() && stored->has_value()) {
     const auto& rec = **stored;
+    v1::Event stored_ev;
+    if (auto p = protojson::FromJson(rec.at("event").dump(), &stored_ev); !p.ok()) {
+      return messaging::HandlerResult::Reject("stored task result unreadable: " +
+                                              p.error().message);
+    }
     auto ack = messaging::JsPublish(*svc_.nats(), rec.at("subject").get<std::string>(),
-                                    Unhex(rec.at("event").get<std::string>()),
-                                    rec.at("event_id").get<std::string>());
+                                    stored_ev.SerializeAsString(), stored_ev.id());
     if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
     log.Info("duplicate task: result re-published, not re-run");
     return messaging::HandlerResult::Ack();
@@ -354,15 +341,6 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   } else if (task.type() == "topology.discover" || task.type() == "prereq.check" ||
              task.type() == "network.baseline.check") {
     tasks_run_++;
-    DiscoveryOptions opts;
-    opts.root = cfg_.host_root;
-    opts.node_id = cfg_.node_id;
-    opts.hostname = cfg_.hostname;
-    opts.agent_version = GPUAAS_VERSION;
-    opts.network_mode = cfg_.network_mode;
-    opts.bridge = cfg_.bridge;
-    opts.gateway_cidr = cfg_.gateway_cidr;
-    opts.libvirt_uri = cfg_.libvirt_uri;
     if (task.type() == "topology.discover") {
       if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
         if (r.error().retryable) return messaging::HandlerResult::Retry(r.error().ToString());
@@ -370,7 +348,7 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
       } else {
         res.set_status(v1::TASK_STATUS_SUCCEEDED);
       }
-    } else if (auto report = Discover(opts); !report.ok()) {
+    } else if (auto report = Discover(Options()); !report.ok()) {
       fail(v1::TASK_STATUS_FAILED, "discovery_failed", report.error().ToString());
     } else {
       v1::ChecksOutput out;
@@ -395,9 +373,8 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
       {subject, "", svc_.source(), cfg_.node_id, 0, task.correlation_id(), "", &res});
   // Stored before it is published: a crash in between re-publishes the same event id.
   nlohmann::json rec = {{"subject", subject},
-                        {"event_id", out.id()},
                         {"status", StatusWord(res.status())},
-                        {"event", Hex(out.SerializeAsString())}};
+                        {"event", nlohmann::json::parse(protojson::ToJson(out))}};
   if (auto w = store_->Put(key, rec); !w.ok()) {
     return messaging::HandlerResult::Retry("cannot persist task result: " + w.error().ToString());
   }

@@ -14,6 +14,7 @@
 #include <string>
 #include <thread>
 
+#include "discovery.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "local_store.hpp"
@@ -63,6 +64,7 @@ class NodeAgent {
   void OnRegistered();
   void PollDesired();
   Result<void> PublishTopology(const std::string& correlation_id);
+  DiscoveryOptions Options() const;
   messaging::HandlerResult HandleTask(const messaging::Delivery& d);
   void Isolate(const std::string& why);
   NodeAgentConfig cfg_;

@@ -121,6 +121,14 @@ Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
   return Ok();
 }
 
+Error RegionDisabled(const std::string& region) {
+  return Error{Code::kFailedPrecondition,
+               "region_disabled",
+               "region " + region + " is disabled",
+               {{"region", region}},
+               false};
+}
+
 struct Placed {
   std::string node_id;
   std::vector<std::string> slots;
@@ -167,13 +175,14 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
   // One pass over the region's slots of this SKU, each with its live claim (probes of the
   // partial unique claim indexes): free schedulable slots, slot and claimed counts per node.
   std::map<std::string, placement::NodeView> nodes;
+  bool region_enabled = false;
   for (const auto& r : tx.exec_params(
            "SELECT p.node_id, p.slot_key, p.numa, p.pcie_switch, p.fabric_type, p.schedulable, "
            "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
            "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
            "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-           "c.kind = 'node_exclusive' AND c.node_id = p.node_id) FROM projected_slots p "
-           "WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
+           "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled "
+           "FROM projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
            "ORDER BY p.node_id, p.slot_key",
            req.region(), req.pool(), sku.gpu_sku)) {
     auto& n = nodes[r[0].as<std::string>()];
@@ -182,12 +191,14 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
     const bool claimed = r[6].as<bool>();
     n.claimed_slots += claimed ? 1 : 0;
     if (r[7].as<bool>()) n.baremetal_claimed = true;
+    region_enabled = region_enabled || r[8].as<bool>();
     if (r[5].as<bool>() && !claimed) {
       n.free.push_back(
           {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
     }
   }
   if (nodes.empty()) return std::optional<Placed>();
+  if (!region_enabled) return RegionDisabled(req.region());
   std::vector<placement::NodeView> views;
   views.reserve(nodes.size());
   for (auto& [id, n] : nodes) views.push_back(std::move(n));
@@ -317,16 +328,14 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
             *resp.mutable_allocation() = FromRow(tx, existing[0]);
             return resp;  // a retry: same answer, no second placement
           }
-          auto region = tx.exec_params(
-              "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
-              "WHERE region = $1",
-              req.region());
-          if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
-            return Error{Code::kFailedPrecondition,
-                         "region_disabled",
-                         "region " + req.region() + " is disabled",
-                         {{"region", req.region()}},
-                         false};
+          if (baremetal) {  // slices learn it from the slots they scan anyway
+            auto region = tx.exec_params(
+                "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
+                "WHERE region = $1",
+                req.region());
+            if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
+              return RegionDisabled(req.region());
+            }
           }
           Result<std::optional<Placed>> placed = std::optional<Placed>();
           for (int attempt = 0; attempt < 4; ++attempt) {

@@ -17,6 +17,7 @@
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "load_config.hpp"
 #include "scheduler_service.hpp"
 #include "test_env.hpp"
 
@@ -83,15 +84,10 @@ class AllocationTest : public ::testing::Test {
     for (auto& r : replicas_) r->Shutdown();
   }
   void StartReplica() {
-    SchedulerConfig cfg;
-    config::Schema schema;
-    cfg.Register(schema);
-    ASSERT_TRUE(schema
-                    .LoadFromString("", {{"GPUAAS_NATS_URL", nats_.url()},
-                                         {"GPUAAS_POSTGRES_DSN", dsn_},
-                                         {"GPUAAS_LOG_LEVEL", "error"}})
-                    .ok());
-    replicas_.push_back(std::make_unique<SchedulerService>(cfg));
+    replicas_.push_back(std::make_unique<SchedulerService>(
+        LoadConfig<SchedulerConfig>({{"GPUAAS_NATS_URL", nats_.url()},
+                                     {"GPUAAS_POSTGRES_DSN", dsn_},
+                                     {"GPUAAS_LOG_LEVEL", "error"}})));
     auto r = replicas_.back()->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }

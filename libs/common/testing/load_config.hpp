@@ -1,5 +1,6 @@
 #pragma once
-// Loads a service config from an environment map, the way main() does from the process env.
+// Loads a service config from an environment map, the way main() does from the process env
+// (tests start services in-process with it).
 #include <gtest/gtest.h>
 
 #include <map>
