@@ -45,7 +45,9 @@ std::string DefaultType(const std::string& nats_subject) {
   return nats_subject;
 }
 
-Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) { return Append(tx, spec, ""); }
+
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id) {
   if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0 &&
       spec.nats_subject.rfind("gpuaas.v1.node.", 0) != 0) {
     return Error::Internal("bad_event_subject",
@@ -57,9 +59,10 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) {
   const std::string payload = ev.SerializeAsString();
   pqxx::binarystring blob(payload.data(), payload.size());
   tx.exec_params(
-      "INSERT INTO outbox (event_id, subject, payload, traceparent) VALUES ($1, $2, $3, $4)",
+      "INSERT INTO outbox (event_id, subject, payload, traceparent, msg_id) VALUES ($1, $2, $3, "
+      "$4, NULLIF($5, ''))",
       ev.id(), spec.nats_subject, blob,
-      spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent);
+      spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent, msg_id);
   // Delivered at commit; several NOTIFYs in one transaction fold into one.
   tx.exec0(fmt::format("NOTIFY {}", kNotifyChannel));
   return ev.id();
@@ -144,7 +147,8 @@ Result<int> Relay::RunBatch(pqxx::connection& c) {
     const std::string event_id = row[1].as<std::string>();
     pqxx::binarystring payload(row[3]);
     messaging::Headers h{{messaging::kHeaderTraceparent, row[4].as<std::string>()}};
-    auto ack = messaging::JsPublish(*conn_, row[2].as<std::string>(), payload.str(), event_id, h);
+    auto ack = messaging::JsPublish(*conn_, row[2].as<std::string>(), payload.str(),
+                                    row[6].as<std::string>(), h);
     if (!ack.ok()) {
       failure = ack.error();
       break;
@@ -187,7 +191,8 @@ void Relay::Loop() {
         c->set_variable("synchronous_commit", "off");
         c->prepare("gpuaas_outbox_fetch",
                    "SELECT seq, event_id::text, subject, payload, traceparent, "
-                   "extract(epoch from created_at)::float8 FROM outbox "
+                   "extract(epoch from created_at)::float8, COALESCE(msg_id, event_id::text) "
+                   "FROM outbox "
                    "WHERE published_at IS NULL ORDER BY seq LIMIT $1");
         c->prepare("gpuaas_outbox_mark",
                    "UPDATE outbox SET published_at = now() WHERE seq = ANY($1::bigint[])");

@@ -193,6 +193,9 @@ CREATE TABLE inbox (
   PRIMARY KEY (consumer, event_id)
 );
 )sql"},
+      {2, "0002_outbox_msg_id.sql", R"sql(
+ALTER TABLE outbox ADD COLUMN msg_id text;
+)sql"},
   };
   return kMigrations;
 }

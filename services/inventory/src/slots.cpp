@@ -560,6 +560,8 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
 }
 
 Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
+  // Progress of long tasks (gpuaas.v1.evt.node.<id>.task.progress) is the scheduler's business.
+  if (ev.data().Is<v1::NodeTaskProgress>()) return Ok();
   v1::NodeTaskResult res;
   if (!ev.data().UnpackTo(&res)) {
     return Error::InvalidArgument("malformed_event",

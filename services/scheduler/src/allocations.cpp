@@ -7,7 +7,9 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "allocation_rows.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -15,6 +17,7 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "placement.hpp"
+#include "saga.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -23,7 +26,6 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 const std::regex kLabel("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$");
-constexpr const char* kLiveStates = "('reserved','provisioning','active','releasing')";
 constexpr int kChoices = 8;
 
 google::protobuf::Timestamp Ts(double epoch) {
@@ -33,7 +35,8 @@ google::protobuf::Timestamp Ts(double epoch) {
 constexpr const char* kAllocColumns =
     "allocation_id::text, tenant, request_id, sku, shape, gpu_count, region, pool, network_mode, "
     "state, node_id, failure_stage, failure_code, failure_detail, generation, "
-    "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8";
+    "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
+    "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state";
 
 v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   v1::Allocation a;
@@ -57,11 +60,21 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   a.set_generation(r[14].as<int64_t>());
   *a.mutable_created_at() = Ts(r[15].as<double>());
   *a.mutable_updated_at() = Ts(r[16].as<double>());
-  for (const auto& c :
-       tx.exec_params("SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
-                      "extract(epoch from released_at)::float8 FROM allocation_resource_claims "
-                      "WHERE allocation_id = $1 ORDER BY slot_key",
-                      a.allocation_id())) {
+  a.set_attempt(r[17].as<int>());
+  a.set_image(r[18].as<std::string>());
+  if (!r[19].as<std::string>().empty()) {
+    auto* n = a.mutable_network();
+    n->set_domain_name(r[19].as<std::string>());
+    n->set_mac(r[20].as<std::string>());
+    n->set_expected_ip(r[21].as<std::string>());
+    n->set_actual_ip(r[22].as<std::string>());
+    n->set_lease_state(r[23].as<std::string>());
+  }
+  for (const auto& c : tx.exec_params(
+           "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
+           "extract(epoch from released_at)::float8, phase FROM allocation_resource_claims "
+           "WHERE allocation_id = $1 ORDER BY slot_key",
+           a.allocation_id())) {
     auto* pc = a.add_claims();
     pc->set_allocation_id(a.allocation_id());
     pc->set_node_id(c[0].as<std::string>());
@@ -69,12 +82,15 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     pc->set_kind(c[2].as<std::string>());
     *pc->mutable_claimed_at() = Ts(c[3].as<double>());
     if (!c[4].is_null()) *pc->mutable_released_at() = Ts(c[4].as<double>());
+    pc->set_phase(c[5].as<std::string>());
     if (c[4].is_null() && pc->kind() == "slot") a.add_slot_keys(pc->slot_key());
   }
   return a;
 }
 
-Result<v1::Allocation> Load(pqxx::work& tx, const std::string& id, bool lock) {
+}  // namespace
+
+Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock) {
   if (!ids::IsUuid(id)) {
     return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
                                   {{"allocation_id", "must be a UUID"}});
@@ -102,6 +118,25 @@ Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string
   if (!ev.ok()) return ev.error();
   return Ok();
 }
+
+std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
+                                            const std::string& request_id) {
+  auto r =
+      tx.exec_params(fmt::format("SELECT {} FROM allocations WHERE tenant = $1 AND request_id = $2",
+                                 kAllocColumns),
+                     tenant, request_id);
+  if (r.empty()) return std::nullopt;
+  return FromRow(tx, r[0]);
+}
+
+void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s) {
+  tx.exec_params(
+      "INSERT INTO allocation_timeline (allocation_id, step, state, task_id, task_type, stage, "
+      "code, detail, percent) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+      allocation_id, s.step, s.state, s.task_id, s.task_type, s.stage, s.code, s.detail, s.percent);
+}
+
+namespace {
 
 Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
   std::map<std::string, std::string> problems;
@@ -271,19 +306,39 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
            "HAVING bool_or(kind = 'node_exclusive') AND count(*) > 1")) {
     out.push_back("node " + r[0].as<std::string>() + " has an exclusive claim and others");
   }
-  for (const auto& r : tx.exec(fmt::format(
-           "SELECT DISTINCT c.allocation_id::text, a.state FROM allocation_resource_claims c JOIN "
-           "allocations a USING (allocation_id) WHERE c.released_at IS NULL AND a.state NOT IN {}",
-           kLiveStates))) {
+  // A released allocation holds nothing; a failed one only slots awaiting cleanup proof.
+  for (const auto& r : tx.exec(
+           "SELECT DISTINCT c.allocation_id::text, a.state, c.phase FROM "
+           "allocation_resource_claims c JOIN allocations a USING (allocation_id) WHERE "
+           "c.released_at IS NULL AND (a.state IN ('released', 'pending') OR (a.state = 'failed' "
+           "AND c.phase NOT IN ('cleanup', 'cleanup_blocked')))")) {
     out.push_back("live claim of allocation " + r[0].as<std::string>() + " in state " +
-                  r[1].as<std::string>());
+                  r[1].as<std::string>() + " (phase " + r[2].as<std::string>() + ")");
+  }
+  // Claim phases follow the allocation's state.
+  for (const auto& r :
+       tx.exec("SELECT DISTINCT c.allocation_id::text, a.state, c.phase FROM "
+               "allocation_resource_claims c JOIN allocations a USING (allocation_id) WHERE "
+               "c.released_at IS NULL AND NOT ((a.state = 'reserved' AND c.phase = 'reserved') OR "
+               "(a.state = 'provisioning' AND c.phase = 'provisioning') OR (a.state = 'active' AND "
+               "c.phase = 'active') OR (a.state = 'releasing' AND c.phase IN ('releasing', "
+               "'cleanup', 'cleanup_blocked')) OR a.state IN ('failed', 'released', 'pending'))")) {
+    out.push_back("claim of allocation " + r[0].as<std::string>() + " is " +
+                  r[2].as<std::string>() + " while the allocation is " + r[1].as<std::string>());
+  }
+  for (const auto& r : tx.exec("SELECT allocation_id::text FROM allocation_resource_claims WHERE "
+                               "(released_at IS NULL) <> (phase <> 'released')")) {
+    out.push_back("claim of allocation " + r[0].as<std::string>() +
+                  " has a phase that contradicts released_at");
   }
   for (const auto& r : tx.exec(fmt::format(
            "SELECT a.allocation_id::text, a.shape, a.gpu_count, count(c.*) FILTER (WHERE "
            "c.kind = 'slot'), count(c.*) FILTER (WHERE c.kind = 'node_exclusive'), "
            "count(DISTINCT c.node_id), bool_and(c.node_id = a.node_id) FROM allocations a "
            "LEFT JOIN allocation_resource_claims c ON c.allocation_id = a.allocation_id AND "
-           "c.released_at IS NULL WHERE a.state IN {} GROUP BY 1, 2, 3",
+           "c.released_at IS NULL WHERE a.state IN {} OR (a.state = 'failed' AND EXISTS (SELECT 1 "
+           "FROM allocation_resource_claims x WHERE x.allocation_id = a.allocation_id AND "
+           "x.released_at IS NULL)) GROUP BY 1, 2, 3",
            kLiveStates))) {
     const bool bm = r[1].as<std::string>() == "baremetal";
     const int gpus = r[2].as<int>(), slots = r[3].as<int>(), excl = r[4].as<int>();
@@ -300,32 +355,38 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
   return out;
 }
 
-Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
+Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
+                              const SagaOptions& saga) {
   if (auto r = messaging::EnsureStream(*svc.nats(), messaging::SchedulerEventsStream()); !r.ok()) {
     return r;
   }
   auto pool = svc.pg();
-  const std::string source = svc.source();
   auto& rpc = svc.Rpc();
 
   rpc.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.create",
-      [pool, source, catalog](const v1::CreateAllocationRequest& req,
-                              rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
+      [pool, saga, catalog](const v1::CreateAllocationRequest& req,
+                            rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
         if (auto v = ValidateCreate(req); !v.ok()) return v.error();
         auto checked = catalog.Validate(req.sku(), req.gpu_count(), req.network_mode());
         if (!checked.ok()) return checked.error();
         const Sku& sku = *checked->first;
         const bool baremetal = sku.shape == "baremetal";
+        const Image* image = nullptr;
+        if (!baremetal) {
+          auto img = catalog.FindImage(req.image());
+          if (!img.ok()) return img.error();
+          image = *img;
+        } else if (!req.image().empty()) {
+          return Error::InvalidArgument("image_not_for_baremetal",
+                                        "baremetal nodes are handed over without a VM image",
+                                        {{"image", req.image()}});
+        }
         const int gpus = req.gpu_count() == 0 ? sku.allowed_gpu_counts.front() : req.gpu_count();
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
           v1::CreateAllocationResponse resp;
-          auto existing = tx.exec_params(
-              fmt::format("SELECT {} FROM allocations WHERE tenant = $1 AND request_id = $2",
-                          kAllocColumns),
-              req.tenant(), req.request_id());
-          if (!existing.empty()) {
-            *resp.mutable_allocation() = FromRow(tx, existing[0]);
+          if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
+            *resp.mutable_allocation() = *existing;
             return resp;  // a retry: same answer, no second placement
           }
           if (baremetal) {  // slices learn it from the slots they scan anyway
@@ -376,9 +437,16 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
                 "SELECT $1, $2, unnest($3::text[]), 'slot'",
                 id, p.node_id, store::TextArrayLiteral(p.slots));
           }
-          auto a = Load(tx, id, false);
+          auto a = LoadAllocation(tx, id, false);
           if (!a.ok()) return a.error();
-          if (auto e = Announce(tx, *a, source, ctx.traceparent); !e.ok()) return e.error();
+          if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) return e.error();
+          AddTimeline(
+              tx, id,
+              {"placed", "reserved", "", "", "", "",
+               baremetal ? "node " + p.node_id + " (node_exclusive)"
+                         : fmt::format("node {} slots {}", p.node_id, fmt::join(p.slots, ","))});
+          a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
+          if (!a.ok()) return a.error();
           ctx.log.Info("allocation placed", {{"allocation_id", id},
                                              {"node_id", p.node_id},
                                              {"gpus", std::to_string(gpus)},
@@ -394,7 +462,7 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
       [pool](const v1::GetAllocationRequest& req,
              rpc::Context&) -> Result<v1::GetAllocationResponse> {
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::GetAllocationResponse> {
-          auto a = Load(tx, req.allocation_id(), false);
+          auto a = LoadAllocation(tx, req.allocation_id(), false);
           if (!a.ok()) return a.error();
           v1::GetAllocationResponse resp;
           *resp.mutable_allocation() = *a;
@@ -433,43 +501,16 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog) {
 
   rpc.Handle<v1::ReleaseAllocationRequest, v1::ReleaseAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.release",
-      [pool, source](const v1::ReleaseAllocationRequest& req,
-                     rpc::Context& ctx) -> Result<v1::ReleaseAllocationResponse> {
+      [pool, saga](const v1::ReleaseAllocationRequest& req,
+                   rpc::Context& ctx) -> Result<v1::ReleaseAllocationResponse> {
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ReleaseAllocationResponse> {
-          auto a = Load(tx, req.allocation_id(), true);
-          if (!a.ok()) return a.error();
-          v1::ReleaseAllocationResponse resp;
-          const std::string& st = a->state();
-          if (st == "released" || st == "failed" || (st == "releasing" && !req.force())) {
-            *resp.mutable_allocation() = *a;  // already released (or on its way): no effect
-            return resp;
-          }
-          if ((st == "provisioning" || st == "active") && !req.force()) {
-            return Error{Code::kUnimplemented,
-                         "release_saga_not_available",
-                         "releasing a provisioned allocation needs vm.release and slot.cleanup, "
-                         "which are not built yet; an admin can force-release",
-                         {{"state", st}},
-                         false};
-          }
-          // Reserved: nothing was created on the host, so its claims are free now. Force: an
-          // admin takes responsibility for the host state.
-          tx.exec_params(
-              "UPDATE allocation_resource_claims SET released_at = now() WHERE allocation_id = $1 "
-              "AND released_at IS NULL",
-              req.allocation_id());
-          tx.exec_params(
-              "UPDATE allocations SET state = 'released', generation = generation + 1, "
-              "updated_at = now(), failure_stage = CASE WHEN $2 THEN 'release' ELSE '' END, "
-              "failure_code = CASE WHEN $2 THEN 'force_released' ELSE '' END WHERE "
-              "allocation_id = $1",
-              req.allocation_id(), req.force() && st != "reserved");
-          auto after = Load(tx, req.allocation_id(), false);
+          auto after =
+              ReleaseAllocation(tx, req.allocation_id(), req.force(), saga, ctx.traceparent);
           if (!after.ok()) return after.error();
-          if (auto e = Announce(tx, *after, source, ctx.traceparent); !e.ok()) return e.error();
-          ctx.log.Info("allocation released", {{"allocation_id", req.allocation_id()},
-                                               {"from", st},
-                                               {"force", req.force() ? "true" : "false"}});
+          ctx.log.Info("allocation release", {{"allocation_id", req.allocation_id()},
+                                              {"state", after->state()},
+                                              {"force", req.force() ? "true" : "false"}});
+          v1::ReleaseAllocationResponse resp;
           *resp.mutable_allocation() = *after;
           return resp;
         });

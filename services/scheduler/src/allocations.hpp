@@ -5,9 +5,8 @@
 // (FOR UPDATE SKIP LOCKED), re-checks live claims, and commits allocation, claims and the
 // outbox event together; a node someone else is placing on is skipped, not waited for.
 //
-// Today an allocation stops at `reserved`: the provisioning saga (vm.provision tasks) is not
-// built yet. Releasing a reserved allocation frees its claims at once (nothing was created on
-// the host); provisioning/active allocations will go through vm.release + slot.cleanup.
+// The create transaction also starts the lifecycle (saga.hpp): a slice leaves it in
+// `provisioning` with its vm.provision task in the outbox; release goes through the saga too.
 #include <pqxx/pqxx>
 
 #include <string>
@@ -15,14 +14,17 @@
 #include "catalog.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/common/runtime.hpp"
+#include "saga.hpp"
 
 namespace gpuaas::scheduler {
 
-Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog);
+Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
+                              const SagaOptions& saga);
 
 // Violations of the claim invariants (empty: consistent): a slot with two live claims, a node
-// with both an exclusive and slot claims, a live claim of an allocation that is not live, a
-// live allocation whose claims do not match its shape and GPU count or span nodes.
+// with both an exclusive and slot claims, a live claim of a released allocation (or of a failed
+// one outside cleanup), a claim phase that contradicts its allocation's state, a live
+// allocation whose claims do not match its shape and GPU count or span nodes.
 std::vector<std::string> CheckInvariants(pqxx::work& tx);
 
 }  // namespace gpuaas::scheduler

@@ -83,6 +83,37 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     }
     c.skus_[name] = std::move(s);
   }
+  if (root["images"]) {
+    if (!root["images"].IsMap()) problems["images"] = "must be a map of name -> {url, sha256}";
+    for (const auto& entry : root["images"]) {
+      Image img;
+      img.name = entry.first.as<std::string>();
+      const YAML::Node& n = entry.second;
+      auto bad = [&](const std::string& key, const std::string& why) {
+        problems["images." + img.name + (key.empty() ? "" : "." + key)] = why;
+      };
+      if (!n.IsMap()) {
+        bad("", "must be a map");
+        continue;
+      }
+      for (const auto& kv : n) {
+        const auto k = kv.first.as<std::string>();
+        if (k != "url" && k != "sha256") bad(k, "unknown key");
+      }
+      img.url = n["url"] ? n["url"].as<std::string>() : "";
+      img.sha256 = n["sha256"] ? n["sha256"].as<std::string>() : "";
+      if (img.url.empty()) bad("url", "required");
+      if (img.sha256.size() != 64 ||
+          img.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
+        bad("sha256", "64 lowercase hex digits");
+      }
+      c.images_[img.name] = std::move(img);
+    }
+  }
+  if (root["default_image"]) {
+    c.default_image_ = root["default_image"].as<std::string>();
+    if (!c.images_.count(c.default_image_)) problems["default_image"] = "not in `images`";
+  }
   if (!problems.empty()) {
     return Error::InvalidArgument(
         "invalid_catalog", fmt::format("{} problem(s) in the catalog", problems.size()), problems);
@@ -93,6 +124,22 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
 const Sku* Catalog::Find(const std::string& name) const {
   auto it = skus_.find(name);
   return it == skus_.end() ? nullptr : &it->second;
+}
+
+Result<const Image*> Catalog::FindImage(const std::string& name) const {
+  const std::string want = name.empty() ? default_image_ : name;
+  auto it = images_.find(want);
+  if (it == images_.end()) {
+    std::vector<std::string> names;
+    for (const auto& [n, x] : images_) names.push_back(n);
+    return Error{Code::kInvalidArgument,
+                 "unknown_image",
+                 want.empty() ? "the catalog has no default image; name one"
+                              : "no image named '" + want + "' in the catalog",
+                 {{"image", want}, {"offered", fmt::format("{}", fmt::join(names, ","))}},
+                 false};
+  }
+  return &it->second;
 }
 
 Result<std::pair<const Sku*, std::string>> Catalog::Validate(const std::string& sku, int gpu_count,

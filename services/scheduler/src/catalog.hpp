@@ -22,6 +22,13 @@ struct Sku {
   std::vector<std::string> network_modes;
 };
 
+// A VM image tenants may boot on a slice: where the node fetches it and its digest.
+struct Image {
+  std::string name;
+  std::string url;
+  std::string sha256;  // 64 lowercase hex digits
+};
+
 class Catalog {
  public:
   // Parses the YAML; every problem is reported at once in the error's details.
@@ -31,6 +38,8 @@ class Catalog {
 
   const Sku* Find(const std::string& name) const;
   const std::map<std::string, Sku>& skus() const { return skus_; }
+  // The image named `name` ("" = the default image); unknown_image when there is none.
+  Result<const Image*> FindImage(const std::string& name) const;
 
   // Checks an order: unknown_sku, shape_not_offered (reserved shapes), gpu_count_not_allowed,
   // fabric_only_not_for_slices, network_mode_not_allowed. Returns the SKU and the effective
@@ -40,6 +49,8 @@ class Catalog {
 
  private:
   std::map<std::string, Sku> skus_;
+  std::map<std::string, Image> images_;
+  std::string default_image_;
 };
 
 }  // namespace gpuaas::scheduler

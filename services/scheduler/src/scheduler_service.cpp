@@ -53,8 +53,11 @@ Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
   tx.exec_params(
       "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
       "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id, "
-      "fabric_type, numa, pcie_switch, region_enabled) "
-      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13,$14,$15,$16,$17) "
+      "fabric_type, numa, pcie_switch, region_enabled, nvme_by_id, fabric_claim_mode, "
+      "fabric_vf_pci_address, mac, private_ip, profile_name, vcpus_per_gpu, memory_mib_per_gpu, "
+      "hugepages_1g_per_gpu) "
+      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,"
+      "$21,$22,$23,$24,$25,$26) "
       "ON CONFLICT (node_id, slot_key) DO UPDATE SET region = EXCLUDED.region, "
       "pool = EXCLUDED.pool, sku = EXCLUDED.sku, admin_state = EXCLUDED.admin_state, "
       "health = EXCLUDED.health, schedulable = EXCLUDED.schedulable, "
@@ -62,12 +65,19 @@ Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
       "locality_group = EXCLUDED.locality_group, generation = EXCLUDED.generation, "
       "last_event_id = EXCLUDED.last_event_id, fabric_type = EXCLUDED.fabric_type, "
       "numa = EXCLUDED.numa, pcie_switch = EXCLUDED.pcie_switch, "
-      "region_enabled = EXCLUDED.region_enabled, projected_at = now() "
+      "region_enabled = EXCLUDED.region_enabled, nvme_by_id = EXCLUDED.nvme_by_id, "
+      "fabric_claim_mode = EXCLUDED.fabric_claim_mode, "
+      "fabric_vf_pci_address = EXCLUDED.fabric_vf_pci_address, mac = EXCLUDED.mac, "
+      "private_ip = EXCLUDED.private_ip, profile_name = EXCLUDED.profile_name, "
+      "vcpus_per_gpu = EXCLUDED.vcpus_per_gpu, memory_mib_per_gpu = EXCLUDED.memory_mib_per_gpu, "
+      "hugepages_1g_per_gpu = EXCLUDED.hugepages_1g_per_gpu, projected_at = now() "
       "WHERE projected_slots.generation < EXCLUDED.generation",
       s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), s.admin_state(), s.health(),
       snap.schedulable(), blockers, s.gpu_pci_address(), s.locality_group(), s.generation(),
       ev.id(), s.fabric_type(), s.has_numa_node() ? s.numa_node() : -1, s.pcie_switch(),
-      snap.region_enabled());
+      snap.region_enabled(), s.nvme_by_id(), s.fabric_claim_mode(), s.fabric_vf_pci_address(),
+      s.mac(), s.private_ip(), s.profile().name(), s.profile().vcpus_per_gpu(),
+      s.profile().memory_mib_per_gpu(), s.profile().hugepages_1g_per_gpu());
   return Ok();
 }
 
@@ -75,6 +85,18 @@ void SchedulerConfig::Register(config::Schema& s) {
   common.Register(s, true);
   s.Add("scheduler.catalog_file", &catalog_file,
         "SKU/profile catalog YAML (empty: the catalog built into the binary)", "");
+  s.Add("scheduler.provision_deadline_s", &provision_deadline_s,
+        "A vm.provision task not answered within this fails the allocation (node_unresponsive)",
+        900, config::Range(1, 86400));
+  s.Add("scheduler.release_deadline_s", &release_deadline_s,
+        "A vm.release task not answered within this leaves the slots cleanup_blocked", 300,
+        config::Range(1, 86400));
+  s.Add("scheduler.cleanup_deadline_s", &cleanup_deadline_s,
+        "A slot.cleanup task not answered within this leaves the slots cleanup_blocked", 1800,
+        config::Range(1, 86400));
+  s.Add("scheduler.sweep_interval_ms", &sweep_interval_ms,
+        "How often each replica looks for node tasks past their deadline", 1000,
+        config::Range(10, 60000));
 }
 
 SchedulerService::SchedulerService(SchedulerConfig cfg)
@@ -165,7 +187,14 @@ Result<void> SchedulerService::Start() {
         });
       });
 
-  if (auto r = StartAllocations(svc_, *catalog); !r.ok()) return r;
+  SagaOptions saga;
+  saga.source = svc_.source();
+  saga.provision_deadline_s = cfg_.provision_deadline_s;
+  saga.release_deadline_s = cfg_.release_deadline_s;
+  saga.cleanup_deadline_s = cfg_.cleanup_deadline_s;
+  saga.sweep_interval_ms = cfg_.sweep_interval_ms;
+  if (auto r = StartAllocations(svc_, *catalog, saga); !r.ok()) return r;
+  if (auto r = StartSaga(svc_, saga); !r.ok()) return r;
 
   svc_.Rpc().Handle<v1::ListProjectedSlotsRequest, v1::ListProjectedSlotsResponse>(
       "gpuaas.v1.scheduler.slot.list",
@@ -173,10 +202,14 @@ Result<void> SchedulerService::Start() {
              rpc::Context&) -> Result<v1::ListProjectedSlotsResponse> {
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedSlotsResponse> {
           auto rows = tx.exec_params(
-              "SELECT node_id, slot_key, region, pool, sku, admin_state, health, schedulable, "
-              "array_to_string(node_blockers, ','), generation, gpu_pci_address, locality_group "
-              "FROM projected_slots WHERE ($1 = '' OR node_id = $1) AND ($2 = '' OR region = $2) "
-              "ORDER BY node_id, slot_key LIMIT 10000",
+              "SELECT p.node_id, p.slot_key, p.region, p.pool, p.sku, p.admin_state, p.health, "
+              "p.schedulable, array_to_string(p.node_blockers, ','), p.generation, "
+              "p.gpu_pci_address, p.locality_group, COALESCE(c.phase, ''), "
+              "COALESCE(c.allocation_id::text, '') FROM projected_slots p "
+              "LEFT JOIN allocation_resource_claims c ON c.released_at IS NULL AND "
+              "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key "
+              "WHERE ($1 = '' OR p.node_id = $1) AND ($2 = '' OR p.region = $2) "
+              "ORDER BY p.node_id, p.slot_key LIMIT 10000",
               req.node_id(), req.region());
           v1::ListProjectedSlotsResponse resp;
           for (const auto& r : rows) {
@@ -198,6 +231,8 @@ Result<void> SchedulerService::Start() {
             p->set_generation(r[9].as<int64_t>());
             p->set_gpu_pci_address(r[10].as<std::string>());
             p->set_locality_group(r[11].as<std::string>());
+            p->set_occupancy(r[12].as<std::string>());
+            p->set_allocation_id(r[13].as<std::string>());
           }
           return resp;
         });

@@ -21,6 +21,10 @@ inline constexpr const char* kSlotProjection = "scheduler-inventory-slots";
 struct SchedulerConfig {
   runtime::CommonConfig common;
   std::string catalog_file;  // "" = the catalog compiled in (config/catalog.yaml)
+  int64_t provision_deadline_s = 900;
+  int64_t release_deadline_s = 300;
+  int64_t cleanup_deadline_s = 1800;
+  int64_t sweep_interval_ms = 1000;
   void Register(config::Schema& schema);
 };
 

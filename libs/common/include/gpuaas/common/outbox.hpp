@@ -1,7 +1,8 @@
 #pragma once
 // Transactional outbox. Append() writes an event row inside the caller's transaction (so the
 // state change and its announcement commit together) and NOTIFYs the relay. The Relay
-// publishes unpublished rows in sequence order to JetStream with Nats-Msg-Id = event id, then
+// publishes unpublished rows in sequence order to JetStream with Nats-Msg-Id = event id (or the
+// msg_id given to Append), then
 // marks them; a crash between publish and mark re-publishes and JetStream drops the
 // duplicate. Several relay replicas are safe: the one holding a session advisory lock publishes,
 // the others stand by and take over when its connection goes away, so order is kept.
@@ -50,6 +51,10 @@ std::string DefaultType(const std::string& nats_subject);
 // Inserts the event into the outbox in `tx` (subjects gpuaas.v1.evt.> and, for typed tasks sent
 // to node-agents, gpuaas.v1.node.>); returns the new event id (UUIDv7).
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec);
+// The same, published with Nats-Msg-Id = `msg_id` instead of the event id: for a logical message
+// that JetStream must de-duplicate whatever event id each send gets (a node task's
+// "<allocation id>.<type>.<attempt>").
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id);
 
 struct RelayOptions {
   int batch = 256;

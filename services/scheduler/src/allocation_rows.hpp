@@ -1,0 +1,40 @@
+#pragma once
+// Reading and announcing allocation rows, shared by the request handlers (allocations.cpp) and
+// the saga (saga.cpp). Internal to the scheduler.
+#include <pqxx/pqxx>
+
+#include <string>
+
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/v1/scheduler.pb.h"
+
+namespace gpuaas::scheduler {
+
+// States in which an allocation holds its claims by right.
+inline constexpr const char* kLiveStates = "('reserved','provisioning','active','releasing')";
+
+// The allocation `id` with its claims; FOR UPDATE when `lock`. invalid_allocation_id for a
+// non-UUID, allocation_not_found when there is none.
+Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock);
+// The allocation row matching (tenant, request_id), if any.
+std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
+                                            const std::string& request_id);
+// Appends gpuaas.v1.evt.scheduler.allocation.<state> with the allocation to the outbox.
+Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string& source,
+                      const std::string& traceparent);
+
+// One timeline row, in `tx` (the caller holds the allocation row lock, so an allocation's seq
+// order is its commit order).
+struct Step {
+  std::string step;
+  std::string state;
+  std::string task_id;
+  std::string task_type;
+  std::string stage;
+  std::string code;
+  std::string detail;
+  int percent = 0;
+};
+void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s);
+
+}  // namespace gpuaas::scheduler
