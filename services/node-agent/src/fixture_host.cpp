@@ -261,9 +261,12 @@ struct Builder {
       } else if (j == o.mounted_child_nvme) {
         table = "gpt";
         parts = {{"ext4", "/share\\0401"}};
-      } else if (j == o.fs_nvme) {
+      } else if (j == o.fs_nvme || j == o.mounted_nvme) {
         disk_fs = "xfs";
       }
+      if (j == o.mounted_nvme)
+        mounts.push_back("/dev/nvme" + std::to_string(kernel_index(j)) +
+                         "n1 /scratch xfs rw,relatime 0 0");
       Nvme(dn, j, kernel_index(j), numa, table, disk_fs, parts, lvm);
     };
 

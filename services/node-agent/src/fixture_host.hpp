@@ -30,6 +30,7 @@ struct FixtureOptions {
   bool os_on_lvm = false;             // / is an LVM volume (dm-0) on the OS disk's second partition
   int mounted_child_nvme = -1;        // data NVMe j has a GPT and p1 (ext4) mounted at "/share 1"
   int fs_nvme = -1;                   // data NVMe j carries an unmounted xfs on the whole disk
+  int mounted_nvme = -1;              // data NVMe j carries an xfs on the whole disk, at /scratch
   bool shuffle_kernel_names = false;  // kernel names reversed against PCI order (a reboot)
   bool controller_path_names = false;  // add nvme<k>c<k>n1 multipath path devices
   // Fabric PFs; the first min(pfs, gpus) sit behind GPU i's switch. -1 = one per GPU.

@@ -17,6 +17,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
+#include "vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
 
@@ -55,6 +56,12 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "10.100.0.1/24", config::NonEmpty());
   s.Add("libvirt.uri", &libvirt_uri, "libvirt connection URI (\"\" skips the libvirt check)",
         "qemu:///system");
+  s.Add("node_agent.sim_behavior", &sim_behavior,
+        "Simulated VM runtime: succeed | fail (vm.provision fails at readiness with "
+        "lease_timeout) | silent (vm.* and slot.cleanup tasks are acked, never answered)",
+        "succeed", config::OneOf({"succeed", "fail", "silent"}));
+  s.Add("node_agent.sim_step_ms", &sim_step_ms, "Simulated VM runtime: sleep per lifecycle stage",
+        20, config::Range(0, 60000));
 }
 
 NodeAgent::NodeAgent(NodeAgentConfig cfg)
@@ -71,6 +78,10 @@ NodeAgent::~NodeAgent() { Shutdown(); }
 namespace {
 
 using google::protobuf::util::TimeUtil;
+
+bool IsVmTask(const std::string& type) {
+  return type == "vm.provision" || type == "vm.release" || type == "slot.cleanup";
+}
 
 const char* StatusWord(v1::TaskStatus s) {
   switch (s) {
@@ -89,6 +100,8 @@ Result<void> NodeAgent::Start() {
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
+  vm_runtime_ = std::make_unique<SimulatedRuntime>(
+      *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms});
   if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
     applied_version_ = (**v).value("version", int64_t{0});
   }
@@ -219,6 +232,17 @@ void NodeAgent::OnRegistered() {
   registered_ = true;
 }
 
+v1::Event NodeAgent::NodeEvent(const std::string& subject, const std::string& correlation_id,
+                               const google::protobuf::Message& data) const {
+  outbox::EventSpec spec;  // by name: EventSpec grows fields
+  spec.nats_subject = subject;
+  spec.source = svc_.source();
+  spec.entity = cfg_.node_id;
+  spec.correlation_id = correlation_id;
+  spec.data = &data;
+  return outbox::MakeEvent(spec);
+}
+
 DiscoveryOptions NodeAgent::Options() const {
   DiscoveryOptions opts;
   opts.root = cfg_.host_root;
@@ -237,8 +261,7 @@ Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
   if (!report.ok()) return report.error();
   const std::string subject =
       fmt::format("gpuaas.v1.evt.node.{node_id}.topology", fmt::arg("node_id", cfg_.node_id));
-  const v1::Event ev = outbox::MakeEvent(
-      {subject, "", svc_.source(), cfg_.node_id, 0, correlation_id, "", &*report});
+  const v1::Event ev = NodeEvent(subject, correlation_id, *report);
   auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
   if (!ack.ok()) return ack.error();
   svc_.log().Info("topology reported",
@@ -291,6 +314,68 @@ void NodeAgent::PollDesired() {
                                                {"slots", std::to_string(want.slots_size())}});
 }
 
+void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& stage,
+                                const std::string& detail, int percent) {
+  v1::NodeTaskProgress p;
+  p.set_task_id(task.task_id());
+  p.set_node_id(cfg_.node_id);
+  p.set_type(task.type());
+  p.set_stage(stage);
+  p.set_detail(detail);
+  p.set_percent(percent);
+  const std::string subject =
+      fmt::format("gpuaas.v1.evt.node.{node_id}.task.progress", fmt::arg("node_id", cfg_.node_id));
+  // Progress is advisory: a fresh event id each time, nothing stored, a lost one is only logged.
+  const v1::Event ev = NodeEvent(subject, task.correlation_id(), p);
+  if (auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
+      !ack.ok()) {
+    svc_.log().Warn(
+        "task progress not published",
+        {{"task_id", task.task_id()}, {"stage", stage}, {"error", ack.error().ToString()}});
+  }
+}
+
+void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
+  auto progress = [&](const std::string& stage, const std::string& detail, int percent) {
+    PublishProgress(task, stage, detail, percent);
+  };
+  auto failed = [&](const Error& e) {
+    res.set_status(v1::TASK_STATUS_FAILED);
+    auto* err = res.mutable_error();
+    err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
+    err->set_reason(e.reason);
+    err->set_message(e.message);
+    err->set_retryable(e.retryable);
+    for (const auto& [k, v] : e.details) (*err->mutable_details())[k] = v;
+  };
+  auto done = [&](const auto& r) {
+    if (!r.ok()) return failed(r.error());
+    res.mutable_output()->PackFrom(*r);
+    res.set_status(v1::TASK_STATUS_SUCCEEDED);
+  };
+  auto bad_params = [&](const std::string& want) {
+    res.set_status(v1::TASK_STATUS_REJECTED);
+    auto* err = res.mutable_error();
+    err->set_code(v1::INVALID_ARGUMENT);
+    err->set_reason("invalid_params");
+    err->set_message(task.type() + " needs params of type " + want + ", got '" +
+                     task.params().type_url() + "'");
+  };
+  if (task.type() == "vm.provision") {
+    v1::ProvisionBundle bundle;
+    if (!task.params().UnpackTo(&bundle)) return bad_params("gpuaas.v1.ProvisionBundle");
+    done(vm_runtime_->Provision(bundle, progress));
+  } else if (task.type() == "vm.release") {
+    v1::ReleaseParams params;
+    if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.ReleaseParams");
+    done(vm_runtime_->Release(params, progress));
+  } else {
+    v1::CleanupParams params;
+    if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
+    done(vm_runtime_->Cleanup(params, progress));
+  }
+}
+
 messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   v1::Event ev;
   v1::NodeTask task;
@@ -314,6 +399,12 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
                                     stored_ev.SerializeAsString(), stored_ev.id());
     if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
     log.Info("duplicate task: result re-published, not re-run");
+    return messaging::HandlerResult::Ack();
+  }
+  if (IsVmTask(task.type()) && cfg_.sim_behavior == "silent") {
+    // An unresponsive node for tests: taken off the queue, never answered, nothing stored (a
+    // redelivery is just as silent).
+    log.Warn("node_agent.sim_behavior=silent: VM task acked and left unanswered");
     return messaging::HandlerResult::Ack();
   }
   v1::NodeTaskResult res;
@@ -360,6 +451,9 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
       res.mutable_output()->PackFrom(out);
       res.set_status(v1::TASK_STATUS_SUCCEEDED);
     }
+  } else if (IsVmTask(task.type())) {
+    tasks_run_++;
+    RunVmTask(task, res);
   } else {
     fail(v1::TASK_STATUS_REJECTED, "unknown_task_type",
          "this agent does not run tasks of type '" + task.type() + "'");
@@ -369,8 +463,7 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   const std::string subject =
       fmt::format("gpuaas.v1.evt.node.{node_id}.task.{status}", fmt::arg("node_id", cfg_.node_id),
                   fmt::arg("status", StatusWord(res.status())));
-  const v1::Event out = outbox::MakeEvent(
-      {subject, "", svc_.source(), cfg_.node_id, 0, task.correlation_id(), "", &res});
+  const v1::Event out = NodeEvent(subject, task.correlation_id(), res);
   // Stored before it is published: a crash in between re-publishes the same event id.
   nlohmann::json rec = {{"subject", subject},
                         {"status", StatusWord(res.status())},

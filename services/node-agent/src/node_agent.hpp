@@ -1,14 +1,22 @@
 #pragma once
 // The node-agent process: runs on every GPU host. It registers its node with inventory
 // (retrying until inventory answers), reports its discovered topology, runs typed tasks from its
-// durable JetStream consumer (topology.discover, prereq.check, network.baseline.check), and
-// follows the node's versioned desired slot set (stored in the crash-safe local store, then
-// acked). /readyz stays false until inventory has accepted the registration. An agent that
-// inventory rejects, or that inventory answers NotFound for, is isolated: not ready, and every
-// task is rejected with `agent_isolated` until it is registered again. A task delivered twice
-// runs once: its result is kept in the local store and re-published with the same Nats-Msg-Id.
+// durable JetStream consumer, and follows the node's versioned desired slot set (stored in the
+// crash-safe local store, then acked). /readyz stays false until inventory has accepted the
+// registration. An agent that inventory rejects, or that inventory answers NotFound for, is
+// isolated: not ready, and every task is rejected with `agent_isolated` until it is registered
+// again. A task delivered twice runs once: its result is kept in the local store and
+// re-published with the same Nats-Msg-Id.
+//
+// Tasks: topology.discover, prereq.check, network.baseline.check (inventory's), and the
+// scheduler's VM lifecycle: vm.provision (ProvisionBundle -> ProvisionOutput), vm.release
+// (ReleaseParams -> ReleaseOutput), slot.cleanup (CleanupParams -> CleanupOutput), run by a
+// VmRuntime (today SimulatedRuntime) that publishes NodeTaskProgress events while it works.
+// `node_agent.sim_behavior` makes the simulated node fail provisioning or fall silent, so the
+// scheduler's timeouts and compensation can be tested.
 #include <atomic>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -18,6 +26,16 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "local_store.hpp"
+
+namespace google::protobuf {
+class Message;
+}  // namespace google::protobuf
+
+namespace gpuaas::v1 {
+class Event;
+class NodeTask;
+class NodeTaskResult;
+}  // namespace gpuaas::v1
 
 namespace gpuaas::node_agent {
 
@@ -37,8 +55,13 @@ struct NodeAgentConfig {
   std::string gateway_cidr = "10.100.0.1/24";
   std::string libvirt_uri = "qemu:///system";
   bool discover_on_start = true;
+  // Simulated VM runtime: "succeed" | "fail" | "silent"; sleep per lifecycle stage.
+  std::string sim_behavior = "succeed";
+  int64_t sim_step_ms = 20;
   void Register(config::Schema& schema);
 };
+
+class VmRuntime;
 
 class NodeAgent {
  public:
@@ -65,11 +88,19 @@ class NodeAgent {
   void PollDesired();
   Result<void> PublishTopology(const std::string& correlation_id);
   DiscoveryOptions Options() const;
+  // An event about this node (entity = node id), with a new event id.
+  v1::Event NodeEvent(const std::string& subject, const std::string& correlation_id,
+                      const google::protobuf::Message& data) const;
   messaging::HandlerResult HandleTask(const messaging::Delivery& d);
+  // vm.provision / vm.release / slot.cleanup: params unpacked, the runtime run, `res` filled.
+  void RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  void PublishProgress(const v1::NodeTask& task, const std::string& stage,
+                       const std::string& detail, int percent);
   void Isolate(const std::string& why);
   NodeAgentConfig cfg_;
   runtime::Service svc_;
   std::optional<LocalStore> store_;
+  std::unique_ptr<VmRuntime> vm_runtime_;
   std::thread register_thread_;
   std::atomic<bool> registered_{false};
   std::atomic<bool> isolated_{true};

@@ -1,0 +1,96 @@
+#pragma once
+// The VM lifecycle behind the scheduler's vm.provision / vm.release / slot.cleanup tasks.
+//
+// The host-level "node scheduler" comes first: ValidateBundle checks a bundle against what
+// discovery sees on this host right now (the scheduler's view may be stale), and the lease
+// ledger in the local store makes sure two allocations never hold the same slot on this host.
+// Only then does a runtime touch anything. Errors carry their own reason and details["stage"].
+//
+// SimulatedRuntime is the only runtime today (the libvirt one is a later issue): it walks the
+// same stages, keeps domain records in the local store and never creates a VM or wipes a disk.
+// Everything it reports says "simulated". It can be told to misbehave for tests ("fail",
+// "silent"; the silence itself is the agent's business, see NodeAgent::HandleTask).
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/v1/node.pb.h"
+#include "gpuaas/v1/topology.pb.h"
+#include "local_store.hpp"
+
+namespace gpuaas::node_agent {
+
+// The ordered plan steps the node scheduler accepts for `bundle` on `host`, or the first rule it
+// breaks (reason per rule, details["stage"] = "validate" plus the field/slot in question). Pure.
+Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& bundle,
+                                                const v1::TopologyReport& host);
+
+// Syntax checks shared with cleanup: "52:54:00:ab:cd:ef" (unicast), dotted-quad IPv4,
+// 64 lowercase hex digits.
+bool IsValidMac(const std::string& mac);
+bool IsValidIpv4(const std::string& ip);
+bool IsValidSha256(const std::string& digest);
+
+// Device evidence only (GPUs, NVMe with mounts/OS disk, fabric), read fresh from `root`: what
+// the node scheduler checks bundles and cleanups against. Errors only for an unusable root.
+Result<v1::TopologyReport> DiscoverDevices(const std::string& root);
+
+// Host-local lease ledger: key "lease-<allocation_id>" = {slots: [slot_key...], attempt}.
+// Taking a lease fails with `slot_leased` (stage "lease") when another allocation's lease holds
+// any of the slots; the same allocation taking it again replaces its own (idempotent). Callers
+// serialise ledger changes (SimulatedRuntime holds a mutex).
+Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
+                       const std::vector<std::string>& slot_keys, int32_t attempt);
+// The allocation holding `slot_key`, other than `except_allocation`; "" when none.
+std::string LeaseHolder(const LocalStore& store, const std::string& slot_key,
+                        const std::string& except_allocation = "");
+Result<void> DropLease(LocalStore& store, const std::string& allocation_id);
+
+// stage, detail, percent (stage-specific; "image" reports 0, 50, 100).
+using ProgressFn = std::function<void(const std::string&, const std::string&, int)>;
+
+class VmRuntime {
+ public:
+  virtual ~VmRuntime() = default;
+  virtual Result<v1::ProvisionOutput> Provision(const v1::ProvisionBundle& bundle,
+                                                const ProgressFn& progress) = 0;
+  virtual Result<v1::ReleaseOutput> Release(const v1::ReleaseParams& params,
+                                            const ProgressFn& progress) = 0;
+  virtual Result<v1::CleanupOutput> Cleanup(const v1::CleanupParams& params,
+                                            const ProgressFn& progress) = 0;
+};
+
+struct SimOptions {
+  std::string host_root = "/";
+  // "succeed" | "fail" (provision fails at readiness with lease_timeout) | "silent" (the agent
+  // answers nothing; the runtime itself behaves as "succeed").
+  std::string behavior = "succeed";
+  int64_t step_ms = 20;  // sleep per stage
+};
+
+class SimulatedRuntime : public VmRuntime {
+ public:
+  // `store` must outlive the runtime.
+  SimulatedRuntime(LocalStore& store, SimOptions opts);
+  Result<v1::ProvisionOutput> Provision(const v1::ProvisionBundle& bundle,
+                                        const ProgressFn& progress) override;
+  Result<v1::ReleaseOutput> Release(const v1::ReleaseParams& params,
+                                    const ProgressFn& progress) override;
+  Result<v1::CleanupOutput> Cleanup(const v1::CleanupParams& params,
+                                    const ProgressFn& progress) override;
+
+  static std::string DomainName(const std::string& allocation_id) {
+    return "gpuaas-" + allocation_id;
+  }
+
+ private:
+  void Step() const;
+  LocalStore& store_;
+  SimOptions opts_;
+  std::mutex mu_;  // one lifecycle change at a time (lease check + write, domain records)
+};
+
+}  // namespace gpuaas::node_agent

@@ -1,0 +1,267 @@
+// The agent answering the scheduler's VM lifecycle tasks over a real nats-server, on a fixture
+// host, with a fake inventory that accepts the registration (label nats).
+#include <gtest/gtest.h>
+
+#include <google/protobuf/util/time_util.h>
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "fixture_host.hpp"
+#include "gpuaas/common/config.hpp"
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/node.pb.h"
+#include "load_config.hpp"
+#include "node_agent.hpp"
+#include "test_env.hpp"
+
+namespace gpuaas::node_agent {
+namespace {
+
+using google::protobuf::util::TimeUtil;
+using namespace std::chrono_literals;
+
+const std::string kNode = "sim-node-1";
+const std::string kAlloc = "0190a6f1-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
+
+class NodeAgentVmTaskTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    messaging::ConnectionOptions opts;
+    opts.url = nats_.url();
+    opts.name = "test";
+    auto c = messaging::Connection::Connect(opts, log::Logger("test", "t", log::Level::kError));
+    ASSERT_TRUE(c.ok());
+    conn_ = *c;
+    // A fake inventory: accepts the registration, has no desired set.
+    inventory_ =
+        std::make_unique<rpc::Server>(conn_, "inventory", "gpuaas.*.inventory.>",
+                                      log::Logger("inventory", "t", log::Level::kError), nullptr);
+    inventory_->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
+        "gpuaas.v1.inventory.node.register",
+        [](const v1::RegisterNodeRequest& r, rpc::Context&) -> Result<v1::RegisterNodeResponse> {
+          v1::RegisterNodeResponse resp;
+          resp.mutable_node()->set_node_id(r.node_id());
+          resp.mutable_node()->set_region(r.region());
+          resp.mutable_node()->set_pool(r.pool());
+          resp.set_created(true);
+          return resp;
+        });
+    inventory_->Handle<v1::GetDesiredSlotsRequest, v1::GetDesiredSlotsResponse>(
+        "gpuaas.v1.inventory.node.desired.get",
+        [](const v1::GetDesiredSlotsRequest&, rpc::Context&)
+            -> Result<v1::GetDesiredSlotsResponse> { return v1::GetDesiredSlotsResponse{}; });
+    ASSERT_TRUE(inventory_->Start().ok());
+    root_ = testing::MakeTempDir("gpuaas-host") + "/root";
+    FixtureOptions fo;
+    fo.gpus = 2;
+    fo.hostname = kNode;
+    ASSERT_TRUE(BuildFixtureHost(root_, fo).ok());
+  }
+  void TearDown() override {
+    if (agent_) agent_->Shutdown();
+    agent_.reset();
+    if (inventory_) inventory_->Drain(2s);
+  }
+  void StartAgent(const std::string& behavior) {
+    std::map<std::string, std::string> env = {
+        {"GPUAAS_NATS_URL", nats_.url()},
+        {"GPUAAS_LOG_LEVEL", "error"},
+        {"GPUAAS_NODE_ID", kNode},
+        {"GPUAAS_NODE_REGION", "us-east-1"},
+        {"GPUAAS_NODE_POOL", "h200"},
+        {"GPUAAS_NODE_STATE_DIR", testing::MakeTempDir("gpuaas-agent")},
+        {"GPUAAS_NODE_REGISTER_RETRY_MS", "50"},
+        {"GPUAAS_NODE_DESIRED_POLL_MS", "1000"},
+        {"GPUAAS_NODE_HOST_ROOT", root_},
+        {"GPUAAS_NODE_DISCOVER_ON_START", "false"},
+        {"GPUAAS_LIBVIRT_URI", ""},
+        {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
+        {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "1"}};
+    agent_ = std::make_unique<NodeAgent>(LoadConfig<NodeAgentConfig>(env));
+    ASSERT_TRUE(agent_->Start().ok());
+    ASSERT_TRUE(testing::WaitFor([&] { return agent_->Registered(); }));
+  }
+  std::string Send(const std::string& type, const google::protobuf::Message* params,
+                   std::string task_id = "") {
+    v1::NodeTask t;
+    t.set_task_id(task_id.empty() ? ids::NewUuidV7() : task_id);
+    t.set_node_id(kNode);
+    t.set_type(type);
+    t.set_correlation_id(kAlloc);
+    *t.mutable_deadline() = TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(60);
+    if (params) t.mutable_params()->PackFrom(*params);
+    const std::string subject = "gpuaas.v1.node." + kNode + ".task";
+    outbox::EventSpec spec;
+    spec.nats_subject = subject;
+    spec.source = "test/1";
+    spec.entity = kNode;
+    spec.data = &t;
+    const auto ev = outbox::MakeEvent(spec);
+    EXPECT_TRUE(messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), ev.id()).ok());
+    return t.task_id();
+  }
+  Result<v1::NodeTaskResult> Wait(const std::string& status, const std::string& task_id,
+                                  std::chrono::milliseconds timeout = 10s) {
+    Result<v1::NodeTaskResult> r = Error::NotFound("none", "no result yet");
+    testing::WaitFor(
+        [&] {
+          auto m = messaging::StreamLastMessage(*conn_, "GPUAAS_EVT_NODE",
+                                                "gpuaas.v1.evt.node." + kNode + ".task." + status);
+          v1::Event ev;
+          v1::NodeTaskResult res;
+          if (!m.ok() || !ev.ParseFromString(m->data) || !ev.data().UnpackTo(&res)) return false;
+          r = res;
+          return res.task_id() == task_id;
+        },
+        timeout);
+    if (r.ok() && r->task_id() != task_id) return Error::NotFound("none", "no result for task");
+    return r;
+  }
+  uint64_t ProgressCount() {
+    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_NODE",
+                                           "gpuaas.v1.evt.node." + kNode + ".task.progress");
+    return n.ok() ? *n : 0;
+  }
+  v1::ProvisionBundle Bundle() {
+    v1::ProvisionBundle b;
+    b.set_allocation_id(kAlloc);
+    b.set_attempt(1);
+    auto* s = b.add_slots();
+    s->set_slot_key("gpu-0000:18:00.0");
+    s->set_gpu_pci_address("0000:18:00.0");
+    s->set_mac("52:54:00:12:34:56");
+    s->set_private_ip("10.100.0.10");
+    b.mutable_image()->set_name("ubuntu");
+    b.mutable_image()->set_sha256(std::string(64, 'a'));
+    b.mutable_shape()->set_vcpus(24);
+    b.mutable_shape()->set_memory_mib(65536);
+    return b;
+  }
+
+  testing::TestNats nats_;
+  std::shared_ptr<messaging::Connection> conn_;
+  std::unique_ptr<rpc::Server> inventory_;
+  std::unique_ptr<NodeAgent> agent_;
+  std::string root_;
+};
+
+TEST_F(NodeAgentVmTaskTest, ProvisionReleaseCleanupWithProgress) {
+  StartAgent("succeed");
+  const auto bundle = Bundle();
+  const auto id = Send("vm.provision", &bundle);
+  auto r = Wait("succeeded", id);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  v1::ProvisionOutput out;
+  ASSERT_TRUE(r->output().UnpackTo(&out));
+  EXPECT_EQ(out.domain_name(), "gpuaas-" + kAlloc);
+  EXPECT_EQ(out.actual_ip(), "10.100.0.10");
+  EXPECT_EQ(out.lease_state(), "bound");
+  EXPECT_EQ(out.runtime(), "simulated");
+  EXPECT_EQ(ProgressCount(), 9u);  // validate, lease, image x3, seed, define, start, readiness
+  auto last = messaging::StreamLastMessage(*conn_, "GPUAAS_EVT_NODE",
+                                           "gpuaas.v1.evt.node." + kNode + ".task.progress");
+  ASSERT_TRUE(last.ok());
+  v1::Event ev;
+  v1::NodeTaskProgress p;
+  ASSERT_TRUE(ev.ParseFromString(last->data) && ev.data().UnpackTo(&p));
+  EXPECT_EQ(p.task_id(), id);
+  EXPECT_EQ(p.type(), "vm.provision");
+  EXPECT_EQ(p.stage(), "readiness");
+  EXPECT_EQ(ev.correlation_id(), kAlloc);
+
+  // Redelivered: the stored result again, not a second run.
+  const uint64_t runs = agent_->TasksRun();
+  Send("vm.provision", &bundle, id);
+  ASSERT_TRUE(testing::WaitFor([&] { return ProgressCount() == 9u; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(agent_->TasksRun(), runs);
+
+  v1::ReleaseParams rel;
+  rel.set_allocation_id(kAlloc);
+  auto rr = Wait("succeeded", Send("vm.release", &rel));
+  ASSERT_TRUE(rr.ok()) << rr.error().ToString();
+  v1::ReleaseOutput ro;
+  ASSERT_TRUE(rr->output().UnpackTo(&ro));
+  EXPECT_EQ(ro.stop(), "graceful");
+
+  v1::CleanupParams cl;
+  cl.set_allocation_id(kAlloc);
+  *cl.mutable_slots() = bundle.slots();
+  auto cr = Wait("succeeded", Send("slot.cleanup", &cl));
+  ASSERT_TRUE(cr.ok()) << cr.error().ToString();
+  v1::CleanupOutput co;
+  ASSERT_TRUE(cr->output().UnpackTo(&co));
+  ASSERT_EQ(co.proofs_size(), 1);
+  EXPECT_EQ(co.proofs(0).method(), "simulated");
+}
+
+TEST_F(NodeAgentVmTaskTest, BadParamsAndValidationErrors) {
+  StartAgent("succeed");
+  v1::ReleaseParams wrong;
+  auto r = Wait("rejected", Send("vm.provision", &wrong));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->error().reason(), "invalid_params");
+  r = Wait("rejected", Send("slot.cleanup", nullptr));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->error().reason(), "invalid_params");
+
+  auto bundle = Bundle();
+  bundle.mutable_slots(0)->set_gpu_pci_address("0000:ff:00.0");
+  r = Wait("failed", Send("vm.provision", &bundle));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->error().reason(), "gpu_not_found");
+  EXPECT_EQ(r->error().details().at("stage"), "validate");
+  EXPECT_EQ(r->error().code(), v1::NOT_FOUND);
+}
+
+TEST_F(NodeAgentVmTaskTest, FailBehaviorFailsProvisionAtReadiness) {
+  StartAgent("fail");
+  const auto bundle = Bundle();
+  auto r = Wait("failed", Send("vm.provision", &bundle));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->error().reason(), "lease_timeout");
+  EXPECT_EQ(r->error().details().at("stage"), "readiness");
+  v1::ReleaseParams rel;
+  rel.set_allocation_id(kAlloc);
+  EXPECT_TRUE(Wait("succeeded", Send("vm.release", &rel)).ok());
+}
+
+TEST_F(NodeAgentVmTaskTest, SilentBehaviorAnswersNothing) {
+  StartAgent("silent");
+  const auto bundle = Bundle();
+  Send("vm.provision", &bundle);
+  v1::ReleaseParams rel;
+  rel.set_allocation_id(kAlloc);
+  Send("vm.release", &rel);
+  // Other tasks are still answered (the silence is only for the VM lifecycle).
+  auto r = Wait("succeeded", Send("prereq.check", nullptr));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  std::this_thread::sleep_for(300ms);
+  for (const char* status : {"succeeded", "failed", "rejected", "progress"}) {
+    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_NODE",
+                                           "gpuaas.v1.evt.node." + kNode + ".task." + status);
+    EXPECT_EQ(n.ok() ? *n : 0, std::string(status) == "succeeded" ? 1u : 0u) << status;
+  }
+}
+
+TEST(NodeAgentConfigTest, UnknownSimBehaviorIsAConfigError) {
+  NodeAgentConfig cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  auto r = schema.LoadFromString("", {{"GPUAAS_NODE_ID", kNode},
+                                      {"GPUAAS_NODE_REGION", "r"},
+                                      {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "explode"},
+                                      {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "-1"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.error().details.count("node_agent.sim_behavior")) << r.error().ToString();
+  EXPECT_TRUE(r.error().details.count("node_agent.sim_step_ms")) << r.error().ToString();
+}
+
+}  // namespace
+}  // namespace gpuaas::node_agent
