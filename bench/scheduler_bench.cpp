@@ -51,10 +51,14 @@ bool Fill(store::Pool& pool, int nodes) {
         nodes);
     tx.exec_params(
         "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
-        "schedulable, generation, last_event_id, fabric_type, numa, pcie_switch) "
+        "schedulable, generation, last_event_id, fabric_type, numa, pcie_switch, "
+        "gpu_pci_address, nvme_by_id, fabric_claim_mode, fabric_vf_pci_address, mac, private_ip, "
+        "vcpus_per_gpu, memory_mib_per_gpu) "
         "SELECT 'n' || lpad(i::text, 6, '0'), 'gpu-' || s, 'us-east-1', 'h200', 'h200-sxm', "
         "'available', 'healthy', true, 1, gen_random_uuid(), 'infiniband', s / 4, "
-        "'sw' || (s / 2) FROM generate_series(1, $1) i, generate_series(0, 7) s",
+        "'sw' || (s / 2), '0000:1' || s || ':00.0', '/dev/disk/by-id/nvme-eui.' || i || '-' || s, "
+        "'per_slot_vf', '0000:4' || s || ':00.1', '52:54:00:00:00:0' || s, '10.100.0.' || (10 + s), "
+        "24, 65536 FROM generate_series(1, $1) i, generate_series(0, 7) s",
         nodes);
     // Occupancy: a deterministic ~85% of slots hold a 1-GPU allocation.
     tx.exec(
@@ -63,11 +67,11 @@ bool Fill(store::Pool& pool, int nodes) {
     tx.exec(
         "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
         "region, network_mode, state, node_id, generation) SELECT id, 'fill', id::text, "
-        "'h200-sxm-slice', 'gpu_slice', 1, 'us-east-1', 'private-nat', 'reserved', node_id, 1 "
+        "'h200-sxm-slice', 'gpu_slice', 1, 'us-east-1', 'private-nat', 'active', node_id, 1 "
         "FROM occ");
     tx.exec(
-        "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind) "
-        "SELECT id, node_id, slot_key, 'slot' FROM occ");
+        "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind, phase) "
+        "SELECT id, node_id, slot_key, 'slot', 'active' FROM occ");
     return Ok();
   });
   if (!r.ok()) std::fprintf(stderr, "fill: %s\n", r.error().ToString().c_str());

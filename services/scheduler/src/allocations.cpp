@@ -173,18 +173,21 @@ struct Placed {
 Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
                   int gpus) {
   auto r = tx.exec_params(
-      "WITH free AS (SELECT p.* FROM projected_slots p WHERE p.region = $1 AND "
+      "WITH free AS (SELECT p.*, (p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND "
+      "p.mac <> '' AND p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
+      "p.fabric_vf_pci_address <> '') AS complete FROM projected_slots p WHERE p.region = $1 AND "
       "($2 = '' OR p.pool = $2) AND p.schedulable AND NOT EXISTS (SELECT 1 FROM "
       "allocation_resource_claims c WHERE c.released_at IS NULL AND c.node_id = p.node_id AND "
       "(c.slot_key = p.slot_key OR c.kind = 'node_exclusive'))), "
-      "per_node AS (SELECT node_id, count(*) FILTER (WHERE sku = $3 AND ($4 = '' OR "
+      "per_node AS (SELECT node_id, count(*) FILTER (WHERE complete AND sku = $3 AND ($4 = '' OR "
       "fabric_type = $4)) AS fit, count(*) FILTER (WHERE sku = $3 AND $4 <> '' AND "
       "fabric_type <> $4) AS wrong_fabric FROM free GROUP BY node_id) "
       "SELECT (SELECT count(*) FROM free), (SELECT count(*) FROM free WHERE sku = $3), "
       "(SELECT COALESCE(sum(fit), 0) FROM per_node), (SELECT COALESCE(max(fit), 0) FROM per_node), "
       "(SELECT count(*) FROM per_node WHERE fit >= $5), "
       "(SELECT count(*) FROM per_node WHERE wrong_fabric > 0), "
-      "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable)",
+      "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable), "
+      "(SELECT count(*) FROM free WHERE NOT complete)",
       req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus);
   const auto& x = r[0];
   std::map<std::string, std::string> d = {{"free_gpus_in_region", x[0].as<std::string>()},
@@ -194,6 +197,7 @@ Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const 
                                           {"nodes_with_enough_free_slots", x[4].as<std::string>()},
                                           {"nodes_with_wrong_fabric", x[5].as<std::string>()},
                                           {"unschedulable_slots_in_region", x[6].as<std::string>()},
+                                          {"incomplete_slots_ignored", x[7].as<std::string>()},
                                           {"requested_gpus", std::to_string(gpus)}};
   return Error{Code::kResourceExhausted, "no_placement",
                fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
@@ -216,7 +220,10 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
            "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
            "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
            "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-           "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled "
+           "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled, "
+           "(p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND p.mac <> '' AND "
+           "p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
+           "p.fabric_vf_pci_address <> '') "
            "FROM projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
            "ORDER BY p.node_id, p.slot_key",
            req.region(), req.pool(), sku.gpu_sku)) {
@@ -227,7 +234,8 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
     n.claimed_slots += claimed ? 1 : 0;
     if (r[7].as<bool>()) n.baremetal_claimed = true;
     region_enabled = region_enabled || r[8].as<bool>();
-    if (r[5].as<bool>() && !claimed) {
+    // Incomplete bindings are ignored even when inventory says available.
+    if (r[5].as<bool>() && !claimed && r[9].as<bool>()) {
       n.free.push_back(
           {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
     }

@@ -158,6 +158,48 @@ TEST_F(AllocationTest, NoPlacementSaysWhyWithCounts) {
   EXPECT_EQ(d.at("free_gpus_in_region"), "17");
 }
 
+TEST_F(AllocationTest, IncompleteSlotsAreIgnoredEvenWhenMarkedAvailable) {
+  AddNode("gpu-01", 2);
+  WaitProjected();
+  // A later snapshot of one slot loses its MAC/IP binding but still says available.
+  v1::SlotSnapshot s;
+  auto* sl = s.mutable_slot();
+  sl->set_node_id("gpu-01");
+  sl->set_slot_key("gpu-0000:19:00.0");
+  sl->set_gpu_pci_address("0000:19:00.0");
+  sl->set_admin_state("available");
+  sl->set_health("healthy");
+  sl->set_sku("h200-sxm");
+  sl->set_fabric_type("infiniband");
+  sl->set_nvme_by_id("/dev/disk/by-id/nvme-eui.x");
+  sl->set_fabric_claim_mode("per_slot_vf");
+  sl->set_fabric_vf_pci_address("0000:41:00.1");
+  sl->set_generation(2);
+  s.set_region("us-east-1");
+  s.set_pool("h200");
+  s.set_region_enabled(true);
+  s.set_schedulable(true);
+  Publish("gpuaas.v1.evt.inventory.slot.updated", s, "gpu-01/" + sl->slot_key(), 2);
+  ASSERT_TRUE(testing::WaitFor([&] {
+    v1::ListProjectedSlotsRequest req;
+    req.set_node_id("gpu-01");
+    auto l = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
+        "gpuaas.v1.scheduler.slot.list", req, 5000ms);
+    if (!l.ok()) return false;
+    for (const auto& x : l->slots()) {
+      if (x.slot_key() == sl->slot_key()) return x.generation() == 2;
+    }
+    return false;
+  }));
+  auto r = Create("two", 2);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().details.at("incomplete_slots_ignored"), "1");
+  EXPECT_EQ(r.error().details.at("max_free_matching_on_one_node"), "1");
+  auto one = Create("one", 1);
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ(one->allocation().slot_keys(0), "gpu-0000:18:00.0");
+}
+
 TEST_F(AllocationTest, BaremetalAndSlicesNeverShareANode) {
   AddNode("bm-01", 8, "us-east-1", /*baremetal_profile=*/true);
   AddNode("gpu-01", 8);

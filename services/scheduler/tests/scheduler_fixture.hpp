@@ -82,6 +82,7 @@ class AllocationTest : public ::testing::Test {
       sl->set_numa_node(i / 4);
       sl->set_pcie_switch(fmt::format("sw{}", i / 2));
       sl->set_fabric_type(fabric);
+      sl->set_gpu_pci_address(sl->slot_key().substr(4));
       sl->set_nvme_by_id(fmt::format("/dev/disk/by-id/nvme-eui.{}{:02x}", id, i));
       sl->set_fabric_claim_mode("per_slot_vf");
       sl->set_fabric_vf_pci_address(fmt::format("0000:{:02x}:00.1", 0x40 + i));
