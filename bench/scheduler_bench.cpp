@@ -57,7 +57,8 @@ bool Fill(store::Pool& pool, int nodes) {
         "SELECT 'n' || lpad(i::text, 6, '0'), 'gpu-' || s, 'us-east-1', 'h200', 'h200-sxm', "
         "'available', 'healthy', true, 1, gen_random_uuid(), 'infiniband', s / 4, "
         "'sw' || (s / 2), '0000:1' || s || ':00.0', '/dev/disk/by-id/nvme-eui.' || i || '-' || s, "
-        "'per_slot_vf', '0000:4' || s || ':00.1', '52:54:00:00:00:0' || s, '10.100.0.' || (10 + s), "
+        "'per_slot_vf', '0000:4' || s || ':00.1', '52:54:00:00:00:0' || s, '10.100.0.' || (10 + "
+        "s), "
         "24, 65536 FROM generate_series(1, $1) i, generate_series(0, 7) s",
         nodes);
     // Occupancy: a deterministic ~85% of slots hold a 1-GPU allocation.
