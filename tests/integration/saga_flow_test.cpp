@@ -1,0 +1,248 @@
+// The allocation lifecycle through the real services: inventory, ipam and the scheduler on real
+// NATS + PostgreSQL, and three node-agents on fixture hosts running the simulated VM runtime —
+// one that succeeds, one whose provisioning fails (no DHCP lease), one that never answers.
+// Slots are discovered and approved the way an operator does it; allocations are placed by
+// pool, provisioned, released and cleaned through typed node tasks.
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+
+#include "fixture_host.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "inventory_service.hpp"
+#include "ipam_service.hpp"
+#include "load_config.hpp"
+#include "node_agent.hpp"
+#include "scheduler_service.hpp"
+#include "test_env.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+class SagaFlowTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ipam_ = std::make_unique<ipam::IpamService>(
+        LoadConfig<ipam::IpamConfig>(Env(testing::SharedPostgres().CreateDatabase("ipam"))));
+    ASSERT_TRUE(ipam_->Start().ok());
+    inventory_ =
+        std::make_unique<inventory::InventoryService>(LoadConfig<inventory::InventoryConfig>(
+            Env(testing::SharedPostgres().CreateDatabase("inv"))));
+    ASSERT_TRUE(inventory_->Start().ok());
+    auto env = Env(testing::SharedPostgres().CreateDatabase("sched"));
+    env["GPUAAS_SCHEDULER_PROVISION_DEADLINE_S"] = "3";
+    env["GPUAAS_SCHEDULER_CLEANUP_DEADLINE_S"] = "3";
+    env["GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS"] = "100";
+    scheduler_ =
+        std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(env));
+    ASSERT_TRUE(scheduler_->Start().ok());
+    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
+                                            log::Logger("test", "t", log::Level::kWarn));
+    ASSERT_TRUE(c.ok());
+    conn_ = *c;
+  }
+  void TearDown() override {
+    for (auto& a : agents_) a->Shutdown();
+    if (scheduler_) scheduler_->Shutdown();
+    if (inventory_) inventory_->Shutdown();
+    if (ipam_) ipam_->Shutdown();
+  }
+  std::map<std::string, std::string> Env(const std::string& dsn) {
+    return {{"GPUAAS_NATS_URL", nats_.url()},
+            {"GPUAAS_POSTGRES_DSN", dsn},
+            {"GPUAAS_LOG_LEVEL", "error"}};
+  }
+  // A simulated agent in pool `pool` whose VM runtime behaves as `behavior`; its slots approved.
+  void StartApprovedAgent(const std::string& id, const std::string& pool,
+                          const std::string& behavior) {
+    const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
+    node_agent::FixtureOptions fo;
+    fo.gpus = 4;
+    fo.hostname = id;
+    ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
+    auto env = Env("");
+    env.erase("GPUAAS_POSTGRES_DSN");
+    env["GPUAAS_NODE_ID"] = id;
+    env["GPUAAS_NODE_REGION"] = "us-east-1";
+    env["GPUAAS_NODE_POOL"] = pool;
+    env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
+    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+    env["GPUAAS_NODE_DESIRED_POLL_MS"] = "100";
+    env["GPUAAS_NODE_HOST_ROOT"] = root;
+    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
+    env["GPUAAS_NODE_AGENT_SIM_BEHAVIOR"] = behavior;
+    env["GPUAAS_NODE_AGENT_SIM_STEP_MS"] = "5";
+    agents_.push_back(
+        std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env)));
+    ASSERT_TRUE(agents_.back()->Start().ok());
+    ASSERT_TRUE(testing::WaitFor([&] {
+      v1::ShowNodeRequest r;
+      r.set_node_id(id);
+      auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+      return s.ok() && s->snapshot_version() >= 1;
+    }));
+    v1::ApproveSlotsRequest approve;
+    approve.set_node_id(id);
+    auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
+    ASSERT_TRUE(a.ok()) << a.error().ToString();
+    for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
+  }
+  std::vector<v1::ProjectedSlot> Slots(const std::string& node) {
+    v1::ListProjectedSlotsRequest lr;
+    lr.set_node_id(node);
+    auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+    if (!l.ok()) return {};
+    return {l->slots().begin(), l->slots().end()};
+  }
+  void WaitSchedulable(const std::string& node, int n) {
+    ASSERT_TRUE(testing::WaitFor([&] {
+      int ok = 0;
+      for (const auto& s : Slots(node)) ok += s.schedulable() ? 1 : 0;
+      return ok == n;
+    }));
+  }
+  template <typename Resp, typename Req>
+  Result<Resp> Call(const std::string& subject, const Req& req) {
+    return rpc::Client(conn_).Call<Resp>(subject, req, 10000ms);
+  }
+  Result<v1::Allocation> Create(const std::string& request_id, const std::string& pool, int gpus) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant("acme");
+    r.set_request_id(request_id);
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(gpus);
+    r.set_region("us-east-1");
+    r.set_pool(pool);
+    r.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA test");
+    auto c = Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
+    if (!c.ok()) return c.error();
+    return c->allocation();
+  }
+  v1::GetAllocationTimelineResponse Timeline(const std::string& id) {
+    v1::GetAllocationTimelineRequest r;
+    r.set_allocation_id(id);
+    auto t = Call<v1::GetAllocationTimelineResponse>("gpuaas.v1.scheduler.allocation.timeline", r);
+    EXPECT_TRUE(t.ok());
+    return t.ok() ? *t : v1::GetAllocationTimelineResponse();
+  }
+  v1::Allocation WaitSettled(const std::string& id, const std::string& state) {
+    v1::Allocation a;
+    EXPECT_TRUE(testing::WaitFor(
+        [&] {
+          v1::GetAllocationRequest g;
+          g.set_allocation_id(id);
+          auto r = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
+          if (!r.ok()) return false;
+          a = r->allocation();
+          return a.state() == state && !Timeline(id).in_flight();
+        },
+        20s))
+        << id << " is " << a.state() << ", wanted " << state;
+    return a;
+  }
+  Result<v1::Allocation> Release(const std::string& id, bool force = false) {
+    v1::ReleaseAllocationRequest r;
+    r.set_allocation_id(id);
+    r.set_force(force);
+    auto x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r);
+    if (!x.ok()) return x.error();
+    return x->allocation();
+  }
+  static int Count(const v1::GetAllocationTimelineResponse& t, const std::string& step,
+                   const std::string& type) {
+    int n = 0;
+    for (const auto& e : t.entries()) n += (e.step() == step && e.task_type() == type) ? 1 : 0;
+    return n;
+  }
+
+  testing::TestNats nats_;
+  std::unique_ptr<ipam::IpamService> ipam_;
+  std::unique_ptr<inventory::InventoryService> inventory_;
+  std::unique_ptr<scheduler::SchedulerService> scheduler_;
+  std::vector<std::unique_ptr<node_agent::NodeAgent>> agents_;
+  std::shared_ptr<messaging::Connection> conn_;
+};
+
+TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
+  StartApprovedAgent("sim-ok", "ok", "succeed");
+  StartApprovedAgent("sim-fail", "broken", "fail");
+  StartApprovedAgent("sim-quiet", "quiet", "silent");
+  for (const char* n : {"sim-ok", "sim-fail", "sim-quiet"}) WaitSchedulable(n, 4);
+
+  // All three at once: each node runs its own tasks.
+  auto ok = Create("ok-1", "ok", 2);
+  auto bad = Create("bad-1", "broken", 4);
+  auto quiet = Create("quiet-1", "quiet", 1);
+  ASSERT_TRUE(ok.ok() && bad.ok() && quiet.ok());
+  EXPECT_EQ(ok->state(), "provisioning");
+
+  // Success: active with the network identity the node observed, which is the reservation.
+  auto a = WaitSettled(ok->allocation_id(), "active");
+  ASSERT_TRUE(a.has_network());
+  EXPECT_EQ(a.network().lease_state(), "bound");
+  EXPECT_EQ(a.network().actual_ip(), a.network().expected_ip());
+  EXPECT_EQ(a.network().domain_name(), "gpuaas-" + a.allocation_id());
+  auto t = Timeline(a.allocation_id());
+  EXPECT_GE(Count(t, "task_progress", "vm.provision"), 5) << "validate, lease, image, ...";
+  EXPECT_EQ(Count(t, "task_succeeded", "vm.provision"), 1);
+  for (const auto& s : Slots("sim-ok")) {
+    const bool mine = std::count(a.slot_keys().begin(), a.slot_keys().end(), s.slot_key()) > 0;
+    EXPECT_EQ(s.occupancy(), mine ? "active" : "") << s.slot_key();
+  }
+  // Release: vm.release, then slot.cleanup with a proof per slot; then the slots are free.
+  auto r = Release(a.allocation_id());
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  a = WaitSettled(a.allocation_id(), "released");
+  for (const auto& c : a.claims()) EXPECT_TRUE(c.has_released_at());
+  t = Timeline(a.allocation_id());
+  EXPECT_EQ(Count(t, "task_succeeded", "vm.release"), 1);
+  EXPECT_EQ(Count(t, "task_succeeded", "slot.cleanup"), 1);
+  EXPECT_EQ(Count(t, "claims_freed", "slot.cleanup"), 1);
+  for (const auto& s : Slots("sim-ok")) EXPECT_EQ(s.occupancy(), "") << s.slot_key();
+
+  // Failure: failed with the node's stage and code; cleanup ran and proved the slots clean.
+  auto f = WaitSettled(bad->allocation_id(), "failed");
+  ASSERT_TRUE(f.has_failure());
+  EXPECT_EQ(f.failure().stage(), "provisioning");
+  EXPECT_EQ(f.failure().code(), "lease_timeout");
+  for (const auto& c : f.claims()) EXPECT_TRUE(c.has_released_at());
+  auto ft = Timeline(f.allocation_id());
+  bool saw_stage = false;
+  for (const auto& e : ft.entries()) {
+    if (e.step() == "task_failed" && e.stage() == "readiness") saw_stage = true;
+  }
+  EXPECT_TRUE(saw_stage) << "the node's failing stage is on the timeline";
+  EXPECT_EQ(Count(ft, "task_succeeded", "slot.cleanup"), 1);
+  // The slots are reusable: a new 4-GPU allocation fits on that node again (and fails again).
+  auto again = Create("bad-2", "broken", 4);
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+
+  // Silence: node_unresponsive after the deadline; its cleanup is unanswered, so the slot stays
+  // cleanup_blocked and unplaceable until an admin force-releases it.
+  auto q = WaitSettled(quiet->allocation_id(), "failed");
+  EXPECT_EQ(q.failure().code(), "node_unresponsive");
+  for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), "cleanup_blocked");
+  int blocked = 0;
+  for (const auto& s : Slots("sim-quiet")) blocked += s.occupancy() == "cleanup_blocked" ? 1 : 0;
+  EXPECT_EQ(blocked, 1);
+  auto forced = Release(q.allocation_id(), true);
+  ASSERT_TRUE(forced.ok());
+  for (const auto& c : forced->claims()) EXPECT_TRUE(c.has_released_at());
+
+  // Inventory saw the VM tasks' outcomes too (node show, recent tasks).
+  v1::ShowNodeRequest sr;
+  sr.set_node_id("sim-ok");
+  auto show = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", sr);
+  ASSERT_TRUE(show.ok());
+  int vm_tasks = 0;
+  for (const auto& rt : show->recent_tasks()) vm_tasks += rt.type().rfind("vm.", 0) == 0 ? 1 : 0;
+  EXPECT_GE(vm_tasks, 2);
+}
+
+}  // namespace
+}  // namespace gpuaas
