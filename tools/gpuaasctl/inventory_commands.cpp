@@ -314,11 +314,13 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
           rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), s.admin_state(),
                           s.health(), s.schedulable() ? "yes" : "no",
                           Join({s.node_blockers().begin(), s.node_blockers().end()}),
+                          s.occupancy().empty() ? "free" : s.occupancy(),
+                          s.allocation_id().empty() ? "-" : s.allocation_id().substr(0, 8),
                           std::to_string(s.generation())});
         }
-        PrintTable(
-            {"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS", "GEN"},
-            rows);
+        PrintTable({"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS",
+                    "OCCUPANCY", "ALLOC", "GEN"},
+                   rows);
       });
     }
     if (reservations->parsed()) {
