@@ -9,8 +9,11 @@
 // placement::PickSlots, so only the choice of node differs. Each is measured when its first 8-GPU
 // request is rejected: utilisation (claimed / total slots) and stranded GPUs (free GPUs on nodes
 // that cannot take an 8-GPU request).
-// P3 times placement::Rank alone (the in-memory ranking: no SQL fetch, no locking, no commit) per
-// request on fleets of 1,000 and 50,000 nodes at ~85% occupancy.
+// P3 times one decision of placement::Index (rank with the shape-bucketed index, then apply the
+// placement to the chosen node: the index update is part of the decision; no SQL fetch, no
+// locking, no commit) per request on fleets of 1,000 and 50,000 nodes at ~85% occupancy. The
+// placement is undone outside the timed part so the fleet stays at its occupancy. For comparison
+// a detail line times the linear placement::Rank over the same fleets.
 // Output ends with:
 //   P4 stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
 //   P3 decision_p99_50k_ms=<x> decision_p99_1k_ms=<y> ratio=<x/y>
@@ -294,28 +297,79 @@ std::vector<placement::NodeView> OccupiedFleet(int nodes, double occupancy, uint
   return fleet;
 }
 
-double P99Ms(int nodes, int samples, uint64_t seed, const placement::Mix& mix) {
-  const std::vector<placement::NodeView> fleet = OccupiedFleet(nodes, 0.85, seed);
-  std::mt19937_64 rng(seed + 1);
-  std::vector<double> ms;
-  ms.reserve(static_cast<size_t>(samples));
-  size_t sink = 0;
-  for (int s = -5; s < samples; ++s) {  // 5 warm-up calls
-    const placement::Request req{DrawSize(rng, mix), false, ""};
-    const auto t0 = Clock::now();
-    const std::vector<placement::Choice> choices = placement::Rank(fleet, req, 16, mix);
-    const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    sink += choices.size();
-    if (s >= 0) {
-      ms.push_back(elapsed);
-    }
-  }
+double P99(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   const size_t idx =
       std::min(ms.size() - 1, static_cast<size_t>(0.99 * static_cast<double>(ms.size())));
-  std::printf("P3 detail nodes=%d samples=%d p50_ms=%.4f p99_ms=%.4f max_ms=%.4f choices=%zu\n",
-              nodes, samples, ms[ms.size() / 2], ms[idx], ms.back(), sink);
   return ms[idx];
+}
+
+// Linear ranking over the whole fleet (no index), for comparison.
+double LinearP99Ms(int nodes, int samples, uint64_t seed, const placement::Mix& mix) {
+  const std::vector<placement::NodeView> fleet = OccupiedFleet(nodes, 0.85, seed);
+  std::mt19937_64 rng(seed + 1);
+  std::vector<double> ms;
+  size_t sink = 0;
+  for (int s = -5; s < samples; ++s) {
+    const placement::Request req{DrawSize(rng, mix), false, ""};
+    const auto t0 = Clock::now();
+    sink += placement::Rank(fleet, req, 16, mix).size();
+    const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (s >= 0) ms.push_back(elapsed);
+  }
+  const double p99 = P99(ms);
+  std::printf("P3 detail linear_rank nodes=%d samples=%d p99_ms=%.4f choices=%zu\n", nodes, samples,
+              p99, sink);
+  return p99;
+}
+
+// One index decision on `index` for `req`, in ms (the placement is applied, then undone untimed).
+double TimedDecision(placement::Index& index, const placement::Request& req, size_t* sink) {
+  const auto t0 = Clock::now();
+  const std::vector<placement::Choice> choices = index.Rank(req, 16);
+  placement::NodeView before;
+  if (!choices.empty()) {  // apply the placement: the chosen slots leave the node's free set
+    before = *index.Find(choices[0].node_id);
+    placement::NodeView after = before;
+    std::erase_if(after.free, [&](const placement::SlotView& x) {
+      return std::count(choices[0].slot_keys.begin(), choices[0].slot_keys.end(), x.slot_key);
+    });
+    after.claimed_slots += req.gpus;
+    index.Upsert(std::move(after));
+  }
+  const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!choices.empty()) index.Upsert(before);  // undone, untimed
+  *sink += choices.size();
+  return elapsed;
+}
+
+// p99 of index decisions on 1k and 50k nodes, sampled alternately with the same request so that
+// machine noise lands on both sides alike. Returns {p99_1k, p99_50k}.
+std::pair<double, double> IndexP99Ms(int samples, uint64_t seed, const placement::Mix& mix) {
+  placement::Index small(mix), large(mix);
+  for (const auto& n : OccupiedFleet(1000, 0.85, seed)) small.Upsert(n);
+  for (const auto& n : OccupiedFleet(50000, 0.85, seed)) large.Upsert(n);
+  std::mt19937_64 rng(seed + 1);
+  std::vector<double> ms_small, ms_large;
+  size_t sink = 0;
+  for (int s = -5; s < samples; ++s) {  // 5 warm-up rounds
+    const placement::Request req{DrawSize(rng, mix), false, ""};
+    const double a = TimedDecision(small, req, &sink);
+    const double b = TimedDecision(large, req, &sink);
+    if (s >= 0) {
+      ms_small.push_back(a);
+      ms_large.push_back(b);
+    }
+  }
+  const double p99_small = P99(ms_small), p99_large = P99(ms_large);
+  std::sort(ms_small.begin(), ms_small.end());
+  std::sort(ms_large.begin(), ms_large.end());
+  std::printf(
+      "P3 detail index nodes=1000 buckets=%zu p50_ms=%.4f p99_ms=%.4f | nodes=50000 buckets=%zu "
+      "p50_ms=%.4f p99_ms=%.4f | samples=%d choices=%zu\n",
+      small.buckets(), ms_small[ms_small.size() / 2], p99_small, large.buckets(),
+      ms_large[ms_large.size() / 2], p99_large, samples, sink);
+  return {p99_small, p99_large};
 }
 
 }  // namespace
@@ -385,9 +439,10 @@ int main(int argc, char** argv) {
       sum_util[1] / (kExtraSeeds + 1), sum_util[2] / (kExtraSeeds + 1),
       sum_stranded[1] > 0 ? sum_stranded[0] / sum_stranded[1] : 0.0);
 
-  const double p99_1k = P99Ms(1000, 2000, seed, mix);
-  const double p99_50k = P99Ms(50000, 300, seed, mix);
-  std::printf("P3 decision_p99_50k_ms=%.3f decision_p99_1k_ms=%.4f ratio=%.1f\n", p99_50k, p99_1k,
+  LinearP99Ms(1000, 2000, seed, mix);
+  LinearP99Ms(50000, 300, seed, mix);
+  const auto [p99_1k, p99_50k] = IndexP99Ms(20000, seed, mix);
+  std::printf("P3 decision_p99_50k_ms=%.4f decision_p99_1k_ms=%.4f ratio=%.2f\n", p99_50k, p99_1k,
               p99_50k / p99_1k);
   return 0;
 }

@@ -534,4 +534,130 @@ std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req,
   return out;
 }
 
+Index::Index(Mix mix) : mix_(std::move(mix)) {}
+
+std::string Index::Signature(const NodeView& node) {
+  std::vector<std::string> parts;
+  parts.reserve(node.free.size());
+  for (const auto& s : node.free) {
+    parts.push_back(std::to_string(s.numa) + '\x1f' + s.pcie_switch + '\x1f' + s.fabric_type);
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string sig = std::to_string(node.total_slots) + (BaremetalEligible(node) ? "E" : "e") +
+                    (node.baremetal_claimed ? "B" : "b");
+  for (const auto& p : parts) {
+    sig += '\x1e';
+    sig += p;
+  }
+  return sig;
+}
+
+std::optional<uint64_t> Index::KeyOf(const Bucket& b, const Kind& kind) const {
+  auto cached = b.keys.find(kind);
+  if (cached != b.keys.end()) return cached->second;
+  const auto& [gpus, baremetal, fabric] = kind;
+  const NodeView& node = b.shape;
+  std::optional<uint64_t> key;
+  if (baremetal) {
+    if (BaremetalEligible(node) && node.total_slots >= gpus &&
+        (fabric.empty() || std::all_of(node.free.begin(), node.free.end(), [&](const SlotView& s) {
+           return s.fabric_type == fabric;
+         }))) {
+      key = static_cast<uint64_t>(node.total_slots);
+    }
+  } else if (!node.baremetal_claimed) {
+    Picker picker(Flatten(mix_));
+    if (picker.Pick(node.free, fabric, gpus, /*with_keys=*/false)) {
+      key = SliceKey(BaremetalEligible(node), picker.quantized_delta(), picker.free_after(),
+                     picker.tier());
+    }
+  }
+  b.keys[kind] = key;
+  return key;
+}
+
+const Index::Order& Index::OrderFor(const Kind& kind) const {
+  auto it = orders_.find(kind);
+  if (it != orders_.end()) return it->second;
+  Order& order = orders_[kind];
+  for (const auto& [sig, b] : buckets_) {
+    if (auto key = KeyOf(b, kind)) order.emplace(*key, &b);
+  }
+  return order;
+}
+
+void Index::Upsert(NodeView node) {
+  Remove(node.node_id);
+  std::string sig = Signature(node);
+  auto [it, fresh] = buckets_.try_emplace(sig);
+  Bucket& bucket = it->second;
+  if (fresh) {
+    bucket.shape = node;
+    for (auto& [kind, order] : orders_) {
+      if (auto key = KeyOf(bucket, kind)) order.emplace(*key, &bucket);
+    }
+  }
+  bucket.members.insert(node.node_id);
+  const std::string id = node.node_id;
+  nodes_[id] = Entry{std::move(node), std::move(sig)};
+}
+
+void Index::Remove(const std::string& node_id) {
+  auto it = nodes_.find(node_id);
+  if (it == nodes_.end()) return;
+  auto b = buckets_.find(it->second.signature);
+  if (b != buckets_.end()) {
+    b->second.members.erase(node_id);
+    if (b->second.members.empty()) {
+      for (auto& [kind, order] : orders_) {
+        if (auto key = KeyOf(b->second, kind)) order.erase({*key, &b->second});
+      }
+      buckets_.erase(b);
+    } else if (b->second.shape.node_id == node_id) {
+      // Same shape, so the keys stay; only the representative's identity changes.
+      b->second.shape = nodes_.at(*b->second.members.begin()).node;
+    }
+  }
+  nodes_.erase(it);
+}
+
+const NodeView* Index::Find(const std::string& node_id) const {
+  auto it = nodes_.find(node_id);
+  return it == nodes_.end() ? nullptr : &it->second.node;
+}
+
+std::vector<Choice> Index::Rank(const Request& req, size_t limit) const {
+  if (limit == 0 || req.gpus <= 0) return {};
+  const Order& order = OrderFor(Kind{req.gpus, req.baremetal, req.fabric_type});
+  Picker picker(Flatten(mix_));
+  // Buckets of equal key interleave by node id (placement::Rank's tie-break): merge them.
+  std::vector<Choice> out;
+  for (auto i = order.begin(); i != order.end() && out.size() < limit;) {
+    const uint64_t key = i->first;
+    using It = std::set<std::string>::const_iterator;
+    std::vector<std::pair<It, It>> runs;
+    for (; i != order.end() && i->first == key; ++i) {
+      runs.emplace_back(i->second->members.begin(), i->second->members.end());
+    }
+    while (out.size() < limit) {
+      std::pair<It, It>* best = nullptr;
+      for (auto& r : runs) {
+        if (r.first != r.second && (!best || *r.first < *best->first)) best = &r;
+      }
+      if (!best) break;
+      const NodeView& node = nodes_.at(*best->first).node;
+      ++best->first;
+      Choice choice;
+      choice.node_id = node.node_id;
+      choice.score = static_cast<double>(key);
+      if (!req.baremetal) {
+        picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true);
+        choice.slot_keys = picker.Keys();
+      }
+      out.push_back(std::move(choice));
+    }
+  }
+  return out;
+}
+
 }  // namespace gpuaas::scheduler::placement

@@ -5,7 +5,11 @@
 // locks the chosen node's slots (FOR UPDATE SKIP LOCKED) and falls back to the next choice.
 #include <cstdint>
 #include <map>
+#include <optional>
+#include <set>
 #include <string>
+#include <tuple>
+#include <unordered_map>
 #include <vector>
 
 namespace gpuaas::scheduler::placement {
@@ -74,5 +78,50 @@ std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req,
 // `req.gpus <= 0` give an empty group. The two-argument form uses DefaultMix().
 std::vector<std::string> PickSlots(const NodeView& node, const Request& req);
 std::vector<std::string> PickSlots(const NodeView& node, const Request& req, const Mix& mix);
+
+// Rank over a maintained fleet, with a decision time that does not grow with the fleet. Nodes
+// are kept in buckets by shape: the multiset of their free slots' (NUMA, switch, fabric), their
+// slot count, whether they could still be sold as baremetal and whether they are baremetal-
+// claimed. Every input of a node's ranking key except its id is part of the shape, so a bucket
+// is ranked once, from one member, and its members follow in node-id order. A decision costs
+// O(log buckets + limit) instead of O(nodes): a bucket's key for a kind of request (GPU count,
+// baremetal, fabric) never changes, so each kind keeps its buckets in key order, computed on
+// first use and updated as buckets appear and empty. Rank() returns exactly what placement::Rank
+// returns for the same nodes (tested on random fleets). Not thread-safe: one writer at a time, no
+// concurrent Rank while writing.
+class Index {
+ public:
+  explicit Index(Mix mix = DefaultMix());
+  // Adds or replaces the node (by node_id).
+  void Upsert(NodeView node);
+  void Remove(const std::string& node_id);
+  const NodeView* Find(const std::string& node_id) const;
+  size_t size() const { return nodes_.size(); }
+  size_t buckets() const { return buckets_.size(); }
+  std::vector<Choice> Rank(const Request& req, size_t limit) const;
+
+ private:
+  // A request's kind: what a bucket's key depends on besides its shape.
+  using Kind = std::tuple<int, bool, std::string>;  // gpus, baremetal, fabric_type
+  struct Bucket {
+    NodeView shape;  // a member (its free slots stand for every member's)
+    std::set<std::string> members;
+    mutable std::map<Kind, std::optional<uint64_t>> keys;  // per kind; nullopt: cannot serve
+  };
+  using Order = std::set<std::pair<uint64_t, const Bucket*>>;
+  static std::string Signature(const NodeView& node);
+  std::optional<uint64_t> KeyOf(const Bucket& b, const Kind& kind) const;
+  const Order& OrderFor(const Kind& kind) const;
+  Mix mix_;
+  std::map<std::string, Bucket> buckets_;
+  struct Entry {
+    NodeView node;
+    std::string signature;
+  };
+  std::unordered_map<std::string, Entry> nodes_;
+  // Buckets in key order for every kind asked so far; kept current as buckets come and go, so a
+  // decision walks only the front of one order.
+  mutable std::map<Kind, Order> orders_;
+};
 
 }  // namespace gpuaas::scheduler::placement

@@ -409,3 +409,104 @@ TEST(PlacementTest, LimitIsHonoured) {
 
 }  // namespace
 }  // namespace gpuaas::scheduler::placement
+
+namespace gpuaas::scheduler::placement {
+namespace {
+
+// A mixed fleet: usual nodes, unknown NUMA, RoCE, 4-slot hosts, unschedulable slots.
+std::vector<NodeView> MixedFleet(int nodes, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::vector<NodeView> fleet = RandomFleet(nodes, seed);
+  for (auto& n : fleet) {
+    switch (rng() % 6) {
+      case 0:
+        for (auto& s : n.free) s.numa = -1;
+        break;
+      case 1:
+        for (auto& s : n.free) s.fabric_type = "roce";
+        break;
+      case 2:
+        if (!n.free.empty()) {
+          n.free.pop_back();  // one unschedulable slot: not sellable as baremetal
+          n.claimed_slots = std::max(0, n.claimed_slots - 1);
+        }
+        break;
+      case 3:
+        n.total_slots = 4;
+        n.claimed_slots = 0;
+        n.free.resize(std::min<size_t>(n.free.size(), 4));
+        n.claimed_slots = 4 - static_cast<int>(n.free.size());
+        break;
+      default:
+        break;
+    }
+  }
+  return fleet;
+}
+
+bool SameChoices(const std::vector<Choice>& a, const std::vector<Choice>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].node_id != b[i].node_id || a[i].slot_keys != b[i].slot_keys ||
+        a[i].score != b[i].score) {
+      return false;
+    }
+  }
+  return true;
+}
+
+TEST(PlacementIndexTest, IndexRanksExactlyLikeRankOnRandomFleets) {
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    auto fleet = MixedFleet(300, seed);
+    Index index;
+    for (const auto& n : fleet) index.Upsert(n);
+    ASSERT_EQ(index.size(), fleet.size());
+    EXPECT_LT(index.buckets(), fleet.size()) << "nodes of one shape share a bucket";
+    for (const Request& req :
+         {Slice(1), Slice(2), Slice(4), Slice(8), Slice(2, "infiniband"), Slice(4, "roce"),
+          Request{8, true, ""}, Request{4, true, "infiniband"}, Slice(16)}) {
+      for (size_t limit : {1u, 8u, 1000u}) {
+        const auto want = Rank(fleet, req, limit);
+        const auto got = index.Rank(req, limit);
+        ASSERT_TRUE(SameChoices(want, got))
+            << "seed " << seed << " gpus " << req.gpus << " baremetal " << req.baremetal
+            << " limit " << limit << ": " << ::testing::PrintToString(Ids(want)) << " vs "
+            << ::testing::PrintToString(Ids(got));
+      }
+    }
+  }
+}
+
+TEST(PlacementIndexTest, UpdatesAndRemovalsKeepTheIndexExact) {
+  std::mt19937 rng(7);
+  auto fleet = MixedFleet(200, 7);
+  Index index;
+  for (const auto& n : fleet) index.Upsert(n);
+  auto replacement = MixedFleet(200, 8);
+  for (int step = 0; step < 400; ++step) {
+    const size_t i = rng() % fleet.size();
+    if (rng() % 5 == 0) {
+      index.Remove(fleet[i].node_id);
+      fleet.erase(fleet.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      NodeView changed = replacement[rng() % replacement.size()];
+      changed.node_id = fleet[i].node_id;  // the node's slots changed (claims, health)
+      fleet[i] = changed;
+      index.Upsert(changed);
+    }
+    if (step % 40 == 0) {
+      ASSERT_EQ(index.size(), fleet.size());
+      for (int g : {1, 2, 4, 8}) {
+        ASSERT_TRUE(SameChoices(Rank(fleet, Slice(g), 16), index.Rank(Slice(g), 16)))
+            << "step " << step << " gpus " << g;
+      }
+    }
+  }
+  index.Remove("no-such-node");
+  EXPECT_EQ(index.Find("no-such-node"), nullptr);
+  ASSERT_FALSE(fleet.empty());
+  EXPECT_NE(index.Find(fleet[0].node_id), nullptr);
+}
+
+}  // namespace
+}  // namespace gpuaas::scheduler::placement
