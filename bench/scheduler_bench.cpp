@@ -151,9 +151,12 @@ int main(int argc, char** argv) {
     return client.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r,
                                                      std::chrono::seconds(10));
   };
+  // No node-agent answers tasks here: a normal release would stay `releasing` (vm.release sent)
+  // and keep its claims, so releases are admin force-releases, which free the claims at once.
   auto release = [&](const std::string& id) {
     v1::ReleaseAllocationRequest r;
     r.set_allocation_id(id);
+    r.set_force(true);
     return client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r,
                                                       std::chrono::seconds(10));
   };

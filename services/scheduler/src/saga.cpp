@@ -1,6 +1,9 @@
 #include "saga.hpp"
 
 #include <google/protobuf/util/time_util.h>
+#include <prometheus/counter.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
 
 #include <map>
 #include <set>
@@ -454,9 +457,7 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
 }
 
 Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts) {
-  const bool progress =
-      ev.type().size() >= 9 && ev.type().substr(ev.type().size() - 9) == ".progress";
-  if (progress) {
+  if (ev.data().Is<v1::NodeTaskProgress>()) {
     v1::NodeTaskProgress p;
     if (!ev.data().UnpackTo(&p)) {
       return Error::InvalidArgument("malformed_event", "progress without a NodeTaskProgress");
@@ -549,8 +550,18 @@ namespace {
 
 class Sweeper {
  public:
-  Sweeper(std::shared_ptr<store::Pool> pool, SagaOptions opts, log::Logger log)
+  Sweeper(std::shared_ptr<store::Pool> pool, SagaOptions opts, log::Logger log,
+          prometheus::Registry& metrics)
       : pool_(std::move(pool)), opts_(std::move(opts)), log_(std::move(log)) {
+    overdue_ = &prometheus::BuildCounter()
+                    .Name("gpuaas_scheduler_node_tasks_timed_out_total")
+                    .Help("Node tasks this replica failed because their deadline passed")
+                    .Register(metrics)
+                    .Add({});
+    open_ = &prometheus::BuildGauge()
+                 .Name("gpuaas_scheduler_node_tasks_open")
+                 .Help("Node tasks sent and not answered yet (all replicas), by type")
+                 .Register(metrics);
     thread_ = std::thread([this] { Loop(); });
   }
   ~Sweeper() { Stop(); }
@@ -574,7 +585,20 @@ class Sweeper {
       if (!n.ok()) {
         log_.Warn("deadline sweep failed", {{"error", n.error().ToString()}});
       } else if (*n > 0) {
+        overdue_->Increment(*n);
         log_.Info("overdue node tasks failed", {{"count", std::to_string(*n)}});
+      }
+      auto open = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<std::map<std::string, int>> {
+        std::map<std::string, int> by_type = {
+            {"vm.provision", 0}, {"vm.release", 0}, {"slot.cleanup", 0}};
+        for (const auto& r : tx.exec(
+                 "SELECT type, count(*) FROM allocation_tasks WHERE status = 'sent' GROUP BY 1")) {
+          by_type[r[0].as<std::string>()] = r[1].as<int>();
+        }
+        return by_type;
+      });
+      if (open.ok()) {
+        for (const auto& [type, count] : *open) open_->Add({{"type", type}}).Set(count);
       }
       lock.lock();
     }
@@ -582,6 +606,8 @@ class Sweeper {
   std::shared_ptr<store::Pool> pool_;
   SagaOptions opts_;
   log::Logger log_;
+  prometheus::Counter* overdue_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* open_ = nullptr;
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
@@ -665,7 +691,7 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
             });
       });
 
-  auto sweeper = std::make_shared<Sweeper>(pool, opts, svc.log());
+  auto sweeper = std::make_shared<Sweeper>(pool, opts, svc.log(), svc.metrics());
   svc.OnDrain("saga-deadline-sweeper", [sweeper] { sweeper->Stop(); });
   return Ok();
 }

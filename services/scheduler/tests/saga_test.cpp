@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "gpuaas/common/http.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "scheduler_fixture.hpp"
@@ -434,6 +435,19 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
   for (const auto& cl : f->allocation().claims()) EXPECT_TRUE(cl.has_released_at());
   EXPECT_EQ(Steps(id).back(), "force_released");
   EXPECT_TRUE(Invariants().empty());
+  // The replicas counted the timeouts (one each per overdue task, whichever handled it).
+  double timed_out = 0;
+  for (auto& r : replicas_) {
+    auto m = http::Get("127.0.0.1", r->runtime().http_port(), "/metrics");
+    ASSERT_TRUE(m.ok());
+    const std::string name = "\ngpuaas_scheduler_node_tasks_timed_out_total ";
+    const auto at = m->second.find(name);
+    ASSERT_NE(at, std::string::npos) << m->second.substr(0, 1500);
+    timed_out += std::stod(m->second.substr(at + name.size()));
+    EXPECT_NE(m->second.find("gpuaas_scheduler_node_tasks_open{type=\"vm.provision\"}"),
+              std::string::npos);
+  }
+  EXPECT_EQ(timed_out, 2) << "vm.provision and slot.cleanup";
 
   // An active allocation whose node goes quiet on release stays releasing, blocked.
   SetAnswer("vm.provision", Answer::kSucceed);
