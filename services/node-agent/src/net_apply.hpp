@@ -1,0 +1,149 @@
+#pragma once
+// Slice networking on a node (private-nat mode): the control plane (ipam) owns every slice VM's
+// MAC/IP/hostname; this applies exactly that and reports what really happened.
+//
+//   bridge <bridge> with <gateway_cidr>, up         ip link / ip addr
+//   net.ipv4.ip_forward=1                           sysctl (of the namespace it runs in)
+//   nat    POSTROUTING -s <subnet> ! -d <subnet> [-o egress] -m comment --comment
+//          gpuaas-nat-<bridge> -j MASQUERADE        (directly in POSTROUTING, where discovery's
+//                                                   nat_masquerade check looks; found by its tag)
+//   filter FORWARD -j GPUAAS-FWD-<bridge> (first)   -i br -o br DROP (isolate_ports), subnet out
+//                                                   ACCEPT, established/related back ACCEPT
+//   bridge port isolation on every port of <bridge> (isolate_ports)
+//   dnsmasq: <state_dir>/dnsmasq.conf + dhcp-hosts (exactly the reservations), static range,
+//            leases in <state_dir>/dnsmasq.leases, pid in <state_dir>/dnsmasq.pid
+//
+// Every host command is an argv vector run through RunTool (no shell), inside `ctx.netns`
+// (`ip netns exec <netns> ...`) when set. Specs are validated (pure) before anything is touched.
+// Calls on one state_dir are serialised with a lock file there. Nothing here throws.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "gpuaas/common/result.hpp"
+#include "host.hpp"
+
+namespace gpuaas::node_agent {
+
+struct NetReservation {
+  std::string mac;       // unicast "52:54:00:ab:cd:ef" (any case; lowercased when written)
+  std::string ip;        // inside subnet_cidr, not the network/broadcast/gateway address
+  std::string hostname;  // RFC 1123 label, or "" for none
+  std::string slot_key;  // carried into observations only
+};
+
+struct NetworkSpec {
+  std::string bridge;        // Linux bridge name (1-15 of [A-Za-z0-9_.-])
+  std::string gateway_cidr;  // "10.100.0.1/24": the bridge's address; same prefix as subnet
+  std::string subnet_cidr;   // "10.100.0.0/24"
+  std::vector<NetReservation> reservations;
+  bool masquerade = true;
+  bool ip_forward = true;
+  bool isolate_ports = true;
+  std::string egress_iface;  // "" = any interface but the bridge
+  std::string state_dir;     // absolute; dnsmasq conf, hosts file, lease file, pid live here
+  int64_t version = 0;
+};
+
+// Test seam: runs an argv (the netns prefix already added). Empty = RunTool.
+using NetRunFn =
+    std::function<Result<ToolResult>(const std::vector<std::string>&, std::chrono::milliseconds)>;
+
+struct NetContext {
+  std::string netns;  // "" = the agent's own network namespace
+  std::chrono::milliseconds tool_timeout{5000};
+  // RemoveReservation releases leases with dhcp_release (dnsmasq-utils) when this is set and
+  // the tool exists; otherwise it stops dnsmasq, edits the lease file and starts it again.
+  bool use_dhcp_release = true;
+  NetRunFn run;
+};
+
+struct ApplyReport {
+  int64_t version = 0;
+  bool created_bridge = false;
+  bool added_gateway_address = false;
+  bool set_bridge_up = false;
+  bool enabled_ip_forward = false;
+  bool added_masquerade = false;     // the MASQUERADE rule or its jump was (re)added
+  bool added_forward_rules = false;  // a FORWARD rule or its jump was (re)added
+  bool removed_stale_rules = false;  // tagged NAT rules / FORWARD chain rules the spec lacks
+  std::vector<std::string> isolation_changed_ports;  // ports whose isolated flag was flipped
+  bool wrote_dnsmasq_config = false;
+  std::vector<std::string> added_reservations;    // MACs
+  std::vector<std::string> changed_reservations;  // MACs whose IP or hostname changed
+  std::vector<std::string> removed_reservations;  // MACs (stale: in the hosts file, not the spec)
+  bool started_dnsmasq = false;
+  // Config changed, the bridge was re-created under it, or a reload went unconfirmed.
+  bool restarted_dnsmasq = false;
+  // SIGHUP after a hosts-file rewrite, confirmed by dnsmasq logging that it re-read the file.
+  bool reloaded_dnsmasq = false;
+  int dnsmasq_pid = 0;
+
+  // Stable names of what changed ("created_bridge", "added_masquerade", "removed_reservations",
+  // ...); empty when the host already matched the spec.
+  std::vector<std::string> Changes() const;
+};
+
+// The spec problems ApplyNetwork refuses, first one as the error (reason per rule: invalid_bridge,
+// invalid_gateway, invalid_subnet, gateway_outside_subnet, invalid_state_dir, invalid_netns,
+// invalid_egress_iface, subnet_too_small, invalid_mac, invalid_ip, ip_outside_subnet,
+// ip_reserved, invalid_hostname, duplicate_mac, duplicate_ip, duplicate_hostname), with
+// details field/index/value and "problems" listing all of them. Pure.
+Result<void> ValidateNetworkSpec(const NetworkSpec& spec, const NetContext& ctx = {});
+
+// Idempotent: a second apply of the same spec changes nothing (Changes() empty). Run it again
+// after a VM port is attached to the bridge so the port gets isolated (libvirt can also do it at
+// attach time with <port isolated='yes'/>). On a host error the error's
+// details["applied_before_error"] lists what had already changed.
+Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx);
+
+struct LeaseObservation {
+  std::string mac;
+  std::string hostname;
+  std::string slot_key;
+  std::string expected_ip;  // "" for unexpected leases
+  std::string actual_ip;    // "" when missing
+  std::string lease_state;  // "bound" | "missing" | "mismatch" | "unexpected"
+  int64_t expires_at = 0;   // epoch seconds from the lease file; 0 = infinite or no lease
+};
+
+// From dnsmasq's lease file (expired entries ignored): one entry per reservation, in spec order,
+// then one per leased MAC that has no reservation ("unexpected"). No lease file = all missing.
+Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec);
+
+struct NetCheck {
+  // Stable strings, in this order: bridge_missing, bridge_down, gateway_address_missing,
+  // ip_forward_off, masquerade_missing, forward_rules_missing, ports_not_isolated,
+  // dnsmasq_not_running, dnsmasq_config_stale, reservations_stale. Any is a hard blocker for
+  // private-nat slots (missing NAT leaks 10.100.x.x sources to the uplink).
+  std::vector<std::string> blockers;
+  std::map<std::string, std::string> evidence;  // ip_forward, dnsmasq_pid, ports, ...
+  bool ok() const { return blockers.empty(); }
+};
+
+// Read-only: changes nothing. Errors only for an invalid spec or a tool that cannot run.
+Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx);
+
+struct RemovalReport {
+  bool removed_hosts_entry = false;
+  std::vector<std::string> released_leases;  // IPs that had a lease for the MAC or its IP
+  // "dhcp_release" | "restart" (stop dnsmasq, edit the lease file, start) | "file" (dnsmasq was
+  // not running) | "none" (no lease)
+  std::string lease_method = "none";
+};
+
+// Drops `mac` from the hosts file (spec.reservations minus mac; the spec may or may not still
+// list it), reloads dnsmasq, and removes every lease held by the MAC or by its reserved IP, so
+// the slot is reusable with no DHCP state left (checked by re-reading the lease file).
+Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
+                               const NetContext& ctx, RemovalReport* report = nullptr);
+
+// For tests and cleanup: stops the dnsmasq this state_dir's pid file names (only when its
+// command line is ours), deletes the tagged NAT rules, the GPUAAS-FWD-<bridge> chain and its
+// jump, the bridge and the files in state_dir. ip_forward is left as it is.
+Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx);
+
+}  // namespace gpuaas::node_agent
