@@ -49,8 +49,10 @@ Result<void> ListAll(rpc::Client& client, const std::string& subject, Req req,
 // Runs the parsed subcommand of a group, or nullopt when none of the group's was parsed.
 using Action = std::function<std::optional<int>(rpc::Client&, const Globals&)>;
 
-// Inventory slot/topology/region commands and ipam reservations (inventory_commands.cpp).
+// Inventory slot/topology/region commands (inventory_commands.cpp).
 Action AddInventoryCommands(CLI::App& app, CLI::App* node);
+// ipam reservations/leases/drift/network/subnet/release/reprovision (ipam_commands.cpp).
+Action AddIpamCommands(CLI::App& app);
 // Allocation commands (alloc_commands.cpp).
 Action AddAllocCommands(CLI::App& app);
 

@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
 
   const Action inventory_commands = AddInventoryCommands(app, node);
   const Action alloc_commands = AddAllocCommands(app);
+  const Action ipam_commands = AddIpamCommands(app);
 
   CLI11_PARSE(app, argc, argv);
 
@@ -92,6 +93,7 @@ int main(int argc, char** argv) {
 
   if (auto rc = inventory_commands(client, g)) return *rc;
   if (auto rc = alloc_commands(client, g)) return *rc;
+  if (auto rc = ipam_commands(client, g)) return *rc;
 
   if (node_register->parsed()) {
     reg.set_node_id(reg_id);

@@ -1,5 +1,5 @@
 // gpuaasctl: node discover/show, slot approve/disable/repair, disk wipe-proof, availability,
-// region list/set, scheduler slots, ipam reservations.
+// region list/set, scheduler slots.
 #include <iostream>
 #include <memory>
 
@@ -7,7 +7,6 @@
 
 #include "ctl.hpp"
 #include "gpuaas/v1/inventory.pb.h"
-#include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 
@@ -176,11 +175,6 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
   sched_slots->add_option("--node", o->node, "Only this node");
   sched_slots->add_option("--region", o->region, "Only this region");
 
-  auto* ipam = app.add_subcommand("ipam", "Slot network identities");
-  ipam->require_subcommand(1);
-  auto* reservations = ipam->add_subcommand("reservations", "MAC/IP reservations of a node");
-  reservations->add_option("--node", o->node, "Node id")->required();
-
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
     const auto timeout = std::chrono::milliseconds(g.timeout_ms);
     if (discover->parsed()) {
@@ -321,20 +315,6 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
         PrintTable({"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS",
                     "OCCUPANCY", "ALLOC", "GEN"},
                    rows);
-      });
-    }
-    if (reservations->parsed()) {
-      v1::ListReservationsRequest req;
-      req.set_node_id(o->node);
-      auto r = client.Call<v1::ListReservationsResponse>("gpuaas.v1.ipam.reservation.list", req,
-                                                         timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::vector<std::vector<std::string>> rows;
-        for (const auto& x : r->reservations()) {
-          rows.push_back({x.node_id(), x.slot_key(), x.mac(), x.ip(), x.subnet(), x.gateway()});
-        }
-        PrintTable({"NODE", "SLOT", "MAC", "IP", "SUBNET", "GATEWAY"}, rows);
       });
     }
     return std::nullopt;

@@ -239,6 +239,12 @@ Result<void> Server::Start() {
                                     impl_->service.c_str(), &Impl::OnMsg, impl_.get());
   if (s != NATS_OK) return messaging::NatsError(s, "subscribe " + impl_->filter);
   natsSubscription_SetPendingLimits(impl_->sub, -1, -1);
+  // The server has the subscription once the flush returns: a request sent right after Start()
+  // (a restarted service, a test) finds a responder instead of no_responders.
+  if (auto f = impl_->conn->Flush(std::chrono::seconds(5)); !f.ok()) {
+    impl_->log.Warn("rpc subscription not confirmed by the server yet",
+                    {{"error", f.error().ToString()}});
+  }
   impl_->log.Info("rpc server started", {{"filter", impl_->filter},
                                          {"handlers", std::to_string(impl_->handlers.size())}});
   return Ok();

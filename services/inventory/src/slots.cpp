@@ -281,17 +281,67 @@ struct Deps {
   SlotDeps cfg;
 };
 
-// Reserves MAC/IP for a slot from ipam (idempotent on ipam's side).
-Result<v1::SlotReservation> Reserve(const Deps& d, const std::string& node_id,
-                                    const std::string& slot_key, const std::string& traceparent) {
+// Reserves MAC/IP for a slot from ipam (idempotent on ipam's side). The node's region and pool
+// choose its subnet rule in ipam.
+Result<v1::ReserveSlotAddressResponse> Reserve(const Deps& d, const NodeCtx& node,
+                                               const std::string& slot_key,
+                                               const std::string& traceparent) {
   v1::ReserveSlotAddressRequest req;
-  req.set_node_id(node_id);
+  req.set_node_id(node.node_id);
   req.set_slot_key(slot_key);
-  auto r = rpc::Client(d.nats).Call<v1::ReserveSlotAddressResponse>(
+  req.set_region(node.region);
+  req.set_pool(node.pool);
+  return rpc::Client(d.nats).Call<v1::ReserveSlotAddressResponse>(
       "gpuaas.v1.ipam.reservation.reserve", req, std::chrono::milliseconds(d.cfg.ipam_timeout_ms),
       traceparent);
-  if (!r.ok()) return r.error();
-  return r->reservation();
+}
+
+// Gives back reservations this approval made (or found) for slots that did not end up
+// approved with them, so a rejected approval leaves no orphaned MAC/IP in ipam. Best effort: a
+// failure is logged and the reservation stays until the next approval of the slot.
+void ReleaseUnapproved(
+    const Deps& d, const std::string& node_id,
+    const std::map<std::string, Result<v1::ReserveSlotAddressResponse>>& reserved,
+    const Result<v1::ApproveSlotsResponse>& outcome, rpc::Context& ctx) {
+  for (const auto& [key, r] : reserved) {
+    if (!r.ok()) continue;
+    bool kept = false;
+    if (outcome.ok()) {
+      for (const auto& res : outcome->results()) {
+        kept = kept || (res.slot_key() == key && res.slot().admin_state() == "available" &&
+                        res.slot().mac() == r->reservation().mac());
+      }
+    } else {
+      // Nothing was written: only what this call created is surely nobody's.
+      kept = !r->created();
+    }
+    if (kept) continue;
+    v1::ReleaseSlotAddressRequest req;
+    req.set_node_id(node_id);
+    req.set_slot_key(key);
+    req.set_reason("approval_rejected");
+    auto rel = rpc::Client(d.nats).Call<v1::ReleaseSlotAddressResponse>(
+        "gpuaas.v1.ipam.reservation.release", req, std::chrono::milliseconds(d.cfg.ipam_timeout_ms),
+        ctx.traceparent);
+    if (!rel.ok()) {
+      ctx.log.Warn("reservation of a rejected slot not released",
+                   {{"node_id", node_id}, {"slot_key", key}, {"error", rel.error().ToString()}});
+    } else if (rel->released()) {
+      ctx.log.Info("reservation of a rejected slot released",
+                   {{"node_id", node_id}, {"slot_key", key}, {"ip", rel->reservation().ip()}});
+    }
+  }
+}
+
+// Drift ipam reports (lease mismatch/missing/unexpected) is kept apart from the topology drift
+// inventory detects itself: each source sets and clears only its own.
+bool IsIpamDrift(const std::string& kind) { return kind.rfind("ipam_", 0) == 0; }
+
+// "kind: detail; ..." of every drift record of the slot (its health_detail while degraded).
+std::string DriftDetail(const v1::Slot& s) {
+  std::string out;
+  for (const auto& x : s.drift()) out += (out.empty() ? "" : "; ") + x.kind() + ": " + x.detail();
+  return out;
 }
 
 v1::SlotRejection Rejection(const std::string& reason, const std::string& message) {
@@ -313,9 +363,11 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
   }
   // Phase 1: what would pass the local rules now.
   std::map<std::string, bool> passes;
+  NodeCtx where;
   auto pre = store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<void> {
     auto node = LoadNode(tx, req.node_id(), false);
     if (!node.ok()) return node.error();
+    where = *node;
     auto snap = LoadSnapshot(tx, req.node_id(), req.snapshot_version());
     if (!snap.ok()) return snap.error();
     if (!snap->has_value()) {
@@ -352,13 +404,13 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
   if (!pre.ok()) return pre.error();
 
   // Phase 2: addresses for the candidates that pass (ipam is idempotent per slot).
-  std::map<std::string, Result<v1::SlotReservation>> addresses;
+  std::map<std::string, Result<v1::ReserveSlotAddressResponse>> addresses;
   for (const auto& [key, ok] : passes) {
-    if (ok) addresses.emplace(key, Reserve(d, req.node_id(), key, ctx.traceparent));
+    if (ok) addresses.emplace(key, Reserve(d, where, key, ctx.traceparent));
   }
 
   // Phase 3: validate again under the node lock, write slots, events and the desired set.
-  return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ApproveSlotsResponse> {
+  auto outcome = store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ApproveSlotsResponse> {
     auto node = LoadNode(tx, req.node_id(), true);
     if (!node.ok()) return node.error();
     auto snap = LoadSnapshot(tx, req.node_id(), req.snapshot_version());
@@ -406,8 +458,8 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
               Rejection(reason::kAddressReservationFailed,
                         "ipam could not reserve a MAC/IP: " + it->second.error().ToString()));
         } else {
-          slot.set_mac(it->second->mac());
-          slot.set_private_ip(it->second->ip());
+          slot.set_mac(it->second->reservation().mac());
+          slot.set_private_ip(it->second->reservation().ip());
         }
       }
       auto* res = resp.add_results();
@@ -437,11 +489,16 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
         slot.set_admin_state("available");
         slot.set_health("healthy");
         res->set_approved(true);
-        if (!repair && existing != slots->end() && existing->second.drift_size() > 0) {
-          // Approval does not clear drift; repair re-validates and clears it.
-          *slot.mutable_drift() = existing->second.drift();
-          slot.set_health("degraded");
-          slot.set_health_detail(existing->second.health_detail());
+        if (existing != slots->end()) {
+          // Approval does not clear drift; repair re-validates the topology evidence and clears
+          // its drift, but IPAM drift clears only with a clean lease report.
+          for (const auto& dr : existing->second.drift()) {
+            if (!repair || IsIpamDrift(dr.kind())) *slot.add_drift() = dr;
+          }
+          if (slot.drift_size() > 0) {
+            slot.set_health("degraded");
+            slot.set_health_detail(repair ? DriftDetail(slot) : existing->second.health_detail());
+          }
         }
       }
       if (existing != slots->end() && SameSlot(existing->second, slot)) {
@@ -462,6 +519,8 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
                   {"desired_version", std::to_string(*desired)}});
     return resp;
   });
+  ReleaseUnapproved(d, req.node_id(), addresses, outcome, ctx);
+  return outcome;
 }
 
 Result<std::vector<std::string>> NodesInRegion(pqxx::work& tx, const std::string& region) {
@@ -536,18 +595,21 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
     auto drift = DetectDrift(slot, report);
     if (!drift.empty()) {
       std::set<std::string> had, now;
-      for (const auto& x : slot.drift()) had.insert(x.kind());
+      for (const auto& x : slot.drift()) {
+        if (!IsIpamDrift(x.kind())) had.insert(x.kind());
+      }
       for (const auto& x : drift) now.insert(x.kind());
       if (had != now) {
         next.clear_drift();
-        std::string detail;
         for (auto& x : drift) {
           *x.mutable_detected_at() = TimeUtil::GetCurrentTime();
           *next.add_drift() = x;
-          detail += (detail.empty() ? "" : "; ") + x.kind() + ": " + x.detail();
+        }
+        for (const auto& x : slot.drift()) {
+          if (IsIpamDrift(x.kind())) *next.add_drift() = x;
         }
         next.set_health("degraded");
-        next.set_health_detail(detail);
+        next.set_health_detail(DriftDetail(next));
       }
     }
     if (blockers_changed || !SameSlot(slot, next)) {
@@ -589,9 +651,63 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
   return Ok();
 }
 
+Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source) {
+  v1::IpamDriftSnapshot snap;
+  if (!ev.data().UnpackTo(&snap)) {
+    return Error::InvalidArgument("malformed_event",
+                                  "event data is not a gpuaas.v1.IpamDriftSnapshot");
+  }
+  const auto& d = snap.drift();
+  if (!ids::IsNodeId(d.node_id()) || !IsIpamDrift(d.kind())) {
+    return Error::InvalidArgument("malformed_event", "ipam drift without a node id or ipam kind");
+  }
+  if (d.slot_key().empty()) return Ok();  // a lease no slot owns: ipam's node-level evidence
+  auto seen = tx.exec_params(
+      "SELECT generation FROM ipam_drift_marks WHERE node_id = $1 AND slot_key = $2 FOR UPDATE",
+      d.node_id(), d.slot_key());
+  if (!seen.empty() && seen[0][0].as<int64_t>() >= d.generation()) return Ok();  // older news
+  auto node = LoadNode(tx, d.node_id(), true);
+  if (!node.ok()) return Ok();  // a node inventory does not know has no slots to mark
+  tx.exec_params(
+      "INSERT INTO ipam_drift_marks (node_id, slot_key, generation) VALUES ($1, $2, $3) "
+      "ON CONFLICT (node_id, slot_key) DO UPDATE SET generation = EXCLUDED.generation",
+      d.node_id(), d.slot_key(), d.generation());
+  auto slots = LoadSlots(tx, d.node_id());
+  if (!slots.ok()) return slots.error();
+  auto it = slots->find(d.slot_key());
+  if (it == slots->end()) return Ok();
+  const v1::Slot& slot = it->second;
+  v1::Slot next = slot;
+  next.clear_drift();
+  for (const auto& x : slot.drift()) {
+    if (!IsIpamDrift(x.kind())) *next.add_drift() = x;
+  }
+  if (!d.has_resolved_at()) {
+    auto* x = next.add_drift();
+    x->set_slot_key(d.slot_key());
+    x->set_kind(d.kind());
+    x->set_detail(d.detail());
+    *x->mutable_detected_at() = d.detected_at();
+  }
+  if (SameSlot(slot, next)) return Ok();  // (detection times aside) nothing changed
+  if (next.drift_size() > 0) {
+    if (next.health() != "failed") next.set_health("degraded");
+    next.set_health_detail(DriftDetail(next));
+  } else {
+    if (next.health() == "degraded") {
+      next.set_health(next.admin_state() == "available" ? "healthy" : "unknown");
+    }
+    next.clear_health_detail();
+  }
+  auto saved = SaveSlot(tx, *node, next, source, "", d.allocation_id());
+  if (!saved.ok()) return saved.error();
+  return Ok();
+}
+
 Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
   auto nats = svc.nats();
-  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
+  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream(),
+                           messaging::IpamEventsStream()}) {
     if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
   }
   Deps d{svc.pg(), nats, cfg};
@@ -965,6 +1081,18 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
   auto c2 = svc.StartConsumer(
       tasks, inbox::ProjectionHandler(svc.pg(), kTaskConsumer, ApplyTaskEvent, svc.log()));
   if (!c2.ok()) return c2.error();
+  // IPAM drift (lease mismatch/missing/unexpected) degrades the affected slot until resolved.
+  messaging::ConsumerSpec drift;
+  drift.stream = messaging::IpamEventsStream().name;
+  drift.durable = kIpamDriftConsumer;
+  drift.filter_subject = "gpuaas.v1.evt.ipam.drift.>";
+  auto c3 = svc.StartConsumer(drift, inbox::ProjectionHandler(
+                                         svc.pg(), kIpamDriftConsumer,
+                                         [source](pqxx::work& tx, const v1::Event& ev) {
+                                           return ApplyIpamDriftEvent(tx, ev, source);
+                                         },
+                                         svc.log()));
+  if (!c3.ok()) return c3.error();
   return Ok();
 }
 

@@ -19,6 +19,7 @@ namespace gpuaas::inventory {
 
 inline constexpr const char* kTopologyConsumer = "inventory-node-topology";
 inline constexpr const char* kTaskConsumer = "inventory-node-tasks";
+inline constexpr const char* kIpamDriftConsumer = "inventory-ipam-drift";
 
 struct SlotDeps {
   std::string source;  // "inventory/<instance>"
@@ -35,6 +36,10 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& deps);
 // recorded against the task inventory sent.
 Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source);
 Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev);
+// An ipam drift event (gpuaas.v1.evt.ipam.drift.{detected,resolved}) on a slot: detected marks
+// the slot degraded with the drift in its health_detail; resolved removes that drift (and the
+// degradation when no other drift is left). Ordered by the drift's generation.
+Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source);
 
 // Re-announces every slot of a node with a new generation (its region, pool, blockers or
 // region state changed, which every slot snapshot carries).

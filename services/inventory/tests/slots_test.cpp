@@ -9,12 +9,15 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 #include "inventory_service.hpp"
 #include "ipam_service.hpp"
@@ -86,7 +89,8 @@ class SlotsTest : public ::testing::Test {
     ipam_ = std::make_unique<ipam::IpamService>(LoadConfig<ipam::IpamConfig>(env));
     auto ri = ipam_->Start();
     ASSERT_TRUE(ri.ok()) << ri.error().ToString();
-    env["GPUAAS_POSTGRES_DSN"] = testing::SharedPostgres().CreateDatabase("inv");
+    inv_dsn_ = testing::SharedPostgres().CreateDatabase("inv");
+    env["GPUAAS_POSTGRES_DSN"] = inv_dsn_;
     svc_ = std::make_unique<InventoryService>(LoadConfig<InventoryConfig>(env));
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
@@ -157,7 +161,22 @@ class SlotsTest : public ::testing::Test {
     return snap;
   }
 
+  std::vector<v1::SlotReservation> Reservations(const std::string& node) {
+    v1::ListReservationsRequest r;
+    r.set_node_id(node);
+    auto res = Call<v1::ListReservationsResponse>("gpuaas.v1.ipam.reservation.list", r);
+    EXPECT_TRUE(res.ok());
+    if (!res.ok()) return {};
+    return {res->reservations().begin(), res->reservations().end()};
+  }
+  void Publish(const std::string& subject, const google::protobuf::Message& data,
+               const std::string& entity, int64_t generation) {
+    const auto ev = outbox::MakeEvent({subject, "", "test", entity, generation, "", "", &data});
+    ASSERT_TRUE(messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), ev.id()).ok());
+  }
+
   testing::TestNats nats_;
+  std::string inv_dsn_;
   std::unique_ptr<ipam::IpamService> ipam_;
   std::unique_ptr<InventoryService> svc_;
   std::shared_ptr<messaging::Connection> conn_;
@@ -540,6 +559,117 @@ TEST_F(SlotsTest, AnOlderReportArrivingLateDoesNotBecomeTheLatestSnapshot) {
   ASSERT_TRUE(show.ok());
   EXPECT_EQ(show->snapshot_version(), 2) << "the late, older report was not stored";
   EXPECT_TRUE(show->node_blockers().empty());
+}
+
+}  // namespace
+}  // namespace gpuaas::inventory
+
+namespace gpuaas::inventory {
+namespace {
+
+// The approval reserved an address (phase 2) and then rejected the slot (phase 3 saw newer
+// evidence): the reservation goes back to ipam instead of staying orphaned.
+TEST_F(SlotsTest, ARejectedApprovalReleasesTheAddressItReserved) {
+  RegisterNode("gpu-01");
+  Report(gpuaas::inventory::Report("gpu-01"));
+  WaitSnapshot("gpu-01", 1);
+  const std::string key = "gpu-0000:18:00.0";
+  // Hold the node row that phase 3 locks, so the evidence can change between the phases.
+  pqxx::connection c(inv_dsn_);
+  pqxx::work hold(c);
+  hold.exec_params("SELECT 1 FROM nodes WHERE node_id = $1 FOR UPDATE", "gpu-01");
+  Result<v1::ApproveSlotsResponse> res = Error::Internal("x", "unset");
+  std::thread approve([&] { res = Approve("gpu-01", {key}); });
+  ASSERT_TRUE(testing::WaitFor([&] { return Reservations("gpu-01").size() == 1; }));
+  hold.exec_params(
+      "UPDATE topology_snapshots SET report = jsonb_set(report, '{nvme,0,mountpoints}', "
+      "'[\"/mnt/scratch\"]') WHERE node_id = $1",
+      "gpu-01");
+  hold.commit();
+  approve.join();
+  ASSERT_TRUE(res.ok()) << res.error().ToString();
+  ASSERT_EQ(res->results_size(), 1);
+  EXPECT_FALSE(res->results(0).approved());
+  EXPECT_EQ(res->results(0).rejections(0).reason(), reason::kNvmeMounted);
+  EXPECT_EQ(res->results(0).slot().admin_state(), "disabled");
+  EXPECT_TRUE(Reservations("gpu-01").empty()) << "the reservation was released";
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_IPAM",
+                                           "gpuaas.v1.evt.ipam.reservation.released");
+    return n.ok() && *n == 1;
+  }));
+  // Approving the other slot still works and keeps its address.
+  auto ok = Approve("gpu-01", {"gpu-0000:38:00.0"});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_TRUE(ok->results(0).approved());
+  EXPECT_EQ(Reservations("gpu-01").size(), 1u);
+}
+
+// ipam sees a bound slot's lease go wrong (its drift event) and later clean again: inventory
+// degrades exactly that slot with the reason, then restores it.
+TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
+  RegisterNode("gpu-01");
+  Report(gpuaas::inventory::Report("gpu-01"));
+  WaitSnapshot("gpu-01", 1);
+  ASSERT_TRUE(Approve("gpu-01").ok());
+  const auto res = Reservations("gpu-01");
+  ASSERT_EQ(res.size(), 2u);
+  const std::string alloc = ids::NewUuidV7();
+  v1::AllocationSnapshot a;
+  a.mutable_allocation()->set_allocation_id(alloc);
+  a.mutable_allocation()->set_node_id("gpu-01");
+  a.mutable_allocation()->set_state("active");
+  a.mutable_allocation()->add_slot_keys(res[0].slot_key());
+  Publish("gpuaas.v1.evt.scheduler.allocation.active", a, alloc, 3);
+  v1::LeaseReport lr;
+  lr.set_node_id("gpu-01");
+  auto* o = lr.add_observations();
+  o->set_slot_key(res[0].slot_key());
+  o->set_mac(res[0].mac());
+  o->set_expected_ip(res[0].ip());
+  o->set_actual_ip("10.100.0.77");
+  o->set_lease_state("mismatch");
+  // Published once the binding is in: ipam judges leases of bound slots only.
+  ASSERT_TRUE(testing::WaitFor([&] { return !Reservations("gpu-01")[0].allocation_id().empty(); }));
+  *lr.mutable_observed_at() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  Publish("gpuaas.v1.evt.node.gpu-01.leases", lr, "gpu-01", 0);
+  auto slot_of = [&](const std::string& key) {
+    v1::Slot out;
+    auto show = Show("gpu-01");
+    if (show.ok()) {
+      for (const auto& s : show->slots()) {
+        if (s.slot_key() == key) out = s;
+      }
+    }
+    return out;
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return slot_of(res[0].slot_key()).health() == "degraded"; }));
+  const auto degraded = slot_of(res[0].slot_key());
+  ASSERT_EQ(degraded.drift_size(), 1);
+  EXPECT_EQ(degraded.drift(0).kind(), "ipam_lease_mismatch");
+  EXPECT_NE(degraded.health_detail().find("ipam_lease_mismatch"), std::string::npos);
+  EXPECT_NE(degraded.health_detail().find("10.100.0.77"), std::string::npos);
+  EXPECT_EQ(slot_of(res[1].slot_key()).health(), "healthy") << "only the affected slot";
+  auto snap = LastSlotEvent();
+  ASSERT_TRUE(snap.ok());
+  EXPECT_FALSE(snap->schedulable());
+  // A topology report without topology drift leaves the IPAM drift alone.
+  Report(gpuaas::inventory::Report("gpu-01"));
+  WaitSnapshot("gpu-01", 2);
+  EXPECT_EQ(slot_of(res[0].slot_key()).drift_size(), 1);
+  // Repair re-validates the topology; IPAM drift clears only with a clean lease report.
+  v1::RepairSlotRequest rep;
+  rep.set_node_id("gpu-01");
+  rep.set_slot_key(res[0].slot_key());
+  ASSERT_TRUE(Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", rep).ok());
+  EXPECT_EQ(slot_of(res[0].slot_key()).health(), "degraded");
+  o->set_actual_ip(res[0].ip());
+  o->set_lease_state("bound");
+  *lr.mutable_observed_at() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  Publish("gpuaas.v1.evt.node.gpu-01.leases", lr, "gpu-01", 0);
+  ASSERT_TRUE(testing::WaitFor([&] { return slot_of(res[0].slot_key()).health() == "healthy"; }));
+  EXPECT_EQ(slot_of(res[0].slot_key()).drift_size(), 0);
+  EXPECT_EQ(slot_of(res[0].slot_key()).health_detail(), "");
 }
 
 }  // namespace

@@ -1,26 +1,60 @@
 #pragma once
-// ipam: owns per-node management subnets and per-slot MAC/private-IP reservations.
-// Serves gpuaas.v1.ipam.reservation.{reserve,list}; announces new reservations through its
-// outbox (gpuaas.v1.evt.ipam.reservation.created). Lease observation, allocation binding and
-// IPAM drift arrive with the networking issue.
+// ipam: owns per-node management subnets (rules per region/pool/node), fleet-unique slot MACs,
+// per-slot private-IP reservations bound to allocations while they live, each node's versioned
+// network document and its acks, lease observations and IPAM drift. Serves gpuaas.v1.ipam.*;
+// consumes allocation events (GPUAAS_EVT_SCHEDULER) and node-agent lease reports
+// (GPUAAS_EVT_NODE); announces reservation and drift changes through its outbox
+// (GPUAAS_EVT_IPAM). Pure rules live in ipam_domain.hpp.
+#include <pqxx/pqxx>
+
 #include <string>
 
 #include "gpuaas/common/runtime.hpp"
 
+namespace gpuaas::v1 {
+class Event;
+}
+
 namespace gpuaas::ipam {
 
+struct NetworkDefaults;  // ipam_domain.hpp
+
 const std::vector<store::Migration>& Migrations();
+
+inline constexpr const char* kAllocationConsumer = "ipam-scheduler-allocations";
+inline constexpr const char* kLeaseConsumer = "ipam-node-leases";
 
 struct IpamConfig {
   runtime::CommonConfig common;
   std::string default_subnet = "10.100.0.0/24";
-  int64_t first_host = 10;  // slot addresses: subnet + first_host .. subnet + last_host
+  std::string default_gateway;  // "" = the subnet's first host
+  int64_t first_host = 10;      // slot addresses: subnet + first_host .. subnet + last_host
   int64_t last_host = 250;
+  int64_t slots_per_node = 8;  // a subnet must hold at least this many slot addresses
+  std::string reserved_cidrs;  // comma-separated networks no management subnet may overlap
+  std::string bridge = "gpuaasbr0";
+  bool masquerade = true;
+  bool ip_forward = true;
+  bool deny_cross_slice = true;
+  int64_t lease_readiness_timeout_ms = 300000;
   void Register(config::Schema& schema);
+  // Every problem of the values together (INVALID_ARGUMENT invalid_config, details per key).
+  Result<void> Validate() const;
+  // What every node network document asks for (bridge, NAT, isolation).
+  NetworkDefaults Network() const;
 };
 
-// 52:54:00 (QEMU local) + 3 bytes of FNV-1a-64("<node_id>/<slot_key>#<attempt>").
-std::string DeterministicMac(const std::string& node_id, const std::string& slot_key, int attempt);
+// Subject a node-agent publishes its LeaseReport on (stream GPUAAS_EVT_NODE).
+std::string LeaseReportSubject(const std::string& node_id);
+
+// Consumers' effects (public for tests). An AllocationSnapshot event binds the allocation's
+// slots' reservations (provisioning, active) or unbinds them (released; failed with no live
+// claims), in generation order. A LeaseReport event becomes the node's latest observations, and
+// drift records are opened, changed or resolved from it.
+Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
+                                  const std::string& source);
+Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
+                             const std::string& source);
 
 class IpamService {
  public:

@@ -1,0 +1,172 @@
+// ipam's consumers: allocation events bind/unbind reservations; node-agent lease reports become
+// observations and drift. Both run inside inbox::ProjectionHandler's transaction, so a
+// redelivered event is a no-op, and both order by the entity's own clock (allocation
+// generation, report observed_at) because the inbox does not order anything.
+#include <google/protobuf/util/time_util.h>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "ipam_domain.hpp"
+#include "ipam_service.hpp"
+#include "ipam_store.hpp"
+
+namespace gpuaas::ipam {
+
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+// Unbinds every reservation of the allocation on `node_id` not in `keep`; resolves their drift.
+Result<int> Unbind(pqxx::work& tx, const std::string& node_id, const std::string& allocation_id,
+                   const std::vector<std::string>& keep, const std::string& why,
+                   const std::string& source) {
+  auto rows = tx.exec_params(
+      "UPDATE slot_reservations SET allocation_id = NULL, bound_at = NULL, "
+      "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
+      "allocation_id = $2 AND NOT (slot_key = ANY($3::text[])) RETURNING slot_key",
+      node_id, allocation_id, store::TextArrayLiteral(keep));
+  for (const auto& r : rows) {
+    const auto key = r[0].as<std::string>();
+    auto res = FindReservation(tx, node_id, key);
+    if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res, "unbound",
+                                     source, "");
+        !a.ok()) {
+      return a.error();
+    }
+    if (auto d = ResolveDrift(tx, node_id, key, why, source); !d.ok()) return d.error();
+  }
+  return static_cast<int>(rows.size());
+}
+
+}  // namespace
+
+Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
+                                  const std::string& source) {
+  v1::AllocationSnapshot snap;
+  if (!ev.data().UnpackTo(&snap)) {
+    return Error::InvalidArgument("malformed_event",
+                                  "event data is not a gpuaas.v1.AllocationSnapshot");
+  }
+  const auto& a = snap.allocation();
+  if (!ids::IsUuid(a.allocation_id())) {
+    return Error::InvalidArgument("malformed_event", "allocation event without an allocation id");
+  }
+  const int64_t generation = ev.generation() > 0 ? ev.generation() : a.generation();
+  auto prev = tx.exec_params(
+      "SELECT generation FROM allocation_bindings WHERE allocation_id = $1 FOR UPDATE",
+      a.allocation_id());
+  if (!prev.empty() && prev[0][0].as<int64_t>() >= generation) return Ok();  // older news
+  std::vector<std::string> keys(a.slot_keys().begin(), a.slot_keys().end());
+  std::sort(keys.begin(), keys.end());
+  tx.exec_params(
+      "INSERT INTO allocation_bindings (allocation_id, node_id, state, generation, slot_keys) "
+      "VALUES ($1, $2, $3, $4, $5::text[]) ON CONFLICT (allocation_id) DO UPDATE SET "
+      "node_id = EXCLUDED.node_id, state = EXCLUDED.state, generation = EXCLUDED.generation, "
+      "slot_keys = EXCLUDED.slot_keys, updated_at = now()",
+      a.allocation_id(), a.node_id(), a.state(), generation, store::TextArrayLiteral(keys));
+
+  const bool bind = a.state() == "provisioning" || a.state() == "active";
+  // slot_keys lists live claims only: a failed allocation without them has had its claims
+  // freed (cleanup proof or force-release).
+  const bool unbind = a.state() == "released" || (a.state() == "failed" && keys.empty());
+  if (bind && ids::IsNodeId(a.node_id())) {
+    if (!LockNode(tx, a.node_id())) return Ok();  // nothing reserved on that node
+    auto rows = tx.exec_params(
+        "UPDATE slot_reservations SET allocation_id = $3, bound_at = now(), "
+        "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
+        "slot_key = ANY($2::text[]) AND allocation_id IS DISTINCT FROM $3 RETURNING slot_key",
+        a.node_id(), store::TextArrayLiteral(keys), a.allocation_id());
+    for (const auto& r : rows) {
+      auto res = FindReservation(tx, a.node_id(), r[0].as<std::string>());
+      if (auto x = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res, "bound",
+                                       source, "");
+          !x.ok()) {
+        return x.error();
+      }
+    }
+    // A claim the allocation no longer holds is no longer bound to it.
+    auto gone = Unbind(tx, a.node_id(), a.allocation_id(), keys, "claim freed", source);
+    if (!gone.ok()) return gone.error();
+    if (!rows.empty() || *gone > 0) {
+      if (auto d = UpdateDocument(tx, a.node_id(), cfg); !d.ok()) return d.error();
+    }
+    return Ok();
+  }
+  if (unbind) {
+    std::vector<std::string> nodes;
+    for (const auto& r : tx.exec_params(
+             "SELECT DISTINCT node_id FROM slot_reservations WHERE allocation_id = $1 ORDER BY 1",
+             a.allocation_id())) {
+      nodes.push_back(r[0].as<std::string>());
+    }
+    for (const auto& node : nodes) {
+      LockNode(tx, node);
+      auto n = Unbind(tx, node, a.allocation_id(), {}, "allocation " + a.state(), source);
+      if (!n.ok()) return n.error();
+      if (auto d = UpdateDocument(tx, node, cfg); !d.ok()) return d.error();
+    }
+  }
+  return Ok();
+}
+
+Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
+                             const std::string& source) {
+  v1::LeaseReport report;
+  if (!ev.data().UnpackTo(&report)) {
+    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.LeaseReport");
+  }
+  if (auto v = ValidateLeaseReport(report); !v.ok()) return v.error();
+  const int64_t observed_ms = report.has_observed_at()
+                                  ? TimeUtil::TimestampToMilliseconds(report.observed_at())
+                                  : TimeUtil::TimestampToMilliseconds(ev.time());
+  if (!LockNode(tx, report.node_id())) return Ok();  // ipam reserved nothing there
+  auto prev = tx.exec_params(
+      "SELECT (extract(epoch from observed_at) * 1000)::int8 FROM lease_reports WHERE node_id = $1",
+      report.node_id());
+  if (!prev.empty() && prev[0][0].as<int64_t>() > observed_ms) return Ok();  // older news
+  std::vector<std::string> blockers(report.blockers().begin(), report.blockers().end());
+  tx.exec_params(
+      "INSERT INTO lease_reports (node_id, document_version, blockers, observed_at, event_id) "
+      "VALUES ($1, $2, $3::text[], to_timestamp($4::float8 / 1000), $5) ON CONFLICT (node_id) DO "
+      "UPDATE SET document_version = EXCLUDED.document_version, blockers = EXCLUDED.blockers, "
+      "observed_at = EXCLUDED.observed_at, event_id = EXCLUDED.event_id, received_at = now()",
+      report.node_id(), report.document_version(), store::TextArrayLiteral(blockers), observed_ms,
+      ev.id());
+  const auto slots = LoadReservedSlots(tx, report.node_id());
+  const auto judged = JudgeLeases(slots, report, observed_ms, cfg.lease_readiness_timeout_ms);
+  tx.exec_params("DELETE FROM lease_observations WHERE node_id = $1", report.node_id());
+  for (const auto& [subject, lease] : judged.leases) {
+    tx.exec_params(
+        "INSERT INTO lease_observations (node_id, subject, doc) VALUES ($1, $2, $3::jsonb)",
+        report.node_id(), subject, protojson::ToJson(lease));
+  }
+  for (const auto& [subject, finding] : judged.drift) {
+    if (auto r = RecordDrift(tx, report.node_id(), finding, report.document_version(), source);
+        !r.ok()) {
+      return r.error();
+    }
+  }
+  for (const auto& r :
+       tx.exec_params("SELECT subject FROM ipam_drift WHERE node_id = $1 AND resolved_at IS NULL",
+                      report.node_id())) {
+    const auto subject = r[0].as<std::string>();
+    if (judged.drift.count(subject)) continue;
+    if (auto x = ResolveDrift(
+            tx, report.node_id(), subject,
+            fmt::format("clean lease report of document {}", report.document_version()), source);
+        !x.ok()) {
+      return x.error();
+    }
+  }
+  return Ok();
+}
+
+}  // namespace gpuaas::ipam

@@ -1,0 +1,162 @@
+#pragma once
+// ipam's pure domain: IPv4/CIDR arithmetic, slot address picking, MAC derivation and collision
+// resolution, the node network document and the judgement of lease reports. No I/O: the
+// service (ipam_service.cpp) runs these inside its transactions, and the unit tests run them on
+// their own (50,000-node MAC fleets, randomised address properties).
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/v1/ipam.pb.h"
+
+namespace gpuaas::ipam {
+
+// ---- IPv4 ----
+
+std::optional<uint32_t> ParseIpv4(std::string_view s);
+std::string FormatIpv4(uint32_t ip);
+
+struct Cidr {
+  uint32_t network = 0;
+  int prefix = 32;
+  uint32_t Mask() const { return prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix); }
+  uint32_t Broadcast() const { return network | ~Mask(); }
+  bool Contains(uint32_t ip) const { return (ip & Mask()) == network; }
+  std::string ToString() const;
+};
+
+// "10.100.0.0/24" with the host bits zero and min_prefix <= prefix <= max_prefix. Errors are
+// INVALID_ARGUMENT invalid_cidr with details {field: problem}.
+Result<Cidr> ParseCidr(std::string_view s, const std::string& field = "subnet", int min_prefix = 8,
+                       int max_prefix = 30);
+bool Overlaps(const Cidr& a, const Cidr& b);
+
+// Where slot addresses come from in a node's subnet: network + first_host .. network +
+// last_host, inside the subnet, never the network, gateway or broadcast address.
+struct AddressPlan {
+  Cidr subnet;
+  uint32_t gateway = 0;
+  int64_t first_host = 10;
+  int64_t last_host = 250;
+};
+
+// The gateway of a subnet: `gateway` ("" = the first host), which must be a host address inside
+// it. INVALID_ARGUMENT invalid_gateway otherwise.
+Result<uint32_t> ResolveGateway(const Cidr& subnet, std::string_view gateway);
+bool IsSlotAddress(const AddressPlan& plan, uint32_t ip);
+// How many slot addresses the plan offers.
+int64_t SlotCapacity(const AddressPlan& plan);
+// The lowest slot address not in `used`; nullopt when the plan is exhausted.
+std::optional<uint32_t> PickIp(const AddressPlan& plan, const std::set<uint32_t>& used);
+
+// ---- MAC ----
+
+// 52:54:00 is the QEMU/KVM locally administered prefix for derived MACs; 52:54:01 is the
+// platform pool, handed out by sequence when a derived MAC is already owned by another slot.
+inline constexpr uint64_t kDerivedPrefix = 0x525400;
+inline constexpr uint64_t kPoolPrefix = 0x525401;
+inline constexpr uint64_t kPoolSize = uint64_t{1} << 24;
+
+std::optional<uint64_t> ParseMac(std::string_view s);  // aa:bb:cc:dd:ee:ff, any case
+std::string FormatMac(uint64_t mac);
+bool IsUnicastMac(uint64_t mac);
+// 52:54:00 + the low 3 bytes of FNV-1a-64("<node_id>/<slot_key>#<epoch>"); epoch is the slot's
+// re-provision count (0 until an admin re-provisions it).
+uint64_t DerivedMacValue(std::string_view node_id, std::string_view slot_key, int epoch);
+std::string DeterministicMac(const std::string& node_id, const std::string& slot_key, int epoch);
+// Pool MAC number `seq` (1 .. kPoolSize-1): 52:54:01 + seq.
+uint64_t PoolMacValue(uint64_t seq);
+
+// The fleet's MAC ownership in memory, with the same rule the database applies: a slot gets
+// its derived MAC unless another slot owns it, then the next pool MAC. Used by tests to show
+// collisions are detected and resolved to unique MACs at fleet scale.
+class MacLedger {
+ public:
+  struct Choice {
+    uint64_t mac = 0;
+    bool pool = false;  // the derived MAC was owned by another slot (a collision)
+  };
+  Choice Assign(std::string_view node_id, std::string_view slot_key);
+  size_t collisions() const { return collisions_; }
+  size_t size() const { return owned_.size(); }
+
+ private:
+  std::unordered_set<uint64_t> owned_;
+  uint64_t next_pool_ = 1;
+  size_t collisions_ = 0;
+};
+
+// ---- Node network document ----
+
+struct NetworkDefaults {
+  std::string bridge = "gpuaasbr0";
+  bool masquerade = true;
+  bool ip_forward = true;
+  bool deny_cross_slice = true;
+};
+
+struct ReservedSlot {
+  std::string slot_key;
+  std::string mac;
+  std::string ip;
+  std::string allocation_id;  // "" while unbound
+  int64_t bound_at_ms = 0;
+};
+
+// The slots of an allocation share one VM, whose management vNIC is the allocation's first slot
+// (by slot key, as the scheduler's bundle orders them): only that one is expected to hold a
+// lease and carry the hostname.
+std::set<std::string> PrimarySlots(const std::vector<ReservedSlot>& slots);
+// "slice-<first 8 of the allocation id>" (the scheduler's default guest hostname); made unique
+// on the node with "-<last 6 of the id>" when two allocations would share it.
+std::map<std::string, std::string> Hostnames(const std::vector<ReservedSlot>& slots);
+
+// The document's content (version 0, no created_at), reservations ordered by IP.
+v1::NodeNetworkDocument BuildDocument(const std::string& node_id, const std::string& subnet,
+                                      const std::string& gateway, const NetworkDefaults& defaults,
+                                      const std::vector<ReservedSlot>& slots);
+// Same content, ignoring version and created_at?
+bool SameContent(v1::NodeNetworkDocument a, v1::NodeNetworkDocument b);
+
+// ---- Lease reports ----
+
+// Field problems of a report (node id, lease states, MACs, IPs), all at once: INVALID_ARGUMENT
+// malformed_lease_report.
+Result<void> ValidateLeaseReport(const v1::LeaseReport& report);
+
+inline constexpr const char* kDriftMismatch = "ipam_lease_mismatch";
+inline constexpr const char* kDriftMissing = "ipam_lease_missing";
+inline constexpr const char* kDriftUnexpected = "ipam_lease_unexpected";
+
+struct Finding {
+  std::string subject;  // slot key, or "mac:<mac>" for an unexpected lease on no reserved IP
+  std::string slot_key;
+  std::string mac;
+  std::string kind;
+  std::string detail;
+  std::string expected_ip;
+  std::string actual_ip;
+  std::string allocation_id;
+};
+
+struct LeaseJudgement {
+  // One per reserved slot (judged against ipam's reservation, not the agent's copy) and one per
+  // unexpected lease, keyed by subject.
+  std::map<std::string, v1::StoredLease> leases;
+  std::map<std::string, Finding> drift;  // by subject; at most one finding each
+};
+
+// Judges `report` against the node's reservations. A slot bound to an allocation drifts when its
+// lease has another IP or MAC (mismatch) or, for the allocation's primary slot, when it has none
+// `readiness_timeout_ms` after binding (missing). A lease whose MAC nobody reserved drifts
+// (unexpected), attributed to the slot whose IP it holds if any.
+LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::LeaseReport& report,
+                           int64_t observed_at_ms, int64_t readiness_timeout_ms);
+
+}  // namespace gpuaas::ipam

@@ -1,0 +1,283 @@
+#include "ipam_store.hpp"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <fmt/format.h>
+
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/proto_json.hpp"
+#include "ipam_domain.hpp"
+#include "ipam_service.hpp"
+
+namespace gpuaas::ipam {
+
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+constexpr const char* kReservationColumns =
+    "r.node_id, r.slot_key, r.mac::text, host(r.ip), s.subnet::text, host(s.gateway), "
+    "(extract(epoch from r.created_at) * 1000)::int8, r.generation, "
+    "COALESCE(r.allocation_id, ''), COALESCE(m.source, 'derived'), "
+    "(extract(epoch from r.bound_at) * 1000)::int8, (extract(epoch from r.updated_at) * "
+    "1000)::int8";
+
+constexpr const char* kReservationFrom =
+    "FROM slot_reservations r JOIN node_subnets s USING (node_id) "
+    "LEFT JOIN mac_assignments m USING (node_id, slot_key)";
+
+v1::SlotReservation ReservationFromRow(const pqxx::row& r) {
+  v1::SlotReservation out;
+  out.set_node_id(r[0].as<std::string>());
+  out.set_slot_key(r[1].as<std::string>());
+  out.set_mac(r[2].as<std::string>());
+  out.set_ip(r[3].as<std::string>());
+  out.set_subnet(r[4].as<std::string>());
+  out.set_gateway(r[5].as<std::string>());
+  *out.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(r[6].as<int64_t>());
+  out.set_generation(r[7].as<int64_t>());
+  out.set_allocation_id(r[8].as<std::string>());
+  out.set_mac_source(r[9].as<std::string>());
+  if (!r[10].is_null()) {
+    *out.mutable_bound_at() = TimeUtil::MillisecondsToTimestamp(r[10].as<int64_t>());
+  }
+  *out.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(r[11].as<int64_t>());
+  return out;
+}
+
+constexpr const char* kDriftColumns =
+    "drift_id, node_id, slot_key, mac, kind, detail, expected_ip, actual_ip, allocation_id, "
+    "(extract(epoch from detected_at) * 1000)::int8, (extract(epoch from resolved_at) * "
+    "1000)::int8, "
+    "generation, document_version";
+
+v1::IpamDrift DriftFromRow(const pqxx::row& r) {
+  v1::IpamDrift d;
+  d.set_drift_id(r[0].as<int64_t>());
+  d.set_node_id(r[1].as<std::string>());
+  d.set_slot_key(r[2].as<std::string>());
+  d.set_mac(r[3].as<std::string>());
+  d.set_kind(r[4].as<std::string>());
+  d.set_detail(r[5].as<std::string>());
+  d.set_expected_ip(r[6].as<std::string>());
+  d.set_actual_ip(r[7].as<std::string>());
+  d.set_allocation_id(r[8].as<std::string>());
+  *d.mutable_detected_at() = TimeUtil::MillisecondsToTimestamp(r[9].as<int64_t>());
+  if (!r[10].is_null()) {
+    *d.mutable_resolved_at() = TimeUtil::MillisecondsToTimestamp(r[10].as<int64_t>());
+  }
+  d.set_generation(r[11].as<int64_t>());
+  d.set_document_version(r[12].as<int64_t>());
+  return d;
+}
+
+Result<void> AnnounceDrift(pqxx::work& tx, const std::string& event, const v1::IpamDrift& d,
+                           const std::string& subject, const std::string& source) {
+  v1::IpamDriftSnapshot snap;
+  *snap.mutable_drift() = d;
+  auto ev =
+      outbox::Append(tx, {event, "", source, d.node_id() + "/" + subject, d.generation(),
+                          d.allocation_id().empty() ? d.node_id() : d.allocation_id(), "", &snap});
+  if (!ev.ok()) return ev.error();
+  return Ok();
+}
+
+}  // namespace
+
+std::optional<NodeNet> LockNode(pqxx::work& tx, const std::string& node_id) {
+  auto r = tx.exec_params(
+      "SELECT subnet::text, host(gateway), region, pool FROM node_subnets WHERE node_id = $1 "
+      "FOR UPDATE",
+      node_id);
+  if (r.empty()) return std::nullopt;
+  return NodeNet{node_id, r[0][0].as<std::string>(), r[0][1].as<std::string>(),
+                 r[0][2].as<std::string>(), r[0][3].as<std::string>()};
+}
+
+std::optional<v1::SlotReservation> FindReservation(pqxx::work& tx, const std::string& node_id,
+                                                   const std::string& slot_key) {
+  auto rows = tx.exec_params(fmt::format("SELECT {} {} WHERE r.node_id = $1 AND r.slot_key = $2",
+                                         kReservationColumns, kReservationFrom),
+                             node_id, slot_key);
+  if (rows.empty()) return std::nullopt;
+  return ReservationFromRow(rows[0]);
+}
+
+std::vector<v1::SlotReservation> ListReservations(pqxx::work& tx, const std::string& node_id) {
+  std::vector<v1::SlotReservation> out;
+  for (const auto& r : tx.exec_params(fmt::format("SELECT {} {} WHERE ($1 = '' OR r.node_id = $1) "
+                                                  "ORDER BY r.node_id, r.ip",
+                                                  kReservationColumns, kReservationFrom),
+                                      node_id)) {
+    out.push_back(ReservationFromRow(r));
+  }
+  return out;
+}
+
+std::vector<ReservedSlot> LoadReservedSlots(pqxx::work& tx, const std::string& node_id) {
+  std::vector<ReservedSlot> out;
+  for (const auto& r : tx.exec_params(
+           "SELECT slot_key, mac::text, host(ip), COALESCE(allocation_id, ''), "
+           "COALESCE((extract(epoch from bound_at) * 1000)::int8, 0) FROM slot_reservations "
+           "WHERE node_id = $1 ORDER BY slot_key",
+           node_id)) {
+    out.push_back({r[0].as<std::string>(), r[1].as<std::string>(), r[2].as<std::string>(),
+                   r[3].as<std::string>(), r[4].as<int64_t>()});
+  }
+  return out;
+}
+
+bool ClaimMac(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+              const std::string& mac, const std::string& source, int epoch) {
+  // No conflict target: a conflict on the slot's primary key or on the MAC's unique index both
+  // mean "not yours"; a concurrent insert of the same MAC waits for the other transaction.
+  return !tx.exec_params(
+                "INSERT INTO mac_assignments (node_id, slot_key, mac, source, epoch) "
+                "VALUES ($1, $2, $3::macaddr, $4, $5) ON CONFLICT DO NOTHING RETURNING 1",
+                node_id, slot_key, mac, source, epoch)
+              .empty();
+}
+
+Result<std::string> ClaimPoolMac(pqxx::work& tx, const std::string& node_id,
+                                 const std::string& slot_key, int epoch) {
+  for (int i = 0; i < 64; ++i) {
+    const auto seq = tx.exec("SELECT nextval('mac_pool_seq')")[0][0].as<int64_t>();
+    if (seq <= 0 || static_cast<uint64_t>(seq) >= kPoolSize) {
+      return Error{Code::kResourceExhausted,
+                   "mac_pool_exhausted",
+                   "the platform MAC pool 52:54:01:00:00:01-52:54:01:ff:ff:ff is used up",
+                   {{"node_id", node_id}, {"slot_key", slot_key}},
+                   false};
+    }
+    const std::string mac = FormatMac(PoolMacValue(static_cast<uint64_t>(seq)));
+    if (ClaimMac(tx, node_id, slot_key, mac, "pool", epoch)) return mac;
+  }
+  return Error::Aborted("mac_pool_contended", "64 pool MACs in a row were taken; retry");
+}
+
+Result<std::pair<std::string, std::string>> EnsureMac(pqxx::work& tx, const std::string& node_id,
+                                                      const std::string& slot_key) {
+  const std::string find =
+      "SELECT mac::text, source FROM mac_assignments WHERE node_id = $1 AND "
+      "slot_key = $2";
+  auto owned = tx.exec_params(find, node_id, slot_key);
+  if (!owned.empty()) {
+    return std::make_pair(owned[0][0].as<std::string>(), owned[0][1].as<std::string>());
+  }
+  const std::string derived = DeterministicMac(node_id, slot_key, 0);
+  if (ClaimMac(tx, node_id, slot_key, derived, "derived", 0)) {
+    return std::make_pair(derived, std::string("derived"));
+  }
+  owned = tx.exec_params(find, node_id, slot_key);  // the slot itself, claimed meanwhile
+  if (!owned.empty()) {
+    return std::make_pair(owned[0][0].as<std::string>(), owned[0][1].as<std::string>());
+  }
+  // Collision: another slot (on any node) owns the derived MAC.
+  auto pool = ClaimPoolMac(tx, node_id, slot_key, 0);
+  if (!pool.ok()) return pool.error();
+  return std::make_pair(*pool, std::string("pool"));
+}
+
+Result<int64_t> UpdateDocument(pqxx::work& tx, const std::string& node_id, const IpamConfig& cfg) {
+  auto node = LockNode(tx, node_id);
+  if (!node) return int64_t{0};
+  const auto slots = LoadReservedSlots(tx, node_id);
+  auto want = BuildDocument(node_id, node->subnet, node->gateway, cfg.Network(), slots);
+  auto latest = tx.exec_params(
+      "SELECT version, doc::text FROM network_documents WHERE node_id = $1 ORDER BY version DESC "
+      "LIMIT 1",
+      node_id);
+  int64_t version = 0;
+  if (!latest.empty()) {
+    version = latest[0][0].as<int64_t>();
+    v1::NodeNetworkDocument have;
+    if (protojson::FromJson(latest[0][1].as<std::string>(), &have).ok() &&
+        SameContent(have, want)) {
+      return version;
+    }
+  } else if (slots.empty()) {
+    return int64_t{0};
+  }
+  ++version;
+  want.set_version(version);
+  *want.mutable_created_at() = TimeUtil::GetCurrentTime();
+  tx.exec_params("INSERT INTO network_documents (node_id, version, doc) VALUES ($1, $2, $3::jsonb)",
+                 node_id, version, protojson::ToJson(want));
+  return version;
+}
+
+Result<void> AnnounceReservation(pqxx::work& tx, const std::string& event,
+                                 const v1::SlotReservation& r, const std::string& reason,
+                                 const std::string& source, const std::string& traceparent) {
+  v1::ReservationSnapshot snap;
+  *snap.mutable_reservation() = r;
+  snap.set_reason(reason);
+  auto ev = outbox::Append(
+      tx, {event, "", source, r.node_id() + "/" + r.slot_key(), r.generation(),
+           r.allocation_id().empty() ? r.node_id() : r.allocation_id(), traceparent, &snap});
+  if (!ev.ok()) return ev.error();
+  return Ok();
+}
+
+Result<void> RecordDrift(pqxx::work& tx, const std::string& node_id, const Finding& f,
+                         int64_t document_version, const std::string& source) {
+  auto open = tx.exec_params(
+      "SELECT drift_id, kind, actual_ip, mac, allocation_id FROM ipam_drift WHERE node_id = $1 AND "
+      "subject = $2 AND resolved_at IS NULL FOR UPDATE",
+      node_id, f.subject);
+  pqxx::result row;
+  if (!open.empty()) {
+    if (open[0][1].as<std::string>() == f.kind && open[0][2].as<std::string>() == f.actual_ip &&
+        open[0][3].as<std::string>() == f.mac && open[0][4].as<std::string>() == f.allocation_id) {
+      return Ok();  // the same drift, seen again
+    }
+    row = tx.exec_params(
+        fmt::format("UPDATE ipam_drift SET kind = $2, detail = $3, expected_ip = $4, "
+                    "actual_ip = $5, allocation_id = $6, mac = $7, slot_key = $8, "
+                    "document_version = $9, generation = generation + 1 WHERE drift_id = $1 "
+                    "RETURNING {}",
+                    kDriftColumns),
+        open[0][0].as<int64_t>(), f.kind, f.detail, f.expected_ip, f.actual_ip, f.allocation_id,
+        f.mac, f.slot_key, document_version);
+  } else {
+    row = tx.exec_params(
+        fmt::format(
+            "INSERT INTO ipam_drift (node_id, subject, slot_key, mac, kind, detail, expected_ip, "
+            "actual_ip, allocation_id, document_version, generation) VALUES ($1, $2, $3, $4, $5, "
+            "$6, $7, $8, $9, $10, 1 + COALESCE((SELECT max(generation) FROM ipam_drift WHERE "
+            "node_id = $1 AND subject = $2), 0)) RETURNING {}",
+            kDriftColumns),
+        node_id, f.subject, f.slot_key, f.mac, f.kind, f.detail, f.expected_ip, f.actual_ip,
+        f.allocation_id, document_version);
+  }
+  return AnnounceDrift(tx, "gpuaas.v1.evt.ipam.drift.detected", DriftFromRow(row[0]), f.subject,
+                       source);
+}
+
+Result<void> ResolveDrift(pqxx::work& tx, const std::string& node_id, const std::string& subject,
+                          const std::string& why, const std::string& source) {
+  auto row = tx.exec_params(
+      fmt::format("UPDATE ipam_drift SET resolved_at = now(), generation = generation + 1, "
+                  "detail = detail || ' (resolved: ' || $3 || ')' WHERE node_id = $1 AND "
+                  "subject = $2 AND resolved_at IS NULL RETURNING {}",
+                  kDriftColumns),
+      node_id, subject, why);
+  if (row.empty()) return Ok();
+  return AnnounceDrift(tx, "gpuaas.v1.evt.ipam.drift.resolved", DriftFromRow(row[0]), subject,
+                       source);
+}
+
+std::vector<v1::IpamDrift> ListDrift(pqxx::work& tx, const std::string& node_id,
+                                     bool include_resolved) {
+  std::vector<v1::IpamDrift> out;
+  for (const auto& r : tx.exec_params(fmt::format("SELECT {} FROM ipam_drift WHERE node_id = $1 "
+                                                  "AND ($2 OR resolved_at IS NULL) ORDER BY "
+                                                  "drift_id",
+                                                  kDriftColumns),
+                                      node_id, include_resolved)) {
+    out.push_back(DriftFromRow(r));
+  }
+  return out;
+}
+
+}  // namespace gpuaas::ipam
