@@ -304,11 +304,12 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
       AddTimeline(tx, a.allocation_id(),
                   {"claims_freed", a.state() == "releasing" ? "released" : a.state(), task.task_id,
                    task.type, "", "", fmt::format("{} claim(s) freed on cleanup proof", freed)});
-      if (a.state() == "releasing") {
-        auto after =
-            SetState(tx, a, "released", Failure{"", "", ""}, "", opts, traceparent);  // clears
-        if (!after.ok()) return after.error();
-      }
+      // released, or failed again with its claims gone: either way a new generation and event,
+      // so projections (ipam's binding) see the claims freed.
+      auto after = a.state() == "releasing"
+                       ? SetState(tx, a, "released", Failure{"", "", ""}, "", opts, traceparent)
+                       : SetState(tx, a, a.state(), std::nullopt, "", opts, traceparent);
+      if (!after.ok()) return after.error();
       return Ok();
     }
   }
