@@ -7,6 +7,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "discovery.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -15,6 +16,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 #include "vm_runtime.hpp"
@@ -60,6 +62,18 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Simulated VM runtime: succeed | fail (vm.provision fails at readiness with "
         "lease_timeout) | silent (vm.* and slot.cleanup tasks are acked, never answered)",
         "succeed", config::OneOf({"succeed", "fail", "silent"}));
+  s.Add("network.apply", &net_apply,
+        "Manage slice networking from ipam's node network document: off | netns (inside "
+        "network.netns) | host",
+        "off", config::OneOf({"off", "netns", "host"}));
+  s.Add("network.netns", &net_netns, "Network namespace the network is applied in (apply=netns)",
+        "");
+  s.Add("network.state_dir", &net_state_dir,
+        "dnsmasq config, hosts and lease files of the slice network (\"\" = <node.state_dir>/net)",
+        "");
+  s.Add("network.report_ms", &net_report_ms,
+        "How often the applied network is checked (and repaired) and leases are reported", 5000,
+        config::Range(50, 600000));
   s.Add("node_agent.sim_step_ms", &sim_step_ms, "Simulated VM runtime: sleep per lifecycle stage",
         20, config::Range(0, 60000));
 }
@@ -97,6 +111,10 @@ const char* StatusWord(v1::TaskStatus s) {
 }  // namespace
 
 Result<void> NodeAgent::Start() {
+  if (cfg_.net_apply == "netns" && cfg_.net_netns.empty()) {
+    return Error::InvalidArgument("invalid_config", "network.apply=netns needs network.netns",
+                                  {{"network.netns", "required when network.apply is netns"}});
+  }
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
@@ -149,8 +167,12 @@ void NodeAgent::ControlLoop() {
         wait_ms = cfg_.register_retry_ms;
       }
     }
-    if (registered_) PollDesired();
+    if (registered_) {
+      PollDesired();
+      if (cfg_.net_apply != "off" && !isolated_) ReconcileNetwork();
+    }
     std::unique_lock lock(mu_);
+    if (registered_ && cfg_.net_apply != "off") wait_ms = std::min(wait_ms, cfg_.net_report_ms);
     cv_.wait_for(lock, std::chrono::milliseconds(registered_ ? wait_ms : cfg_.register_retry_ms),
                  [this] { return stop_.load(); });
   }
@@ -374,6 +396,134 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
     if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
     done(vm_runtime_->Cleanup(params, progress));
   }
+}
+
+namespace {
+
+// ipam's document as the applier's spec.
+NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& state_dir) {
+  NetworkSpec spec;
+  spec.bridge = doc.bridge();
+  spec.subnet_cidr = doc.subnet();
+  const auto slash = doc.subnet().find('/');
+  spec.gateway_cidr =
+      doc.gateway() + (slash == std::string::npos ? "" : doc.subnet().substr(slash));
+  for (const auto& r : doc.reservations()) {
+    spec.reservations.push_back({r.mac(), r.ip(), r.hostname(), r.slot_key()});
+  }
+  spec.masquerade = doc.nat().masquerade();
+  spec.ip_forward = doc.nat().ip_forward();
+  spec.isolate_ports = doc.isolation().deny_cross_slice();
+  spec.state_dir = state_dir;
+  spec.version = doc.version();
+  return spec;
+}
+
+}  // namespace
+
+void NodeAgent::ReconcileNetwork() {
+  rpc::Client client(svc_.nats());
+  const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
+  NetContext ctx;
+  ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
+  const std::string state_dir =
+      cfg_.net_state_dir.empty() ? cfg_.state_dir + "/net" : cfg_.net_state_dir;
+  const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
+  v1::GetNodeNetworkRequest get;
+  get.set_node_id(cfg_.node_id);
+  auto doc =
+      client.Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", get, timeout);
+  bool applied_now = false;
+  if (!doc.ok()) {
+    // ipam unreachable (or does not know the node yet): keep the network as applied.
+    log.Debug("network document not fetched", {{"error", doc.error().ToString()}});
+  } else if (doc->document().version() > 0 && doc->document().version() != net_version_.load()) {
+    NetworkSpec spec = SpecFrom(doc->document(), state_dir);
+    auto applied = ApplyNetwork(spec, ctx);
+    if (!applied.ok()) {
+      // Not acked: the control plane never shows a document applied before it is.
+      log.Error("network document not applied",
+                {{"version", std::to_string(spec.version)}, {"error", applied.error().ToString()}});
+      return;
+    }
+    log.Info("network document applied",
+             {{"version", std::to_string(spec.version)},
+              {"changes", fmt::format("{}", fmt::join(applied->Changes(), ","))}});
+    net_spec_ = std::move(spec);
+    net_blockers_.clear();
+    applied_now = true;
+  }
+  if (!net_spec_) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (!applied_now && now - net_reported_at_ < std::chrono::milliseconds(cfg_.net_report_ms)) {
+    return;
+  }
+  // Check what is really there; repair what is missing (the runbook's silent MASQUERADE loss).
+  std::vector<std::string> blockers;
+  if (auto check = CheckNetwork(*net_spec_, ctx); !check.ok()) {
+    blockers.push_back("network_check_failed");
+    log.Warn("network check failed", {{"error", check.error().ToString()}});
+  } else if (!check->ok()) {
+    log.Warn("network drifted from the applied document; repairing",
+             {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))}});
+    if (auto repaired = ApplyNetwork(*net_spec_, ctx); !repaired.ok()) {
+      log.Error("network repair failed", {{"error", repaired.error().ToString()}});
+    }
+    auto again = CheckNetwork(*net_spec_, ctx);
+    blockers = again.ok() ? again->blockers : check->blockers;
+  }
+  if (applied_now || blockers != net_blockers_) {
+    v1::AckNodeNetworkRequest ack;
+    ack.set_node_id(cfg_.node_id);
+    ack.set_version(net_spec_->version);
+    for (const auto& b : blockers) ack.add_blockers(b);
+    auto acked =
+        client.Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.network.ack", ack, timeout);
+    if (!acked.ok()) {
+      log.Warn("network ack failed; will ack again", {{"error", acked.error().ToString()}});
+      if (applied_now) net_version_ = 0;  // re-applied (a no-op) and acked next round
+      return;
+    }
+    net_version_ = net_spec_->version;
+    net_blockers_ = blockers;
+  }
+  // Leases as dnsmasq has them, judged against the applied document.
+  v1::LeaseReport report;
+  report.set_node_id(cfg_.node_id);
+  report.set_document_version(net_spec_->version);
+  for (const auto& b : blockers) report.add_blockers(b);
+  auto leases = ObserveLeases(*net_spec_);
+  if (!leases.ok()) {
+    log.Warn("leases not readable", {{"error", leases.error().ToString()}});
+    return;
+  }
+  for (const auto& l : *leases) {
+    auto* o = report.add_observations();
+    o->set_slot_key(l.slot_key);
+    o->set_mac(l.mac);
+    o->set_expected_ip(l.expected_ip);
+    o->set_actual_ip(l.actual_ip);
+    o->set_lease_state(l.lease_state);
+    o->set_hostname(l.hostname);
+  }
+  const std::string content = report.SerializeAsString();
+  net_reported_at_ = now;
+  *report.mutable_observed_at() = TimeUtil::GetCurrentTime();
+  // Unchanged: nothing new to say, except a heartbeat every 12 intervals (ipam ages "missing").
+  if (content == net_last_report_ && !applied_now &&
+      now - net_published_at_ < 12 * std::chrono::milliseconds(cfg_.net_report_ms)) {
+    return;
+  }
+  const std::string subject =
+      fmt::format("gpuaas.v1.evt.node.{node_id}.leases", fmt::arg("node_id", cfg_.node_id));
+  const v1::Event ev = NodeEvent(subject, "", report);
+  if (auto r = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
+      !r.ok()) {
+    log.Warn("lease report not published", {{"error", r.error().ToString()}});
+    return;
+  }
+  net_last_report_ = content;
+  net_published_at_ = now;
 }
 
 messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {

@@ -26,6 +26,7 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "local_store.hpp"
+#include "net_apply.hpp"
 
 namespace google::protobuf {
 class Message;
@@ -58,6 +59,13 @@ struct NodeAgentConfig {
   // Simulated VM runtime: "succeed" | "fail" | "silent"; sleep per lifecycle stage.
   std::string sim_behavior = "succeed";
   int64_t sim_step_ms = 20;
+  // Slice networking from ipam's node network document: "off" (this agent does not manage the
+  // network: simulations, or hosts configured by other means), "netns" (inside `net_netns`:
+  // tests and e2e), "host" (the agent's own network namespace: real GPU hosts).
+  std::string net_apply = "off";
+  std::string net_netns;
+  std::string net_state_dir;  // "" = <state_dir>/net
+  int64_t net_report_ms = 5000;
   void Register(config::Schema& schema);
 };
 
@@ -79,6 +87,8 @@ class NodeAgent {
   uint64_t TasksRun() const { return tasks_run_.load(); }
   // Last registration outcome that was not a success (empty when none).
   std::string LastError() const;
+  // Network document version applied and acked (0: none, or network.apply is off).
+  int64_t AppliedNetworkVersion() const { return net_version_.load(); }
 
  private:
   void ControlLoop();
@@ -86,6 +96,9 @@ class NodeAgent {
   bool TryRegister();
   void OnRegistered();
   void PollDesired();
+  // Applies a new network document from ipam (then acks it), and on every report interval
+  // checks the applied network, repairs what is missing and publishes the observed leases.
+  void ReconcileNetwork();
   Result<void> PublishTopology(const std::string& correlation_id);
   DiscoveryOptions Options() const;
   // An event about this node (entity = node id), with a new event id.
@@ -107,6 +120,13 @@ class NodeAgent {
   std::atomic<bool> rejected_{false};
   std::atomic<int64_t> applied_version_{0};
   std::atomic<uint64_t> tasks_run_{0};
+  std::atomic<int64_t> net_version_{0};
+  // Control loop thread only: the applied document, the last report and its time.
+  std::optional<NetworkSpec> net_spec_;
+  std::vector<std::string> net_blockers_;
+  std::string net_last_report_;
+  std::chrono::steady_clock::time_point net_reported_at_{};
+  std::chrono::steady_clock::time_point net_published_at_{};
   messaging::Consumer* tasks_ = nullptr;
   bool discovered_ = false;
   std::atomic<bool> stop_{false};

@@ -1,0 +1,108 @@
+#pragma once
+// A small lab of network namespaces for tests that need real networking (root): a "host"
+// namespace the node-agent's network is applied in, and "VMs" — namespaces whose eth0 (with a
+// slot's MAC) is a veth to a port on the host's bridge — with a busybox DHCP client and ping.
+// Everything it creates is deleted on destruction; traffic never leaves this machine.
+#include <unistd.h>
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "host.hpp"
+
+namespace gpuaas::node_agent::testing {
+
+class NetnsLab {
+ public:
+  NetnsLab() = default;
+  NetnsLab(const NetnsLab&) = delete;
+  NetnsLab& operator=(const NetnsLab&) = delete;
+  ~NetnsLab() {
+    for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
+      (void)RunTool({Tool("ip"), "netns", "del", *it}, std::chrono::seconds(10));
+    }
+  }
+
+  // "" when the lab can run here; otherwise why not (not root, a tool missing, no netns).
+  std::string Open(const std::string& tag) {
+    if (::geteuid() != 0) return "needs root (network namespaces, iptables, dnsmasq)";
+    for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq", "busybox"}) {
+      auto path =
+          HostRoot("/").FindTool({std::string("/usr/sbin/") + tool, std::string("/usr/bin/") + tool,
+                                  std::string("/sbin/") + tool, std::string("/bin/") + tool});
+      if (!path) return std::string(tool) + " is not installed (scripts/install-deps)";
+      tools_[tool] = *path;
+    }
+    auto applets = RunTool({tools_["busybox"], "--list"});
+    if (!applets.ok() || applets->out.find("udhcpc\n") == std::string::npos ||
+        applets->out.find("ping\n") == std::string::npos) {
+      return "busybox has no udhcpc/ping applet (the DHCP client these tests use)";
+    }
+    prefix_ = fmt::format("gpuaas-{}{}", tag, ::getpid());
+    host_ = prefix_ + "-host";
+    auto made = Run({"ip", "netns", "add", host_});
+    if (made.exit_code != 0) return "cannot create a network namespace here: " + made.err;
+    namespaces_.push_back(host_);
+    Run({"ip", "-n", host_, "link", "set", "lo", "up"});
+    return "";
+  }
+  const std::string& host() const { return host_; }
+
+  ToolResult Run(std::vector<std::string> argv,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    argv[0] = Tool(argv[0]);
+    auto r = RunTool(argv, timeout);
+    return r.ok() ? *r : ToolResult{};
+  }
+  ToolResult InNs(const std::string& ns, std::vector<std::string> args,
+                  std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+    args[0] = Tool(args[0]);
+    args.insert(args.begin(), {"ip", "netns", "exec", ns});
+    return Run(args, timeout);
+  }
+  // A "VM" namespace whose eth0 has `mac` and is a veth to `port` on `bridge` in the host ns.
+  // Returns the namespace, "" on failure.
+  std::string AddVm(const std::string& name, const std::string& mac, const std::string& port,
+                    const std::string& bridge) {
+    const std::string ns = prefix_ + "-" + name;
+    if (Run({"ip", "netns", "add", ns}).exit_code != 0) return "";
+    namespaces_.push_back(ns);
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"ip", "-n", host_, "link", "add", port, "type", "veth", "peer", "name", "eth0",
+              "netns", ns},
+             {"ip", "-n", host_, "link", "set", port, "master", bridge, "up"},
+             {"ip", "-n", ns, "link", "set", "lo", "up"},
+             {"ip", "-n", ns, "link", "set", "eth0", "address", mac, "up"}}) {
+      if (Run(args).exit_code != 0) return "";
+    }
+    return ns;
+  }
+  // busybox udhcpc in the VM: the leased IP, or nullopt when no server answered.
+  std::optional<std::string> Dhcp(const std::string& ns, int tries = 3) {
+    auto r = InNs(ns, {"busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t",
+                       std::to_string(tries), "-T", "1", "-s", "/bin/true"});
+    const std::string all = r.out + r.err;
+    const std::string key = "lease of ";
+    const size_t at = all.find(key);
+    if (r.exit_code != 0 || at == std::string::npos) return std::nullopt;
+    const size_t end = all.find(' ', at + key.size());
+    return all.substr(at + key.size(), end - at - key.size());
+  }
+
+ private:
+  std::string Tool(const std::string& name) const {
+    auto it = tools_.find(name);
+    return it == tools_.end() ? name : it->second;
+  }
+  std::map<std::string, std::string> tools_;
+  std::string prefix_, host_;
+  std::vector<std::string> namespaces_;
+};
+
+}  // namespace gpuaas::node_agent::testing
