@@ -284,6 +284,13 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
   }
   if (pid == 0) {
     ::setpgid(0, 0);
+    // The agent's runtime blocks SIGINT/SIGTERM in its threads (one thread waits for them); a
+    // tool must not inherit that mask, or a daemon it starts (dnsmasq) could never be stopped
+    // with SIGTERM. sigprocmask and signal are async-signal-safe.
+    sigset_t none;
+    ::sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGPIPE, SIGCHLD}) ::signal(sig, SIG_DFL);
     int devnull = ::open("/dev/null", O_RDONLY);
     if (devnull >= 0) ::dup2(devnull, 0);
     ::dup2(out_p[1], 1);

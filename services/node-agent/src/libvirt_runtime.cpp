@@ -1,0 +1,1428 @@
+#include "libvirt_runtime.hpp"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <libvirt/libvirt.h>
+#include <libvirt/virterror.h>
+#include <linux/fs.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <google/protobuf/util/time_util.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "discovery.hpp"
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/v1/node.pb.h"
+#include "host.hpp"
+
+namespace gpuaas::node_agent {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kRuntime = "libvirt";
+
+Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
+                 std::map<std::string, std::string> details = {}) {
+  details["stage"] = stage;
+  return Error{code, std::move(reason), std::move(message), std::move(details),
+               code == Code::kUnavailable};
+}
+
+Error WithStage(Error e, const std::string& stage) {
+  e.details["stage"] = stage;
+  return e;
+}
+
+std::string Join(const std::vector<std::string>& v, const char* sep) {
+  std::string out;
+  for (const auto& s : v) {
+    if (!out.empty()) out += sep;
+    out += s;
+  }
+  return out;
+}
+
+std::string LeaseKey(const std::string& a) { return "lease-" + a; }
+std::string DomainKey(const std::string& a) { return "domain-" + a; }
+
+std::string Errno(int e) { return std::strerror(e); }
+
+// ---------------------------------------------------------------------------------------------
+// Tools.
+
+struct StreamResult {
+  int exit_code = -1;
+  bool timed_out = false;
+  std::string out;
+  std::string err;
+};
+
+// Like RunTool (absolute argv[0], no shell, stdin /dev/null, fixed environment, own process
+// group killed on timeout), but hands stdout to `on_out` as it arrives: qemu-img -p progress.
+Result<StreamResult> RunStreaming(const std::vector<std::string>& argv, milliseconds timeout,
+                                  const std::function<void(const std::string&)>& on_out) {
+  if (argv.empty() || argv[0].empty() || argv[0][0] != '/')
+    return Error::InvalidArgument("tool_path", "tool path must be absolute");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  static const char* kEnv[] = {"LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return Error::Internal("pipe", Errno(errno));
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    ::close(out_pipe[0]);
+    ::close(out_pipe[1]);
+    return Error::Internal("pipe", Errno(errno));
+  }
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+    return Error::Internal("pipe", Errno(errno));
+  }
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1]})
+      ::close(fd);
+    return Error::Internal("fork", Errno(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int devnull = ::open("/dev/null", O_RDONLY);
+    if (devnull >= 0) ::dup2(devnull, 0);
+    ::dup2(out_pipe[1], 1);
+    ::dup2(err_pipe[1], 2);
+    ::execve(args[0], args.data(), const_cast<char* const*>(kEnv));
+    const int e = errno;
+    [[maybe_unused]] auto n = ::write(exec_pipe[1], &e, sizeof(e));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);
+  ::close(out_pipe[1]);
+  ::close(err_pipe[1]);
+  ::close(exec_pipe[1]);
+  int exec_errno = 0;
+  if (::read(exec_pipe[0], &exec_errno, sizeof(exec_errno)) != sizeof(exec_errno)) exec_errno = 0;
+  ::close(exec_pipe[0]);
+
+  StreamResult res;
+  const auto deadline = Clock::now() + timeout;
+  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
+  int open_fds = 2;
+  char buf[8192];
+  constexpr size_t kCap = 1 << 20;
+  while (open_fds > 0) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) {
+      res.timed_out = true;
+      break;
+    }
+    const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      const ssize_t r = ::read(fds[i].fd, buf, sizeof(buf));
+      if (r <= 0) {
+        ::close(fds[i].fd);
+        fds[i].fd = -1;
+        --open_fds;
+        continue;
+      }
+      std::string chunk(buf, static_cast<size_t>(r));
+      auto& sink = i == 0 ? res.out : res.err;
+      if (sink.size() < kCap) sink += chunk.substr(0, kCap - sink.size());
+      if (i == 0 && on_out) on_out(chunk);
+    }
+  }
+  for (auto& f : fds)
+    if (f.fd >= 0) ::close(f.fd);
+  // A tool that closed its output but keeps running is still bounded by the deadline.
+  int status = 0;
+  while (!res.timed_out) {
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid || (w < 0 && errno != EINTR)) break;
+    if (Clock::now() >= deadline) {
+      res.timed_out = true;
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  if (res.timed_out) {
+    ::kill(-pid, SIGKILL);
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+  }
+  if (exec_errno != 0) {
+    return Error::Internal("tool_exec_failed",
+                           fmt::format("cannot run {}: {}", argv[0], Errno(exec_errno)));
+  }
+  res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return res;
+}
+
+std::string FirstLine(const std::string& s) {
+  auto t = Trim(s);
+  auto nl = t.find('\n');
+  return nl == std::string::npos ? t : t.substr(0, nl);
+}
+
+// A tool ran and said no: message with its stderr.
+Error ToolFailed(const std::string& stage, const std::string& reason, const std::string& tool,
+                 const StreamResult& r, std::map<std::string, std::string> det = {}) {
+  det["tool"] = tool;
+  det["exit_code"] = std::to_string(r.exit_code);
+  std::string why = r.timed_out ? "timed out" : FirstLine(r.err.empty() ? r.out : r.err);
+  return StageError(r.timed_out ? Code::kDeadlineExceeded : Code::kInternal, reason,
+                    fmt::format("{} failed: {}", Basename(tool), why), stage, std::move(det));
+}
+
+// ---------------------------------------------------------------------------------------------
+// libvirt.
+
+void SilentVirError(void* /*user*/, virErrorPtr /*err*/) {}
+
+struct DomainFree {
+  void operator()(virDomainPtr d) const {
+    if (d) virDomainFree(d);
+  }
+};
+using DomainPtr = std::unique_ptr<virDomain, DomainFree>;
+
+Error LibvirtError(const std::string& stage, const std::string& reason, const std::string& what,
+                   std::map<std::string, std::string> det = {}) {
+  const char* msg = virGetLastErrorMessage();
+  det["libvirt_code"] = std::to_string(virGetLastErrorCode());
+  return StageError(Code::kInternal, reason, fmt::format("{}: {}", what, msg ? msg : "unknown"),
+                    stage, std::move(det));
+}
+
+// The domain called `name`, nullopt when there is none.
+Result<std::optional<DomainPtr>> LookupDomain(virConnectPtr conn, const std::string& name,
+                                              const std::string& stage) {
+  virResetLastError();
+  virDomainPtr d = virDomainLookupByName(conn, name.c_str());
+  if (d) return std::optional<DomainPtr>(DomainPtr(d));
+  if (virGetLastErrorCode() == VIR_ERR_NO_DOMAIN) return std::optional<DomainPtr>();
+  return LibvirtError(stage, "libvirt_error", "looking up domain " + name, {{"domain_name", name}});
+}
+
+std::string StateName(int state) {
+  switch (state) {
+    case VIR_DOMAIN_RUNNING:
+      return "running";
+    case VIR_DOMAIN_BLOCKED:
+      return "blocked";
+    case VIR_DOMAIN_PAUSED:
+      return "paused";
+    case VIR_DOMAIN_SHUTDOWN:
+      return "shutting_down";
+    case VIR_DOMAIN_SHUTOFF:
+      return "shutoff";
+    case VIR_DOMAIN_CRASHED:
+      return "crashed";
+    case VIR_DOMAIN_PMSUSPENDED:
+      return "suspended";
+    default:
+      return "unknown";
+  }
+}
+
+std::string DomainState(virDomainPtr d) {
+  int state = 0, reason = 0;
+  if (virDomainGetState(d, &state, &reason, 0) != 0) return "unknown";
+  return StateName(state);
+}
+
+// Undefines `d` with its NVRAM (and managed save / snapshot metadata), retried: a UEFI domain
+// whose undefine fails stays behind as a shut-off domain that keeps its raw disks "in use". A
+// driver without NVRAM support (the test driver) gets a plain undefine, and the NVRAM file the
+// domain XML names is removed here. Returns a note for the progress detail.
+Result<std::string> UndefineDomain(virConnectPtr conn, const std::string& name,
+                                   const LibvirtOptions& o, const std::string& stage) {
+  const unsigned full = VIR_DOMAIN_UNDEFINE_NVRAM | VIR_DOMAIN_UNDEFINE_MANAGED_SAVE |
+                        VIR_DOMAIN_UNDEFINE_SNAPSHOTS_METADATA;
+  unsigned flags = full;
+  std::string note = "undefined with NVRAM";
+  const int attempts = std::max(1, o.undefine_attempts);
+  for (int i = 1;; ++i) {
+    auto d = LookupDomain(conn, name, stage);
+    if (!d.ok()) return d.error();
+    if (!d->has_value()) return note;
+    virResetLastError();
+    if (virDomainUndefineFlags(d->value().get(), flags) == 0) continue;  // re-check: gone?
+    const int code = virGetLastErrorCode();
+    if (flags == full && (code == VIR_ERR_INVALID_ARG || code == VIR_ERR_NO_SUPPORT)) {
+      flags = 0;  // the driver knows no NVRAM flag
+      std::error_code ec;
+      fs::remove(fmt::format("{}/{}_VARS.fd", o.domain.nvram_dir, name), ec);
+      note = "undefined (driver without NVRAM support; NVRAM file removed by the agent)";
+      continue;
+    }
+    if (i >= attempts) {
+      return LibvirtError(stage, "undefine_failed",
+                          fmt::format("undefining {} ({} attempts)", name, attempts),
+                          {{"domain_name", name}});
+    }
+    std::this_thread::sleep_for(o.undefine_retry_delay);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Disks.
+
+struct SlotDisk {
+  std::string slot_key;
+  std::string by_id;        // as the bundle names it
+  std::string xml_path;     // host path of the by-id link (stable across reboots)
+  std::string target_path;  // the resolved device node: what is checked and written
+};
+
+Result<SlotDisk> ResolveSlotDisk(const HostRoot& host, const std::string& slot_key,
+                                 const std::string& by_id, const std::string& stage) {
+  auto r = host.Resolve(by_id);
+  if (!r || !host.Exists(*r)) {
+    return StageError(Code::kNotFound, "disk_not_found",
+                      "slot " + slot_key + ": " + by_id + " does not resolve to a device", stage,
+                      {{"slot_key", slot_key}, {"nvme_by_id", by_id}});
+  }
+  return SlotDisk{slot_key, by_id, host.Real(by_id), host.Real(*r)};
+}
+
+const v1::NvmeDevice* FindDisk(const v1::TopologyReport& host, const std::string& by_id) {
+  for (const auto& d : host.nvme())
+    if (d.by_id_path() == by_id) return &d;
+  return nullptr;
+}
+
+// Discovery's evidence (same rules as the node scheduler).
+std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_key,
+                               const std::string& stage) {
+  std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id_path()}};
+  if (d.os_disk()) {
+    return StageError(Code::kFailedPrecondition, "os_disk",
+                      d.by_id_path() + " holds the host's operating system", stage, det);
+  }
+  if (d.mountpoints_size() > 0) {
+    det["mountpoint"] = d.mountpoints(0);
+    return StageError(Code::kFailedPrecondition, "disk_mounted",
+                      d.by_id_path() + " is mounted at " + d.mountpoints(0), stage, det);
+  }
+  for (const auto& p : d.partitions()) {
+    if (p.mountpoints_size() == 0) continue;
+    det["partition"] = p.kernel_name();
+    det["mountpoint"] = p.mountpoints(0);
+    return StageError(Code::kFailedPrecondition, "disk_child_mounted",
+                      fmt::format("{}: partition {} is mounted at {}", d.by_id_path(),
+                                  p.kernel_name(), p.mountpoints(0)),
+                      stage, det);
+  }
+  return std::nullopt;
+}
+
+std::string ReadSmall(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string DevString(dev_t d) { return fmt::format("{}:{}", major(d), minor(d)); }
+
+// "\040" escapes in /proc mount tables.
+std::string Unescape(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    auto octal = [&](size_t j) { return j < s.size() && s[j] >= '0' && s[j] <= '7'; };
+    if (s[i] == '\\' && octal(i + 1) && octal(i + 2) && octal(i + 3)) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 3), nullptr, 8));
+      i += 3;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Seeds and images.
+
+bool IsHostname(const std::string& h) {
+  if (h.empty() || h.size() > 253) return false;
+  size_t start = 0;
+  while (start <= h.size()) {
+    size_t dot = h.find('.', start);
+    if (dot == std::string::npos) dot = h.size();
+    const std::string label = h.substr(start, dot - start);
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-')
+      return false;
+    if (!std::all_of(label.begin(), label.end(), [](char c) {
+          return std::isalnum(static_cast<unsigned char>(c)) || c == '-';
+        }))
+      return false;
+    start = dot + 1;
+  }
+  return true;
+}
+
+// A YAML double-quoted scalar (JSON strings are valid YAML).
+std::string Quote(const std::string& s) { return nlohmann::json(s).dump(); }
+
+std::string PercentDecode(const std::string& s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
+      i += 2;
+    } else {
+      out += s[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Public building blocks.
+
+std::optional<std::string> LeasedIp(const std::string& lease_file, const std::string& mac) {
+  std::ifstream f(lease_file);
+  if (!f) return std::nullopt;
+  auto lower = [](std::string s) {
+    std::transform(s.begin(), s.end(), s.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return s;
+  };
+  const std::string want = lower(mac);
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch())
+                       .count();
+  std::optional<std::string> ip;
+  std::string line;
+  while (std::getline(f, line)) {
+    auto fields = SplitWs(line);
+    if (fields.size() < 3 || lower(fields[1]) != want) continue;
+    auto expiry = ParseInt(fields[0]);
+    if (!expiry || (*expiry != 0 && *expiry < now)) continue;
+    ip = fields[2];  // the last entry for the MAC wins
+  }
+  return ip;
+}
+
+bool ProbeSshBanner(const std::string& ip, int port, milliseconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  auto left_ms = [&] {
+    return static_cast<int>(std::max<long long>(
+        0, std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count()));
+  };
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  if (::inet_pton(AF_INET, ip.c_str(), &sa.sin_addr) != 1) return false;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  bool ok = false;
+  do {
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) != 0) {
+      if (errno != EINPROGRESS) break;
+      pollfd p{fd, POLLOUT, 0};
+      if (::poll(&p, 1, left_ms()) != 1) break;
+      int err = 0;
+      socklen_t len = sizeof(err);
+      if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0 || err != 0) break;
+    }
+    std::string banner;
+    while (banner.size() < 4) {
+      pollfd p{fd, POLLIN, 0};
+      if (::poll(&p, 1, left_ms()) != 1) break;
+      char buf[256];
+      const ssize_t n = ::read(fd, buf, sizeof(buf));
+      if (n <= 0) break;
+      banner.append(buf, static_cast<size_t>(n));
+    }
+    ok = banner.rfind("SSH-", 0) == 0;
+  } while (false);
+  ::close(fd);
+  return ok;
+}
+
+Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_file,
+                                   const std::string& stage) {
+  auto refuse = [&](std::string reason, std::string message,
+                    std::map<std::string, std::string> det = {}) {
+    det["path"] = path;
+    det["evidence"] = "kernel";
+    return StageError(Code::kFailedPrecondition, std::move(reason), std::move(message), stage,
+                      std::move(det));
+  };
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    return refuse("disk_not_found", fmt::format("{}: {}", path, Errno(errno)));
+  DiskTarget t;
+  t.path = path;
+  if (S_ISREG(st.st_mode)) {
+    if (!allow_regular_file)
+      return refuse("disk_not_block_device", path + " is a regular file, not a block device");
+    t.size = static_cast<uint64_t>(st.st_size);
+    return t;
+  }
+  if (!S_ISBLK(st.st_mode)) return refuse("disk_not_block_device", path + " is not a block device");
+  t.block = true;
+  const std::string dev = DevString(st.st_rdev);
+  const std::string sys = "/sys/dev/block/" + dev;
+  // The disk and its partitions, by device number.
+  std::map<std::string, std::string> devs = {{dev, ""}};
+  std::error_code ec;
+  const fs::path sysdir = fs::canonical(sys, ec);
+  if (!ec) {
+    for (const auto& e : fs::directory_iterator(sysdir, ec)) {
+      if (!fs::exists(e.path() / "partition")) continue;
+      devs[Trim(ReadSmall((e.path() / "dev").string()))] = e.path().filename().string();
+    }
+  }
+  std::istringstream mi(ReadSmall("/proc/self/mountinfo"));
+  std::string line;
+  while (std::getline(mi, line)) {
+    auto f = SplitWs(line);
+    if (f.size() < 5) continue;
+    auto it = devs.find(f[2]);
+    if (it == devs.end()) continue;
+    const std::string mnt = Unescape(f[4]);
+    if (it->second.empty()) {
+      return refuse("disk_mounted", fmt::format("{} is mounted at {}", path, mnt),
+                    {{"mountpoint", mnt}});
+    }
+    return refuse("disk_child_mounted",
+                  fmt::format("{}: partition {} is mounted at {}", path, it->second, mnt),
+                  {{"partition", it->second}, {"mountpoint", mnt}});
+  }
+  std::istringstream sw(ReadSmall("/proc/swaps"));
+  std::getline(sw, line);  // header
+  while (std::getline(sw, line)) {
+    auto f = SplitWs(line);
+    struct stat ss {};
+    if (f.empty() || ::stat(Unescape(f[0]).c_str(), &ss) != 0 || !S_ISBLK(ss.st_mode)) continue;
+    if (auto it = devs.find(DevString(ss.st_rdev)); it != devs.end()) {
+      return refuse(it->second.empty() ? "disk_mounted" : "disk_child_mounted",
+                    fmt::format("{} is in use as swap", path), {{"mountpoint", "[SWAP]"}});
+    }
+  }
+  for (const auto& [d, part] : devs) {
+    const std::string holders = "/sys/dev/block/" + d + "/holders";
+    if (fs::is_directory(holders, ec) && !fs::is_empty(holders, ec)) {
+      return refuse("disk_held",
+                    fmt::format("{}{} is held by device-mapper/md ({})", path,
+                                part.empty() ? "" : " (partition " + part + ")",
+                                fs::directory_iterator(holders)->path().filename().string()));
+    }
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == EBUSY)
+      return refuse("disk_busy", path + " is in exclusive use (open O_EXCL: busy)");
+    return refuse("disk_unreadable", fmt::format("{}: {}", path, Errno(errno)));
+  }
+  uint64_t size = 0;
+  if (::ioctl(fd, BLKGETSIZE64, &size) == 0) t.size = size;
+  ::close(fd);
+  auto discard = ParseInt(Trim(ReadSmall(sys + "/queue/discard_max_bytes")));
+  t.discard = discard && *discard > 0;
+  return t;
+}
+
+Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& b) {
+  const std::string kStage = "seed";
+  const auto& ci = b.cloud_init();
+  std::string hostname = ci.hostname();
+  if (hostname.empty()) hostname = "slice-" + b.allocation_id().substr(0, 8);
+  if (!IsHostname(hostname)) {
+    return StageError(Code::kInvalidArgument, "invalid_hostname",
+                      "cloud-init hostname is not a DNS name: '" + ci.hostname() + "'", kStage,
+                      {{"field", "cloud_init.hostname"}});
+  }
+  const std::string iid = ci.instance_id().empty() ? b.allocation_id() : ci.instance_id();
+  if (iid.size() > 128 || !std::all_of(iid.begin(), iid.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
+      })) {
+    return StageError(Code::kInvalidArgument, "invalid_instance_id",
+                      "cloud-init instance id has characters outside [A-Za-z0-9._-]", kStage,
+                      {{"field", "cloud_init.instance_id"}});
+  }
+  SeedFiles f;
+  f.meta_data = fmt::format("instance-id: {}\nlocal-hostname: {}\n", iid, hostname);
+  f.user_data = fmt::format("#cloud-config\nhostname: {}\n", hostname);
+  if (ci.ssh_authorized_keys_size() > 0) f.user_data += "ssh_authorized_keys:\n";
+  for (int i = 0; i < ci.ssh_authorized_keys_size(); ++i) {
+    const std::string key = Trim(ci.ssh_authorized_keys(i));
+    const bool printable = std::all_of(key.begin(), key.end(), [](char c) {
+      return static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
+    });
+    if (key.empty() || !printable || key.size() > 16384) {
+      return StageError(Code::kInvalidArgument, "invalid_ssh_key",
+                        fmt::format("ssh_authorized_keys[{}] is empty, too long or has control "
+                                    "characters",
+                                    i),
+                        kStage, {{"field", fmt::format("cloud_init.ssh_authorized_keys[{}]", i)}});
+    }
+    f.user_data += "  - " + Quote(key) + "\n";
+  }
+  return f;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The runtime.
+
+namespace {
+
+// Tool lookup in the real root (tools never come from a fixture tree).
+Result<std::string> FindToolIn(const std::string& root, const std::string& name,
+                               const std::string& stage) {
+  HostRoot r(root);
+  if (auto t =
+          r.FindTool({"/usr/bin/" + name, "/usr/sbin/" + name, "/bin/" + name, "/sbin/" + name}))
+    return *t;
+  return StageError(Code::kFailedPrecondition, "tool_missing",
+                    name + " is not installed on this host", stage, {{"tool", name}});
+}
+
+// Runs the tool and insists on exit 0.
+Result<StreamResult> RunOk(const std::vector<std::string>& argv, milliseconds timeout,
+                           const std::string& stage, const std::string& reason,
+                           const std::function<void(const std::string&)>& on_out = {},
+                           std::map<std::string, std::string> det = {}) {
+  auto r = RunStreaming(argv, timeout, on_out);
+  if (!r.ok()) return WithStage(r.error(), stage);
+  if (r->exit_code != 0 || r->timed_out) return ToolFailed(stage, reason, argv[0], *r, det);
+  return r;
+}
+
+struct ImageInfo {
+  std::string format;
+  uint64_t virtual_size = 0;
+};
+
+}  // namespace
+
+LibvirtRuntime::LibvirtRuntime(LocalStore& store, LibvirtOptions opts)
+    : store_(store), opts_(std::move(opts)) {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    virInitialize();
+    virSetErrorFunc(nullptr, SilentVirError);  // errors are returned, not printed
+  });
+}
+
+LibvirtRuntime::~LibvirtRuntime() {
+  if (conn_) virConnectClose(conn_);
+}
+
+Result<virConnectPtr> LibvirtRuntime::Conn() {
+  std::lock_guard lock(conn_mu_);
+  if (conn_ && virConnectIsAlive(conn_) == 1) return conn_;
+  if (conn_) {
+    virConnectClose(conn_);
+    conn_ = nullptr;
+  }
+  conn_ = virConnectOpen(opts_.uri.c_str());
+  if (!conn_) {
+    const char* msg = virGetLastErrorMessage();
+    return Error{Code::kUnavailable,
+                 "libvirt_unavailable",
+                 fmt::format("cannot connect to {}: {}", opts_.uri, msg ? msg : "unknown error"),
+                 {{"uri", opts_.uri}},
+                 true};
+  }
+  return conn_;
+}
+
+bool LibvirtRuntime::Adopted() const {
+  std::lock_guard lock(mu_);
+  return adopted_;
+}
+
+namespace {
+
+Result<std::string> Sha256Of(const LibvirtOptions& o, const std::string& path) {
+  auto tool = FindToolIn(o.tools_root, "sha256sum", "image");
+  if (!tool.ok()) return tool.error();
+  auto r = RunOk({*tool, "--", path}, o.image_timeout, "image", "image_digest_failed");
+  if (!r.ok()) return r.error();
+  auto f = SplitWs(r->out);
+  if (f.empty() || !IsValidSha256(f[0]))
+    return StageError(Code::kInternal, "image_digest_failed", "sha256sum said nothing", "image");
+  return f[0];
+}
+
+// The image in the cache, fetched when missing, its digest verified now (before every use).
+Result<std::string> EnsureImage(const LibvirtOptions& o, const v1::ImageRef& img,
+                                const ProgressFn& progress) {
+  const std::string kStage = "image";
+  const std::string want = img.sha256();
+  std::error_code ec;
+  fs::create_directories(o.image_cache_dir, ec);
+  if (ec) {
+    return StageError(Code::kInternal, "image_cache_unusable",
+                      o.image_cache_dir + ": " + ec.message(), kStage);
+  }
+  const std::string cached = fmt::format("{}/{}.img", o.image_cache_dir, want);
+  if (fs::exists(cached)) {
+    progress(kStage, fmt::format("{}: cached, verifying sha256", img.name()), 0);
+    auto got = Sha256Of(o, cached);
+    if (!got.ok()) return got.error();
+    if (*got == want) return cached;
+    fs::remove(cached, ec);  // a corrupted cache entry: fetch again
+  }
+  progress(kStage, fmt::format("fetching {} from {}", img.name(), img.url()), 0);
+  const std::string partial = fmt::format("{}.partial-{}", cached, ::getpid());
+  const std::string& url = img.url();
+  if (url.rfind("file://", 0) == 0) {
+    const std::string src = PercentDecode(url.substr(7));
+    if (src.empty() || src[0] != '/' || !fs::is_regular_file(src, ec)) {
+      return StageError(Code::kNotFound, "image_not_found",
+                        "image " + img.name() + ": no file at " + src, kStage, {{"url", url}});
+    }
+    fs::copy_file(src, partial, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      fs::remove(partial, ec);
+      return StageError(Code::kInternal, "image_fetch_failed",
+                        "copying " + src + ": " + ec.message(), kStage, {{"url", url}});
+    }
+  } else if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
+    auto curl = FindToolIn(o.tools_root, "curl", kStage);
+    if (!curl.ok()) return curl.error();
+    auto r = RunOk({*curl, "-fsSL", "--proto", "=http,https", "-o", partial, "--", url},
+                   o.image_timeout, kStage, "image_fetch_failed", {}, {{"url", url}});
+    if (!r.ok()) {
+      fs::remove(partial, ec);
+      return r.error();
+    }
+  } else {
+    return StageError(Code::kInvalidArgument, "image_url_unsupported",
+                      "image URL must be file://, http:// or https://: '" + url + "'", kStage,
+                      {{"url", url}});
+  }
+  auto got = Sha256Of(o, partial);
+  if (!got.ok()) {
+    fs::remove(partial, ec);
+    return got.error();
+  }
+  if (*got != want) {
+    fs::remove(partial, ec);
+    return StageError(
+        Code::kFailedPrecondition, "image_digest_mismatch",
+        fmt::format("image {} has sha256 {}, the bundle wants {}", img.name(), *got, want), kStage,
+        {{"expected_sha256", want}, {"actual_sha256", *got}, {"url", url}});
+  }
+  fs::rename(partial, cached, ec);
+  if (ec) {
+    fs::remove(partial, ec);
+    return StageError(Code::kInternal, "image_cache_unusable", cached + ": " + ec.message(),
+                      kStage);
+  }
+  return cached;
+}
+
+Result<ImageInfo> InspectImage(const LibvirtOptions& o, const std::string& path) {
+  const std::string kStage = "image";
+  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
+  if (!qemu_img.ok()) return qemu_img.error();
+  auto r = RunOk({*qemu_img, "info", "--output=json", path}, milliseconds(60000), kStage,
+                 "image_unreadable");
+  if (!r.ok()) return r.error();
+  auto j = nlohmann::json::parse(r->out, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return StageError(Code::kInternal, "image_unreadable", "qemu-img info printed no JSON", kStage);
+  }
+  ImageInfo info;
+  info.format = j.value("format", "");
+  info.virtual_size = j.value("virtual-size", uint64_t{0});
+  // A backing file would make qemu read another file of the image's choosing.
+  if (j.contains("backing-filename") || j.contains("full-backing-filename")) {
+    return StageError(Code::kFailedPrecondition, "image_has_backing_file",
+                      "images with a backing file are refused", kStage);
+  }
+  if (info.format != "raw" && info.format != "qcow2") {
+    return StageError(Code::kFailedPrecondition, "image_format_unsupported",
+                      "image format '" + info.format + "' (only raw and qcow2)", kStage,
+                      {{"format", info.format}});
+  }
+  return info;
+}
+
+// qemu-img convert onto the boot disk, with its -p percentages mapped to 50..100.
+Result<void> ConvertImage(const LibvirtOptions& o, const std::string& image, const ImageInfo& info,
+                          const DiskTarget& target, const ProgressFn& progress) {
+  const std::string kStage = "image";
+  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
+  if (!qemu_img.ok()) return qemu_img.error();
+  if (info.virtual_size > target.size) {
+    if (target.block) {
+      return StageError(Code::kFailedPrecondition, "disk_too_small",
+                        fmt::format("image needs {} bytes, {} has {}", info.virtual_size,
+                                    target.path, target.size),
+                        kStage, {{"path", target.path}});
+    }
+    // A fixture's stand-in file grows to the image's size.
+    std::error_code ec;
+    fs::resize_file(target.path, info.virtual_size, ec);
+    if (ec) {
+      return StageError(Code::kInternal, "image_write_failed", target.path + ": " + ec.message(),
+                        kStage);
+    }
+  }
+  int last = 50;
+  std::string carry;
+  auto on_out = [&](const std::string& chunk) {
+    carry += chunk;
+    // "    (12.34/100%)\r" repeated; take the last complete one.
+    const size_t end = carry.rfind("/100%)");
+    if (end == std::string::npos) return;
+    const size_t open = carry.rfind('(', end);
+    if (open != std::string::npos) {
+      double pct = 0;
+      try {
+        pct = std::stod(carry.substr(open + 1, end - open - 1));
+      } catch (const std::exception&) {
+        pct = 0;
+      }
+      const int mapped = 50 + static_cast<int>(pct / 2);
+      if (mapped >= last + 10 && mapped < 100) {
+        last = mapped;
+        progress(kStage, fmt::format("writing image: {:.0f}%", pct), mapped);
+      }
+    }
+    carry = carry.substr(end + 6);
+  };
+  auto r = RunOk({*qemu_img, "convert", "-p", "-n", "-f", info.format, "-O", "raw", "-t",
+                  target.block ? "none" : "writeback", image, target.path},
+                 o.image_timeout, kStage, "image_write_failed", on_out, {{"path", target.path}});
+  if (!r.ok()) return r.error();
+  return Ok();
+}
+
+Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle& b) {
+  const std::string kStage = "seed";
+  auto files = MakeSeedFiles(b);
+  if (!files.ok()) return files.error();
+  auto geniso = FindToolIn(o.tools_root, "genisoimage", kStage);
+  if (!geniso.ok()) return geniso.error();
+  const std::string dir = fmt::format("{}/{}", o.seed_dir, b.allocation_id());
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec)
+    return StageError(Code::kInternal, "seed_write_failed", dir + ": " + ec.message(), kStage);
+  // qemu (another user) reads the ISO.
+  fs::permissions(dir,
+                  fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
+                      fs::perms::others_read | fs::perms::others_exec,
+                  ec);
+  for (const auto& [name, text] :
+       {std::pair<std::string, std::string>{"meta-data", files->meta_data},
+        {"user-data", files->user_data}}) {
+    std::ofstream f(dir + "/" + name, std::ios::binary | std::ios::trunc);
+    f << text;
+    f.close();
+    if (!f) return StageError(Code::kInternal, "seed_write_failed", "writing " + name, kStage);
+  }
+  const std::string iso = dir + "/seed.iso";
+  const std::string tmp = iso + ".tmp";
+  auto r = RunOk({*geniso, "-quiet", "-output", tmp, "-volid", "cidata", "-joliet", "-rock",
+                  dir + "/user-data", dir + "/meta-data"},
+                 milliseconds(60000), kStage, "seed_build_failed");
+  if (!r.ok()) return r.error();
+  fs::rename(tmp, iso, ec);
+  if (ec)
+    return StageError(Code::kInternal, "seed_write_failed", iso + ": " + ec.message(), kStage);
+  fs::permissions(iso,
+                  fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
+                      fs::perms::others_read,
+                  ec);
+  return iso;
+}
+
+void RemoveSeed(const LibvirtOptions& o, const std::string& allocation_id) {
+  if (o.seed_dir.empty() || !ids::IsUuid(allocation_id)) return;
+  std::error_code ec;
+  fs::remove_all(fmt::format("{}/{}", o.seed_dir, allocation_id), ec);
+}
+
+// Host CPUs of the NUMA node next to the boot GPU.
+std::string NumaCpuset(const HostRoot& host, const v1::ProvisionBundle& b, int node) {
+  auto valid = [](const std::string& s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+      return std::isdigit(static_cast<unsigned char>(c)) || c == ',' || c == '-';
+    });
+  };
+  const auto& gpu = b.slots(0).gpu_pci_address();
+  if (!gpu.empty()) {
+    auto s = host.ReadLine("/sys/bus/pci/devices/" + gpu + "/local_cpulist");
+    if (s && valid(*s)) return *s;
+  }
+  auto s = host.ReadLine(fmt::format("/sys/devices/system/node/node{}/cpulist", node));
+  return s && valid(*s) ? *s : "";
+}
+
+}  // namespace
+
+Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle& b,
+                                                      const ProgressFn& progress) {
+  // ---- validate: the node scheduler, then the kernel's view of every disk ----
+  auto devices = DiscoverDevices(opts_.host_root);
+  if (!devices.ok()) return WithStage(devices.error(), "validate");
+  auto plan = ValidateBundle(b, *devices);
+  if (!plan.ok()) return plan.error();
+  const HostRoot host(opts_.host_root);
+  std::vector<SlotDisk> disks;
+  std::vector<DiskTarget> targets;
+  for (const auto& s : b.slots()) {
+    if (s.nvme_by_id().empty()) continue;
+    auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), "validate");
+    if (!d.ok()) return d.error();
+    auto t = CheckDiskTarget(d->target_path, opts_.allow_regular_file_disks, "validate");
+    if (!t.ok()) {
+      t.error().details["slot_key"] = s.slot_key();
+      t.error().details["nvme_by_id"] = s.nvme_by_id();
+      return t.error();
+    }
+    disks.push_back(*d);
+    targets.push_back(*t);
+  }
+  const auto numa = PinnedNumaNode(b);
+  if (b.shape().hugepages_1g() > 0) {
+    const std::string leaf = "hugepages/hugepages-1048576kB/free_hugepages";
+    std::optional<long long> free_pages;
+    if (numa)
+      free_pages = host.ReadInt(fmt::format("/sys/devices/system/node/node{}/{}", *numa, leaf));
+    if (!free_pages) free_pages = host.ReadInt("/sys/kernel/mm/" + leaf);
+    if (free_pages.value_or(0) < b.shape().hugepages_1g()) {
+      return StageError(Code::kFailedPrecondition, "hugepages_insufficient",
+                        fmt::format("the VM needs {} free 1 GiB hugepages, the host has {}",
+                                    b.shape().hugepages_1g(), free_pages.value_or(0)),
+                        "validate", {{"field", "shape.hugepages_1g"}});
+    }
+  }
+  if (opts_.check_bridge && !host.Exists("/sys/class/net/" + opts_.domain.bridge)) {
+    return StageError(Code::kFailedPrecondition, "bridge_missing",
+                      "slice bridge " + opts_.domain.bridge + " does not exist on this host",
+                      "validate", {{"bridge", opts_.domain.bridge}});
+  }
+  const std::string domain = DomainName(b.allocation_id());
+  auto conn = Conn();
+  if (!conn.ok()) return WithStage(conn.error(), "validate");
+  {
+    // A VM of an earlier attempt still running on these disks: writing the image under it
+    // would corrupt both. Release it first.
+    auto existing = LookupDomain(*conn, domain, "validate");
+    if (!existing.ok()) return existing.error();
+    if (existing->has_value() && virDomainIsActive(existing->value().get()) == 1) {
+      return StageError(Code::kFailedPrecondition, "domain_running",
+                        "domain " + domain + " from an earlier attempt is still running",
+                        "validate", {{"domain_name", domain}});
+    }
+  }
+  progress("validate", fmt::format("node scheduler accepted a plan of {} steps", plan->size()),
+           100);
+
+  // ---- lease ----
+  std::vector<std::string> slot_keys;
+  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
+  const auto& first = b.slots(0);
+  auto record = [&](const std::string& state, const std::string& stage) -> Result<void> {
+    nlohmann::json rec = {{"name", domain},     {"slots", slot_keys},
+                          {"state", state},     {"attempt", b.attempt()},
+                          {"mac", first.mac()}, {"ip", first.private_ip()},
+                          {"runtime", kRuntime}};
+    std::lock_guard lock(mu_);
+    if (auto w = store_.Put(DomainKey(b.allocation_id()), rec); !w.ok())
+      return WithStage(w.error(), stage);
+    return Ok();
+  };
+  {
+    std::lock_guard lock(mu_);
+    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
+      return r.error();
+  }
+  progress("lease", fmt::format("slots {} leased (attempt {})", Join(slot_keys, ","), b.attempt()),
+           100);
+
+  // ---- image: onto the boot disk (the first slot disk) ----
+  if (!disks.empty()) {
+    auto image = EnsureImage(opts_, b.image(), progress);
+    if (!image.ok()) return image.error();
+    progress("image", fmt::format("{}: sha256:{} verified", b.image().name(), b.image().sha256()),
+             50);
+    auto info = InspectImage(opts_, *image);
+    if (!info.ok()) return info.error();
+    // Re-check the disk right before the write: nothing may have mounted it meanwhile.
+    auto t = CheckDiskTarget(disks[0].target_path, opts_.allow_regular_file_disks, "image");
+    if (!t.ok()) return t.error();
+    if (auto c = ConvertImage(opts_, *image, *info, *t, progress); !c.ok()) return c.error();
+    progress("image",
+             fmt::format("{} ({}, {} bytes) written to {}", b.image().name(), info->format,
+                         info->virtual_size, disks[0].by_id),
+             100);
+  } else {
+    progress("image", "no slot disk: image not written (kernel boot)", 100);
+  }
+
+  // ---- seed ----
+  auto seed = BuildSeed(opts_, b);
+  if (!seed.ok()) return seed.error();
+  progress("seed", "NoCloud seed " + *seed + " written", 100);
+
+  // ---- define ----
+  DomainXmlOptions xo = opts_.domain;
+  xo.seed_iso = *seed;
+  for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
+  if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
+  auto xml = GenerateDomainXml(b, xo);
+  if (!xml.ok()) return xml.error();
+  {
+    auto existing = LookupDomain(*conn, domain, "define");
+    if (!existing.ok()) return existing.error();
+    if (existing->has_value()) {
+      if (virDomainIsActive(existing->value().get()) == 1) {
+        return StageError(Code::kFailedPrecondition, "domain_running",
+                          "domain " + domain + " from an earlier attempt is still running",
+                          "define", {{"domain_name", domain}});
+      }
+      if (auto u = UndefineDomain(*conn, domain, opts_, "define"); !u.ok()) return u.error();
+    }
+  }
+  virResetLastError();
+  DomainPtr dom(virDomainDefineXMLFlags(*conn, xml->c_str(), VIR_DOMAIN_DEFINE_VALIDATE));
+  if (!dom) {
+    return LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}});
+  }
+  if (auto r = record("defined", "define"); !r.ok()) return r.error();
+  progress("define", "domain " + domain + " defined", 100);
+
+  // ---- start ----
+  virResetLastError();
+  if (virDomainCreate(dom.get()) != 0)
+    return LibvirtError("start", "start_failed", "starting " + domain, {{"domain_name", domain}});
+  if (auto r = record("started", "start"); !r.ok()) return r.error();
+  progress("start", "domain " + domain + " started", 100);
+
+  // ---- readiness: the reserved lease, then SSH ----
+  const std::map<std::string, std::string> det = {
+      {"mac", first.mac()}, {"expected_ip", first.private_ip()}, {"domain_name", domain}};
+  auto not_running = [&]() -> std::optional<Error> {
+    if (virDomainIsActive(dom.get()) == 1) return std::nullopt;
+    auto d = det;
+    d["state"] = DomainState(dom.get());
+    return StageError(
+        Code::kFailedPrecondition, "domain_not_running",
+        "domain " + domain + " stopped while waiting for readiness (" + d["state"] + ")",
+        "readiness", d);
+  };
+  std::optional<std::string> seen_ip;
+  const auto lease_deadline = Clock::now() + opts_.lease_timeout;
+  while (true) {
+    seen_ip = LeasedIp(opts_.lease_file, first.mac());
+    if (seen_ip && *seen_ip == first.private_ip()) break;
+    if (auto e = not_running()) return *e;
+    if (Clock::now() >= lease_deadline) {
+      auto d = det;
+      d["lease_file"] = opts_.lease_file;
+      if (seen_ip) {
+        d["actual_ip"] = *seen_ip;
+        return StageError(Code::kFailedPrecondition, "lease_mismatch",
+                          fmt::format("{} was leased {}, the reservation is {}", first.mac(),
+                                      *seen_ip, first.private_ip()),
+                          "readiness", d);
+      }
+      return StageError(Code::kDeadlineExceeded, "lease_timeout",
+                        fmt::format("no DHCP lease for {} within {} ms", first.mac(),
+                                    opts_.lease_timeout.count()),
+                        "readiness", d);
+    }
+    std::this_thread::sleep_for(opts_.poll_interval);
+  }
+  progress("readiness", fmt::format("DHCP lease bound: {} -> {}", first.mac(), *seen_ip), 50);
+  const SshProbeFn probe = opts_.ssh_probe ? opts_.ssh_probe : ProbeSshBanner;
+  const auto ssh_deadline = Clock::now() + opts_.ssh_timeout;
+  while (true) {
+    const auto left = std::chrono::duration_cast<milliseconds>(ssh_deadline - Clock::now());
+    if (probe(*seen_ip, opts_.ssh_port, std::clamp(left, milliseconds(100), milliseconds(3000))))
+      break;
+    if (auto e = not_running()) return *e;
+    if (Clock::now() >= ssh_deadline) {
+      return StageError(Code::kDeadlineExceeded, "ssh_timeout",
+                        fmt::format("no SSH banner on {}:{} within {} ms", *seen_ip, opts_.ssh_port,
+                                    opts_.ssh_timeout.count()),
+                        "readiness", det);
+    }
+    std::this_thread::sleep_for(opts_.poll_interval);
+  }
+  if (auto r = record("running", "readiness"); !r.ok()) return r.error();
+  progress("readiness", fmt::format("SSH banner on {}:{}", *seen_ip, opts_.ssh_port), 100);
+
+  v1::ProvisionOutput out;
+  out.set_domain_name(domain);
+  out.set_mac(first.mac());
+  out.set_expected_ip(first.private_ip());
+  out.set_actual_ip(*seen_ip);
+  out.set_lease_state("bound");
+  for (const auto& step : *plan) out.add_plan(step);
+  out.set_runtime(kRuntime);
+  return out;
+}
+
+Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
+                                                  const ProgressFn& progress) {
+  const std::string kStage = "release";
+  if (!ids::IsUuid(p.allocation_id())) {
+    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+                      "allocation id is not a UUID: '" + p.allocation_id() + "'", kStage);
+  }
+  v1::ReleaseOutput out;
+  const std::string domain = DomainName(p.allocation_id());
+  out.set_domain_name(domain);
+  out.set_runtime(kRuntime);
+  auto conn = Conn();
+  if (!conn.ok()) return WithStage(conn.error(), kStage);
+  auto dom = LookupDomain(*conn, domain, kStage);
+  if (!dom.ok()) return dom.error();
+  auto forget = [&]() -> Result<void> {
+    RemoveSeed(opts_, p.allocation_id());
+    std::lock_guard lock(mu_);
+    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+      return WithStage(e.error(), kStage);
+    return Ok();
+  };
+  if (!dom->has_value()) {
+    if (auto f = forget(); !f.ok()) return f.error();
+    out.set_stop("absent");
+    progress("stop", "no domain " + domain + " defined: nothing to stop", 100);
+    return out;
+  }
+  virDomainPtr d = dom->value().get();
+  out.set_stop("graceful");
+  const auto timeout = p.graceful_timeout_s() > 0
+                           ? milliseconds(int64_t{p.graceful_timeout_s()} * 1000)
+                           : opts_.shutdown_timeout;
+  std::string how = "was not running";
+  if (virDomainIsActive(d) == 1) {
+    const auto t0 = Clock::now();
+    virResetLastError();
+    const bool asked = virDomainShutdown(d) == 0;  // ACPI power button
+    while (asked && virDomainIsActive(d) == 1 && Clock::now() - t0 < timeout)
+      std::this_thread::sleep_for(std::min(opts_.poll_interval, milliseconds(200)));
+    if (virDomainIsActive(d) == 1) {
+      virResetLastError();
+      if (virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
+        return LibvirtError(kStage, "destroy_failed", "destroying " + domain,
+                            {{"domain_name", domain}});
+      }
+      out.set_stop("hard");
+      how = asked ? fmt::format("did not stop within {} ms: destroyed", timeout.count())
+                  : "refused the shutdown request: destroyed";
+    } else {
+      how = fmt::format("shut down gracefully in {} ms",
+                        std::chrono::duration_cast<milliseconds>(Clock::now() - t0).count());
+    }
+  }
+  dom->reset();
+  auto undef = UndefineDomain(*conn, domain, opts_, kStage);
+  if (!undef.ok()) return undef.error();
+  if (auto f = forget(); !f.ok()) return f.error();
+  progress("stop", fmt::format("domain {} {}; {}; seed removed", domain, how, *undef), 100);
+  return out;
+}
+
+Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
+                                                  const ProgressFn& progress) {
+  const std::string kStage = "cleanup";
+  if (!ids::IsUuid(p.allocation_id())) {
+    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+                      "allocation id is not a UUID: '" + p.allocation_id() + "'", kStage);
+  }
+  auto devices = DiscoverDevices(opts_.host_root);
+  if (!devices.ok()) return WithStage(devices.error(), kStage);
+  const HostRoot host(opts_.host_root);
+  std::vector<std::string> slot_keys;
+  std::map<std::string, SlotDisk> disks;  // slot_key -> disk
+  // Refuse the whole cleanup before touching anything: a wipe needs proof the disk is ours.
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& s : p.slots()) {
+      slot_keys.push_back(s.slot_key());
+      if (auto holder = LeaseHolder(store_, s.slot_key(), p.allocation_id()); !holder.empty()) {
+        return StageError(
+            Code::kFailedPrecondition, "slot_leased",
+            fmt::format("slot {} is leased by allocation {}; refusing to clean it for {}",
+                        s.slot_key(), holder, p.allocation_id()),
+            kStage, {{"slot_key", s.slot_key()}, {"holder", holder}});
+      }
+      if (s.nvme_by_id().empty()) continue;
+      const auto* disk = FindDisk(*devices, s.nvme_by_id());
+      if (!disk) {
+        return StageError(Code::kNotFound, "disk_not_found",
+                          "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() +
+                              " is not among this host's disks; cannot prove it clean",
+                          kStage, {{"slot_key", s.slot_key()}, {"nvme_by_id", s.nvme_by_id()}});
+      }
+      if (auto e = DiskInUse(*disk, s.slot_key(), kStage)) return *e;
+      auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), kStage);
+      if (!d.ok()) return d.error();
+      auto t = CheckDiskTarget(d->target_path, opts_.allow_regular_file_disks, kStage);
+      // A leftover VM may hold the disk open exclusively; it is destroyed below and the disk
+      // checked again before the wipe.
+      if (!t.ok() && t.error().reason != "disk_busy") {
+        t.error().details["slot_key"] = s.slot_key();
+        return t.error();
+      }
+      disks.emplace(s.slot_key(), *d);
+    }
+    // Hold the slots while they are wiped, so no other allocation can lease them meanwhile.
+    int32_t attempt = 0;
+    if (auto rec = store_.Get(LeaseKey(p.allocation_id())); rec.ok() && rec->has_value())
+      attempt = (**rec).value("attempt", 0);
+    if (auto r = TakeLease(store_, p.allocation_id(), slot_keys, attempt); !r.ok())
+      return WithStage(r.error(), kStage);
+  }
+
+  // ---- a leftover domain goes first: a running VM would write to the disk during the wipe ----
+  const std::string domain = DomainName(p.allocation_id());
+  auto conn = Conn();
+  if (!conn.ok()) return WithStage(conn.error(), "undefine");
+  {
+    auto dom = LookupDomain(*conn, domain, "undefine");
+    if (!dom.ok()) return dom.error();
+    std::string note = "no domain " + domain + " left";
+    if (dom->has_value()) {
+      virDomainPtr d = dom->value().get();
+      if (virDomainIsActive(d) == 1 && virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
+        return LibvirtError("undefine", "destroy_failed", "destroying leftover " + domain,
+                            {{"domain_name", domain}});
+      }
+      dom->reset();
+      auto u = UndefineDomain(*conn, domain, opts_, "undefine");
+      if (!u.ok()) return u.error();
+      note = "leftover domain " + domain + " destroyed and " + *u;
+    }
+    auto again = LookupDomain(*conn, domain, "undefine");
+    if (!again.ok()) return again.error();
+    if (again->has_value()) {
+      return StageError(Code::kInternal, "undefine_failed",
+                        "domain " + domain + " is still defined", "undefine",
+                        {{"domain_name", domain}});
+    }
+    progress("undefine", note, 100);
+  }
+
+  // ---- wipe and verify, disk by disk ----
+  std::map<std::string, std::string> methods;  // slot_key -> discard|zero
+  auto wipefs = FindToolIn(opts_.tools_root, "wipefs", "wipe");
+  if (!wipefs.ok()) return wipefs.error();
+  auto blkid = FindToolIn(opts_.tools_root, "blkid", "verify");
+  if (!blkid.ok()) return blkid.error();
+  int done = 0;
+  for (const auto& [slot_key, d] : disks) {
+    std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id}};
+    auto t = CheckDiskTarget(d.target_path, opts_.allow_regular_file_disks, "wipe");
+    if (!t.ok()) {
+      t.error().details["slot_key"] = slot_key;
+      return t.error();
+    }
+    if (auto r = RunOk({*wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed",
+                       {}, det);
+        !r.ok())
+      return r.error();
+    std::string method;
+    std::string why;
+    if (t->block && t->discard) {
+      auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
+      if (!tool.ok()) return tool.error();
+      auto r = RunStreaming({*tool, d.target_path}, opts_.wipe_timeout, {});
+      if (r.ok() && r->exit_code == 0) {
+        method = "discard";
+      } else {
+        why = r.ok() ? FirstLine(r->err) : r.error().message;
+      }
+    } else {
+      why = t->block ? "device does not support discard" : "regular file";
+    }
+    if (method.empty()) {
+      // Discard unsupported: zero the whole disk (zeroing only its edges would leave the
+      // previous tenant's data readable).
+      if (t->block) {
+        auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
+        if (!tool.ok()) return tool.error();
+        if (auto r = RunOk({*tool, "-z", d.target_path}, opts_.wipe_timeout, "wipe", "wipe_failed",
+                           {}, det);
+            !r.ok())
+          return r.error();
+      } else {
+        const int fd = ::open(d.target_path.c_str(), O_WRONLY | O_CLOEXEC);
+        if (fd < 0) {
+          return StageError(Code::kInternal, "wipe_failed",
+                            fmt::format("{}: {}", d.target_path, Errno(errno)), "wipe", det);
+        }
+        const std::string zeros(1 << 20, '\0');
+        uint64_t off = 0;
+        bool ok = true;
+        while (ok && off < t->size) {
+          const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), t->size - off));
+          ok = ::pwrite(fd, zeros.data(), n, static_cast<off_t>(off)) == static_cast<ssize_t>(n);
+          off += n;
+        }
+        ok = ok && ::fsync(fd) == 0;
+        ::close(fd);
+        if (!ok) {
+          return StageError(Code::kInternal, "wipe_failed", "zeroing " + d.target_path, "wipe",
+                            det);
+        }
+      }
+      method = "zero";
+    }
+    // Verify: neither wipefs nor blkid (probing the device itself) finds a signature.
+    auto listed = RunOk({*wipefs, "--noheadings", "--output", "TYPE,OFFSET", d.target_path},
+                        milliseconds(60000), "verify", "verify_failed", {}, det);
+    if (!listed.ok()) return listed.error();
+    auto probed =
+        RunStreaming({*blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000), {});
+    if (!probed.ok()) return WithStage(probed.error(), "verify");
+    if (probed->exit_code != 0 && probed->exit_code != 2)
+      return ToolFailed("verify", "verify_failed", *blkid, *probed, det);
+    const bool remaining = !Trim(listed->out).empty() || probed->exit_code == 0;
+    if (remaining) {
+      det["wipefs"] = FirstLine(listed->out);
+      det["blkid"] = FirstLine(probed->out);
+      return StageError(Code::kInternal, "signatures_remaining",
+                        d.by_id + " still carries a signature after the wipe", "verify", det);
+    }
+    methods[slot_key] = method;
+    ++done;
+    progress("wipe",
+             fmt::format("slot {}: {} wiped by {}{}; no signature left", slot_key, d.by_id, method,
+                         why.empty() ? "" : " (" + why + ")"),
+             done * 100 / static_cast<int>(disks.size()));
+  }
+
+  if (disks.empty()) progress("wipe", "no slot disks to wipe", 100);
+
+  // ---- network state (the networking code's hook) ----
+  bool network_removed = false;
+  if (opts_.network_cleanup) {
+    auto r = opts_.network_cleanup(p);
+    network_removed = r.ok();
+    progress("network",
+             r.ok() ? "DHCP reservation and NAT/DNAT state removed"
+                    : "network cleanup failed: " + r.error().ToString(),
+             100);
+  } else {
+    progress("network", "no network cleanup hook: network state not removed", 100);
+  }
+
+  RemoveSeed(opts_, p.allocation_id());
+  {
+    std::lock_guard lock(mu_);
+    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+      return WithStage(e.error(), kStage);
+    if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
+  }
+  v1::CleanupOutput out;
+  out.set_runtime(kRuntime);
+  const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
+  for (const auto& s : p.slots()) {
+    auto* proof = out.add_proofs();
+    proof->set_slot_key(s.slot_key());
+    proof->set_nvme_by_id(s.nvme_by_id());
+    auto it = methods.find(s.slot_key());
+    proof->set_method(it == methods.end() ? "none" : it->second);
+    proof->set_signatures_remaining(false);
+    proof->set_domain_undefined(true);
+    proof->set_network_state_removed(network_removed);
+    *proof->mutable_verified_at() = now;
+  }
+  return out;
+}
+
+Result<AdoptionReport> LibvirtRuntime::Adopt() {
+  const std::string kStage = "adopt";
+  auto conn = Conn();
+  if (!conn.ok()) return WithStage(conn.error(), kStage);
+  virDomainPtr* list = nullptr;
+  virResetLastError();
+  const int n = virConnectListAllDomains(*conn, &list, 0);
+  if (n < 0) return LibvirtError(kStage, "libvirt_error", "listing domains");
+  std::map<std::string, std::string> live;  // name -> state
+  for (int i = 0; i < n; ++i) {
+    DomainPtr d(list[i]);
+    const char* name = virDomainGetName(d.get());
+    if (name && std::string_view(name).rfind(kDomainPrefix, 0) == 0)
+      live[name] = DomainState(d.get());
+  }
+  free(list);  // NOLINT(cppcoreguidelines-no-malloc): libvirt allocated it
+
+  std::lock_guard lock(mu_);
+  std::map<std::string, std::string> ledger;  // allocation -> domain record state / "leased"
+  for (const auto& key : store_.Keys()) {
+    std::string alloc;
+    bool is_domain = false;
+    if (key.rfind("domain-", 0) == 0) {
+      alloc = key.substr(7);
+      is_domain = true;
+    } else if (key.rfind("lease-", 0) == 0) {
+      alloc = key.substr(6);
+    } else {
+      continue;
+    }
+    if (!is_domain) {
+      ledger.emplace(alloc, "leased");
+      continue;
+    }
+    auto rec = store_.Get(key);
+    if (rec.ok() && rec->has_value()) ledger[alloc] = (**rec).value("state", "defined");
+  }
+  AdoptionReport rep;
+  for (const auto& [name, state] : live) {
+    AdoptedDomain a;
+    a.domain_name = name;
+    a.state = state;
+    const std::string alloc = name.substr(std::string(kDomainPrefix).size());
+    if (ids::IsUuid(alloc)) a.allocation_id = alloc;
+    auto it = ledger.find(alloc);
+    if (!a.allocation_id.empty() && it != ledger.end()) {
+      a.ledger_state = it->second;
+      rep.adopted.push_back(a);
+    } else {
+      rep.orphans.push_back(a);
+    }
+  }
+  for (const auto& [alloc, state] : ledger) {
+    if (state == "leased" || live.count(DomainName(alloc))) continue;
+    rep.missing.push_back({alloc, DomainName(alloc), "absent", state});
+  }
+  adopted_ = true;
+  return rep;
+}
+
+}  // namespace gpuaas::node_agent

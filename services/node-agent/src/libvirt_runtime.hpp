@@ -1,0 +1,152 @@
+#pragma once
+// The real VM runtime: slice VMs through the libvirt C API (never virsh), with the same
+// interface behaviour as SimulatedRuntime (stages, reasons, the lease ledger, the
+// `domain-<allocation_id>` records) and real effects.
+//
+// Provision: ValidateBundle against a fresh DiscoverDevices of the host root, then the kernel's
+// own view of every target disk (a block device, not mounted, no mounted partition, no holder,
+// exclusive open possible) BEFORE anything is written; TakeLease; the image (cached by digest,
+// sha256 verified before every use, `qemu-img convert -n -O raw` onto the boot slot's disk with
+// progress); the NoCloud seed ISO (genisoimage, label cidata); define; start; readiness = the
+// boot MAC's lease in the dnsmasq lease file, then an SSH banner. A failure after the lease leaves
+// the lease, the domain and the disk for release/cleanup (the slot is dirty).
+// Release: virDomainShutdown, wait, virDomainDestroy on timeout; undefine with NVRAM (retried);
+// seed removed. Cleanup: leftover domain destroyed and undefined, the disk-safety checks again
+// right before each write, wipefs -a, blkdiscard (or zeroing the whole disk when discard is not
+// supported), verification that no signature remains, the caller's network hook, DropLease.
+// Adopt (agent restart): this agent's domains against the ledger.
+//
+// Tools (qemu-img, genisoimage, wipefs, blkdiscard, blkid, sha256sum, curl) run from the real
+// root with RunTool-style bounded runs; the devices are read under `host_root`, so a fixture
+// host works (its device nodes are regular files, or block nodes made for loop devices).
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "domain_xml.hpp"
+#include "gpuaas/common/result.hpp"
+#include "local_store.hpp"
+#include "vm_runtime.hpp"
+
+struct _virConnect;  // libvirt's connection; libvirt headers stay out of this header
+
+namespace gpuaas::node_agent {
+
+// Bound on one readiness probe attempt (TCP connect + banner read).
+using SshProbeFn =
+    std::function<bool(const std::string& ip, int port, std::chrono::milliseconds timeout)>;
+// Removes an allocation's DHCP reservation/lease and NAT/DNAT state (the networking code).
+using NetworkCleanupFn = std::function<Result<void>(const v1::CleanupParams&)>;
+
+struct LibvirtOptions {
+  std::string uri = "qemu:///system";  // "test:///default" in unit tests
+  std::string host_root = "/";         // devices are discovered and resolved under it
+  std::string tools_root = "/";        // where qemu-img, wipefs, ... are looked up
+  std::string image_cache_dir;         // required: <dir>/<sha256>.img
+  std::string seed_dir;                // required: <dir>/<allocation_id>/seed.iso
+  // Everything but seed_iso, disk_paths and numa_cpuset (filled per allocation). With
+  // domain.passthrough false the bundle is still validated against the host's GPUs and VFs.
+  DomainXmlOptions domain;
+  // Fixture hosts: a slot disk may be a regular file (the fixture's device nodes). Never on
+  // a real host.
+  bool allow_regular_file_disks = false;
+  // The slice bridge must exist under <host_root>/sys/class/net before a domain is defined.
+  bool check_bridge = true;
+  std::string lease_file = "/var/lib/gpuaas/net/dnsmasq.leases";
+  std::chrono::milliseconds lease_timeout{std::chrono::minutes(5)};
+  std::chrono::milliseconds ssh_timeout{std::chrono::minutes(2)};
+  std::chrono::milliseconds poll_interval{std::chrono::milliseconds(250)};
+  int ssh_port = 22;
+  SshProbeFn ssh_probe;  // default: ProbeSshBanner
+  // Used when ReleaseParams.graceful_timeout_s is 0.
+  std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(60)};
+  int undefine_attempts = 3;
+  std::chrono::milliseconds undefine_retry_delay{std::chrono::milliseconds(500)};
+  std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, digest, convert
+  std::chrono::milliseconds wipe_timeout{std::chrono::hours(4)};   // discard or zero, per disk
+  NetworkCleanupFn network_cleanup;  // unset: proofs say network_state_removed=false
+};
+
+// One domain of this agent as seen at adoption.
+struct AdoptedDomain {
+  std::string allocation_id;  // "" when the name is not gpuaas-<uuid>
+  std::string domain_name;
+  std::string state;         // libvirt state: running, paused, shutoff, ...; "absent" if missing
+  std::string ledger_state;  // the domain record's state; "leased" (lease only); "" (unknown)
+};
+
+struct AdoptionReport {
+  std::vector<AdoptedDomain> adopted;  // in libvirt and in the ledger
+  std::vector<AdoptedDomain> orphans;  // gpuaas-* domain the ledger does not know (drift)
+  std::vector<AdoptedDomain> missing;  // the ledger's domain record, no domain (drift)
+};
+
+class LibvirtRuntime : public VmRuntime {
+ public:
+  // `store` must outlive the runtime. The connection is opened on first use.
+  LibvirtRuntime(LocalStore& store, LibvirtOptions opts);
+  ~LibvirtRuntime() override;
+  LibvirtRuntime(const LibvirtRuntime&) = delete;
+  LibvirtRuntime& operator=(const LibvirtRuntime&) = delete;
+
+  Result<v1::ProvisionOutput> Provision(const v1::ProvisionBundle& bundle,
+                                        const ProgressFn& progress) override;
+  Result<v1::ReleaseOutput> Release(const v1::ReleaseParams& params,
+                                    const ProgressFn& progress) override;
+  Result<v1::CleanupOutput> Cleanup(const v1::CleanupParams& params,
+                                    const ProgressFn& progress) override;
+
+  // Lists this agent's domains (name prefix gpuaas-) and reconciles them with the ledger.
+  // Read-only: orphans are reported, not removed. Adopted() is true after a successful run.
+  Result<AdoptionReport> Adopt();
+  bool Adopted() const;
+
+  const LibvirtOptions& options() const { return opts_; }
+
+ private:
+  Result<_virConnect*> Conn();
+  LocalStore& store_;
+  LibvirtOptions opts_;
+  mutable std::mutex mu_;  // ledger changes and domain records
+  std::mutex conn_mu_;     // the connection
+  _virConnect* conn_ = nullptr;
+  bool adopted_ = false;
+};
+
+// Building blocks, public for tests and for the agent's own checks.
+
+// The IP dnsmasq leased to `mac` (case-insensitive), from a dnsmasq lease file
+// ("<expiry> <mac> <ip> <hostname> <client-id>", expired entries ignored); nullopt when none.
+std::optional<std::string> LeasedIp(const std::string& lease_file, const std::string& mac);
+
+// TCP connect to ip:port and read until the banner starts with "SSH-"; false on refusal,
+// timeout or another banner.
+bool ProbeSshBanner(const std::string& ip, int port, std::chrono::milliseconds timeout);
+
+// A slot disk as the kernel sees it right now, at `path` (a resolved host path).
+struct DiskTarget {
+  std::string path;
+  bool block = false;    // false: a regular file (fixture hosts only)
+  uint64_t size = 0;     // bytes
+  bool discard = false;  // the block device advertises discard
+};
+// Refuses (stage `stage`, FailedPrecondition) a path that is not a block device (or a regular
+// file when allowed): disk_not_block_device; mounted directly or through a partition, or used
+// as swap: disk_mounted / disk_child_mounted; held by device-mapper/md: disk_held; opened
+// exclusively by someone (O_EXCL open fails with EBUSY): disk_busy.
+Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_file,
+                                   const std::string& stage);
+
+// The NoCloud seed's meta-data and user-data for a bundle (invalid_hostname, invalid_ssh_key,
+// invalid_instance_id; stage "seed").
+struct SeedFiles {
+  std::string meta_data;
+  std::string user_data;
+};
+Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& bundle);
+
+}  // namespace gpuaas::node_agent
