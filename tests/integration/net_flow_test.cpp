@@ -253,6 +253,28 @@ TEST_F(NetFlowTest, AgentAppliesIpamsDocumentAndLeasesDriftAndRepairAreSeen) {
   ASSERT_TRUE(testing::WaitFor([&] { return SlotHealth().rfind("healthy", 0) == 0; }, 20s))
       << SlotHealth();
 
+  // Release: vm.release, then slot.cleanup, which also releases the slot MAC's DHCP lease
+  // before the claims go; the reservation stays with the approved slot, which is reusable.
+  v1::ReleaseAllocationRequest rel;
+  rel.set_allocation_id(alloc->allocation().allocation_id());
+  ASSERT_TRUE(
+      Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel).ok());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        v1::GetAllocationRequest g;
+        g.set_allocation_id(alloc->allocation().allocation_id());
+        auto a = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
+        return a.ok() && a->allocation().state() == "released";
+      },
+      20s));
+  EXPECT_EQ(Slurp(lease_file).find(mine.mac()), std::string::npos)
+      << "no lease left for the slot MAC: " << Slurp(lease_file);
+  EXPECT_NE(Slurp(net_dir_ + "/dhcp-hosts").find(mine.mac() + "," + mine.ip()), std::string::npos)
+      << "the slot keeps its reservation";
+  auto again = lab_.Dhcp(vm);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(*again, mine.ip()) << "the slot is reusable with the same identity";
+
   // The runbook incident: MASQUERADE disappears while everything else looks healthy. The agent
   // finds it missing and puts it back.
   auto rules = lab_.InNs(lab_.host(), {"iptables", "-t", "nat", "-S", "POSTROUTING"});

@@ -394,8 +394,40 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
   } else {
     v1::CleanupParams params;
     if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
-    done(vm_runtime_->Cleanup(params, progress));
+    auto cleaned = vm_runtime_->Cleanup(params, progress);
+    if (cleaned.ok() && cfg_.net_apply != "off") {
+      // The slot's DHCP state goes too (its lease), so the next tenant starts clean; the
+      // reservation itself belongs to the approved slot and stays in the document.
+      const std::string why = CleanNetworkState(params);
+      for (auto& proof : *cleaned->mutable_proofs()) proof.set_network_state_removed(why.empty());
+      if (!why.empty()) {
+        progress("network", "DHCP state not removed: " + why, 100);
+      } else {
+        progress("network", "DHCP lease of every slot MAC released", 100);
+      }
+    }
+    done(cleaned);
   }
+}
+
+std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
+  std::lock_guard lock(net_mu_);
+  if (!net_spec_) return "";  // no network applied yet: no DHCP state on this host
+  NetContext ctx;
+  ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
+  std::vector<std::string> problems;
+  for (const auto& slot : params.slots()) {
+    if (slot.mac().empty()) continue;
+    RemovalReport report;
+    if (auto r = RemoveReservation(*net_spec_, slot.mac(), ctx, &report); !r.ok()) {
+      problems.push_back(slot.slot_key() + ": " + r.error().ToString());
+    }
+  }
+  // RemoveReservation also dropped the hosts entries: put back what the document reserves.
+  if (auto r = ApplyNetwork(*net_spec_, ctx); !r.ok()) {
+    problems.push_back("re-apply: " + r.error().ToString());
+  }
+  return problems.empty() ? "" : fmt::format("{}", fmt::join(problems, "; "));
 }
 
 namespace {
@@ -422,6 +454,7 @@ NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& stat
 }  // namespace
 
 void NodeAgent::ReconcileNetwork() {
+  std::lock_guard net_lock(net_mu_);  // the task thread's cleanup uses the applied spec too
   rpc::Client client(svc_.nats());
   const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
   NetContext ctx;

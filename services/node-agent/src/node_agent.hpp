@@ -36,6 +36,7 @@ namespace gpuaas::v1 {
 class Event;
 class NodeTask;
 class NodeTaskResult;
+class CleanupParams;
 }  // namespace gpuaas::v1
 
 namespace gpuaas::node_agent {
@@ -99,6 +100,9 @@ class NodeAgent {
   // Applies a new network document from ipam (then acks it), and on every report interval
   // checks the applied network, repairs what is missing and publishes the observed leases.
   void ReconcileNetwork();
+  // slot.cleanup with the network applied: releases each slot MAC's DHCP lease and restores the
+  // document's reservations. "" when clean, else what failed.
+  std::string CleanNetworkState(const v1::CleanupParams& params);
   Result<void> PublishTopology(const std::string& correlation_id);
   DiscoveryOptions Options() const;
   // An event about this node (entity = node id), with a new event id.
@@ -121,7 +125,9 @@ class NodeAgent {
   std::atomic<int64_t> applied_version_{0};
   std::atomic<uint64_t> tasks_run_{0};
   std::atomic<int64_t> net_version_{0};
-  // Control loop thread only: the applied document, the last report and its time.
+  // The applied document, the last report and its time (under net_mu_: the control loop and
+  // the task thread's cleanup both use them).
+  std::mutex net_mu_;
   std::optional<NetworkSpec> net_spec_;
   std::vector<std::string> net_blockers_;
   std::string net_last_report_;
