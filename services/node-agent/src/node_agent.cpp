@@ -19,6 +19,7 @@
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
+#include "libvirt_runtime.hpp"
 #include "vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
@@ -62,6 +63,24 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Simulated VM runtime: succeed | fail (vm.provision fails at readiness with "
         "lease_timeout) | silent (vm.* and slot.cleanup tasks are acked, never answered)",
         "succeed", config::OneOf({"succeed", "fail", "silent"}));
+  s.Add("vm.runtime", &vm_runtime,
+        "VM runtime: simulated (fixture hosts; nothing created or wiped) | libvirt (libvirt.uri)",
+        "simulated", config::OneOf({"simulated", "libvirt"}));
+  s.Add("vm.domain_type", &vm_domain_type, "libvirt domain type: kvm | qemu (TCG)", "kvm",
+        config::OneOf({"kvm", "qemu"}));
+  s.Add("vm.passthrough", &vm_passthrough, "Pass GPUs and fabric VFs through (VFIO hostdevs)",
+        true);
+  s.Add("vm.image_cache_dir", &vm_image_cache_dir, "Image cache (\"\" = <node.state_dir>/images)",
+        "");
+  s.Add("vm.seed_dir", &vm_seed_dir, "NoCloud seed ISOs (\"\" = <node.state_dir>/seeds)", "");
+  s.Add("vm.nvram_dir", &vm_nvram_dir, "Per-domain UEFI NVRAM files", "/var/lib/libvirt/qemu/nvram",
+        config::NonEmpty());
+  s.Add("vm.kernel", &vm_kernel, "Direct kernel boot (test guests); \"\" = boot the slot disk", "");
+  s.Add("vm.initrd", &vm_initrd, "initrd for direct kernel boot", "");
+  s.Add("vm.lease_timeout_s", &vm_lease_timeout_s,
+        "Readiness: the VM's DHCP lease must appear within this", 300, config::Range(1, 3600));
+  s.Add("vm.ssh_timeout_s", &vm_ssh_timeout_s,
+        "Readiness: then an SSH banner on port 22 within this", 120, config::Range(1, 3600));
   s.Add("network.apply", &net_apply,
         "Manage slice networking from ipam's node network document: off | netns (inside "
         "network.netns) | host",
@@ -118,8 +137,32 @@ Result<void> NodeAgent::Start() {
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
-  vm_runtime_ = std::make_unique<SimulatedRuntime>(
-      *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms});
+  if (cfg_.vm_runtime == "libvirt") {
+    LibvirtOptions lo;
+    lo.uri = cfg_.libvirt_uri;
+    lo.host_root = cfg_.host_root;
+    lo.image_cache_dir =
+        cfg_.vm_image_cache_dir.empty() ? cfg_.state_dir + "/images" : cfg_.vm_image_cache_dir;
+    lo.seed_dir = cfg_.vm_seed_dir.empty() ? cfg_.state_dir + "/seeds" : cfg_.vm_seed_dir;
+    lo.domain.domain_type = cfg_.vm_domain_type;
+    if (cfg_.vm_domain_type == "qemu") lo.domain.cpu_mode = "maximum";
+    lo.domain.passthrough = cfg_.vm_passthrough;
+    lo.domain.nvram_dir = cfg_.vm_nvram_dir;
+    lo.domain.bridge = cfg_.bridge;
+    lo.domain.kernel = cfg_.vm_kernel;
+    lo.domain.initrd = cfg_.vm_initrd;
+    lo.lease_file = (cfg_.net_state_dir.empty() ? cfg_.state_dir + "/net" : cfg_.net_state_dir) +
+                    "/dnsmasq.leases";
+    lo.lease_timeout = std::chrono::seconds(cfg_.vm_lease_timeout_s);
+    lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
+    auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
+    libvirt_ = rt.get();
+    vm_runtime_ = std::move(rt);
+    adopted_ = false;
+  } else {
+    vm_runtime_ = std::make_unique<SimulatedRuntime>(
+        *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms});
+  }
   if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
     applied_version_ = (**v).value("version", int64_t{0});
   }
@@ -167,6 +210,7 @@ void NodeAgent::ControlLoop() {
         wait_ms = cfg_.register_retry_ms;
       }
     }
+    if (!adopted_) TryAdopt();
     if (registered_) {
       PollDesired();
       if (cfg_.net_apply != "off" && !isolated_) ReconcileNetwork();
@@ -250,7 +294,7 @@ void NodeAgent::OnRegistered() {
                       {{"error", r.error().ToString()}});
     }
   }
-  svc_.SetReady(true);
+  svc_.SetReady(adopted_.load());
   registered_ = true;
 }
 
@@ -430,6 +474,33 @@ std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
   return problems.empty() ? "" : fmt::format("{}", fmt::join(problems, "; "));
 }
 
+void NodeAgent::TryAdopt() {
+  if (!libvirt_) {
+    adopted_ = true;
+    return;
+  }
+  auto r = libvirt_->Adopt();
+  const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
+  if (!r.ok()) {
+    log.Warn("restart adoption failed; will retry (not ready meanwhile)",
+             {{"error", r.error().ToString()}});
+    return;
+  }
+  for (const auto& d : r->orphans) {
+    log.Warn("orphan domain: defined in libvirt, unknown to the ledger (drift; not removed)",
+             {{"domain", d.domain_name}, {"state", d.state}});
+  }
+  for (const auto& d : r->missing) {
+    log.Warn("missing domain: in the ledger, not in libvirt (drift)",
+             {{"domain", d.domain_name}, {"allocation_id", d.allocation_id}});
+  }
+  log.Info("restart adoption done", {{"adopted", std::to_string(r->adopted.size())},
+                                     {"orphans", std::to_string(r->orphans.size())},
+                                     {"missing", std::to_string(r->missing.size())}});
+  adopted_ = true;
+  if (registered_) svc_.SetReady(true);
+}
+
 namespace {
 
 // ipam's document as the applier's spec.
@@ -583,6 +654,10 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
     log.Info("duplicate task: result re-published, not re-run");
     return messaging::HandlerResult::Ack();
+  }
+  if (IsVmTask(task.type()) && !adopted_) {
+    // After a restart the runtime first reconciles its domains with the ledger.
+    return messaging::HandlerResult::Retry("restart adoption not finished");
   }
   if (IsVmTask(task.type()) && cfg_.sim_behavior == "silent") {
     // An unresponsive node for tests: taken off the queue, never answered, nothing stored (a

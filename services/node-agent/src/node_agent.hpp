@@ -63,6 +63,18 @@ struct NodeAgentConfig {
   // Slice networking from ipam's node network document: "off" (this agent does not manage the
   // network: simulations, or hosts configured by other means), "netns" (inside `net_netns`:
   // tests and e2e), "host" (the agent's own network namespace: real GPU hosts).
+  // VM runtime: "simulated" (fixture hosts: nothing is created or wiped) | "libvirt" (real
+  // hosts and e2e, through libvirt.uri).
+  std::string vm_runtime = "simulated";
+  std::string vm_domain_type = "kvm";  // "qemu" where hardware KVM does not work (TCG)
+  bool vm_passthrough = true;          // VFIO hostdevs for GPUs and VFs
+  std::string vm_image_cache_dir;      // "" = <state_dir>/images
+  std::string vm_seed_dir;             // "" = <state_dir>/seeds
+  std::string vm_nvram_dir = "/var/lib/libvirt/qemu/nvram";
+  std::string vm_kernel;  // direct kernel boot (test guests); "" = boot the slot disk
+  std::string vm_initrd;
+  int64_t vm_lease_timeout_s = 300;
+  int64_t vm_ssh_timeout_s = 120;
   std::string net_apply = "off";
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net
@@ -71,6 +83,7 @@ struct NodeAgentConfig {
 };
 
 class VmRuntime;
+class LibvirtRuntime;
 
 class NodeAgent {
  public:
@@ -88,6 +101,9 @@ class NodeAgent {
   uint64_t TasksRun() const { return tasks_run_.load(); }
   // Last registration outcome that was not a success (empty when none).
   std::string LastError() const;
+  // False while a libvirt runtime has not yet reconciled its domains with the ledger (restart
+  // adoption); VM tasks wait (redelivered) and /readyz stays false until then.
+  bool Adopted() const { return adopted_.load(); }
   // Network document version applied and acked (0: none, or network.apply is off).
   int64_t AppliedNetworkVersion() const { return net_version_.load(); }
 
@@ -100,6 +116,8 @@ class NodeAgent {
   // Applies a new network document from ipam (then acks it), and on every report interval
   // checks the applied network, repairs what is missing and publishes the observed leases.
   void ReconcileNetwork();
+  // Libvirt runtime: reconciles this agent's domains with the local ledger once (retried).
+  void TryAdopt();
   // slot.cleanup with the network applied: releases each slot MAC's DHCP lease and restores the
   // document's reservations. "" when clean, else what failed.
   std::string CleanNetworkState(const v1::CleanupParams& params);
@@ -125,6 +143,8 @@ class NodeAgent {
   std::atomic<int64_t> applied_version_{0};
   std::atomic<uint64_t> tasks_run_{0};
   std::atomic<int64_t> net_version_{0};
+  std::atomic<bool> adopted_{true};
+  LibvirtRuntime* libvirt_ = nullptr;  // set when vm_runtime is libvirt (owned above)
   // The applied document, the last report and its time (under net_mu_: the control loop and
   // the task thread's cleanup both use them).
   std::mutex net_mu_;

@@ -68,7 +68,8 @@ class NodeAgentVmTaskTest : public ::testing::Test {
     agent_.reset();
     if (inventory_) inventory_->Drain(2s);
   }
-  void StartAgent(const std::string& behavior) {
+  void StartAgent(const std::string& behavior,
+                  const std::map<std::string, std::string>& extra = {}) {
     std::map<std::string, std::string> env = {
         {"GPUAAS_NATS_URL", nats_.url()},
         {"GPUAAS_LOG_LEVEL", "error"},
@@ -83,6 +84,7 @@ class NodeAgentVmTaskTest : public ::testing::Test {
         {"GPUAAS_LIBVIRT_URI", ""},
         {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
         {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "1"}};
+    for (const auto& [k, v] : extra) env[k] = v;
     agent_ = std::make_unique<NodeAgent>(LoadConfig<NodeAgentConfig>(env));
     ASSERT_TRUE(agent_->Start().ok());
     ASSERT_TRUE(testing::WaitFor([&] { return agent_->Registered(); }));
@@ -199,6 +201,25 @@ TEST_F(NodeAgentVmTaskTest, ProvisionReleaseCleanupWithProgress) {
   ASSERT_TRUE(cr->output().UnpackTo(&co));
   ASSERT_EQ(co.proofs_size(), 1);
   EXPECT_EQ(co.proofs(0).method(), "simulated");
+}
+
+TEST_F(NodeAgentVmTaskTest, LibvirtRuntimeAdoptsFirstThenRunsTasks) {
+  StartAgent("succeed", {{"GPUAAS_VM_RUNTIME", "libvirt"},
+                         {"GPUAAS_LIBVIRT_URI", "test:///default"},
+                         {"GPUAAS_VM_DOMAIN_TYPE", "qemu"},
+                         {"GPUAAS_VM_PASSTHROUGH", "false"},
+                         {"GPUAAS_VM_LEASE_TIMEOUT_S", "1"},
+                         {"GPUAAS_VM_SSH_TIMEOUT_S", "1"}});
+  // Restart adoption against libvirt happens before the agent is ready.
+  ASSERT_TRUE(testing::WaitFor([&] { return agent_->Adopted(); }));
+  ASSERT_TRUE(testing::WaitFor([&] { return agent_->runtime().Readiness().first; }));
+  // The libvirt runtime answers (here the fixture's disk is a plain file, which a real runtime
+  // never writes to): a structured failure with its stage, not a simulated success.
+  const auto bundle = Bundle();
+  auto r = Wait("failed", Send("vm.provision", &bundle));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_FALSE(r->error().reason().empty());
+  EXPECT_TRUE(r->error().details().count("stage")) << r->DebugString();
 }
 
 TEST_F(NodeAgentVmTaskTest, BadParamsAndValidationErrors) {
