@@ -436,18 +436,25 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
   EXPECT_EQ(Steps(id).back(), "force_released");
   EXPECT_TRUE(Invariants().empty());
   // The replicas counted the timeouts (one each per overdue task, whichever handled it).
-  double timed_out = 0;
-  for (auto& r : replicas_) {
-    auto m = http::Get("127.0.0.1", r->runtime().http_port(), "/metrics");
-    ASSERT_TRUE(m.ok());
-    const std::string name = "\ngpuaas_scheduler_node_tasks_timed_out_total ";
-    const auto at = m->second.find(name);
-    ASSERT_NE(at, std::string::npos) << m->second.substr(0, 1500);
-    timed_out += std::stod(m->second.substr(at + name.size()));
-    EXPECT_NE(m->second.find("gpuaas_scheduler_node_tasks_open{type=\"vm.provision\"}"),
-              std::string::npos);
-  }
-  EXPECT_EQ(timed_out, 2) << "vm.provision and slot.cleanup";
+  // (The counter moves right after the sweep's commit, so it is polled.)
+  auto timed_out = [&] {
+    double sum = 0;
+    for (auto& r : replicas_) {
+      auto m = http::Get("127.0.0.1", r->runtime().http_port(), "/metrics");
+      if (!m.ok()) return -1.0;
+      const std::string name = "\ngpuaas_scheduler_node_tasks_timed_out_total ";
+      const auto at = m->second.find(name);
+      if (at == std::string::npos) return -1.0;
+      if (m->second.find("gpuaas_scheduler_node_tasks_open{type=\"vm.provision\"}") ==
+          std::string::npos) {
+        return -1.0;
+      }
+      sum += std::stod(m->second.substr(at + name.size()));
+    }
+    return sum;
+  };
+  EXPECT_TRUE(testing::WaitFor([&] { return timed_out() == 2; }))
+      << timed_out() << " timed out; want vm.provision and slot.cleanup";
 
   // An active allocation whose node goes quiet on release stays releasing, blocked.
   SetAnswer("vm.provision", Answer::kSucceed);
