@@ -46,18 +46,26 @@ std::string NodeId(int n) {
   return id;
 }
 
-std::vector<placement::NodeView> EmptyFleet(int nodes) {
+// A fleet where each slot is claimed with probability `occupancy`, independently.
+std::vector<placement::NodeView> OccupiedFleet(int nodes, double occupancy, uint64_t seed) {
+  std::mt19937_64 rng(seed);
   std::vector<placement::NodeView> fleet(static_cast<size_t>(nodes));
   for (int n = 0; n < nodes; ++n) {
     placement::NodeView& node = fleet[static_cast<size_t>(n)];
     node.node_id = NodeId(n);
     node.total_slots = kSlotsPerNode;
     for (int i = 0; i < kSlotsPerNode; ++i) {
-      node.free.push_back(Slot(i));
+      if (std::uniform_real_distribution<double>(0, 1)(rng) < occupancy) {
+        ++node.claimed_slots;
+      } else {
+        node.free.push_back(Slot(i));
+      }
     }
   }
   return fleet;
 }
+
+std::vector<placement::NodeView> EmptyFleet(int nodes) { return OccupiedFleet(nodes, 0.0, 0); }
 
 // One slice request of the trace: it arrives, and if placed it is released `hold` later.
 struct Arrival {
@@ -276,25 +284,6 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
   }
   out.decision_us = arrivals.empty() ? 0 : decision_s * 1e6 / static_cast<double>(arrivals.size());
   return out;
-}
-
-// A fleet where each slot is claimed with probability `occupancy`, independently.
-std::vector<placement::NodeView> OccupiedFleet(int nodes, double occupancy, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<placement::NodeView> fleet(static_cast<size_t>(nodes));
-  for (int n = 0; n < nodes; ++n) {
-    placement::NodeView& node = fleet[static_cast<size_t>(n)];
-    node.node_id = NodeId(n);
-    node.total_slots = kSlotsPerNode;
-    for (int i = 0; i < kSlotsPerNode; ++i) {
-      if (std::uniform_real_distribution<double>(0, 1)(rng) < occupancy) {
-        ++node.claimed_slots;
-      } else {
-        node.free.push_back(Slot(i));
-      }
-    }
-  }
-  return fleet;
 }
 
 double P99(std::vector<double> ms) {

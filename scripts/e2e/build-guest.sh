@@ -104,6 +104,8 @@ cat > $R/etc/inittab <<'EOF'
 ttyS0::respawn:/bin/sh -c 'exec /bin/getty -n -l /bin/sh 115200 ttyS0'
 ::shutdown:/bin/sh -c 'echo GUEST-SHUTDOWN > /dev/ttyS0; killall dropbear udhcpc acpid; umount -a -r'
 EOF
+# The guest's boot script: every path in it (/run, /root/.ssh, the seed mount) is inside the
+# guest's own initramfs, never on the machine that builds or runs it.
 cat > $R/etc/rcS <<'EOF'
 #!/bin/sh
 export PATH=/bin:/sbin

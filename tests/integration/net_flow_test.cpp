@@ -13,20 +13,12 @@
 
 #include <fmt/format.h>
 
-#include "fixture_host.hpp"
-#include "gpuaas/common/messaging.hpp"
-#include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "inventory_service.hpp"
-#include "ipam_service.hpp"
-#include "load_config.hpp"
 #include "net_apply.hpp"
 #include "netns_lab.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
-#include "test_env.hpp"
+#include "platform.hpp"
 
 namespace gpuaas {
 namespace {
@@ -44,53 +36,18 @@ class NetFlowTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (auto why = lab_.Open("nf"); !why.empty()) GTEST_SKIP() << why;
-    auto env = [&](const std::string& dsn) {
-      return std::map<std::string, std::string>{{"GPUAAS_NATS_URL", nats_.url()},
-                                                {"GPUAAS_POSTGRES_DSN", dsn},
-                                                {"GPUAAS_LOG_LEVEL", "error"}};
-    };
-    ipam_ = std::make_unique<ipam::IpamService>(
-        LoadConfig<ipam::IpamConfig>(env(testing::SharedPostgres().CreateDatabase("ipam"))));
-    ASSERT_TRUE(ipam_->Start().ok());
-    inventory_ =
-        std::make_unique<inventory::InventoryService>(LoadConfig<inventory::InventoryConfig>(
-            env(testing::SharedPostgres().CreateDatabase("inv"))));
-    ASSERT_TRUE(inventory_->Start().ok());
-    scheduler_ =
-        std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(
-            env(testing::SharedPostgres().CreateDatabase("sched"))));
-    ASSERT_TRUE(scheduler_->Start().ok());
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
-                                            log::Logger("test", "t", log::Level::kWarn));
-    ASSERT_TRUE(c.ok());
-    conn_ = *c;
-
-    const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
-    node_agent::FixtureOptions fo;
-    fo.gpus = 2;
-    fo.hostname = "net-node";
-    ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
+    p_.Start();
     // dnsmasq drops to `nobody` before it reads the hosts file: the directory must be searchable.
     const std::string net_parent = testing::MakeTempDir("gpuaas-net");
     ASSERT_EQ(::chmod(net_parent.c_str(), 0755), 0);
     net_dir_ = net_parent + "/net";
-    auto a = env("");
-    a.erase("GPUAAS_POSTGRES_DSN");
-    a["GPUAAS_NODE_ID"] = "net-node";
-    a["GPUAAS_NODE_REGION"] = "us-east-1";
-    a["GPUAAS_NODE_POOL"] = "h200";
-    a["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
-    a["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
-    a["GPUAAS_NODE_DESIRED_POLL_MS"] = "100";
-    a["GPUAAS_NODE_HOST_ROOT"] = root;
-    a["GPUAAS_LIBVIRT_URI"] = "test:///default";
-    a["GPUAAS_NODE_AGENT_SIM_STEP_MS"] = "1";
-    a["GPUAAS_NETWORK_APPLY"] = "netns";
-    a["GPUAAS_NETWORK_NETNS"] = lab_.host();
-    a["GPUAAS_NETWORK_STATE_DIR"] = net_dir_;
-    a["GPUAAS_NETWORK_REPORT_MS"] = "200";
-    agent_ = std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(a));
-    ASSERT_TRUE(agent_->Start().ok());
+    agent_ = p_.StartAgent("net-node", 2, "h200",
+                           {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+                            {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "1"},
+                            {"GPUAAS_NETWORK_APPLY", "netns"},
+                            {"GPUAAS_NETWORK_NETNS", lab_.host()},
+                            {"GPUAAS_NETWORK_STATE_DIR", net_dir_},
+                            {"GPUAAS_NETWORK_REPORT_MS", "200"}});
     ASSERT_TRUE(testing::WaitFor([&] {
       v1::ShowNodeRequest r;
       r.set_node_id("net-node");
@@ -99,7 +56,7 @@ class NetFlowTest : public ::testing::Test {
     }));
   }
   void TearDown() override {
-    if (agent_) agent_->Shutdown();
+    if (agent_) agent_->Shutdown();  // before its network goes
     // The agent's dnsmasq runs in the lab namespace: stop it by its pid file, remove the rules.
     if (!lab_.host().empty() && !net_dir_.empty()) {
       node_agent::NetworkSpec spec;
@@ -111,13 +68,11 @@ class NetFlowTest : public ::testing::Test {
       ctx.netns = lab_.host();
       (void)node_agent::TeardownNetwork(spec, ctx);
     }
-    if (scheduler_) scheduler_->Shutdown();
-    if (inventory_) inventory_->Shutdown();
-    if (ipam_) ipam_->Shutdown();
+    p_.Stop();
   }
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req) {
-    return rpc::Client(conn_).Call<Resp>(subject, req, 10000ms);
+    return p_.Call<Resp>(subject, req);
   }
   v1::GetNodeNetworkResponse Network() {
     v1::GetNodeNetworkRequest r;
@@ -151,12 +106,8 @@ class NetFlowTest : public ::testing::Test {
   }
 
   node_agent::testing::NetnsLab lab_;
-  testing::TestNats nats_;
-  std::unique_ptr<ipam::IpamService> ipam_;
-  std::unique_ptr<inventory::InventoryService> inventory_;
-  std::unique_ptr<scheduler::SchedulerService> scheduler_;
-  std::unique_ptr<node_agent::NodeAgent> agent_;
-  std::shared_ptr<messaging::Connection> conn_;
+  testing::Platform p_;
+  node_agent::NodeAgent* agent_ = nullptr;
   std::string net_dir_;
   std::string bridge_ = "gpuaasbr0";
 };

@@ -10,7 +10,6 @@
 #include <fmt/format.h>
 #include <google/protobuf/util/time_util.h>
 
-#include "fixture_host.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -19,12 +18,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "inventory_service.hpp"
-#include "ipam_service.hpp"
-#include "load_config.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
-#include "test_env.hpp"
+#include "platform.hpp"
 
 namespace gpuaas {
 namespace {
@@ -34,63 +28,15 @@ using google::protobuf::util::TimeUtil;
 
 class NodeFlowTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    inv_dsn_ = testing::SharedPostgres().CreateDatabase("inv");
-    ipam_ = std::make_unique<ipam::IpamService>(
-        LoadConfig<ipam::IpamConfig>(Env(testing::SharedPostgres().CreateDatabase("ipam"))));
-    ASSERT_TRUE(ipam_->Start().ok());
-    StartInventory(inv_dsn_);
-    scheduler_ =
-        std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(
-            Env(testing::SharedPostgres().CreateDatabase("sched"))));
-    ASSERT_TRUE(scheduler_->Start().ok());
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
-                                            log::Logger("test", "t", log::Level::kWarn));
-    ASSERT_TRUE(c.ok());
-    conn_ = *c;
-  }
-  void TearDown() override {
-    if (agent_) agent_->Shutdown();
-    if (scheduler_) scheduler_->Shutdown();
-    if (inventory_) inventory_->Shutdown();
-    if (ipam_) ipam_->Shutdown();
-  }
-  void StartInventory(const std::string& dsn) {
-    inventory_ = std::make_unique<inventory::InventoryService>(
-        LoadConfig<inventory::InventoryConfig>(Env(dsn)));
-    auto r = inventory_->Start();
-    ASSERT_TRUE(r.ok()) << r.error().ToString();
-  }
-  std::map<std::string, std::string> Env(const std::string& dsn) {
-    return {{"GPUAAS_NATS_URL", nats_.url()},
-            {"GPUAAS_POSTGRES_DSN", dsn},
-            {"GPUAAS_LOG_LEVEL", "error"}};
-  }
+  void SetUp() override { p_.Start(); }
   // An agent on a fixture host with `gpus` GPUs.
   void StartAgent(const std::string& id, int gpus, int64_t register_retry_ms = 50) {
-    const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
-    node_agent::FixtureOptions fo;
-    fo.gpus = gpus;
-    fo.hostname = id;
-    auto built = node_agent::BuildFixtureHost(root, fo);
-    ASSERT_TRUE(built.ok()) << built.error().ToString();
-    auto env = Env("");
-    env.erase("GPUAAS_POSTGRES_DSN");
-    env["GPUAAS_NODE_ID"] = id;
-    env["GPUAAS_NODE_REGION"] = "us-east-1";
-    env["GPUAAS_NODE_POOL"] = "h200";
-    env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
-    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = std::to_string(register_retry_ms);
-    env["GPUAAS_NODE_DESIRED_POLL_MS"] = "50";
-    env["GPUAAS_NODE_HOST_ROOT"] = root;
-    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
-    agent_ = std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env));
-    ASSERT_TRUE(agent_->Start().ok());
-    ASSERT_TRUE(testing::WaitFor([&] { return agent_->Registered(); }));
+    agent_ = p_.StartAgent(id, gpus, "h200",
+                           {{"GPUAAS_NODE_REGISTER_RETRY_MS", std::to_string(register_retry_ms)}});
   }
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req) {
-    return rpc::Client(conn_).Call<Resp>(subject, req, 10000ms);
+    return p_.Call<Resp>(subject, req);
   }
   Result<v1::ShowNodeResponse> Show(const std::string& id) {
     v1::ShowNodeRequest r;
@@ -107,12 +53,12 @@ class NodeFlowTest : public ::testing::Test {
     *t.mutable_deadline() = deadline;
     const std::string subject = "gpuaas.v1.node." + node + ".task";
     const auto ev = outbox::MakeEvent({subject, "", "test/1", node, 0, t.task_id(), "", &t});
-    EXPECT_TRUE(messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), ev.id()).ok());
+    EXPECT_TRUE(messaging::JsPublish(*p_.conn, subject, ev.SerializeAsString(), ev.id()).ok());
     return t.task_id();
   }
   // The newest task result the agent published with `status`.
   Result<v1::NodeTaskResult> LastResult(const std::string& node, const std::string& status) {
-    auto m = messaging::StreamLastMessage(*conn_, "GPUAAS_EVT_NODE",
+    auto m = messaging::StreamLastMessage(*p_.conn, "GPUAAS_EVT_NODE",
                                           "gpuaas.v1.evt.node." + node + ".task." + status);
     if (!m.ok()) return m.error();
     v1::Event ev;
@@ -137,13 +83,8 @@ class NodeFlowTest : public ::testing::Test {
     return TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(60);
   }
 
-  testing::TestNats nats_;
-  std::string inv_dsn_;
-  std::unique_ptr<ipam::IpamService> ipam_;
-  std::unique_ptr<inventory::InventoryService> inventory_;
-  std::unique_ptr<scheduler::SchedulerService> scheduler_;
-  std::unique_ptr<node_agent::NodeAgent> agent_;
-  std::shared_ptr<messaging::Connection> conn_;
+  testing::Platform p_;
+  node_agent::NodeAgent* agent_ = nullptr;
 };
 
 TEST_F(NodeFlowTest, DiscoveredCandidatesBecomeSchedulableSlotsOnceApproved) {
@@ -222,7 +163,7 @@ TEST_F(NodeFlowTest, TasksRunOnceAndBadTasksGetStructuredResults) {
   SendTask("sim-host-02", "prereq.check", InAMinute(), id);
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(agent_->TasksRun(), ran);
-  auto count = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_NODE",
+  auto count = messaging::StreamSubjectCount(*p_.conn, "GPUAAS_EVT_NODE",
                                              "gpuaas.v1.evt.node.sim-host-02.task.succeeded");
   ASSERT_TRUE(count.ok());
   EXPECT_EQ(*count, 1u) << "the re-published result carries the same Nats-Msg-Id";
@@ -251,8 +192,8 @@ TEST_F(NodeFlowTest, AgentUnknownToInventoryIsolatesItselfUntilRegisteredAgain) 
   StartAgent("sim-host-03", 1, 1500);
   ASSERT_FALSE(agent_->Isolated());
   // Inventory loses the node (a new, empty database): desired.get answers NotFound.
-  inventory_->Shutdown();
-  StartInventory(testing::SharedPostgres().CreateDatabase("inv2"));
+  p_.inventory->Shutdown();
+  p_.StartInventory(testing::SharedPostgres().CreateDatabase("inv2"));
   ASSERT_TRUE(testing::WaitFor([&] { return agent_->Isolated(); }, 5s));
   EXPECT_FALSE(agent_->Registered());
   // While isolated, tasks are refused.

@@ -7,17 +7,9 @@
 
 #include <fmt/format.h>
 
-#include "fixture_host.hpp"
-#include "gpuaas/common/messaging.hpp"
-#include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "inventory_service.hpp"
-#include "ipam_service.hpp"
-#include "load_config.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
-#include "test_env.hpp"
+#include "platform.hpp"
 
 namespace gpuaas {
 namespace {
@@ -27,59 +19,17 @@ using namespace std::chrono_literals;
 class SagaFlowTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ipam_ = std::make_unique<ipam::IpamService>(
-        LoadConfig<ipam::IpamConfig>(Env(testing::SharedPostgres().CreateDatabase("ipam"))));
-    ASSERT_TRUE(ipam_->Start().ok());
-    inventory_ =
-        std::make_unique<inventory::InventoryService>(LoadConfig<inventory::InventoryConfig>(
-            Env(testing::SharedPostgres().CreateDatabase("inv"))));
-    ASSERT_TRUE(inventory_->Start().ok());
-    auto env = Env(testing::SharedPostgres().CreateDatabase("sched"));
-    env["GPUAAS_SCHEDULER_PROVISION_DEADLINE_S"] = "3";
-    env["GPUAAS_SCHEDULER_CLEANUP_DEADLINE_S"] = "3";
-    env["GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS"] = "100";
-    scheduler_ =
-        std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(env));
-    ASSERT_TRUE(scheduler_->Start().ok());
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
-                                            log::Logger("test", "t", log::Level::kWarn));
-    ASSERT_TRUE(c.ok());
-    conn_ = *c;
-  }
-  void TearDown() override {
-    for (auto& a : agents_) a->Shutdown();
-    if (scheduler_) scheduler_->Shutdown();
-    if (inventory_) inventory_->Shutdown();
-    if (ipam_) ipam_->Shutdown();
-  }
-  std::map<std::string, std::string> Env(const std::string& dsn) {
-    return {{"GPUAAS_NATS_URL", nats_.url()},
-            {"GPUAAS_POSTGRES_DSN", dsn},
-            {"GPUAAS_LOG_LEVEL", "error"}};
+    p_.Start({{"GPUAAS_SCHEDULER_PROVISION_DEADLINE_S", "3"},
+              {"GPUAAS_SCHEDULER_CLEANUP_DEADLINE_S", "3"},
+              {"GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS", "100"}});
   }
   // A simulated agent in pool `pool` whose VM runtime behaves as `behavior`; its slots approved.
   void StartApprovedAgent(const std::string& id, const std::string& pool,
                           const std::string& behavior) {
-    const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
-    node_agent::FixtureOptions fo;
-    fo.gpus = 4;
-    fo.hostname = id;
-    ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
-    auto env = Env("");
-    env.erase("GPUAAS_POSTGRES_DSN");
-    env["GPUAAS_NODE_ID"] = id;
-    env["GPUAAS_NODE_REGION"] = "us-east-1";
-    env["GPUAAS_NODE_POOL"] = pool;
-    env["GPUAAS_NODE_STATE_DIR"] = testing::MakeTempDir("gpuaas-agent");
-    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
-    env["GPUAAS_NODE_DESIRED_POLL_MS"] = "100";
-    env["GPUAAS_NODE_HOST_ROOT"] = root;
-    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
-    env["GPUAAS_NODE_AGENT_SIM_BEHAVIOR"] = behavior;
-    env["GPUAAS_NODE_AGENT_SIM_STEP_MS"] = "5";
-    agents_.push_back(
-        std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env)));
-    ASSERT_TRUE(agents_.back()->Start().ok());
+    p_.StartAgent(id, 4, pool,
+                  {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+                   {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
+                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
     ASSERT_TRUE(testing::WaitFor([&] {
       v1::ShowNodeRequest r;
       r.set_node_id(id);
@@ -108,7 +58,7 @@ class SagaFlowTest : public ::testing::Test {
   }
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req) {
-    return rpc::Client(conn_).Call<Resp>(subject, req, 10000ms);
+    return p_.Call<Resp>(subject, req);
   }
   Result<v1::Allocation> Create(const std::string& request_id, const std::string& pool, int gpus) {
     v1::CreateAllocationRequest r;
@@ -160,12 +110,7 @@ class SagaFlowTest : public ::testing::Test {
     return n;
   }
 
-  testing::TestNats nats_;
-  std::unique_ptr<ipam::IpamService> ipam_;
-  std::unique_ptr<inventory::InventoryService> inventory_;
-  std::unique_ptr<scheduler::SchedulerService> scheduler_;
-  std::vector<std::unique_ptr<node_agent::NodeAgent>> agents_;
-  std::shared_ptr<messaging::Connection> conn_;
+  testing::Platform p_;
 };
 
 TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {

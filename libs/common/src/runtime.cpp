@@ -127,6 +127,17 @@ Result<messaging::Consumer*> Service::StartConsumer(messaging::ConsumerSpec spec
   return consumers_.back().get();
 }
 
+Result<messaging::Consumer*> Service::StartProjection(
+    const std::string& stream, const std::string& durable, const std::string& filter,
+    inbox::ApplyFn apply, std::shared_ptr<inbox::ProjectionStats> stats) {
+  messaging::ConsumerSpec spec;
+  spec.stream = stream;
+  spec.durable = durable;
+  spec.filter_subject = filter;
+  return StartConsumer(
+      spec, inbox::ProjectionHandler(pool_, durable, std::move(apply), log_, std::move(stats)));
+}
+
 void Service::AddReadinessCheck(std::string name, std::function<Result<void>()> check) {
   checks_.emplace_back(std::move(name), std::move(check));
 }

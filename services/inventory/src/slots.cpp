@@ -1062,36 +1062,21 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
       });
 
   // Consumers of what node-agents report.
-  messaging::ConsumerSpec topo;
-  topo.stream = messaging::NodeEventsStream().name;
-  topo.durable = kTopologyConsumer;
-  topo.filter_subject = "gpuaas.v1.evt.node.*.topology";
   auto source = cfg.source;
-  auto c1 = svc.StartConsumer(topo, inbox::ProjectionHandler(
-                                        svc.pg(), kTopologyConsumer,
-                                        [source](pqxx::work& tx, const v1::Event& ev) {
-                                          return ApplyTopologyEvent(tx, ev, source);
-                                        },
-                                        svc.log()));
+  const std::string node_events = messaging::NodeEventsStream().name;
+  auto c1 = svc.StartProjection(
+      node_events, kTopologyConsumer, "gpuaas.v1.evt.node.*.topology",
+      [source](pqxx::work& tx, const v1::Event& ev) { return ApplyTopologyEvent(tx, ev, source); });
   if (!c1.ok()) return c1.error();
-  messaging::ConsumerSpec tasks;
-  tasks.stream = messaging::NodeEventsStream().name;
-  tasks.durable = kTaskConsumer;
-  tasks.filter_subject = "gpuaas.v1.evt.node.*.task.>";
-  auto c2 = svc.StartConsumer(
-      tasks, inbox::ProjectionHandler(svc.pg(), kTaskConsumer, ApplyTaskEvent, svc.log()));
+  auto c2 = svc.StartProjection(node_events, kTaskConsumer, "gpuaas.v1.evt.node.*.task.>",
+                                ApplyTaskEvent);
   if (!c2.ok()) return c2.error();
   // IPAM drift (lease mismatch/missing/unexpected) degrades the affected slot until resolved.
-  messaging::ConsumerSpec drift;
-  drift.stream = messaging::IpamEventsStream().name;
-  drift.durable = kIpamDriftConsumer;
-  drift.filter_subject = "gpuaas.v1.evt.ipam.drift.>";
-  auto c3 = svc.StartConsumer(drift, inbox::ProjectionHandler(
-                                         svc.pg(), kIpamDriftConsumer,
-                                         [source](pqxx::work& tx, const v1::Event& ev) {
-                                           return ApplyIpamDriftEvent(tx, ev, source);
-                                         },
-                                         svc.log()));
+  auto c3 = svc.StartProjection(messaging::IpamEventsStream().name, kIpamDriftConsumer,
+                                "gpuaas.v1.evt.ipam.drift.>",
+                                [source](pqxx::work& tx, const v1::Event& ev) {
+                                  return ApplyIpamDriftEvent(tx, ev, source);
+                                });
   if (!c3.ok()) return c3.error();
   return Ok();
 }

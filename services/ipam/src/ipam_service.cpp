@@ -814,27 +814,17 @@ Result<void> IpamService::Start() {
         });
       });
 
-  messaging::ConsumerSpec alloc;
-  alloc.stream = messaging::SchedulerEventsStream().name;
-  alloc.durable = kAllocationConsumer;
-  alloc.filter_subject = "gpuaas.v1.evt.scheduler.allocation.>";
-  auto c1 = svc_.StartConsumer(alloc, inbox::ProjectionHandler(
-                                          pool, kAllocationConsumer,
-                                          [cfg, source](pqxx::work& tx, const v1::Event& ev) {
-                                            return ApplyAllocationEvent(tx, ev, cfg, source);
-                                          },
-                                          svc_.log()));
+  auto c1 = svc_.StartProjection(messaging::SchedulerEventsStream().name, kAllocationConsumer,
+                                 "gpuaas.v1.evt.scheduler.allocation.>",
+                                 [cfg, source](pqxx::work& tx, const v1::Event& ev) {
+                                   return ApplyAllocationEvent(tx, ev, cfg, source);
+                                 });
   if (!c1.ok()) return c1.error();
-  messaging::ConsumerSpec leases;
-  leases.stream = messaging::NodeEventsStream().name;
-  leases.durable = kLeaseConsumer;
-  leases.filter_subject = "gpuaas.v1.evt.node.*.leases";
-  auto c2 = svc_.StartConsumer(leases, inbox::ProjectionHandler(
-                                           pool, kLeaseConsumer,
-                                           [cfg, source](pqxx::work& tx, const v1::Event& ev) {
-                                             return ApplyLeaseEvent(tx, ev, cfg, source);
-                                           },
-                                           svc_.log()));
+  auto c2 = svc_.StartProjection(messaging::NodeEventsStream().name, kLeaseConsumer,
+                                 "gpuaas.v1.evt.node.*.leases",
+                                 [cfg, source](pqxx::work& tx, const v1::Event& ev) {
+                                   return ApplyLeaseEvent(tx, ev, cfg, source);
+                                 });
   if (!c2.ok()) return c2.error();
   return svc_.ServeRequests();
 }

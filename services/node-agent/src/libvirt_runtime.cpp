@@ -31,6 +31,7 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "discovery.hpp"
@@ -46,30 +47,6 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kRuntime = "libvirt";
-
-Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
-                 std::map<std::string, std::string> details = {}) {
-  details["stage"] = stage;
-  return Error{code, std::move(reason), std::move(message), std::move(details),
-               code == Code::kUnavailable};
-}
-
-Error WithStage(Error e, const std::string& stage) {
-  e.details["stage"] = stage;
-  return e;
-}
-
-std::string Join(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (const auto& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
-}
-
-std::string LeaseKey(const std::string& a) { return "lease-" + a; }
-std::string DomainKey(const std::string& a) { return "domain-" + a; }
 
 std::string Errno(int e) { return std::strerror(e); }
 
@@ -310,37 +287,6 @@ Result<SlotDisk> ResolveSlotDisk(const HostRoot& host, const std::string& slot_k
                       {{"slot_key", slot_key}, {"nvme_by_id", by_id}});
   }
   return SlotDisk{slot_key, by_id, host.Real(by_id), host.Real(*r)};
-}
-
-const v1::NvmeDevice* FindDisk(const v1::TopologyReport& host, const std::string& by_id) {
-  for (const auto& d : host.nvme())
-    if (d.by_id_path() == by_id) return &d;
-  return nullptr;
-}
-
-// Discovery's evidence (same rules as the node scheduler).
-std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_key,
-                               const std::string& stage) {
-  std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id_path()}};
-  if (d.os_disk()) {
-    return StageError(Code::kFailedPrecondition, "os_disk",
-                      d.by_id_path() + " holds the host's operating system", stage, det);
-  }
-  if (d.mountpoints_size() > 0) {
-    det["mountpoint"] = d.mountpoints(0);
-    return StageError(Code::kFailedPrecondition, "disk_mounted",
-                      d.by_id_path() + " is mounted at " + d.mountpoints(0), stage, det);
-  }
-  for (const auto& p : d.partitions()) {
-    if (p.mountpoints_size() == 0) continue;
-    det["partition"] = p.kernel_name();
-    det["mountpoint"] = p.mountpoints(0);
-    return StageError(Code::kFailedPrecondition, "disk_child_mounted",
-                      fmt::format("{}: partition {} is mounted at {}", d.by_id_path(),
-                                  p.kernel_name(), p.mountpoints(0)),
-                      stage, det);
-  }
-  return std::nullopt;
 }
 
 std::string ReadSmall(const std::string& path) {
@@ -953,12 +899,8 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
   const auto& first = b.slots(0);
   auto record = [&](const std::string& state, const std::string& stage) -> Result<void> {
-    nlohmann::json rec = {{"name", domain},     {"slots", slot_keys},
-                          {"state", state},     {"attempt", b.attempt()},
-                          {"mac", first.mac()}, {"ip", first.private_ip()},
-                          {"runtime", kRuntime}};
     std::lock_guard lock(mu_);
-    if (auto w = store_.Put(DomainKey(b.allocation_id()), rec); !w.ok())
+    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
       return WithStage(w.error(), stage);
     return Ok();
   };
@@ -967,7 +909,8 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
       return r.error();
   }
-  progress("lease", fmt::format("slots {} leased (attempt {})", Join(slot_keys, ","), b.attempt()),
+  progress("lease",
+           fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
            100);
 
   // ---- image: onto the boot disk (the first slot disk) ----
@@ -1159,10 +1102,6 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
 Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
                                                   const ProgressFn& progress) {
   const std::string kStage = "cleanup";
-  if (!ids::IsUuid(p.allocation_id())) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
-                      "allocation id is not a UUID: '" + p.allocation_id() + "'", kStage);
-  }
   auto devices = DiscoverDevices(opts_.host_root);
   if (!devices.ok()) return WithStage(devices.error(), kStage);
   const HostRoot host(opts_.host_root);
@@ -1171,24 +1110,10 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
   // Refuse the whole cleanup before touching anything: a wipe needs proof the disk is ours.
   {
     std::lock_guard lock(mu_);
+    if (auto ok = CheckCleanup(p, store_, *devices, kStage); !ok.ok()) return ok.error();
     for (const auto& s : p.slots()) {
       slot_keys.push_back(s.slot_key());
-      if (auto holder = LeaseHolder(store_, s.slot_key(), p.allocation_id()); !holder.empty()) {
-        return StageError(
-            Code::kFailedPrecondition, "slot_leased",
-            fmt::format("slot {} is leased by allocation {}; refusing to clean it for {}",
-                        s.slot_key(), holder, p.allocation_id()),
-            kStage, {{"slot_key", s.slot_key()}, {"holder", holder}});
-      }
       if (s.nvme_by_id().empty()) continue;
-      const auto* disk = FindDisk(*devices, s.nvme_by_id());
-      if (!disk) {
-        return StageError(Code::kNotFound, "disk_not_found",
-                          "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() +
-                              " is not among this host's disks; cannot prove it clean",
-                          kStage, {{"slot_key", s.slot_key()}, {"nvme_by_id", s.nvme_by_id()}});
-      }
-      if (auto e = DiskInUse(*disk, s.slot_key(), kStage)) return *e;
       auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), kStage);
       if (!d.ok()) return d.error();
       auto t = CheckDiskTarget(d->target_path, opts_.allow_regular_file_disks, kStage);

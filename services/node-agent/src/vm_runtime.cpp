@@ -13,8 +13,10 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "discovery.hpp"
+#include "domain_xml.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "host.hpp"
 
@@ -23,10 +25,13 @@ namespace {
 
 constexpr const char* kRuntime = "simulated";
 
+}  // namespace
+
 Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
-                 std::map<std::string, std::string> details = {}) {
+                 std::map<std::string, std::string> details) {
   details["stage"] = stage;
-  return Error{code, std::move(reason), std::move(message), std::move(details), false};
+  return Error{code, std::move(reason), std::move(message), std::move(details),
+               code == Code::kUnavailable};
 }
 
 Error WithStage(Error e, const std::string& stage) {
@@ -40,8 +45,6 @@ const v1::NvmeDevice* FindDisk(const v1::TopologyReport& host, const std::string
   return nullptr;
 }
 
-// The destructive-use rules for a disk: never the OS disk, never anything mounted, directly or
-// through a partition. Discovery's evidence is the proof; without it nothing is touched.
 std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_key,
                                const std::string& stage) {
   std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id_path()}};
@@ -67,20 +70,6 @@ std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_
   }
   return std::nullopt;
 }
-
-std::string Join(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (const auto& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
-}
-
-std::string LeaseKey(const std::string& allocation_id) { return "lease-" + allocation_id; }
-std::string DomainKey(const std::string& allocation_id) { return "domain-" + allocation_id; }
-
-}  // namespace
 
 bool IsValidMac(const std::string& mac) {
   if (mac.size() != 17) return false;
@@ -229,8 +218,9 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
     }
   }
   const auto& first = b.slots(0);
-  const std::string domain = SimulatedRuntime::DomainName(b.allocation_id());
-  plan.push_back(fmt::format("lease: slots {} (attempt {})", Join(slot_keys, ","), b.attempt()));
+  const std::string domain = DomainName(b.allocation_id());
+  plan.push_back(
+      fmt::format("lease: slots {} (attempt {})", fmt::join(slot_keys, ","), b.attempt()));
   plan.push_back(
       fmt::format("image: fetch {} and verify sha256:{}", b.image().name(), b.image().sha256()));
   plan.push_back(fmt::format("seed: NoCloud seed (hostname {}, instance-id {}, {} ssh keys)",
@@ -295,6 +285,51 @@ Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
   return Ok();
 }
 
+std::string LeaseKey(const std::string& allocation_id) { return "lease-" + allocation_id; }
+std::string DomainKey(const std::string& allocation_id) { return "domain-" + allocation_id; }
+
+Result<void> PutDomainRecord(LocalStore& store, const v1::ProvisionBundle& b,
+                             const std::string& state, const std::string& runtime) {
+  std::vector<std::string> slot_keys;
+  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
+  const auto& first = b.slots(0);
+  nlohmann::json rec = {{"name", DomainName(b.allocation_id())},
+                        {"slots", slot_keys},
+                        {"state", state},
+                        {"attempt", b.attempt()},
+                        {"mac", first.mac()},
+                        {"ip", first.private_ip()},
+                        {"runtime", runtime}};
+  return store.Put(DomainKey(b.allocation_id()), rec);
+}
+
+Result<void> CheckCleanup(const v1::CleanupParams& p, const LocalStore& store,
+                          const v1::TopologyReport& devices, const std::string& stage) {
+  if (!ids::IsUuid(p.allocation_id())) {
+    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+                      "allocation id is not a UUID: '" + p.allocation_id() + "'", stage);
+  }
+  for (const auto& s : p.slots()) {
+    if (auto holder = LeaseHolder(store, s.slot_key(), p.allocation_id()); !holder.empty()) {
+      return StageError(
+          Code::kFailedPrecondition, "slot_leased",
+          fmt::format("slot {} is leased by allocation {}; refusing to clean it for {}",
+                      s.slot_key(), holder, p.allocation_id()),
+          stage, {{"slot_key", s.slot_key()}, {"holder", holder}});
+    }
+    if (s.nvme_by_id().empty()) continue;
+    const auto* disk = FindDisk(devices, s.nvme_by_id());
+    if (!disk) {
+      return StageError(Code::kNotFound, "disk_not_found",
+                        "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() +
+                            " is not among this host's disks; cannot prove it clean",
+                        stage, {{"slot_key", s.slot_key()}, {"nvme_by_id", s.nvme_by_id()}});
+    }
+    if (auto e = DiskInUse(*disk, s.slot_key(), stage)) return *e;
+  }
+  return Ok();
+}
+
 Result<void> DropLease(LocalStore& store, const std::string& allocation_id) {
   if (!ids::IsUuid(allocation_id)) {
     return StageError(Code::kInvalidArgument, "invalid_allocation_id",
@@ -325,12 +360,8 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
   const std::string domain = DomainName(b.allocation_id());
   const auto& first = b.slots(0);
   auto record = [&](const std::string& state) -> Result<void> {
-    nlohmann::json rec = {{"name", domain},     {"slots", slot_keys},
-                          {"state", state},     {"attempt", b.attempt()},
-                          {"mac", first.mac()}, {"ip", first.private_ip()},
-                          {"runtime", kRuntime}};
     std::lock_guard lock(mu_);
-    if (auto w = store_.Put(DomainKey(b.allocation_id()), rec); !w.ok())
+    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
       return WithStage(w.error(), state == "defined" ? "define" : "start");
     return Ok();
   };
@@ -339,7 +370,8 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
     if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
       return r.error();
   }
-  progress("lease", fmt::format("slots {} leased (attempt {})", Join(slot_keys, ","), b.attempt()),
+  progress("lease",
+           fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
            100);
   Step();
 
@@ -415,32 +447,10 @@ Result<v1::ReleaseOutput> SimulatedRuntime::Release(const v1::ReleaseParams& p,
 Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
                                                     const ProgressFn& progress) {
   const std::string kStage = "cleanup";
-  if (!ids::IsUuid(p.allocation_id())) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
-                      "allocation id is not a UUID: '" + p.allocation_id() + "'", kStage);
-  }
   auto host = DiscoverDevices(opts_.host_root);
   if (!host.ok()) return WithStage(host.error(), kStage);
   std::lock_guard lock(mu_);
-  // Refuse the whole cleanup before touching anything: a wipe needs proof that the disk is ours.
-  for (const auto& s : p.slots()) {
-    if (auto holder = LeaseHolder(store_, s.slot_key(), p.allocation_id()); !holder.empty()) {
-      return StageError(
-          Code::kFailedPrecondition, "slot_leased",
-          fmt::format("slot {} is leased by allocation {}; refusing to clean it for {}",
-                      s.slot_key(), holder, p.allocation_id()),
-          kStage, {{"slot_key", s.slot_key()}, {"holder", holder}});
-    }
-    if (s.nvme_by_id().empty()) continue;
-    const auto* disk = FindDisk(*host, s.nvme_by_id());
-    if (!disk) {
-      return StageError(Code::kNotFound, "disk_not_found",
-                        "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() +
-                            " is not among this host's disks; cannot prove it clean",
-                        kStage, {{"slot_key", s.slot_key()}, {"nvme_by_id", s.nvme_by_id()}});
-    }
-    if (auto e = DiskInUse(*disk, s.slot_key(), kStage)) return *e;
-  }
+  if (auto ok = CheckCleanup(p, store_, *host, kStage); !ok.ok()) return ok.error();
   const int n = p.slots_size();
   v1::CleanupOutput out;
   out.set_runtime(kRuntime);

@@ -12,7 +12,9 @@
 // "silent"; the silence itself is the agent's business, see NodeAgent::HandleTask).
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,17 @@ bool IsValidSha256(const std::string& digest);
 // the node scheduler checks bundles and cleanups against. Errors only for an unusable root.
 Result<v1::TopologyReport> DiscoverDevices(const std::string& root);
 
+// Shared by the runtimes: errors carry details["stage"] (retryable only when UNAVAILABLE).
+Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
+                 std::map<std::string, std::string> details = {});
+Error WithStage(Error e, const std::string& stage);
+// The discovered NVMe device with this by-id path, or nullptr.
+const v1::NvmeDevice* FindDisk(const v1::TopologyReport& host, const std::string& by_id);
+// The destructive-use rules for a disk from discovery's evidence: never the OS disk, never
+// anything mounted, directly or through a partition (os_disk, disk_mounted, disk_child_mounted).
+std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_key,
+                               const std::string& stage);
+
 // Host-local lease ledger: key "lease-<allocation_id>" = {slots: [slot_key...], attempt}.
 // Taking a lease fails with `slot_leased` (stage "lease") when another allocation's lease holds
 // any of the slots; the same allocation taking it again replaces its own (idempotent). Callers
@@ -48,6 +61,21 @@ Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
 std::string LeaseHolder(const LocalStore& store, const std::string& slot_key,
                         const std::string& except_allocation = "");
 Result<void> DropLease(LocalStore& store, const std::string& allocation_id);
+
+// Local-store keys of the ledger, the same for every runtime (a restarted agent reads them).
+std::string LeaseKey(const std::string& allocation_id);
+std::string DomainKey(const std::string& allocation_id);
+
+// The ledger's record of an allocation's domain (name, slots, state, attempt, first MAC/IP,
+// runtime): what restart adoption and release read. The caller serialises ledger access.
+Result<void> PutDomainRecord(LocalStore& store, const v1::ProvisionBundle& bundle,
+                             const std::string& state, const std::string& runtime);
+
+// Before a cleanup touches anything (a wipe needs proof the disk is ours): the allocation id is
+// a UUID, no slot is leased by another allocation (slot_leased), and every named disk is among
+// `devices` (disk_not_found) and not in use (DiskInUse). The caller serialises ledger access.
+Result<void> CheckCleanup(const v1::CleanupParams& params, const LocalStore& store,
+                          const v1::TopologyReport& devices, const std::string& stage);
 
 // stage, detail, percent (stage-specific; "image" reports 0, 50, 100).
 using ProgressFn = std::function<void(const std::string&, const std::string&, int)>;
@@ -81,10 +109,6 @@ class SimulatedRuntime : public VmRuntime {
                                     const ProgressFn& progress) override;
   Result<v1::CleanupOutput> Cleanup(const v1::CleanupParams& params,
                                     const ProgressFn& progress) override;
-
-  static std::string DomainName(const std::string& allocation_id) {
-    return "gpuaas-" + allocation_id;
-  }
 
  private:
   void Step() const;

@@ -27,6 +27,7 @@
 
 #include <fmt/format.h>
 
+#include "bundle_fixture.hpp"
 #include "discovery.hpp"
 #include "domain_xml.hpp"
 #include "fixture_host.hpp"
@@ -118,26 +119,8 @@ class Sandbox {
     d.libvirt_uri = "";
     auto rep = Discover(d);
     EXPECT_TRUE(rep.ok());
-    v1::ProvisionBundle b;
-    b.set_allocation_id(alloc);
-    b.set_attempt(1);
-    b.set_tenant("acme");
-    b.set_network_mode("private-nat");
-    for (int i = 0; rep.ok() && i < n && i < rep->candidates_size(); ++i) {
-      const auto& c = rep->candidates(i);
-      auto* s = b.add_slots();
-      s->set_slot_key(c.slot_key());
-      s->set_gpu_pci_address(c.gpu_pci_address());
-      s->set_fabric_vf_pci_address(c.fabric_vf_pci_address());
-      s->set_fabric_type(c.fabric_type());
-      s->set_nvme_by_id(c.nvme_by_id());
-      s->set_mac(c.suggested_mac());
-      s->set_private_ip(c.suggested_ip());
-      if (c.has_numa_node()) s->set_numa_node(c.numa_node());
-    }
+    auto b = testing::BundleFromCandidates(rep.ok() ? *rep : v1::TopologyReport(), n, alloc);
     b.mutable_image()->set_name("tiny-ext4");
-    b.mutable_cloud_init()->set_hostname("vm-1");
-    b.mutable_cloud_init()->set_instance_id(alloc);
     b.mutable_cloud_init()->add_ssh_authorized_keys("ssh-ed25519 AAAAC3Nza test@ci");
     b.mutable_shape()->set_profile("tiny");
     b.mutable_shape()->set_vcpus(2 * n);

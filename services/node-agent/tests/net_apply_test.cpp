@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "host.hpp"
+#include "netns_lab.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -257,34 +258,11 @@ bool Alive(int pid) {
   return rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] != 'Z';
 }
 
-std::optional<std::string> Which(const std::string& name) {
-  return HostRoot("/").FindTool(
-      {"/usr/sbin/" + name, "/usr/bin/" + name, "/sbin/" + name, "/bin/" + name});
-}
-
 class NetApplyTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, iptables, dnsmasq)";
-    for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq", "busybox"}) {
-      auto path = Which(tool);
-      if (!path) GTEST_SKIP() << tool << " is not installed (scripts/install-deps)";
-      tools_[tool] = *path;
-    }
-    auto applets = RunTool({tools_["busybox"], "--list"});
-    if (!applets.ok() || applets->out.find("udhcpc\n") == std::string::npos ||
-        applets->out.find("ping\n") == std::string::npos)
-      GTEST_SKIP() << "busybox has no udhcpc/ping applet (the DHCP client these tests use)";
-    prefix_ = fmt::format("gpuaas-t{}", ::getpid());
-    host_ns_ = prefix_ + "-host";
-    auto made = Run({"ip", "netns", "add", host_ns_});
-    if (made.exit_code != 0) {
-      std::string why = made.err;
-      host_ns_.clear();
-      GTEST_SKIP() << "cannot create a network namespace here: " << why;
-    }
-    namespaces_.push_back(host_ns_);
-    Ip(host_ns_, {"link", "set", "lo", "up"});
+    if (auto why = lab_.Open("t"); !why.empty()) GTEST_SKIP() << why;
+    host_ns_ = lab_.host();
     spec_ = BaseSpec(dir_.path() + "/net");
     ctx_.netns = host_ns_;
     t0_ = std::chrono::steady_clock::now();
@@ -294,8 +272,6 @@ class NetApplyTest : public ::testing::Test {
     if (host_ns_.empty()) return;
     auto down = TeardownNetwork(spec_, ctx_);
     EXPECT_TRUE(down.ok()) << down.error().ToString();
-    for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it)
-      Run({"ip", "netns", "del", *it});
     std::cerr << fmt::format("[ timing ] {} ms\n",
                              std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::steady_clock::now() - t0_)
@@ -304,13 +280,7 @@ class NetApplyTest : public ::testing::Test {
 
   ToolResult Run(std::vector<std::string> argv,
                  std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    if (auto it = tools_.find(argv[0]); it != tools_.end()) argv[0] = it->second;
-    auto r = RunTool(argv, timeout);
-    if (!r.ok()) {
-      ADD_FAILURE() << r.error().ToString();
-      return {};
-    }
-    return *r;
+    return lab_.Run(std::move(argv), timeout);
   }
   // ip -n <ns> ..., which must succeed.
   void Ip(const std::string& ns, std::vector<std::string> args) {
@@ -320,33 +290,16 @@ class NetApplyTest : public ::testing::Test {
   }
   ToolResult InNs(const std::string& ns, std::vector<std::string> args,
                   std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
-    if (auto it = tools_.find(args[0]); it != tools_.end()) args[0] = it->second;
-    args.insert(args.begin(), {"ip", "netns", "exec", ns});
-    return Run(args, timeout);
+    return lab_.InNs(ns, std::move(args), timeout);
   }
-
   // A "VM": its own namespace whose eth0 (with the slot MAC) is a veth to `port` on the bridge.
   std::string AddVm(const std::string& name, const std::string& mac, const std::string& port) {
-    std::string ns = prefix_ + "-" + name;
-    EXPECT_EQ(Run({"ip", "netns", "add", ns}).exit_code, 0);
-    namespaces_.push_back(ns);
-    Ip(host_ns_, {"link", "add", port, "type", "veth", "peer", "name", "eth0", "netns", ns});
-    Ip(host_ns_, {"link", "set", port, "master", spec_.bridge, "up"});
-    Ip(ns, {"link", "set", "lo", "up"});
-    Ip(ns, {"link", "set", "eth0", "address", mac, "up"});
+    auto ns = lab_.AddVm(name, mac, port, spec_.bridge);
+    EXPECT_FALSE(ns.empty()) << "cannot add VM namespace " << name;
     return ns;
   }
-
-  // busybox udhcpc in the VM; the leased IP, or nullopt when no server answered.
   std::optional<std::string> Dhcp(const std::string& ns, int tries = 3) {
-    auto r = InNs(ns, {"busybox", "udhcpc", "-i", "eth0", "-n", "-q", "-f", "-t",
-                       std::to_string(tries), "-T", "1", "-s", "/bin/true"});
-    const std::string all = r.out + r.err;
-    const std::string key = "lease of ";
-    size_t at = all.find(key);
-    if (r.exit_code != 0 || at == std::string::npos) return std::nullopt;
-    size_t end = all.find(' ', at + key.size());
-    return all.substr(at + key.size(), end - at - key.size());
+    return lab_.Dhcp(ns, tries);
   }
   // What the guest's DHCP client script would do: address plus default route via the gateway.
   void Configure(const std::string& ns, const std::string& ip) {
@@ -370,9 +323,8 @@ class NetApplyTest : public ::testing::Test {
   std::string Hosts() { return Slurp(spec_.state_dir + "/dhcp-hosts"); }
 
   TempDir dir_;
-  std::map<std::string, std::string> tools_;
-  std::string prefix_, host_ns_;
-  std::vector<std::string> namespaces_;
+  testing::NetnsLab lab_;
+  std::string host_ns_;
   NetworkSpec spec_;
   NetContext ctx_;
   std::chrono::steady_clock::time_point t0_;
@@ -476,9 +428,8 @@ TEST_F(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
   MustApply(spec_);
   // An "uplink" to a namespace that only knows 192.0.2.0/24: a slice reaches it only when its
   // source is masqueraded (the reply to 10.100.0.10 has no route there).
-  auto out = prefix_ + "-out";
-  ASSERT_EQ(Run({"ip", "netns", "add", out}).exit_code, 0);
-  namespaces_.push_back(out);
+  auto out = lab_.AddNamespace("out");
+  ASSERT_FALSE(out.empty());
   Ip(host_ns_, {"link", "add", "up0", "type", "veth", "peer", "name", "eth0", "netns", out});
   Ip(host_ns_, {"addr", "add", "192.0.2.1/24", "dev", "up0"});
   Ip(host_ns_, {"link", "set", "up0", "up"});

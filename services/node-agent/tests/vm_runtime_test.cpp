@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "bundle_fixture.hpp"
 #include "discovery.hpp"
 #include "fixture_host.hpp"
 #include "local_store.hpp"
@@ -61,29 +62,10 @@ class Sandbox {
   }
   // A bundle of the first `n` candidate slots.
   v1::ProvisionBundle Bundle(int n, const std::string& alloc = kAlloc) const {
-    auto rep = Report();
-    v1::ProvisionBundle b;
-    b.set_allocation_id(alloc);
-    b.set_attempt(1);
-    b.set_tenant("acme");
-    b.set_network_mode("private-nat");
-    for (int i = 0; i < n && i < rep.candidates_size(); ++i) {
-      const auto& c = rep.candidates(i);
-      auto* s = b.add_slots();
-      s->set_slot_key(c.slot_key());
-      s->set_gpu_pci_address(c.gpu_pci_address());
-      s->set_fabric_vf_pci_address(c.fabric_vf_pci_address());
-      s->set_fabric_type(c.fabric_type());
-      s->set_nvme_by_id(c.nvme_by_id());
-      s->set_mac(c.suggested_mac());
-      s->set_private_ip(c.suggested_ip());
-      if (c.has_numa_node()) s->set_numa_node(c.numa_node());
-    }
+    auto b = testing::BundleFromCandidates(Report(), n, alloc);
     b.mutable_image()->set_name("ubuntu-24.04-cuda");
     b.mutable_image()->set_url("https://images.example/ubuntu-24.04-cuda.qcow2");
     b.mutable_image()->set_sha256(kDigest);
-    b.mutable_cloud_init()->set_hostname("vm-1");
-    b.mutable_cloud_init()->set_instance_id(alloc);
     b.mutable_cloud_init()->add_ssh_authorized_keys("ssh-ed25519 AAAA test");
     b.mutable_shape()->set_profile("h200_24c_64g");
     b.mutable_shape()->set_vcpus(24 * n);

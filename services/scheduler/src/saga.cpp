@@ -622,16 +622,9 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
   for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
     if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
   }
-  messaging::ConsumerSpec spec;
-  spec.stream = messaging::NodeEventsStream().name;
-  spec.durable = kTaskConsumer;
-  spec.filter_subject = "gpuaas.v1.evt.node.*.task.>";
-  auto consumer = svc.StartConsumer(spec, inbox::ProjectionHandler(
-                                              svc.pg(), kTaskConsumer,
-                                              [opts](pqxx::work& tx, const v1::Event& ev) {
-                                                return ApplyNodeTaskEvent(tx, ev, opts);
-                                              },
-                                              svc.log()));
+  auto consumer = svc.StartProjection(
+      messaging::NodeEventsStream().name, kTaskConsumer, "gpuaas.v1.evt.node.*.task.>",
+      [opts](pqxx::work& tx, const v1::Event& ev) { return ApplyNodeTaskEvent(tx, ev, opts); });
   if (!consumer.ok()) return consumer.error();
 
   auto pool = svc.pg();

@@ -16,6 +16,7 @@
 
 #include "gpuaas/common/config.hpp"
 #include "gpuaas/common/http.hpp"
+#include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -82,6 +83,12 @@ class Service {
   // A durable consumer whose lifetime the runtime manages (stopped on drain, after requests).
   Result<messaging::Consumer*> StartConsumer(messaging::ConsumerSpec spec,
                                              messaging::Consumer::Handler handler);
+  // The usual one: durable `durable` on `stream` (consumer defaults otherwise), each event of
+  // `filter` applied in a transaction with inbox idempotency (inbox::ProjectionHandler).
+  Result<messaging::Consumer*> StartProjection(const std::string& stream,
+                                               const std::string& durable,
+                                               const std::string& filter, inbox::ApplyFn apply,
+                                               std::shared_ptr<inbox::ProjectionStats> stats = {});
 
   // A readiness check; /readyz is 200 only while all pass and the service is not draining.
   void AddReadinessCheck(std::string name, std::function<Result<void>()> check);

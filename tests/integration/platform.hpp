@@ -1,0 +1,109 @@
+#pragma once
+// The control plane in one test process for the cross-service tests: real NATS and PostgreSQL
+// (one database per service), ipam, inventory and the scheduler, a client connection, and
+// node-agents on fixture hosts. Tests add what they need on top.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fixture_host.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "inventory_service.hpp"
+#include "ipam_service.hpp"
+#include "load_config.hpp"
+#include "node_agent.hpp"
+#include "scheduler_service.hpp"
+#include "test_env.hpp"
+
+namespace gpuaas::testing {
+
+class Platform {
+ public:
+  using EnvMap = std::map<std::string, std::string>;
+
+  ~Platform() { Stop(); }
+
+  // Starts ipam, inventory (on `inventory_dsn`, or a new database) and the scheduler (with
+  // `scheduler_env` on top of the common environment), then connects a client.
+  void Start(const EnvMap& scheduler_env = {}, const std::string& inventory_dsn = "") {
+    ipam = std::make_unique<ipam::IpamService>(
+        LoadConfig<ipam::IpamConfig>(Env(SharedPostgres().CreateDatabase("ipam"))));
+    ASSERT_TRUE(ipam->Start().ok());
+    StartInventory(inventory_dsn.empty() ? SharedPostgres().CreateDatabase("inv") : inventory_dsn);
+    auto env = Env(SharedPostgres().CreateDatabase("sched"));
+    for (const auto& [k, v] : scheduler_env) env[k] = v;
+    scheduler =
+        std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(env));
+    ASSERT_TRUE(scheduler->Start().ok());
+    auto c = messaging::Connection::Connect({nats.url(), "test", 2000, 100, true},
+                                            log::Logger("test", "t", log::Level::kWarn));
+    ASSERT_TRUE(c.ok());
+    conn = *c;
+  }
+  void StartInventory(const std::string& dsn) {
+    inventory = std::make_unique<inventory::InventoryService>(
+        LoadConfig<inventory::InventoryConfig>(Env(dsn)));
+    auto r = inventory->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  void Stop() {
+    for (auto& a : agents) a->Shutdown();
+    agents.clear();
+    if (scheduler) scheduler->Shutdown();
+    if (inventory) inventory->Shutdown();
+    if (ipam) ipam->Shutdown();
+  }
+
+  // The environment every service of the test shares (`dsn` "" = none).
+  EnvMap Env(const std::string& dsn) const {
+    EnvMap env = {{"GPUAAS_NATS_URL", nats.url()}, {"GPUAAS_LOG_LEVEL", "error"}};
+    if (!dsn.empty()) env["GPUAAS_POSTGRES_DSN"] = dsn;
+    return env;
+  }
+
+  // A node-agent on a fresh fixture host with `gpus` GPUs, started and registered; `extra`
+  // overrides its environment. Returns it (owned by the platform).
+  node_agent::NodeAgent* StartAgent(const std::string& id, int gpus, const std::string& pool,
+                                    const EnvMap& extra = {}) {
+    const std::string root = MakeTempDir("gpuaas-host") + "/root";
+    node_agent::FixtureOptions fo;
+    fo.gpus = gpus;
+    fo.hostname = id;
+    auto built = node_agent::BuildFixtureHost(root, fo);
+    EXPECT_TRUE(built.ok()) << built.error().ToString();
+    auto env = Env("");
+    env["GPUAAS_NODE_ID"] = id;
+    env["GPUAAS_NODE_REGION"] = "us-east-1";
+    env["GPUAAS_NODE_POOL"] = pool;
+    env["GPUAAS_NODE_STATE_DIR"] = MakeTempDir("gpuaas-agent");
+    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "50";
+    env["GPUAAS_NODE_DESIRED_POLL_MS"] = "50";
+    env["GPUAAS_NODE_HOST_ROOT"] = root;
+    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
+    for (const auto& [k, v] : extra) env[k] = v;
+    agents.push_back(
+        std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env)));
+    auto* agent = agents.back().get();
+    EXPECT_TRUE(agent->Start().ok());
+    EXPECT_TRUE(WaitFor([&] { return agent->Registered(); }));
+    return agent;
+  }
+
+  template <typename Resp, typename Req>
+  Result<Resp> Call(const std::string& subject, const Req& req) {
+    return rpc::Client(conn).Call<Resp>(subject, req, std::chrono::seconds(10));
+  }
+
+  TestNats nats;
+  std::unique_ptr<ipam::IpamService> ipam;
+  std::unique_ptr<inventory::InventoryService> inventory;
+  std::unique_ptr<scheduler::SchedulerService> scheduler;
+  std::vector<std::unique_ptr<node_agent::NodeAgent>> agents;
+  std::shared_ptr<messaging::Connection> conn;
+};
+
+}  // namespace gpuaas::testing
