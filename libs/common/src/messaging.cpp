@@ -1,5 +1,7 @@
 #include "gpuaas/common/messaging.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
@@ -343,13 +345,19 @@ Result<void> Consumer::Start() {
   if (auto r = Subscribe(); !r.ok()) return r;
   stop_ = false;
   thread_ = std::thread([this] { Loop(); });
+  if (spec_.keepalive) keepalive_ = std::thread([this] { KeepAlive(); });
   log_.Info("consumer started", {{"stream", spec_.stream}, {"filter", spec_.filter_subject}});
   return Ok();
 }
 
 void Consumer::Stop() {
-  stop_ = true;
+  {
+    std::lock_guard lock(ka_mu_);
+    stop_ = true;
+  }
+  ka_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (keepalive_.joinable()) keepalive_.join();
   std::lock_guard lock(mu_);
   if (sub_) {
     natsSubscription_Destroy(sub_);
@@ -376,6 +384,21 @@ Result<uint64_t> Consumer::Backlog() {
   uint64_t n = ci->NumPending + static_cast<uint64_t>(ci->NumAckPending);
   jsConsumerInfo_Destroy(ci);
   return n;
+}
+
+void Consumer::KeepAlive() {
+  const auto every = std::chrono::milliseconds(std::max<int64_t>(spec_.ack_wait_ms / 3, 10));
+  std::unique_lock lock(ka_mu_);
+  while (!stop_) {
+    ka_cv_.wait_for(lock, every, [&] { return stop_.load(); });
+    if (stop_) break;
+    // Under ka_mu_: the fetch loop removes a message from inflight_ before it disposes of it.
+    for (natsMsg* m : inflight_) {
+      if (natsMsg_InProgress(m, nullptr) != NATS_OK) {
+        log_.Warn("in-progress ack not sent", {{"consumer", spec_.durable}});
+      }
+    }
+  }
 }
 
 void Consumer::Loop() {
@@ -413,6 +436,10 @@ void Consumer::Loop() {
       continue;
     }
     error_backoff_ms = 100;
+    if (spec_.keepalive) {
+      std::lock_guard lock(ka_mu_);
+      inflight_.assign(list.Msgs, list.Msgs + list.Count);
+    }
     for (int i = 0; i < list.Count; ++i) {
       natsMsg* m = list.Msgs[i];
       Delivery d;
@@ -428,6 +455,10 @@ void Consumer::Loop() {
         r = handler_(d);
       } catch (const std::exception& e) {
         r = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+      }
+      if (spec_.keepalive) {
+        std::lock_guard lock(ka_mu_);
+        inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), m), inflight_.end());
       }
       Dispose(m, d, r);
     }

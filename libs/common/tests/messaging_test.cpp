@@ -3,6 +3,7 @@
 
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <atomic>
 #include <thread>
 
@@ -213,6 +214,40 @@ TEST_F(MessagingTest, ConsumerRetriesWithBackoffThenDeadLetters) {
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(poison_attempts.load(), 3);
   consumer.Stop();
+}
+
+TEST_F(MessagingTest, KeepaliveHoldsALongHandlersMessageWithoutKeepaliveItIsRedelivered) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  // A handler that runs 2.5 ack waits. With keepalive the message is handled once; without it
+  // the server redelivers it while the handler still runs (and the next fetch gets it again).
+  auto run = [&](bool keepalive, const std::string& name) {
+    std::atomic<int> calls{0};
+    std::atomic<uint64_t> max_delivered{0};
+    messaging::ConsumerSpec spec{"TEST_EVT", name, "gpuaas.v1.evt.test." + name};
+    spec.ack_wait_ms = 800;
+    spec.batch = 1;
+    spec.keepalive = keepalive;
+    messaging::Consumer consumer(
+        conn_, spec,
+        [&](const messaging::Delivery& d) {
+          max_delivered = std::max<uint64_t>(max_delivered, d.num_delivered);
+          if (++calls == 1) std::this_thread::sleep_for(2000ms);
+          return messaging::HandlerResult::Ack();
+        },
+        log_);
+    EXPECT_TRUE(consumer.Start().ok());
+    EXPECT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test." + name, "slow", name).ok());
+    EXPECT_TRUE(testing::WaitFor([&] { return calls >= 1; }));
+    std::this_thread::sleep_for(3000ms);
+    consumer.Stop();
+    return std::make_pair(calls.load(), max_delivered.load());
+  };
+  const auto held = run(true, "keepalive");
+  EXPECT_EQ(held.first, 1);
+  EXPECT_EQ(held.second, 1u);
+  const auto lost = run(false, "nokeepalive");
+  EXPECT_GE(lost.first, 2);
+  EXPECT_GE(lost.second, 2u);
 }
 
 TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {

@@ -7,6 +7,7 @@
 #include <linux/fs.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
@@ -415,6 +416,24 @@ bool ProbeSshBanner(const std::string& ip, int port, milliseconds timeout) {
   } while (false);
   ::close(fd);
   return ok;
+}
+
+SshProbeFn SshProbeInNetns(const std::string& netns) {
+  if (netns.empty()) return ProbeSshBanner;
+  return [netns](const std::string& ip, int port, milliseconds timeout) {
+    // setns(CLONE_NEWNET) moves only the calling thread: a short-lived thread enters the
+    // namespace, probes and exits; the agent's own threads stay where they are.
+    bool ok = false;
+    std::thread t([&] {
+      const int fd = ::open(("/run/netns/" + netns).c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd < 0) return;
+      const bool entered = ::setns(fd, CLONE_NEWNET) == 0;
+      ::close(fd);
+      if (entered) ok = ProbeSshBanner(ip, port, timeout);
+    });
+    t.join();
+    return ok;
+  };
 }
 
 Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_file,
@@ -842,6 +861,14 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (!devices.ok()) return WithStage(devices.error(), "validate");
   auto plan = ValidateBundle(b, *devices);
   if (!plan.ok()) return plan.error();
+  auto record = [&](const std::string& state, const std::string& stage) -> Result<void> {
+    std::lock_guard lock(mu_);
+    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
+      return WithStage(w.error(), stage);
+    return Ok();
+  };
+  // ---- resume: this attempt's VM is already running (the agent restarted mid-provision) ----
+  if (auto resumed = ResumeStarted(b, *plan, record, progress)) return std::move(*resumed);
   const HostRoot host(opts_.host_root);
   std::vector<SlotDisk> disks;
   std::vector<DiskTarget> targets;
@@ -897,13 +924,6 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   // ---- lease ----
   std::vector<std::string> slot_keys;
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
-  const auto& first = b.slots(0);
-  auto record = [&](const std::string& state, const std::string& stage) -> Result<void> {
-    std::lock_guard lock(mu_);
-    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
-      return WithStage(w.error(), stage);
-    return Ok();
-  };
   {
     std::lock_guard lock(mu_);
     if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
@@ -972,13 +992,60 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (auto r = record("started", "start"); !r.ok()) return r.error();
   progress("start", "domain " + domain + " started", 100);
 
+  return AwaitReadiness(dom.get(), b, *plan, record, progress);
+}
+
+std::optional<Result<v1::ProvisionOutput>> LibvirtRuntime::ResumeStarted(
+    const v1::ProvisionBundle& b, const std::vector<std::string>& plan,
+    const std::function<Result<void>(const std::string&, const std::string&)>& record,
+    const ProgressFn& progress) {
+  std::vector<std::string> slot_keys;
+  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
+  {
+    // Only this allocation's own attempt, recorded as started by this agent, on these slots.
+    std::lock_guard lock(mu_);
+    auto lease = store_.Get(LeaseKey(b.allocation_id()));
+    auto rec = store_.Get(DomainKey(b.allocation_id()));
+    if (!lease.ok() || !lease->has_value() || !rec.ok() || !rec->has_value()) return std::nullopt;
+    const auto& l = **lease;
+    const auto& r = **rec;
+    const std::string state = r.value("state", "");
+    if (l.value("attempt", -1) != b.attempt() || r.value("attempt", -1) != b.attempt() ||
+        (state != "started" && state != "running") ||
+        l.value("slots", std::vector<std::string>{}) != slot_keys) {
+      return std::nullopt;
+    }
+  }
+  const std::string domain = DomainName(b.allocation_id());
+  auto conn = Conn();
+  if (!conn.ok()) return Result<v1::ProvisionOutput>(WithStage(conn.error(), "validate"));
+  auto existing = LookupDomain(*conn, domain, "validate");
+  if (!existing.ok()) return Result<v1::ProvisionOutput>(existing.error());
+  if (!existing->has_value() || virDomainIsActive(existing->value().get()) != 1) {
+    return std::nullopt;
+  }
+  progress("adopt",
+           fmt::format("domain {} of attempt {} is already running (the agent restarted while "
+                       "provisioning it): readiness resumed, nothing rewritten",
+                       domain, b.attempt()),
+           100);
+  return AwaitReadiness(existing->value().get(), b, plan, record, progress);
+}
+
+// Readiness of a started domain: the reserved lease, then SSH; the record goes "running".
+Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(
+    _virDomain* dom, const v1::ProvisionBundle& b, const std::vector<std::string>& plan,
+    const std::function<Result<void>(const std::string&, const std::string&)>& record,
+    const ProgressFn& progress) {
+  const auto& first = b.slots(0);
+  const std::string domain = DomainName(b.allocation_id());
   // ---- readiness: the reserved lease, then SSH ----
   const std::map<std::string, std::string> det = {
       {"mac", first.mac()}, {"expected_ip", first.private_ip()}, {"domain_name", domain}};
   auto not_running = [&]() -> std::optional<Error> {
-    if (virDomainIsActive(dom.get()) == 1) return std::nullopt;
+    if (virDomainIsActive(dom) == 1) return std::nullopt;
     auto d = det;
-    d["state"] = DomainState(dom.get());
+    d["state"] = DomainState(dom);
     return StageError(
         Code::kFailedPrecondition, "domain_not_running",
         "domain " + domain + " stopped while waiting for readiness (" + d["state"] + ")",
@@ -1032,7 +1099,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   out.set_expected_ip(first.private_ip());
   out.set_actual_ip(*seen_ip);
   out.set_lease_state("bound");
-  for (const auto& step : *plan) out.add_plan(step);
+  for (const auto& step : plan) out.add_plan(step);
   out.set_runtime(kRuntime);
   return out;
 }

@@ -32,7 +32,8 @@
 #include "local_store.hpp"
 #include "vm_runtime.hpp"
 
-struct _virConnect;  // libvirt's connection; libvirt headers stay out of this header
+struct _virConnect;  // libvirt's connection and domain; libvirt headers stay out of this header
+struct _virDomain;
 
 namespace gpuaas::node_agent {
 
@@ -109,6 +110,16 @@ class LibvirtRuntime : public VmRuntime {
 
  private:
   Result<_virConnect*> Conn();
+  using RecordFn = std::function<Result<void>(const std::string&, const std::string&)>;
+  // A redelivered vm.provision whose own attempt already runs (the ledger recorded it started,
+  // libvirt has it active): readiness is awaited again; nothing is rewritten. nullopt = no.
+  std::optional<Result<v1::ProvisionOutput>> ResumeStarted(const v1::ProvisionBundle& b,
+                                                           const std::vector<std::string>& plan,
+                                                           const RecordFn& record,
+                                                           const ProgressFn& progress);
+  Result<v1::ProvisionOutput> AwaitReadiness(_virDomain* dom, const v1::ProvisionBundle& b,
+                                             const std::vector<std::string>& plan,
+                                             const RecordFn& record, const ProgressFn& progress);
   LocalStore& store_;
   LibvirtOptions opts_;
   mutable std::mutex mu_;  // ledger changes and domain records
@@ -126,6 +137,11 @@ std::optional<std::string> LeasedIp(const std::string& lease_file, const std::st
 // TCP connect to ip:port and read until the banner starts with "SSH-"; false on refusal,
 // timeout or another banner.
 bool ProbeSshBanner(const std::string& ip, int port, std::chrono::milliseconds timeout);
+
+// ProbeSshBanner from inside network namespace `netns` (/run/netns/<netns>; "" = this one): for
+// an agent whose slice network lives in a namespace (network.apply=netns). False when the
+// namespace cannot be entered.
+SshProbeFn SshProbeInNetns(const std::string& netns);
 
 // A slot disk as the kernel sees it right now, at `path` (a resolved host path).
 struct DiskTarget {

@@ -81,6 +81,18 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Readiness: the VM's DHCP lease must appear within this", 300, config::Range(1, 3600));
   s.Add("vm.ssh_timeout_s", &vm_ssh_timeout_s,
         "Readiness: then an SSH banner on port 22 within this", 120, config::Range(1, 3600));
+  s.Add("vm.profile_name", &vm_profile_name, "Runtime profile name of this host's slots",
+        "h200_24c_64g", config::NonEmpty());
+  s.Add("vm.vcpus_per_gpu", &vm_vcpus_per_gpu, "Runtime profile: vCPUs per GPU of a slice VM", 24,
+        config::Range(1, 1024));
+  s.Add("vm.memory_mib_per_gpu", &vm_memory_mib_per_gpu,
+        "Runtime profile: memory (MiB) per GPU of a slice VM", 65536, config::Range(64, 16777216));
+  s.Add("vm.hugepages_1g_per_gpu", &vm_hugepages_1g_per_gpu,
+        "Runtime profile: 1 GiB hugepages backing per GPU (0 = none)", 0, config::Range(0, 16384));
+  s.Add("node.task_ack_wait_ms", &task_ack_wait_ms,
+        "A task not acked within this is redelivered (running tasks are kept alive; after a "
+        "crash a task comes back within this)",
+        30000, config::Range(1000, 3600000));
   s.Add("network.apply", &net_apply,
         "Manage slice networking from ipam's node network document: off | netns (inside "
         "network.netns) | host",
@@ -155,6 +167,8 @@ Result<void> NodeAgent::Start() {
                     "/dnsmasq.leases";
     lo.lease_timeout = std::chrono::seconds(cfg_.vm_lease_timeout_s);
     lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
+    // The slice network (and so the VM's SSH port) lives where the agent applies it.
+    lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
     auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
     libvirt_ = rt.get();
     vm_runtime_ = std::move(rt);
@@ -276,8 +290,11 @@ void NodeAgent::OnRegistered() {
     spec.durable = "node-" + cfg_.node_id;
     spec.filter_subject =
         fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", cfg_.node_id));
-    spec.batch = 8;
-    spec.ack_wait_ms = 120000;  // discovery on a large host can take a while
+    // One task at a time: a fetched task waits for nothing but itself, and the consumer keeps
+    // it alive while it runs (image writes and wipes take longer than any ack wait).
+    spec.batch = 1;
+    spec.ack_wait_ms = cfg_.task_ack_wait_ms;
+    spec.keepalive = true;
     auto c =
         svc_.StartConsumer(spec, [this](const messaging::Delivery& d) { return HandleTask(d); });
     if (!c.ok()) {
@@ -319,6 +336,10 @@ DiscoveryOptions NodeAgent::Options() const {
   opts.bridge = cfg_.bridge;
   opts.gateway_cidr = cfg_.gateway_cidr;
   opts.libvirt_uri = cfg_.libvirt_uri;
+  opts.profile.set_name(cfg_.vm_profile_name);
+  opts.profile.set_vcpus_per_gpu(static_cast<int32_t>(cfg_.vm_vcpus_per_gpu));
+  opts.profile.set_memory_mib_per_gpu(cfg_.vm_memory_mib_per_gpu);
+  opts.profile.set_hugepages_1g_per_gpu(static_cast<int32_t>(cfg_.vm_hugepages_1g_per_gpu));
   return opts;
 }
 

@@ -75,6 +75,14 @@ struct NodeAgentConfig {
   std::string vm_initrd;
   int64_t vm_lease_timeout_s = 300;
   int64_t vm_ssh_timeout_s = 120;
+  // The runtime profile this host's slots are offered with (discovery reports it per candidate).
+  std::string vm_profile_name = "h200_24c_64g";
+  int64_t vm_vcpus_per_gpu = 24;
+  int64_t vm_memory_mib_per_gpu = 65536;
+  int64_t vm_hugepages_1g_per_gpu = 0;
+  // A task not acked within this is delivered again (the agent keeps a task it is still running
+  // alive; after a crash the task comes back within this).
+  int64_t task_ack_wait_ms = 30000;
   std::string net_apply = "off";
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net

@@ -757,6 +757,39 @@ TEST_F(LibvirtRuntimeTest, ANewAttemptWhileTheOldVmRunsIsRefusedBeforeAnyWrite) 
   ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
 }
 
+TEST_F(LibvirtRuntimeTest, ARedeliveredProvisionOfTheRunningAttemptResumesWithoutRewriting) {
+  Init();
+  const std::string alloc = ids::NewUuidV7();
+  auto b = Bundle(alloc);
+  // The agent "crashed" while waiting for readiness: the domain runs, the ledger says started.
+  ASSERT_FALSE(rt_->Provision(b, [](auto&&...) {}).ok());
+  ASSERT_EQ(State(alloc), "running");
+  const std::string disk = sb_->DiskPath(b.slots(0).nvme_by_id());
+  WriteAll(disk, std::string(8192, 'g'));  // the guest's writes
+  sb_->Lease(b.slots(0).mac(), b.slots(0).private_ip());
+
+  LibvirtRuntime restarted(sb_->store(), rt_->options());
+  auto adopted = restarted.Adopt();
+  ASSERT_TRUE(adopted.ok()) << adopted.error().ToString();
+  ASSERT_EQ(adopted->adopted.size(), 1u);
+  std::vector<std::string> stages;
+  auto out =
+      restarted.Provision(b, [&](const std::string& st, auto&&...) { stages.push_back(st); });
+  ASSERT_TRUE(out.ok()) << out.error().ToString();
+  EXPECT_EQ(out->actual_ip(), b.slots(0).private_ip());
+  EXPECT_EQ(stages.front(), "adopt");
+  EXPECT_EQ(std::count(stages.begin(), stages.end(), "image"), 0);
+  EXPECT_EQ(ReadAll(disk), std::string(8192, 'g'));  // nothing rewritten under the VM
+  EXPECT_EQ((**sb_->store().Get("domain-" + alloc)).value("state", ""), "running");
+
+  // A later attempt is not a resume: refused while that VM runs.
+  b.set_attempt(2);
+  auto again = restarted.Provision(b, [](auto&&...) {});
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().reason, "domain_running");
+  ASSERT_TRUE(restarted.Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
+}
+
 TEST_F(LibvirtRuntimeTest, DigestMismatchFailsBeforeTheDiskIsWritten) {
   Init();
   const std::string alloc = ids::NewUuidV7();

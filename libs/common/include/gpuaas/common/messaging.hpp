@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -151,6 +152,10 @@ struct ConsumerSpec {
   int64_t fetch_timeout_ms = 500;
   // Delay before redelivery n (1-based); the last value repeats.
   std::vector<int64_t> backoff_ms = {100, 500, 2000, 5000};
+  // Long handlers: while the handler runs, the fetched messages not yet disposed get an
+  // in-progress ack every ack_wait/3, so they are not redelivered meanwhile; a consumer that
+  // dies gets them redelivered within ack_wait.
+  bool keepalive = false;
 };
 
 class Consumer {
@@ -177,6 +182,7 @@ class Consumer {
   Result<void> Subscribe();
   void Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r);
   void DeadLetter(const Delivery& d, const std::string& reason);
+  void KeepAlive();
 
   std::shared_ptr<Connection> conn_;
   ConsumerSpec spec_;
@@ -187,6 +193,10 @@ class Consumer {
   std::mutex mu_;
   natsSubscription* sub_ = nullptr;
   std::thread thread_;
+  std::thread keepalive_;
+  std::mutex ka_mu_;  // inflight_ and the keepalive's wake-up
+  std::condition_variable ka_cv_;
+  std::vector<natsMsg*> inflight_;  // fetched, not yet disposed
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> last_acked_{0};
   std::atomic<uint64_t> processed_{0};
