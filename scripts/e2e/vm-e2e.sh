@@ -15,33 +15,18 @@ BUILD=$(cd "$1" && pwd); TEST=$BUILD/services/node-agent/node_agent_vm_test
 WORK=${WORK:-$BUILD/vm-e2e}; NETNS=${NETNS:-gpuaas-vme2e}; BR=${BR:-gpuaasbr0}
 GW=10.100.0.1; MAC=${MAC:-52:54:00:a0:00:01}; IP=${IP:-10.100.0.10}
 NS="ip netns exec $NETNS"
-[ "$(id -u)" = 0 ] || { echo "vm-e2e: needs root (skipped)"; exit 77; }
+source "$HERE/lib.sh"
+e2e_require_root vm-e2e
 [ -x "$TEST" ] || { echo "vm-e2e: build node_agent_vm_test first ($TEST)" >&2; exit 2; }
-for p in /run/libvirtd.pid /run/virtqemud.pid; do
-  if [ -f "$p" ] && kill -0 "$(cat "$p")" 2>/dev/null; then
-    echo "vm-e2e: a libvirt daemon is already running ($p); skipped"; exit 77
-  fi
-done
-T0=$(date +%s.%N); TL=$T0
-step() { local now; now=$(date +%s.%N); printf '[%6.1fs +%5.1fs] %s\n' "$(echo "$now-$T0" | bc)" "$(echo "$now-$TL" | bc)" "$*"; TL=$now; }
-LIBVIRTD_PID=; VIRTLOGD_PID=; DNSMASQ_PID=; NS_UP=
-cleanup() {
-  local rc=$?
-  set +e
-  [ -n "$LIBVIRTD_PID" ] && kill "$LIBVIRTD_PID" 2>/dev/null
-  [ -n "$VIRTLOGD_PID" ] && kill "$VIRTLOGD_PID" 2>/dev/null
-  [ -n "$DNSMASQ_PID" ] && kill "$DNSMASQ_PID" 2>/dev/null
-  [ -n "$NS_UP" ] && ip netns del "$NETNS" 2>/dev/null
-  [ "$rc" = 0 ] && echo "VM E2E PASS ($(echo "$(date +%s.%N)-$T0" | bc | cut -c1-5)s)" || echo "VM E2E FAIL rc=$rc (logs: $WORK)"
-}
-trap cleanup EXIT
+step() { e2e_step "$@"; }
+DNSMASQ_PID=
+e2e_on_exit '[ -n "$DNSMASQ_PID" ] && kill "$DNSMASQ_PID" 2>/dev/null; echo "logs: $WORK"'
 mkdir -p "$WORK"; rm -f "$WORK"/dnsmasq.* "$WORK"/libvirtd.log
 
-[ "${SKIP_GUEST_BUILD:-0}" = 1 ] || "$HERE/build-guest.sh" "$WORK/guest" >/dev/null
+e2e_guest "$WORK/guest"
 step "guest ready ($WORK/guest)"
 
-ip netns add "$NETNS"; NS_UP=1
-$NS ip link set lo up
+e2e_netns "$NETNS"
 $NS ip link add "$BR" type bridge stp_state 0 forward_delay 0
 $NS ip addr add "$GW/24" dev "$BR"
 $NS ip link set "$BR" up
@@ -53,13 +38,8 @@ $NS dnsmasq --conf-file=/dev/null --pid-file="$WORK/dnsmasq.pid" --interface="$B
 DNSMASQ_PID=$(cat "$WORK/dnsmasq.pid")
 step "netns $NETNS: bridge $BR $GW/24, dnsmasq $DNSMASQ_PID ($MAC -> $IP)"
 
-# libvirt daemons without systemd, inside the netns (the VM's tap lands on the bridge there)
-$NS /usr/sbin/virtlogd -d; sleep 0.2; VIRTLOGD_PID=$(cat /run/virtlogd.pid)
-$NS env LIBVIRT_LOG_OUTPUTS="3:file:$WORK/libvirtd.log" /usr/sbin/libvirtd -d
-for i in $(seq 1 100); do [ -f /run/libvirtd.pid ] && break; sleep 0.1; done
-LIBVIRTD_PID=$(cat /run/libvirtd.pid)
-for i in $(seq 1 300); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
-step "libvirtd $LIBVIRTD_PID + virtlogd $VIRTLOGD_PID up"
+e2e_libvirtd "$NETNS" "$WORK"
+step "libvirtd $E2E_LIBVIRTD_PID + virtlogd $E2E_VIRTLOGD_PID up in $NETNS"
 
 $NS env GPUAAS_VM_E2E_GUEST="$WORK/guest" GPUAAS_VM_E2E_LEASES="$WORK/dnsmasq.leases" \
   GPUAAS_VM_E2E_BRIDGE="$BR" GPUAAS_VM_E2E_MAC="$MAC" GPUAAS_VM_E2E_IP="$IP" \

@@ -131,8 +131,10 @@ Action AddAllocCommands(CLI::App& app) {
 
   // Prints the timeline from the start; with watch, polls for new steps until nothing is in
   // flight (exit 0 when it ends active/released, 2 when failed or blocked) or the timeout.
-  auto follow = [o](rpc::Client& client, const Globals& g, const std::string& id,
-                    bool watch) -> int {
+  // `releasing`: a failed allocation whose slots were all cleaned and freed is a successful
+  // release too (it stays failed: the failure is its record).
+  auto follow = [o](rpc::Client& client, const Globals& g, const std::string& id, bool watch,
+                    bool releasing = false) -> int {
     const auto timeout = std::chrono::milliseconds(g.timeout_ms);
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o->watch_timeout_s);
     v1::GetAllocationTimelineRequest req;
@@ -151,8 +153,19 @@ Action AddAllocCommands(CLI::App& app) {
       if (!r->next_page_token().empty()) continue;
       if (!watch) return 0;
       if (!r->in_flight()) {
-        const bool good = r->state() == "active" || r->state() == "released";
-        if (g.output != "json") std::cout << "settled: " << r->state() << "\n";
+        bool good = r->state() == "active" || r->state() == "released";
+        std::string note;
+        if (releasing && r->state() == "failed") {
+          v1::GetAllocationRequest one;
+          one.set_allocation_id(id);
+          auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", one,
+                                                          timeout);
+          if (!a.ok()) return Fail(g, a.error());
+          good = true;
+          for (const auto& c : a->allocation().claims()) good = good && c.has_released_at();
+          note = good ? " (its slots cleaned and freed)" : " (slots still blocked)";
+        }
+        if (g.output != "json") std::cout << "settled: " << r->state() << note << "\n";
         return good ? 0 : 2;
       }
       if (std::chrono::steady_clock::now() > until) {
@@ -229,7 +242,7 @@ Action AddAllocCommands(CLI::App& app) {
         *one.Add() = r->allocation();
         PrintAllocations(one);
       });
-      if (o->watch) return follow(client, g, o->id, true);
+      if (o->watch) return follow(client, g, o->id, true, true);
       return 0;
     }
     return std::nullopt;

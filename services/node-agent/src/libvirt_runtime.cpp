@@ -899,10 +899,19 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
                         "validate", {{"field", "shape.hugepages_1g"}});
     }
   }
-  if (opts_.check_bridge && !host.Exists("/sys/class/net/" + opts_.domain.bridge)) {
+  std::string bridge = opts_.domain.bridge;
+  if (opts_.applied_bridge) {
+    // The agent runs the slice network itself: the bridge of the document it applied.
+    auto applied = opts_.applied_bridge();
+    if (!applied) {
+      return StageError(Code::kUnavailable, "network_not_applied",
+                        "this node has not applied a slice network document yet", "validate");
+    }
+    bridge = *applied;
+  } else if (opts_.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
     return StageError(Code::kFailedPrecondition, "bridge_missing",
-                      "slice bridge " + opts_.domain.bridge + " does not exist on this host",
-                      "validate", {{"bridge", opts_.domain.bridge}});
+                      "slice bridge " + bridge + " does not exist on this host", "validate",
+                      {{"bridge", bridge}});
   }
   const std::string domain = DomainName(b.allocation_id());
   auto conn = Conn();
@@ -960,6 +969,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
 
   // ---- define ----
   DomainXmlOptions xo = opts_.domain;
+  xo.bridge = bridge;
   xo.seed_iso = *seed;
   for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
   if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
@@ -986,6 +996,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   progress("define", "domain " + domain + " defined", 100);
 
   // ---- start ----
+  // Recorded before the call: libvirt finishes a start even when this process dies in it, and
+  // a restarted agent must know the running domain is this attempt's own.
+  if (auto r = record("starting", "start"); !r.ok()) return r.error();
   virResetLastError();
   if (virDomainCreate(dom.get()) != 0)
     return LibvirtError("start", "start_failed", "starting " + domain, {{"domain_name", domain}});
@@ -1011,7 +1024,7 @@ std::optional<Result<v1::ProvisionOutput>> LibvirtRuntime::ResumeStarted(
     const auto& r = **rec;
     const std::string state = r.value("state", "");
     if (l.value("attempt", -1) != b.attempt() || r.value("attempt", -1) != b.attempt() ||
-        (state != "started" && state != "running") ||
+        (state != "starting" && state != "started" && state != "running") ||
         l.value("slots", std::vector<std::string>{}) != slot_keys) {
       return std::nullopt;
     }
@@ -1326,7 +1339,7 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     auto r = opts_.network_cleanup(p);
     network_removed = r.ok();
     progress("network",
-             r.ok() ? "DHCP reservation and NAT/DNAT state removed"
+             r.ok() ? "the allocation's network state removed (DHCP leases released)"
                     : "network cleanup failed: " + r.error().ToString(),
              100);
   } else {

@@ -57,6 +57,10 @@ struct LibvirtOptions {
   bool allow_regular_file_disks = false;
   // The slice bridge must exist under <host_root>/sys/class/net before a domain is defined.
   bool check_bridge = true;
+  // Set when the agent applies the slice network itself (network.apply): the bridge of the
+  // applied document, which VMs attach to instead of domain.bridge; nullopt while none is
+  // applied (provision fails with network_not_applied, retryable).
+  std::function<std::optional<std::string>()> applied_bridge;
   std::string lease_file = "/var/lib/gpuaas/net/dnsmasq.leases";
   std::chrono::milliseconds lease_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds ssh_timeout{std::chrono::minutes(2)};

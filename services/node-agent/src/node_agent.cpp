@@ -169,6 +169,18 @@ Result<void> NodeAgent::Start() {
     lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
     // The slice network (and so the VM's SSH port) lives where the agent applies it.
     lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
+    if (cfg_.net_apply != "off") {
+      lo.applied_bridge = [this]() -> std::optional<std::string> {
+        std::lock_guard lock(net_mu_);
+        if (!net_spec_) return std::nullopt;
+        return net_spec_->bridge;
+      };
+      lo.network_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
+        const std::string why = CleanNetworkState(p);
+        if (why.empty()) return Ok();
+        return Error::Unavailable("network_cleanup_failed", why);
+      };
+    }
     auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
     libvirt_ = rt.get();
     vm_runtime_ = std::move(rt);
@@ -460,7 +472,8 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
     v1::CleanupParams params;
     if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
     auto cleaned = vm_runtime_->Cleanup(params, progress);
-    if (cleaned.ok() && cfg_.net_apply != "off") {
+    if (cleaned.ok() && cfg_.net_apply != "off" && !libvirt_) {
+      // (The libvirt runtime calls CleanNetworkState itself, as its network_cleanup hook.)
       // The slot's DHCP state goes too (its lease), so the next tenant starts clean; the
       // reservation itself belongs to the approved slot and stays in the document.
       const std::string why = CleanNetworkState(params);

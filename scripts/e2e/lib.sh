@@ -1,0 +1,74 @@
+# shellcheck shell=bash
+# Shared by the real-VM scripts (vm-e2e.sh, slice-e2e.sh, scripts/bench node-agent): root and
+# libvirt checks, the test guest, a network namespace with virtlogd + libvirtd inside it (a VM's
+# tap lands on a bridge in that namespace; the daemons' UNIX socket is reachable from the host
+# namespace), and an EXIT trap that stops what was started, by PID, and deletes the namespace.
+# Nothing here touches the host's own network.
+#   e2e_require_root NAME          exit 77 (skipped) unless root and no libvirt daemon runs
+#   e2e_guest DIR                  build the guest (idempotent; SKIP_GUEST_BUILD=1 skips)
+#   e2e_netns NAME                 create the namespace (lo up); removed on exit
+#   e2e_libvirtd NAME LOGDIR       virtlogd + libvirtd inside namespace NAME
+#   e2e_on_exit CMD                run CMD (a string) on exit, before the daemons stop
+#   e2e_step MSG                   a timestamped progress line
+E2E_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+E2E_T0=$(date +%s.%N); E2E_TL=$E2E_T0
+E2E_LIBVIRTD_PID=; E2E_VIRTLOGD_PID=; E2E_NETNS=; E2E_ON_EXIT=(); E2E_NAME=e2e
+
+e2e_step() {
+  local now; now=$(date +%s.%N)
+  printf '[%6.1fs +%5.1fs] %s\n' "$(echo "$now-$E2E_T0" | bc)" "$(echo "$now-$E2E_TL" | bc)" "$*"
+  E2E_TL=$now
+}
+
+e2e_cleanup() {
+  local rc=$?
+  set +e
+  local c
+  for c in "${E2E_ON_EXIT[@]}"; do eval "$c"; done
+  [ -n "$E2E_LIBVIRTD_PID" ] && kill "$E2E_LIBVIRTD_PID" 2>/dev/null
+  [ -n "$E2E_VIRTLOGD_PID" ] && kill "$E2E_VIRTLOGD_PID" 2>/dev/null
+  [ -n "$E2E_NETNS" ] && ip netns del "$E2E_NETNS" 2>/dev/null
+  local took; took=$(echo "$(date +%s.%N)-$E2E_T0" | bc | cut -c1-5)
+  if [ "$rc" = 0 ]; then echo "$E2E_NAME PASS (${took}s)"
+  elif [ "$rc" = 77 ]; then echo "$E2E_NAME SKIPPED"
+  else echo "$E2E_NAME FAIL rc=$rc (${took}s)"; fi
+  exit "$rc"
+}
+trap e2e_cleanup EXIT
+
+e2e_on_exit() { E2E_ON_EXIT+=("$1"); }
+
+e2e_require_root() {
+  E2E_NAME=$1
+  [ "$(id -u)" = 0 ] || { echo "$E2E_NAME: needs root (skipped)"; exit 77; }
+  local p
+  for p in /run/libvirtd.pid /run/virtqemud.pid; do
+    if [ -f "$p" ] && kill -0 "$(cat "$p")" 2>/dev/null; then
+      echo "$E2E_NAME: a libvirt daemon is already running ($p); skipped"; exit 77
+    fi
+  done
+}
+
+e2e_guest() {
+  [ "${SKIP_GUEST_BUILD:-0}" = 1 ] || "$E2E_HERE/build-guest.sh" "$1" >/dev/null
+}
+
+e2e_netns() {
+  ip netns del "$1" 2>/dev/null || true
+  ip netns add "$1"; E2E_NETNS=$1
+  ip netns exec "$1" ip link set lo up
+}
+
+# libvirt daemons without systemd, inside the namespace.
+e2e_libvirtd() {
+  local ns=$1 logdir=$2 i
+  rm -f /run/libvirtd.pid /run/virtlogd.pid
+  ip netns exec "$ns" /usr/sbin/virtlogd -d
+  for i in $(seq 1 50); do [ -f /run/virtlogd.pid ] && break; sleep 0.1; done
+  E2E_VIRTLOGD_PID=$(cat /run/virtlogd.pid)
+  ip netns exec "$ns" env LIBVIRT_LOG_OUTPUTS="3:file:$logdir/libvirtd.log" /usr/sbin/libvirtd -d
+  for i in $(seq 1 100); do [ -f /run/libvirtd.pid ] && break; sleep 0.1; done
+  E2E_LIBVIRTD_PID=$(cat /run/libvirtd.pid)
+  for i in $(seq 1 300); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
+  [ -S /run/libvirt/libvirt-sock ] || { echo "libvirtd did not open its socket" >&2; return 1; }
+}
