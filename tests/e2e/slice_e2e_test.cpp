@@ -18,8 +18,6 @@
 //   5. the agent's RSS over repeated provision/release cycles stays small and steady
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/stat.h>
-#include <sys/sysmacros.h>
 
 #include <chrono>
 #include <filesystem>
@@ -36,6 +34,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "host.hpp"
+#include "loop_disk.hpp"
 #include "platform.hpp"
 
 namespace gpuaas {
@@ -77,7 +76,8 @@ node_agent::ToolResult Exec(const std::vector<std::string>& argv,
 struct World {
   testing::Platform p;
   std::string guest, netns, work, root, state_dir, net_dir, agent_bin, ctl;
-  std::string backing, loop, disk_node, by_id, mnt;
+  std::string backing, loop, by_id, mnt;
+  node_agent::testing::LoopDisk disk;
   uint16_t http_port = 0;
   std::unique_ptr<testing::Process> agent;
   int agent_starts = 0;
@@ -126,18 +126,9 @@ class SliceE2eTest : public ::testing::Test {
     for (const auto& d : node_agent::DiscoverNvme(node_agent::HostRoot(w->root)))
       if (!d.os_disk()) w->by_id = d.by_id_path();
     ASSERT_FALSE(w->by_id.empty());
-    node_agent::HostRoot h(w->root);
-    w->disk_node = h.Real(*h.Resolve(w->by_id));
     w->backing = w->work + "/slot-nvme.raw";
-    fs::remove(w->backing);
-    ASSERT_EQ(Exec({Tool("truncate"), "-s", "64M", w->backing}).exit_code, 0);
-    auto l = Exec({Tool("losetup"), "-f", "--show", w->backing}, 30s);
-    ASSERT_EQ(l.exit_code, 0) << l.err;
-    w->loop = Trim(l.out);
-    struct stat st {};
-    ASSERT_EQ(::stat(w->loop.c_str(), &st), 0);
-    fs::remove(w->disk_node);
-    ASSERT_EQ(::mknod(w->disk_node.c_str(), S_IFBLK | 0600, st.st_rdev), 0);
+    ASSERT_EQ(w->disk.Attach(w->root, w->by_id, w->backing), "");
+    w->loop = w->disk.loop();
     for (const auto& d :
          {w->root, w->root + "/dev", w->root + "/dev/disk", w->root + "/dev/disk/by-id"})
       fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
@@ -176,7 +167,7 @@ class SliceE2eTest : public ::testing::Test {
     if (w->agent) w->agent->Stop(20s);
     w->p.Stop();
     if (!w->mnt.empty()) (void)RunTool({Tool("umount"), w->mnt}, 30s);
-    if (!w->loop.empty()) (void)RunTool({Tool("losetup"), "-d", w->loop}, 30s);
+    w->disk.Detach();
     delete w;
     w = nullptr;
   }
@@ -427,9 +418,14 @@ TEST_F(SliceE2eTest, AnAgentKilledMidProvisionAdoptsTheRunningVmAfterRestart) {
   auto a = Get(id);
   EXPECT_EQ(a.state(), "active");
   EXPECT_TRUE(TimelineHas(id, "task_progress", "adopt")) << "readiness was not resumed";
-  EXPECT_EQ(ReadAll(w->work + fmt::format("/agent-{}.log", w->agent_starts))
-                    .find("restart adoption done") == std::string::npos,
-            false);
+  // The restarted agent found the VM in libvirt and in its ledger: adopted, no drift.
+  auto metrics =
+      Exec({Tool("curl"), "-sf", fmt::format("http://127.0.0.1:{}/metrics", w->http_port)});
+  EXPECT_NE(metrics.out.find("gpuaas_node_agent_adopted_domains{result=\"adopted\"} 1"),
+            std::string::npos)
+      << metrics.out;
+  EXPECT_NE(metrics.out.find("gpuaas_node_agent_adopted_domains{result=\"orphan\"} 0"),
+            std::string::npos);
   Release(id);
   EXPECT_EQ(Get(id).state(), "released");
   EXPECT_FALSE(DomainExists(id));

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <map>
 #include <memory>
 #include <set>
@@ -233,6 +234,84 @@ std::string DomainState(virDomainPtr d) {
   int state = 0, reason = 0;
   if (virDomainGetState(d, &state, &reason, 0) != 0) return "unknown";
   return StateName(state);
+}
+
+// PCI addresses ("0000:18:00.0") of every <hostdev type='pci'> source in a domain's XML.
+std::vector<std::string> HostdevPciAddresses(const std::string& xml) {
+  std::vector<std::string> out;
+  auto attr = [](const std::string& tag, const std::string& name) -> std::optional<unsigned> {
+    const auto at = tag.find(name + "='");
+    if (at == std::string::npos) return std::nullopt;
+    const auto start = at + name.size() + 2;
+    const auto end = tag.find('\'', start);
+    if (end == std::string::npos) return std::nullopt;
+    try {
+      return static_cast<unsigned>(std::stoul(tag.substr(start, end - start), nullptr, 0));
+    } catch (...) {
+      return std::nullopt;
+    }
+  };
+  for (size_t pos = xml.find("<hostdev"); pos != std::string::npos;
+       pos = xml.find("<hostdev", pos + 1)) {
+    const auto end = xml.find("</hostdev>", pos);
+    if (end == std::string::npos) break;
+    const std::string block = xml.substr(pos, end - pos);
+    const auto src = block.find("<source");
+    if (block.find("type='pci'") == std::string::npos || src == std::string::npos) continue;
+    const auto addr = block.find("<address", src);
+    if (addr == std::string::npos) continue;
+    const std::string tag = block.substr(addr, block.find('>', addr) - addr);
+    auto d = attr(tag, "domain"), b = attr(tag, "bus"), sl = attr(tag, "slot"),
+         f = attr(tag, "function");
+    if (d && b && sl && f) out.push_back(fmt::format("{:04x}:{:02x}:{:02x}.{:x}", *d, *b, *sl, *f));
+  }
+  return out;
+}
+
+// Refuses (device_attached, stage validate) a GPU or fabric VF of the bundle that another
+// libvirt domain (running or only defined) already passes through: a second VM must never get
+// it, and starting that domain later would take it away from this one.
+Result<void> CheckDevicesFree(virConnectPtr conn, const v1::ProvisionBundle& b,
+                              const std::string& own_name) {
+  std::map<std::string, std::string> wanted;  // lowercase PCI address -> what it is
+  for (const auto& s : b.slots()) {
+    auto lower = [](std::string v) {
+      std::transform(v.begin(), v.end(), v.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      return v;
+    };
+    if (!s.gpu_pci_address().empty()) wanted[lower(s.gpu_pci_address())] = "gpu " + s.slot_key();
+    if (!s.fabric_vf_pci_address().empty())
+      wanted[lower(s.fabric_vf_pci_address())] = "fabric VF " + s.slot_key();
+  }
+  virDomainPtr* doms = nullptr;
+  virResetLastError();
+  const int n = virConnectListAllDomains(conn, &doms, 0);
+  if (n < 0) return LibvirtError("validate", "libvirt_error", "listing domains");
+  std::optional<Error> conflict;
+  for (int i = 0; i < n; ++i) {
+    DomainPtr d(doms[i]);
+    const char* name = virDomainGetName(d.get());
+    if (conflict || !name || own_name == name) continue;
+    char* xml = virDomainGetXMLDesc(d.get(), VIR_DOMAIN_XML_INACTIVE);
+    if (!xml) continue;
+    const std::string text(xml);
+    std::free(xml);
+    for (const auto& addr : HostdevPciAddresses(text)) {
+      auto it = wanted.find(addr);
+      if (it == wanted.end()) continue;
+      conflict = StageError(
+          Code::kFailedPrecondition, "device_attached",
+          fmt::format("{} ({}) is passed through to domain {} ({})", it->second, addr, name,
+                      DomainState(d.get())),
+          "validate",
+          {{"pci_address", addr}, {"domain_name", name}, {"state", DomainState(d.get())}});
+      break;
+    }
+  }
+  std::free(doms);
+  if (conflict) return *conflict;
+  return Ok();
 }
 
 // Undefines `d` with its NVRAM (and managed save / snapshot metadata), retried: a UEFI domain
@@ -916,6 +995,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   const std::string domain = DomainName(b.allocation_id());
   auto conn = Conn();
   if (!conn.ok()) return WithStage(conn.error(), "validate");
+  if (auto free = CheckDevicesFree(*conn, b, domain); !free.ok()) return free.error();
   {
     // A VM of an earlier attempt still running on these disks: writing the image under it
     // would corrupt both. Release it first.
@@ -942,6 +1022,11 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
            fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
            100);
 
+  // ---- seed: its input checked now (before any write), the ISO built while the image is
+  // verified and written (independent work; the job reports no progress of its own) ----
+  if (auto files = MakeSeedFiles(b); !files.ok()) return files.error();
+  auto seed_job = std::async(std::launch::async, [this, &b] { return BuildSeed(opts_, b); });
+
   // ---- image: onto the boot disk (the first slot disk) ----
   if (!disks.empty()) {
     auto image = EnsureImage(opts_, b.image(), progress);
@@ -962,8 +1047,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     progress("image", "no slot disk: image not written (kernel boot)", 100);
   }
 
-  // ---- seed ----
-  auto seed = BuildSeed(opts_, b);
+  auto seed = seed_job.get();
   if (!seed.ok()) return seed.error();
   progress("seed", "NoCloud seed " + *seed + " written", 100);
 

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
 
 #include "discovery.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -528,6 +530,17 @@ void NodeAgent::TryAdopt() {
     log.Warn("missing domain: in the ledger, not in libvirt (drift)",
              {{"domain", d.domain_name}, {"allocation_id", d.allocation_id}});
   }
+  // Drift stays visible after the log lines scroll away: orphans and missing domains are
+  // gauges until the next adoption (an operator resolves them; nothing is removed here).
+  auto& family = prometheus::BuildGauge()
+                     .Name("gpuaas_node_agent_adopted_domains")
+                     .Help(
+                         "Domains found at the last restart adoption: adopted (in libvirt and "
+                         "the ledger), orphan (libvirt only: drift), missing (ledger only: drift)")
+                     .Register(svc_.metrics());
+  family.Add({{"result", "adopted"}}).Set(static_cast<double>(r->adopted.size()));
+  family.Add({{"result", "orphan"}}).Set(static_cast<double>(r->orphans.size()));
+  family.Add({{"result", "missing"}}).Set(static_cast<double>(r->missing.size()));
   log.Info("restart adoption done", {{"adopted", std::to_string(r->adopted.size())},
                                      {"orphans", std::to_string(r->orphans.size())},
                                      {"missing", std::to_string(r->missing.size())}});

@@ -790,6 +790,41 @@ TEST_F(LibvirtRuntimeTest, ARedeliveredProvisionOfTheRunningAttemptResumesWithou
   ASSERT_TRUE(restarted.Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
 }
 
+TEST_F(LibvirtRuntimeTest, AGpuPassedThroughToAnotherDomainIsRefusedBeforeAnyWrite) {
+  Init();
+  const std::string alloc = ids::NewUuidV7();
+  auto b = Bundle(alloc);
+  // A VM this agent does not manage already holds the slot's GPU (defined, not even running).
+  unsigned dom = 0, bus = 0, slot = 0, fn = 0;
+  ASSERT_EQ(
+      std::sscanf(b.slots(0).gpu_pci_address().c_str(), "%x:%x:%x.%x", &dom, &bus, &slot, &fn), 4);
+  const std::string xml = fmt::format(
+      "<domain type='test'><name>legacy-vm</name><memory>1048576</memory><vcpu>1</vcpu>"
+      "<os><type arch='x86_64'>hvm</type></os><devices><hostdev mode='subsystem' type='pci' "
+      "managed='yes'><source><address domain='0x{:04x}' bus='0x{:02x}' slot='0x{:02x}' "
+      "function='0x{:x}'/></source></hostdev></devices></domain>",
+      dom, bus, slot, fn);
+  virDomainPtr legacy = virDomainDefineXML(conn_, xml.c_str());
+  ASSERT_NE(legacy, nullptr);
+  const std::string disk = sb_->DiskPath(b.slots(0).nvme_by_id());
+  const std::string before = ReadAll(disk);
+  sb_->Lease(b.slots(0).mac(), b.slots(0).private_ip());
+  auto out = rt_->Provision(b, [](auto&&...) {});
+  virDomainUndefine(legacy);
+  virDomainFree(legacy);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.error().reason, "device_attached");
+  EXPECT_EQ(out.error().details.at("stage"), "validate");
+  EXPECT_EQ(out.error().details.at("domain_name"), "legacy-vm");
+  EXPECT_EQ(out.error().details.at("pci_address"), b.slots(0).gpu_pci_address());
+  EXPECT_EQ(ReadAll(disk), before);
+  EXPECT_FALSE(Has("lease-" + alloc));
+  // Once that VM is gone the same bundle provisions.
+  auto again = rt_->Provision(b, [](auto&&...) {});
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
+}
+
 TEST_F(LibvirtRuntimeTest, DigestMismatchFailsBeforeTheDiskIsWritten) {
   Init();
   const std::string alloc = ids::NewUuidV7();
