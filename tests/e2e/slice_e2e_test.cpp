@@ -353,7 +353,7 @@ TEST_F(SliceE2eTest, AMountedDiskIsRefusedBeforeAnyWriteAndStaysBlockedUntilUnmo
   auto a = Get(id);
   EXPECT_EQ(a.state(), "failed");
   EXPECT_EQ(a.failure().code(), "disk_mounted");
-  EXPECT_TRUE(TimelineHas(id, "task_failed", "validate"));
+  EXPECT_TRUE(TimelineHas(id, "task_rejected", "validate"));
   EXPECT_FALSE(DomainExists(id));
   // Cleanup refuses the mounted disk too: the slot is cleanup_blocked, nothing was written.
   EXPECT_TRUE(testing::WaitFor([&] { return Slots()[0].occupancy() == "cleanup_blocked"; }, 30s));

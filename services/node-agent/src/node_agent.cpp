@@ -441,7 +441,13 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
     PublishProgress(task, stage, detail, percent);
   };
   auto failed = [&](const Error& e) {
-    res.set_status(v1::TASK_STATUS_FAILED);
+    // The node scheduler refusing a bundle (host validation, or another allocation's lease)
+    // is a rejection: nothing on the host was touched. Later stages fail.
+    const auto stage = e.details.find("stage");
+    const bool refused = task.type() == "vm.provision" &&
+                         ((stage != e.details.end() && stage->second == "validate") ||
+                          e.reason == "slot_leased");
+    res.set_status(refused ? v1::TASK_STATUS_REJECTED : v1::TASK_STATUS_FAILED);
     auto* err = res.mutable_error();
     err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
     err->set_reason(e.reason);

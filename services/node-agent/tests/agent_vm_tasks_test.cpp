@@ -234,7 +234,7 @@ TEST_F(NodeAgentVmTaskTest, BadParamsAndValidationErrors) {
 
   auto bundle = Bundle();
   bundle.mutable_slots(0)->set_gpu_pci_address("0000:ff:00.0");
-  r = Wait("failed", Send("vm.provision", &bundle));
+  r = Wait("rejected", Send("vm.provision", &bundle));  // the node scheduler refuses it
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "gpu_not_found");
   EXPECT_EQ(r->error().details().at("stage"), "validate");
