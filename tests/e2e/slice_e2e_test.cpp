@@ -329,6 +329,16 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   EXPECT_NE(ssh.out.find("efi\n"), std::string::npos) << ssh.out;
   EXPECT_NE(ssh.out.find("53 ef"), std::string::npos) << ssh.out;  // ext4 magic on vda
   EXPECT_EQ(Signatures(), "ext4");
+  // The node's terminal relay key (created by the agent, seeded into every VM) gets in too:
+  // the path the audited console takes.
+  auto relay =
+      Exec({Tool("ip"), "netns", "exec", w->netns, Tool("ssh"), "-i",
+            w->state_dir + "/terminal/id_ed25519", "-o", "StrictHostKeyChecking=no", "-o",
+            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10", "-o",
+            "BatchMode=yes", "root@" + a.network().actual_ip(), "echo relay-ok"},
+           60s);
+  EXPECT_EQ(relay.exit_code, 0) << relay.err;
+  EXPECT_EQ(Trim(relay.out), "relay-ok");
 
   Release(id);
   a = Get(id);

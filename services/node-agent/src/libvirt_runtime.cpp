@@ -685,6 +685,40 @@ LibvirtRuntime::~LibvirtRuntime() {
   if (conn_) virConnectClose(conn_);
 }
 
+Result<std::string> EnsureRelayKey(const std::string& path, const std::string& comment,
+                                   const std::string& tools_root) {
+  const std::string kStage = "seed";
+  auto fail = [&](const std::string& why) {
+    return StageError(Code::kInternal, "relay_key_unavailable",
+                      "terminal relay key " + path + ": " + why, kStage, {{"path", path}});
+  };
+  std::error_code ec;
+  if (!fs::exists(path, ec) || !fs::exists(path + ".pub", ec)) {
+    const fs::path dir = fs::path(path).parent_path();
+    fs::create_directories(dir, ec);
+    if (ec) return fail(ec.message());
+    fs::permissions(dir, fs::perms::owner_all, ec);
+    auto keygen = FindToolIn(tools_root, "ssh-keygen", kStage);
+    if (!keygen.ok()) return keygen.error();
+    // A new pair under a temporary name, renamed into place: a crash never leaves half a key.
+    const std::string tmp = fmt::format("{}.new-{}", path, ::getpid());
+    fs::remove(tmp, ec);
+    fs::remove(tmp + ".pub", ec);
+    auto r = RunOk({*keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", tmp},
+                   milliseconds(30000), kStage, "relay_key_unavailable");
+    if (!r.ok()) return r.error();
+    fs::rename(tmp + ".pub", path + ".pub", ec);
+    if (!ec) fs::rename(tmp, path, ec);
+    if (ec) return fail(ec.message());
+  }
+  std::ifstream f(path + ".pub");
+  std::string pub;
+  std::getline(f, pub);
+  pub = Trim(pub);
+  if (pub.rfind("ssh-ed25519 ", 0) != 0) return fail("the .pub file is not an ed25519 key");
+  return pub;
+}
+
 Result<virConnectPtr> LibvirtRuntime::Conn() {
   std::lock_guard lock(conn_mu_);
   if (conn_ && virConnectIsAlive(conn_) == 1) return conn_;
@@ -1024,8 +1058,16 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
 
   // ---- seed: its input checked now (before any write), the ISO built while the image is
   // verified and written (independent work; the job reports no progress of its own) ----
-  if (auto files = MakeSeedFiles(b); !files.ok()) return files.error();
-  auto seed_job = std::async(std::launch::async, [this, &b] { return BuildSeed(opts_, b); });
+  v1::ProvisionBundle seeded = b;
+  if (!opts_.relay_key_path.empty()) {
+    std::lock_guard lock(mu_);  // one creator of the key
+    auto pub = EnsureRelayKey(opts_.relay_key_path, "gpuaas-terminal-relay", opts_.tools_root);
+    if (!pub.ok()) return pub.error();
+    seeded.mutable_cloud_init()->add_ssh_authorized_keys(*pub);
+  }
+  if (auto files = MakeSeedFiles(seeded); !files.ok()) return files.error();
+  auto seed_job =
+      std::async(std::launch::async, [this, &seeded] { return BuildSeed(opts_, seeded); });
 
   // ---- image: onto the boot disk (the first slot disk) ----
   if (!disks.empty()) {

@@ -74,6 +74,10 @@ struct LibvirtOptions {
   std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, digest, convert
   std::chrono::milliseconds wipe_timeout{std::chrono::hours(4)};   // discard or zero, per disk
   NetworkCleanupFn network_cleanup;  // unset: proofs say network_state_removed=false
+  // The node's terminal relay key (private; `<path>.pub` next to it): created when missing
+  // (ed25519, 0600) and its public key added to every VM's ssh_authorized_keys, so the node can
+  // open the audited console's SSH PTY into the guest. "" = none.
+  std::string relay_key_path;
 };
 
 // One domain of this agent as seen at adoption.
@@ -160,6 +164,11 @@ struct DiskTarget {
 // exclusively by someone (O_EXCL open fails with EBUSY): disk_busy.
 Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_file,
                                    const std::string& stage);
+
+// The public half of the terminal relay key at `path`, creating the pair when missing
+// (ssh-keygen, comment `comment`; stage "seed", reason relay_key_unavailable).
+Result<std::string> EnsureRelayKey(const std::string& path, const std::string& comment,
+                                   const std::string& tools_root = "/");
 
 // The NoCloud seed's meta-data and user-data for a bundle (invalid_hostname, invalid_ssh_key,
 // invalid_instance_id; stage "seed").

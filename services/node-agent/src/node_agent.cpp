@@ -83,6 +83,10 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Readiness: the VM's DHCP lease must appear within this", 300, config::Range(1, 3600));
   s.Add("vm.ssh_timeout_s", &vm_ssh_timeout_s,
         "Readiness: then an SSH banner on port 22 within this", 120, config::Range(1, 3600));
+  s.Add("vm.terminal_key", &vm_terminal_key,
+        "The node's terminal relay key, created when missing; its public key goes into every "
+        "VM's ssh_authorized_keys (\"\" = <node.state_dir>/terminal/id_ed25519)",
+        "");
   s.Add("vm.profile_name", &vm_profile_name, "Runtime profile name of this host's slots",
         "h200_24c_64g", config::NonEmpty());
   s.Add("vm.vcpus_per_gpu", &vm_vcpus_per_gpu, "Runtime profile: vCPUs per GPU of a slice VM", 24,
@@ -169,6 +173,8 @@ Result<void> NodeAgent::Start() {
                     "/dnsmasq.leases";
     lo.lease_timeout = std::chrono::seconds(cfg_.vm_lease_timeout_s);
     lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
+    lo.relay_key_path = cfg_.vm_terminal_key.empty() ? cfg_.state_dir + "/terminal/id_ed25519"
+                                                     : cfg_.vm_terminal_key;
     // The slice network (and so the VM's SSH port) lives where the agent applies it.
     lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
     if (cfg_.net_apply != "off") {
@@ -444,9 +450,9 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
     // The node scheduler refusing a bundle (host validation, or another allocation's lease)
     // is a rejection: nothing on the host was touched. Later stages fail.
     const auto stage = e.details.find("stage");
-    const bool refused = task.type() == "vm.provision" &&
-                         ((stage != e.details.end() && stage->second == "validate") ||
-                          e.reason == "slot_leased");
+    const bool refused =
+        task.type() == "vm.provision" &&
+        ((stage != e.details.end() && stage->second == "validate") || e.reason == "slot_leased");
     res.set_status(refused ? v1::TASK_STATUS_REJECTED : v1::TASK_STATUS_FAILED);
     auto* err = res.mutable_error();
     err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));

@@ -75,6 +75,7 @@ struct NodeAgentConfig {
   std::string vm_initrd;
   int64_t vm_lease_timeout_s = 300;
   int64_t vm_ssh_timeout_s = 120;
+  std::string vm_terminal_key;  // "" = <state_dir>/terminal/id_ed25519
   // The runtime profile this host's slots are offered with (discovery reports it per candidate).
   std::string vm_profile_name = "h200_24c_64g";
   int64_t vm_vcpus_per_gpu = 24;

@@ -825,6 +825,35 @@ TEST_F(LibvirtRuntimeTest, AGpuPassedThroughToAnotherDomainIsRefusedBeforeAnyWri
   ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
 }
 
+TEST_F(LibvirtRuntimeTest, TheNodesTerminalRelayKeyIsCreatedOnceAndSeededIntoEveryVm) {
+  Init();
+  auto o = rt_->options();
+  o.relay_key_path = sb_->work() + "/terminal/id_ed25519";
+  LibvirtRuntime rt(sb_->store(), o);
+  std::string first_pub;
+  for (int i = 0; i < 2; ++i) {
+    const std::string alloc = ids::NewUuidV7();
+    auto b = Bundle(alloc);
+    sb_->Lease(b.slots(0).mac(), b.slots(0).private_ip());
+    auto out = rt.Provision(b, [](auto&&...) {});
+    ASSERT_TRUE(out.ok()) << out.error().ToString();
+    const std::string pub = Trim(ReadAll(o.relay_key_path + ".pub"));
+    ASSERT_EQ(pub.rfind("ssh-ed25519 ", 0), 0u) << pub;
+    if (i == 0) first_pub = pub;
+    EXPECT_EQ(pub, first_pub) << "the key is the node's, created once";
+    const std::string user_data = ReadAll(o.seed_dir + "/" + alloc + "/user-data");
+    EXPECT_NE(user_data.find(pub.substr(0, 40)), std::string::npos) << user_data;
+    // The tenant's own key is still there, first.
+    EXPECT_LT(user_data.find(b.cloud_init().ssh_authorized_keys(0).substr(0, 30)),
+              user_data.find(pub.substr(0, 40)));
+    ASSERT_TRUE(rt.Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
+  }
+  EXPECT_EQ(fs::status(o.relay_key_path).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  EXPECT_EQ(fs::status(sb_->work() + "/terminal").permissions() & fs::perms::all,
+            fs::perms::owner_all);
+}
+
 TEST_F(LibvirtRuntimeTest, DigestMismatchFailsBeforeTheDiskIsWritten) {
   Init();
   const std::string alloc = ids::NewUuidV7();
