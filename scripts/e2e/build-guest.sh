@@ -27,8 +27,11 @@ for t in busybox dropbear dropbearkey genisoimage ssh-keygen mkfs.ext4 dpkg-deb 
   command -v "$t" >/dev/null || { echo "build-guest: $t missing" >&2; exit 1; }
 done
 BUSYBOX=$(command -v busybox); DROPBEAR=$(command -v dropbear); DROPBEARKEY=$(command -v dropbearkey)
+# The applet list read once (`busybox --list | grep -q` under pipefail fails at random: grep
+# exits at the first match and busybox dies of SIGPIPE).
+APPLETS=$("$BUSYBOX" --list)
 for a in sh mount insmod udhcpc ip getty acpid cpio strings awk hostname poweroff; do
-  "$BUSYBOX" --list | grep -qx "$a" || { echo "build-guest: busybox lacks the $a applet" >&2; exit 1; }
+  grep -qx "$a" <<<"$APPLETS" || { echo "build-guest: busybox lacks the $a applet" >&2; exit 1; }
 done
 
 # ---- idempotence: skip when the outputs exist and the inputs are unchanged ----

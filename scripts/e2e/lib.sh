@@ -5,7 +5,8 @@
 # namespace), and an EXIT trap that stops what was started, by PID, and deletes the namespace.
 # Nothing here touches the host's own network.
 #   e2e_require_root NAME          exit 77 (skipped) unless root and no libvirt daemon runs
-#   e2e_guest DIR                  build the guest (idempotent; SKIP_GUEST_BUILD=1 skips)
+#   e2e_guest DIR                  build the guest (idempotent; SKIP_GUEST_BUILD=1 skips); the
+#                                  scripts share BUILD_DIR/e2e-guest (env GUEST overrides)
 #   e2e_netns NAME                 create the namespace (lo up); removed on exit
 #   e2e_libvirtd NAME LOGDIR       virtlogd + libvirtd inside namespace NAME
 #   e2e_on_exit CMD                run CMD (a string) on exit, before the daemons stop

@@ -12,11 +12,12 @@ source "$HERE/lib.sh"
 e2e_require_root node-agent-bench
 [ -x "$BENCH" ] || { echo "node-agent-bench: build $BENCH first" >&2; exit 2; }
 mkdir -p "$WORK"
-e2e_guest "$WORK/guest"
+GUEST=${GUEST:-$BUILD/e2e-guest}  # shared by the e2e scripts and the bench
+e2e_guest "$GUEST"
 e2e_netns "$NETNS"
 ip netns exec "$NETNS" ip link add "$BR" type bridge stp_state 0 forward_delay 0
 ip netns exec "$NETNS" ip link set "$BR" up
 e2e_libvirtd "$NETNS" "$WORK"
 e2e_step "guest, netns $NETNS with bridge $BR, libvirtd $E2E_LIBVIRTD_PID"
-GPUAAS_BENCH_GUEST="$WORK/guest" GPUAAS_BENCH_WORK="$WORK/run" GPUAAS_BENCH_BRIDGE="$BR" \
+GPUAAS_BENCH_GUEST="$GUEST" GPUAAS_BENCH_WORK="$WORK/run" GPUAAS_BENCH_BRIDGE="$BR" \
   "$BENCH" "${2:-5}"

@@ -27,13 +27,14 @@ mkdir -p "$WORK"; rm -rf "$WORK/run"; mkdir -p "$WORK/run"; rm -f "$WORK/libvirt
 # the agent's pid file.
 e2e_on_exit 'for f in "$WORK"/run/*/net/dnsmasq.pid; do [ -f "$f" ] && kill "$(cat "$f")" 2>/dev/null; done; echo "logs: $WORK/run"'
 
-e2e_guest "$WORK/guest"
-e2e_step "guest ready ($WORK/guest)"
+GUEST=${GUEST:-$BUILD/e2e-guest}  # shared by the e2e scripts and the bench
+e2e_guest "$GUEST"
+e2e_step "guest ready ($GUEST)"
 e2e_netns "$NETNS"
 e2e_libvirtd "$NETNS" "$WORK"
 e2e_step "libvirtd $E2E_LIBVIRTD_PID + virtlogd $E2E_VIRTLOGD_PID up in netns $NETNS"
 
-GPUAAS_E2E_GUEST="$WORK/guest" GPUAAS_E2E_NETNS="$NETNS" GPUAAS_E2E_WORK="$WORK/run" \
+GPUAAS_E2E_GUEST="$GUEST" GPUAAS_E2E_NETNS="$NETNS" GPUAAS_E2E_WORK="$WORK/run" \
   GPUAAS_E2E_AGENT="$BUILD/services/node-agent/gpuaas-node-agent" \
   GPUAAS_E2E_CTL="$BUILD/tools/gpuaasctl/gpuaasctl" \
   "$TEST" --gtest_filter="${GTEST_FILTER:-SliceE2eTest.*}" --gtest_brief=0

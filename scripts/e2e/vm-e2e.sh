@@ -23,8 +23,9 @@ DNSMASQ_PID=
 e2e_on_exit '[ -n "$DNSMASQ_PID" ] && kill "$DNSMASQ_PID" 2>/dev/null; echo "logs: $WORK"'
 mkdir -p "$WORK"; rm -f "$WORK"/dnsmasq.* "$WORK"/libvirtd.log
 
-e2e_guest "$WORK/guest"
-step "guest ready ($WORK/guest)"
+GUEST=${GUEST:-$BUILD/e2e-guest}  # shared by the e2e scripts and the bench
+e2e_guest "$GUEST"
+step "guest ready ($GUEST)"
 
 e2e_netns "$NETNS"
 $NS ip link add "$BR" type bridge stp_state 0 forward_delay 0
@@ -41,7 +42,7 @@ step "netns $NETNS: bridge $BR $GW/24, dnsmasq $DNSMASQ_PID ($MAC -> $IP)"
 e2e_libvirtd "$NETNS" "$WORK"
 step "libvirtd $E2E_LIBVIRTD_PID + virtlogd $E2E_VIRTLOGD_PID up in $NETNS"
 
-$NS env GPUAAS_VM_E2E_GUEST="$WORK/guest" GPUAAS_VM_E2E_LEASES="$WORK/dnsmasq.leases" \
+$NS env GPUAAS_VM_E2E_GUEST="$GUEST" GPUAAS_VM_E2E_LEASES="$WORK/dnsmasq.leases" \
   GPUAAS_VM_E2E_BRIDGE="$BR" GPUAAS_VM_E2E_MAC="$MAC" GPUAAS_VM_E2E_IP="$IP" \
   "$TEST" --gtest_filter='VmE2eTest.*' --gtest_brief=0
 step "VmE2eTest done"

@@ -218,8 +218,9 @@ TEST_F(MessagingTest, ConsumerRetriesWithBackoffThenDeadLetters) {
 
 TEST_F(MessagingTest, KeepaliveHoldsALongHandlersMessageWithoutKeepaliveItIsRedelivered) {
   ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
-  // A handler that runs 2.5 ack waits. With keepalive the message is handled once; without it
-  // the server redelivers it while the handler still runs (and the next fetch gets it again).
+  // Two consumers on one durable (two replicas, or an agent and its restarted self); the first
+  // handler runs 2.5 ack waits. With keepalive the message is handled once; without it the
+  // server redelivers it to the idle consumer while the first handler still runs.
   auto run = [&](bool keepalive, const std::string& name) {
     std::atomic<int> calls{0};
     std::atomic<uint64_t> max_delivered{0};
@@ -227,19 +228,20 @@ TEST_F(MessagingTest, KeepaliveHoldsALongHandlersMessageWithoutKeepaliveItIsRede
     spec.ack_wait_ms = 800;
     spec.batch = 1;
     spec.keepalive = keepalive;
-    messaging::Consumer consumer(
-        conn_, spec,
-        [&](const messaging::Delivery& d) {
-          max_delivered = std::max<uint64_t>(max_delivered, d.num_delivered);
-          if (++calls == 1) std::this_thread::sleep_for(2000ms);
-          return messaging::HandlerResult::Ack();
-        },
-        log_);
-    EXPECT_TRUE(consumer.Start().ok());
+    auto handler = [&](const messaging::Delivery& d) {
+      max_delivered = std::max<uint64_t>(max_delivered, d.num_delivered);
+      if (++calls == 1) std::this_thread::sleep_for(2000ms);
+      return messaging::HandlerResult::Ack();
+    };
+    messaging::Consumer a(conn_, spec, handler, log_);
+    messaging::Consumer b(conn_, spec, handler, log_);
+    EXPECT_TRUE(a.Start().ok());
+    EXPECT_TRUE(b.Start().ok());
     EXPECT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test." + name, "slow", name).ok());
     EXPECT_TRUE(testing::WaitFor([&] { return calls >= 1; }));
     std::this_thread::sleep_for(3000ms);
-    consumer.Stop();
+    a.Stop();
+    b.Stop();
     return std::make_pair(calls.load(), max_delivered.load());
   };
   const auto held = run(true, "keepalive");
