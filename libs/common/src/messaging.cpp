@@ -321,19 +321,31 @@ Result<void> Consumer::Subscribe() {
     natsSubscription_Destroy(sub_);
     sub_ = nullptr;
   }
+  // The durable is created, or updated to this spec (an upgraded service may change its ack
+  // wait or redelivery limit; the consumer keeps its position), then bound to.
+  jsConsumerConfig cc;
+  jsConsumerConfig_Init(&cc);
+  cc.Durable = spec_.durable.c_str();
+  cc.AckPolicy = js_AckExplicit;
+  cc.DeliverPolicy = js_DeliverAll;
+  cc.MaxDeliver = spec_.max_deliver;
+  cc.AckWait = spec_.ack_wait_ms * int64_t{1000000};
+  cc.FilterSubject = spec_.filter_subject.c_str();
+  cc.MaxAckPending = 10000;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_UpdateConsumer(nullptr, conn_->js(), spec_.stream.c_str(), &cc, nullptr, &jerr);
+  if (s != NATS_OK && jerr == JSConsumerNotFoundErr) {
+    jerr = static_cast<jsErrCode>(0);
+    s = js_AddConsumer(nullptr, conn_->js(), spec_.stream.c_str(), &cc, nullptr, &jerr);
+  }
+  if (s != NATS_OK) return JsError(s, jerr, "create or update consumer " + spec_.durable);
   jsSubOptions so;
   jsSubOptions_Init(&so);
   so.Stream = spec_.stream.c_str();
-  so.Config.Durable = spec_.durable.c_str();
-  so.Config.AckPolicy = js_AckExplicit;
-  so.Config.DeliverPolicy = js_DeliverAll;
-  so.Config.MaxDeliver = spec_.max_deliver;
-  so.Config.AckWait = spec_.ack_wait_ms * int64_t{1000000};
-  so.Config.FilterSubject = spec_.filter_subject.c_str();
-  so.Config.MaxAckPending = 10000;
-  jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus s = js_PullSubscribe(&sub_, conn_->js(), spec_.filter_subject.c_str(),
-                                  spec_.durable.c_str(), nullptr, &so, &jerr);
+  so.Consumer = spec_.durable.c_str();
+  jerr = static_cast<jsErrCode>(0);
+  s = js_PullSubscribe(&sub_, conn_->js(), spec_.filter_subject.c_str(), spec_.durable.c_str(),
+                       nullptr, &so, &jerr);
   if (s != NATS_OK) {
     sub_ = nullptr;
     return JsError(s, jerr, "pull subscribe " + spec_.durable);

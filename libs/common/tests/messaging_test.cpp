@@ -252,6 +252,36 @@ TEST_F(MessagingTest, KeepaliveHoldsALongHandlersMessageWithoutKeepaliveItIsRede
   EXPECT_GE(lost.second, 2u);
 }
 
+TEST_F(MessagingTest, ADurableStartsAgainWithChangedSettings) {
+  // An upgraded service may change its consumer's ack wait or redelivery limit: the durable
+  // keeps its position and takes the new settings, instead of refusing to start.
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  std::atomic<int> seen{0};
+  auto handler = [&](const messaging::Delivery&) {
+    seen++;
+    return messaging::HandlerResult::Ack();
+  };
+  messaging::ConsumerSpec spec{"TEST_EVT", "changing", "gpuaas.v1.evt.test.changing"};
+  spec.ack_wait_ms = 120000;
+  {
+    messaging::Consumer c(conn_, spec, handler, log_);
+    ASSERT_TRUE(c.Start().ok());
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.changing", "1", "ch-1").ok());
+    ASSERT_TRUE(testing::WaitFor([&] { return seen == 1; }));
+    c.Stop();
+  }
+  spec.ack_wait_ms = 30000;
+  spec.max_deliver = 7;
+  messaging::Consumer c(conn_, spec, handler, log_);
+  auto started = c.Start();
+  ASSERT_TRUE(started.ok()) << started.error().ToString();
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.changing", "2", "ch-2").ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return seen == 2; }));
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(seen.load(), 2) << "the first message was not handled again";
+  c.Stop();
+}
+
 TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {
   ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
   std::atomic<int> seen{0};
