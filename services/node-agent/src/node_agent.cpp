@@ -718,6 +718,13 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     // After a restart the runtime first reconciles its domains with the ledger.
     return messaging::HandlerResult::Retry("restart adoption not finished");
   }
+  if (IsVmTask(task.type()) && cfg_.net_apply != "off") {
+    // Right after a (re)start the network document is not applied yet: a VM would get no
+    // bridge and a cleanup could not release its DHCP lease. The first reconcile follows
+    // registration within moments.
+    std::lock_guard lock(net_mu_);
+    if (!net_spec_) return messaging::HandlerResult::Retry("slice network not applied yet");
+  }
   if (IsVmTask(task.type()) && cfg_.sim_behavior == "silent") {
     // An unresponsive node for tests: taken off the queue, never answered, nothing stored (a
     // redelivery is just as silent).

@@ -222,6 +222,17 @@ TEST_F(NodeAgentVmTaskTest, LibvirtRuntimeAdoptsFirstThenRunsTasks) {
   EXPECT_TRUE(r->error().details().count("stage")) << r->DebugString();
 }
 
+TEST_F(NodeAgentVmTaskTest, VmTasksWaitWhileTheManagedSliceNetworkIsNotApplied) {
+  // The agent manages the network but has no document applied (no ipam here): VM tasks are
+  // redelivered later, not run against a host without its bridge and DHCP.
+  StartAgent("succeed",
+             {{"GPUAAS_NETWORK_APPLY", "netns"}, {"GPUAAS_NETWORK_NETNS", "gpuaas-no-such-ns"}});
+  const auto bundle = Bundle();
+  const std::string id = Send("vm.provision", &bundle);
+  for (const char* status : {"succeeded", "failed", "rejected"})
+    EXPECT_FALSE(Wait(status, id, 1500ms).ok()) << status;
+}
+
 TEST_F(NodeAgentVmTaskTest, BadParamsAndValidationErrors) {
   StartAgent("succeed");
   v1::ReleaseParams wrong;
