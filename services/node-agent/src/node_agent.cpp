@@ -315,6 +315,10 @@ void NodeAgent::OnRegistered() {
     spec.batch = 1;
     spec.ack_wait_ms = cfg_.task_ack_wait_ms;
     spec.keepalive = true;
+    // A VM task waits (redelivered) while adoption or the first network apply is pending: up to
+    // about 8 minutes before it is dead-lettered, inside the scheduler's provision deadline.
+    spec.max_deliver = 50;
+    spec.backoff_ms = {100, 500, 2000, 5000, 10000};
     auto c =
         svc_.StartConsumer(spec, [this](const messaging::Delivery& d) { return HandleTask(d); });
     if (!c.ok()) {
