@@ -49,9 +49,9 @@ double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(
   std::fprintf(stderr, "node_agent_bench: %s\n", why.c_str());
   std::exit(1);
 }
+std::string Cmd(const std::string& name) { return HostRoot("/").FindCommand(name).value_or(name); }
 ToolResult Virsh(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {gpuaas::node_agent::testing::LoopDisk::Find("virsh"), "-c",
-                                   "qemu:///system"};
+  std::vector<std::string> argv = {Cmd("virsh"), "-c", "qemu:///system"};
   argv.insert(argv.end(), args.begin(), args.end());
   auto r = RunTool(argv, std::chrono::seconds(120));
   if (!r.ok()) Die("virsh: " + r.error().ToString());
@@ -109,8 +109,7 @@ int main(int argc, char** argv) {
   LibvirtRuntime rt(*store, o);
 
   const std::string image = guest + "/image.raw";
-  auto sha = RunTool({gpuaas::node_agent::testing::LoopDisk::Find("sha256sum"), image},
-                     std::chrono::seconds(30));
+  auto sha = RunTool({Cmd("sha256sum"), image}, std::chrono::seconds(30));
   if (!sha.ok() || sha->out.size() < 64) Die("sha256sum failed");
 
   std::vector<double> agent_ms, virsh_ms;

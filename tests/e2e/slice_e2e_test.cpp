@@ -56,9 +56,7 @@ std::string ReadAll(const std::string& path) {
   return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
 }
 std::string Tool(const std::string& name) {
-  return node_agent::HostRoot("/")
-      .FindTool({"/usr/bin/" + name, "/usr/sbin/" + name, "/bin/" + name, "/sbin/" + name})
-      .value_or(name);
+  return node_agent::HostRoot("/").FindCommand(name).value_or(name);
 }
 // Runs argv; stdout + stderr into the test log when `echo`.
 node_agent::ToolResult Exec(const std::vector<std::string>& argv,
@@ -294,6 +292,15 @@ class SliceE2eTest : public ::testing::Test {
         Ctl({"alloc", "release", "--id", id, "--watch", "--watch-timeout-s", "240"}).exit_code,
         want_rc);
   }
+  // `cmd` in the guest as root with `key`, from inside the slice network's namespace.
+  static node_agent::ToolResult Ssh(const std::string& key, const std::string& ip,
+                                    const std::string& cmd) {
+    return Exec(
+        {Tool("ip"), "netns", "exec", w->netns, Tool("ssh"), "-i", key, "-o",
+         "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
+         "-o", "ConnectTimeout=10", "-o", "BatchMode=yes", "root@" + ip, cmd},
+        60s);
+  }
   static long RssKib() {
     std::ifstream f(fmt::format("/proc/{}/status", w->agent->pid()));
     std::string line;
@@ -317,13 +324,9 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
 
   // The tenant's view: SSH with the key from the request into the hostname from the request,
   // UEFI firmware, and the catalog image (ext4) on the slice disk.
-  auto ssh = Exec(
-      {Tool("ip"), "netns", "exec", w->netns, Tool("ssh"), "-i", w->guest + "/id_ed25519", "-o",
-       "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR",
-       "-o", "ConnectTimeout=10", "-o", "BatchMode=yes", "root@" + a.network().actual_ip(),
-       "hostname; [ -d /sys/firmware/efi ] && echo efi; "
-       "dd if=/dev/vda bs=1 skip=1080 count=2 2>/dev/null | od -An -tx1"},
-      60s);
+  auto ssh = Ssh(w->guest + "/id_ed25519", a.network().actual_ip(),
+                 "hostname; [ -d /sys/firmware/efi ] && echo efi; "
+                 "dd if=/dev/vda bs=1 skip=1080 count=2 2>/dev/null | od -An -tx1");
   EXPECT_EQ(ssh.exit_code, 0) << ssh.err;
   EXPECT_NE(ssh.out.find("e2e-slice-1\n"), std::string::npos) << ssh.out;
   EXPECT_NE(ssh.out.find("efi\n"), std::string::npos) << ssh.out;
@@ -331,12 +334,7 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   EXPECT_EQ(Signatures(), "ext4");
   // The node's terminal relay key (created by the agent, seeded into every VM) gets in too:
   // the path the audited console takes.
-  auto relay =
-      Exec({Tool("ip"), "netns", "exec", w->netns, Tool("ssh"), "-i",
-            w->state_dir + "/terminal/id_ed25519", "-o", "StrictHostKeyChecking=no", "-o",
-            "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10", "-o",
-            "BatchMode=yes", "root@" + a.network().actual_ip(), "echo relay-ok"},
-           60s);
+  auto relay = Ssh(w->state_dir + "/terminal/id_ed25519", a.network().actual_ip(), "echo relay-ok");
   EXPECT_EQ(relay.exit_code, 0) << relay.err;
   EXPECT_EQ(Trim(relay.out), "relay-ok");
 

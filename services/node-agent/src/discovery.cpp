@@ -28,11 +28,6 @@ using v1::CheckStatus;
 
 constexpr size_t kSignatureBytes = 8192;
 
-std::string Lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 std::string Join(const std::vector<std::string>& v, const std::string& sep) {
   std::string out;
   for (size_t i = 0; i < v.size(); ++i) {

@@ -230,6 +230,10 @@ std::optional<std::string> HostRoot::LinkBasename(std::string_view logical) cons
   return Basename(*r);
 }
 
+std::optional<std::string> HostRoot::FindCommand(const std::string& name) const {
+  return FindTool({"/usr/sbin/" + name, "/usr/bin/" + name, "/sbin/" + name, "/bin/" + name});
+}
+
 std::optional<std::string> HostRoot::FindTool(
     const std::vector<std::string>& logical_candidates) const {
   for (const auto& c : logical_candidates) {
@@ -388,6 +392,11 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
   close_all();
   if (reaped && WIFEXITED(status) && !res.timed_out) res.exit_code = WEXITSTATUS(status);
   return res;
+}
+
+std::string Lower(std::string s) {
+  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return s;
 }
 
 std::string Trim(std::string_view s) {

@@ -50,6 +50,8 @@ class HostRoot {
   std::optional<std::string> LinkBasename(std::string_view logical) const;
   // Real path of the first candidate that is an executable regular file inside the root.
   std::optional<std::string> FindTool(const std::vector<std::string>& logical_candidates) const;
+  // FindTool over the standard command directories: /usr/sbin, /usr/bin, /sbin, /bin.
+  std::optional<std::string> FindCommand(const std::string& name) const;
 
  private:
   std::string root_;     // without trailing slash; "" for "/"
@@ -73,6 +75,7 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
 
 // Small string helpers shared by discovery code.
 std::string Trim(std::string_view s);
+std::string Lower(std::string s);  // ASCII lowercase
 std::vector<std::string> SplitWs(std::string_view s);
 std::vector<std::string> SplitLines(std::string_view s);
 std::string Basename(std::string_view path);

@@ -275,14 +275,9 @@ Result<void> CheckDevicesFree(virConnectPtr conn, const v1::ProvisionBundle& b,
                               const std::string& own_name) {
   std::map<std::string, std::string> wanted;  // lowercase PCI address -> what it is
   for (const auto& s : b.slots()) {
-    auto lower = [](std::string v) {
-      std::transform(v.begin(), v.end(), v.begin(),
-                     [](unsigned char c) { return std::tolower(c); });
-      return v;
-    };
-    if (!s.gpu_pci_address().empty()) wanted[lower(s.gpu_pci_address())] = "gpu " + s.slot_key();
+    if (!s.gpu_pci_address().empty()) wanted[Lower(s.gpu_pci_address())] = "gpu " + s.slot_key();
     if (!s.fabric_vf_pci_address().empty())
-      wanted[lower(s.fabric_vf_pci_address())] = "fabric VF " + s.slot_key();
+      wanted[Lower(s.fabric_vf_pci_address())] = "fabric VF " + s.slot_key();
   }
   virDomainPtr* doms = nullptr;
   virResetLastError();
@@ -439,12 +434,7 @@ std::string PercentDecode(const std::string& s) {
 std::optional<std::string> LeasedIp(const std::string& lease_file, const std::string& mac) {
   std::ifstream f(lease_file);
   if (!f) return std::nullopt;
-  auto lower = [](std::string s) {
-    std::transform(s.begin(), s.end(), s.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return s;
-  };
-  const std::string want = lower(mac);
+  const std::string want = Lower(mac);
   const auto now = std::chrono::duration_cast<std::chrono::seconds>(
                        std::chrono::system_clock::now().time_since_epoch())
                        .count();
@@ -452,7 +442,7 @@ std::optional<std::string> LeasedIp(const std::string& lease_file, const std::st
   std::string line;
   while (std::getline(f, line)) {
     auto fields = SplitWs(line);
-    if (fields.size() < 3 || lower(fields[1]) != want) continue;
+    if (fields.size() < 3 || Lower(fields[1]) != want) continue;
     auto expiry = ParseInt(fields[0]);
     if (!expiry || (*expiry != 0 && *expiry < now)) continue;
     ip = fields[2];  // the last entry for the MAC wins
@@ -647,9 +637,7 @@ namespace {
 Result<std::string> FindToolIn(const std::string& root, const std::string& name,
                                const std::string& stage) {
   HostRoot r(root);
-  if (auto t =
-          r.FindTool({"/usr/bin/" + name, "/usr/sbin/" + name, "/bin/" + name, "/sbin/" + name}))
-    return *t;
+  if (auto t = r.FindCommand(name)) return *t;
   return StageError(Code::kFailedPrecondition, "tool_missing",
                     name + " is not installed on this host", stage, {{"tool", name}});
 }
@@ -1135,8 +1123,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
 }
 
 std::optional<Result<v1::ProvisionOutput>> LibvirtRuntime::ResumeStarted(
-    const v1::ProvisionBundle& b, const std::vector<std::string>& plan,
-    const std::function<Result<void>(const std::string&, const std::string&)>& record,
+    const v1::ProvisionBundle& b, const std::vector<std::string>& plan, const RecordFn& record,
     const ProgressFn& progress) {
   std::vector<std::string> slot_keys;
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
@@ -1172,10 +1159,11 @@ std::optional<Result<v1::ProvisionOutput>> LibvirtRuntime::ResumeStarted(
 }
 
 // Readiness of a started domain: the reserved lease, then SSH; the record goes "running".
-Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(
-    _virDomain* dom, const v1::ProvisionBundle& b, const std::vector<std::string>& plan,
-    const std::function<Result<void>(const std::string&, const std::string&)>& record,
-    const ProgressFn& progress) {
+Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
+                                                           const v1::ProvisionBundle& b,
+                                                           const std::vector<std::string>& plan,
+                                                           const RecordFn& record,
+                                                           const ProgressFn& progress) {
   const auto& first = b.slots(0);
   const std::string domain = DomainName(b.allocation_id());
   // ---- readiness: the reserved lease, then SSH ----

@@ -40,8 +40,6 @@ namespace gpuaas::node_agent {
 // Bound on one readiness probe attempt (TCP connect + banner read).
 using SshProbeFn =
     std::function<bool(const std::string& ip, int port, std::chrono::milliseconds timeout)>;
-// Removes an allocation's DHCP reservation/lease and NAT/DNAT state (the networking code).
-using NetworkCleanupFn = std::function<Result<void>(const v1::CleanupParams&)>;
 
 struct LibvirtOptions {
   std::string uri = "qemu:///system";  // "test:///default" in unit tests

@@ -72,11 +72,6 @@ std::optional<Cidr> ParseCidr(std::string_view s) {
 
 uint32_t MaskOf(int prefix) { return prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix); }
 
-std::string Lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return s;
-}
-
 // "52:54:00:ab:cd:ef": six hex pairs, unicast, not all zero.
 bool IsUnicastMac(const std::string& mac) {
   if (mac.size() != 17) return false;
@@ -501,8 +496,7 @@ class Host {
   Result<std::string> Tool(const std::string& name) const {
     auto it = cache_.find(name);
     if (it != cache_.end()) return it->second;
-    auto found = HostRoot("/").FindTool(
-        {"/usr/sbin/" + name, "/usr/bin/" + name, "/sbin/" + name, "/bin/" + name});
+    auto found = HostRoot("/").FindCommand(name);
     if (!found) {
       if (ctx_.run) return "/usr/sbin/" + name;
       Error e = Error::FailedPrecondition("tool_missing", name + " is not installed");

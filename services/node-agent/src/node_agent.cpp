@@ -155,6 +155,16 @@ Result<void> NodeAgent::Start() {
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
+  // With the slice network managed here, a slot's cleanup releases its DHCP lease too, so the
+  // next tenant starts clean (the reservation belongs to the approved slot and stays).
+  NetworkCleanupFn network_cleanup;
+  if (cfg_.net_apply != "off") {
+    network_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
+      const std::string why = CleanNetworkState(p);
+      if (why.empty()) return Ok();
+      return Error::Unavailable("network_cleanup_failed", why);
+    };
+  }
   if (cfg_.vm_runtime == "libvirt") {
     LibvirtOptions lo;
     lo.uri = cfg_.libvirt_uri;
@@ -183,11 +193,7 @@ Result<void> NodeAgent::Start() {
         if (!net_spec_) return std::nullopt;
         return net_spec_->bridge;
       };
-      lo.network_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
-        const std::string why = CleanNetworkState(p);
-        if (why.empty()) return Ok();
-        return Error::Unavailable("network_cleanup_failed", why);
-      };
+      lo.network_cleanup = network_cleanup;
     }
     auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
     libvirt_ = rt.get();
@@ -195,7 +201,7 @@ Result<void> NodeAgent::Start() {
     adopted_ = false;
   } else {
     vm_runtime_ = std::make_unique<SimulatedRuntime>(
-        *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms});
+        *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup});
   }
   if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
     applied_version_ = (**v).value("version", int64_t{0});
@@ -490,18 +496,6 @@ void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
     v1::CleanupParams params;
     if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
     auto cleaned = vm_runtime_->Cleanup(params, progress);
-    if (cleaned.ok() && cfg_.net_apply != "off" && !libvirt_) {
-      // (The libvirt runtime calls CleanNetworkState itself, as its network_cleanup hook.)
-      // The slot's DHCP state goes too (its lease), so the next tenant starts clean; the
-      // reservation itself belongs to the approved slot and stays in the document.
-      const std::string why = CleanNetworkState(params);
-      for (auto& proof : *cleaned->mutable_proofs()) proof.set_network_state_removed(why.empty());
-      if (!why.empty()) {
-        progress("network", "DHCP state not removed: " + why, 100);
-      } else {
-        progress("network", "DHCP lease of every slot MAC released", 100);
-      }
-    }
     done(cleaned);
   }
 }

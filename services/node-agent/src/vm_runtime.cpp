@@ -466,7 +466,17 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
     return WithStage(e.error(), kStage);
   progress("undefine", "no domain " + DomainName(p.allocation_id()) + " left (simulated)", 100);
   Step();
-  progress("network", "DHCP reservation and NAT/DNAT state removed (simulated)", 100);
+  bool network_removed = true;
+  if (opts_.network_cleanup) {
+    auto r = opts_.network_cleanup(p);
+    network_removed = r.ok();
+    progress("network",
+             r.ok() ? "the allocation's network state removed (DHCP leases released)"
+                    : "network cleanup failed: " + r.error().ToString(),
+             100);
+  } else {
+    progress("network", "DHCP reservation and NAT/DNAT state removed (simulated)", 100);
+  }
   if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (const auto& s : p.slots()) {
@@ -476,7 +486,7 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
     proof->set_method(kRuntime);
     proof->set_signatures_remaining(false);
     proof->set_domain_undefined(true);
-    proof->set_network_state_removed(true);
+    proof->set_network_state_removed(network_removed);
     *proof->mutable_verified_at() = now;
   }
   return out;

@@ -79,6 +79,9 @@ Result<void> CheckCleanup(const v1::CleanupParams& params, const LocalStore& sto
 
 // stage, detail, percent (stage-specific; "image" reports 0, 50, 100).
 using ProgressFn = std::function<void(const std::string&, const std::string&, int)>;
+// Removes an allocation's network state on the host (the agent's networking code: the slot
+// MACs' DHCP leases); both runtimes call it from Cleanup and prove the result per slot.
+using NetworkCleanupFn = std::function<Result<void>(const v1::CleanupParams&)>;
 
 class VmRuntime {
  public:
@@ -97,6 +100,9 @@ struct SimOptions {
   // answers nothing; the runtime itself behaves as "succeed").
   std::string behavior = "succeed";
   int64_t step_ms = 20;  // sleep per stage
+  // Set when the agent manages the slice network: called for real, and the proofs say whether
+  // it worked. Unset: the network step is simulated too.
+  NetworkCleanupFn network_cleanup;
 };
 
 class SimulatedRuntime : public VmRuntime {

@@ -44,10 +44,7 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::optional<std::string> Tool(const std::string& name) {
-  return HostRoot("/").FindTool(
-      {"/usr/bin/" + name, "/usr/sbin/" + name, "/bin/" + name, "/sbin/" + name});
-}
+std::optional<std::string> Tool(const std::string& name) { return HostRoot("/").FindCommand(name); }
 
 std::string ReadAll(const std::string& path) {
   std::ifstream f(path, std::ios::binary);

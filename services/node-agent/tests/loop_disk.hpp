@@ -50,13 +50,10 @@ class LoopDisk {
   const std::string& loop() const { return loop_; }  // /dev/loopN
   const std::string& node() const { return node_; }  // the fixture's node, now a block node
 
-  static std::string Find(const std::string& name) {
-    return HostRoot("/")
-        .FindTool({"/usr/bin/" + name, "/usr/sbin/" + name, "/bin/" + name, "/sbin/" + name})
-        .value_or(name);
-  }
-
  private:
+  static std::string Find(const std::string& name) {
+    return HostRoot("/").FindCommand(name).value_or(name);
+  }
   std::string loop_, node_;
 };
 

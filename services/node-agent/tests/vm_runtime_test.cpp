@@ -294,7 +294,7 @@ TEST(LeaseTest, AnotherAllocationsSlotIsRefusedTheSameAllocationMayReLease) {
 // ---- SimulatedRuntime ----
 
 SimOptions Sim(const Sandbox& sb, const std::string& behavior = "succeed") {
-  return SimOptions{sb.root(), behavior, 0};
+  return SimOptions{sb.root(), behavior, 0, nullptr};
 }
 
 v1::CleanupParams CleanupOf(const v1::ProvisionBundle& b) {
@@ -509,7 +509,7 @@ TEST(SimulatedRuntimeTest, ValidationFailuresLeaveNothingBehind) {
   EXPECT_TRUE(rec.events.empty());
   EXPECT_TRUE(sb.store().Keys().empty());
 
-  SimulatedRuntime gone(sb.store(), SimOptions{sb.root() + "/missing", "succeed", 0});
+  SimulatedRuntime gone(sb.store(), SimOptions{sb.root() + "/missing", "succeed", 0, nullptr});
   auto g = gone.Provision(sb.Bundle(1), rec.Fn());
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.error().reason, "host_root_missing");
