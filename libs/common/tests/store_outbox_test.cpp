@@ -97,6 +97,47 @@ TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
   EXPECT_GT(attempts.load(), 80);  // conflicts happened and were retried
 }
 
+TEST_F(StoreTest, ReadSnapshotSeesOneMomentAndWritesNothing) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  ASSERT_TRUE(store::WithTx(*pool_, [](pqxx::work& tx) -> Result<void> {
+                tx.exec0("INSERT INTO items VALUES ('state', 1)");
+                return Ok();
+              }).ok());
+  auto bump = [&] {
+    return store::WithTx(*pool_, [](pqxx::work& tx) -> Result<void> {
+      tx.exec0("UPDATE items SET n = n + 1 WHERE id = 'state'");
+      return Ok();
+    });
+  };
+  // A commit between two reads of one unit of work: READ COMMITTED sees it half-way, a
+  // snapshot does not (a state and the rows that explain it stay consistent).
+  auto read_twice = [&](store::TxOptions opts) {
+    return store::WithTx(
+        *pool_,
+        [&](pqxx::work& tx) -> Result<std::pair<int, int>> {
+          const int a = tx.exec1("SELECT n FROM items WHERE id = 'state'")[0].as<int>();
+          EXPECT_TRUE(bump().ok());
+          const int b = tx.exec1("SELECT n FROM items WHERE id = 'state'")[0].as<int>();
+          return std::make_pair(a, b);
+        },
+        opts);
+  };
+  auto plain = read_twice({});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(plain->second, plain->first + 1);
+  auto snap = read_twice(store::ReadSnapshot());
+  ASSERT_TRUE(snap.ok());
+  EXPECT_EQ(snap->second, snap->first);
+  auto write = store::WithTx(
+      *pool_,
+      [](pqxx::work& tx) -> Result<void> {
+        tx.exec0("UPDATE items SET n = 0");
+        return Ok();
+      },
+      store::ReadSnapshot());
+  EXPECT_FALSE(write.ok());
+}
+
 TEST_F(StoreTest, UnreachableDatabaseIsUnavailableNotACrash) {
   store::Pool dead(
       store::PoolOptions{"host=127.0.0.1 port=1 user=x dbname=x connect_timeout=1", 2, 1000}, log_);

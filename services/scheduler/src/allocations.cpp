@@ -469,13 +469,16 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
       "gpuaas.v1.scheduler.allocation.get",
       [pool](const v1::GetAllocationRequest& req,
              rpc::Context&) -> Result<v1::GetAllocationResponse> {
-        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::GetAllocationResponse> {
-          auto a = LoadAllocation(tx, req.allocation_id(), false);
-          if (!a.ok()) return a.error();
-          v1::GetAllocationResponse resp;
-          *resp.mutable_allocation() = *a;
-          return resp;
-        });
+        return store::WithTx(
+            *pool,
+            [&](pqxx::work& tx) -> Result<v1::GetAllocationResponse> {
+              auto a = LoadAllocation(tx, req.allocation_id(), false);
+              if (!a.ok()) return a.error();
+              v1::GetAllocationResponse resp;
+              *resp.mutable_allocation() = *a;
+              return resp;
+            },
+            store::ReadSnapshot());
       });
 
   rpc.Handle<v1::ListAllocationsRequest, v1::ListAllocationsResponse>(
@@ -489,22 +492,25 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
                                         {{"page_token", "use next_page_token"}});
         }
         const int limit = *page;
-        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListAllocationsResponse> {
-          auto rows = tx.exec_params(
-              fmt::format("SELECT {} FROM allocations WHERE ($1 = '' OR tenant = $1) AND "
-                          "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
-                          "ORDER BY allocation_id LIMIT $4",
-                          kAllocColumns),
-              req.tenant(), req.state(), req.page_token(), limit + 1);
-          v1::ListAllocationsResponse resp;
-          for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
-            *resp.add_allocations() = FromRow(tx, rows[i]);
-          }
-          if (static_cast<int>(rows.size()) > limit) {
-            resp.set_next_page_token(resp.allocations(limit - 1).allocation_id());
-          }
-          return resp;
-        });
+        return store::WithTx(
+            *pool,
+            [&](pqxx::work& tx) -> Result<v1::ListAllocationsResponse> {
+              auto rows = tx.exec_params(
+                  fmt::format("SELECT {} FROM allocations WHERE ($1 = '' OR tenant = $1) AND "
+                              "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
+                              "ORDER BY allocation_id LIMIT $4",
+                              kAllocColumns),
+                  req.tenant(), req.state(), req.page_token(), limit + 1);
+              v1::ListAllocationsResponse resp;
+              for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
+                *resp.add_allocations() = FromRow(tx, rows[i]);
+              }
+              if (static_cast<int>(rows.size()) > limit) {
+                resp.set_next_page_token(resp.allocations(limit - 1).allocation_id());
+              }
+              return resp;
+            },
+            store::ReadSnapshot());
       });
 
   rpc.Handle<v1::ReleaseAllocationRequest, v1::ReleaseAllocationResponse>(

@@ -648,7 +648,8 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
         }
         const int limit = *page;
         return store::WithTx(
-            *pool, [&](pqxx::work& tx) -> Result<v1::GetAllocationTimelineResponse> {
+            *pool,
+            [&](pqxx::work& tx) -> Result<v1::GetAllocationTimelineResponse> {
               auto a = LoadAllocation(tx, req.allocation_id(), false);
               if (!a.ok()) return a.error();
               v1::GetAllocationTimelineResponse resp;
@@ -682,7 +683,8 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
               }
               resp.set_last_seq(std::to_string(last));
               return resp;
-            });
+            },
+            store::ReadSnapshot());  // the state, in_flight and entries of one moment
       });
 
   auto sweeper = std::make_shared<Sweeper>(pool, opts, svc.log(), svc.metrics());

@@ -80,7 +80,15 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken);
 struct TxOptions {
   int max_attempts = 6;
   bool serializable = false;
+  // Reads that must agree with each other (a state and the rows that explain it): REPEATABLE
+  // READ READ ONLY, so every statement sees one snapshot instead of each its own.
+  bool snapshot = false;
 };
+inline TxOptions ReadSnapshot() {
+  TxOptions o;
+  o.snapshot = true;
+  return o;
+}
 
 namespace detail {
 void BackoffSleep(int attempt);
@@ -98,6 +106,7 @@ auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval
     try {
       pqxx::work tx(**lease);
       if (opts.serializable) tx.exec0("SET TRANSACTION ISOLATION LEVEL SERIALIZABLE");
+      if (opts.snapshot) tx.exec0("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY");
       R r = fn(tx);
       if (r.ok()) tx.commit();
       return r;
