@@ -32,12 +32,13 @@ void AddDiscoveryFlags(CLI::App& app, DiscoveryOptions& o) {
 std::string CheckCounts(const google::protobuf::RepeatedPtrField<gpuaas::v1::Check>& checks) {
   int pass = 0, warn = 0, fail = 0;
   for (const auto& c : checks) {
-    if (c.status() == gpuaas::v1::CHECK_STATUS_PASS)
+    if (c.status() == gpuaas::v1::CHECK_STATUS_PASS) {
       ++pass;
-    else if (c.status() == gpuaas::v1::CHECK_STATUS_FAIL)
+    } else if (c.status() == gpuaas::v1::CHECK_STATUS_FAIL) {
       ++fail;
-    else
+    } else {
       ++warn;
+    }
   }
   return std::to_string(pass) + " pass, " + std::to_string(warn) + " warn, " +
          std::to_string(fail) + " fail";
@@ -141,8 +142,9 @@ int main(int argc, char** argv) {
     if (std::strcmp(argv[1], "discover") == 0) return RunDiscover(argc - 1, argv + 1);
     if (std::strcmp(argv[1], "parity") == 0) return RunParity(argc - 1, argv + 1);
     if (std::strcmp(argv[1], "fixture") == 0) return RunFixture(argc - 1, argv + 1);
-    if (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)
+    if (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0) {
       std::cout << "one-shot subcommands: discover | parity | fixture (each takes --help)\n";
+    }
   }
   using gpuaas::node_agent::NodeAgent;
   using gpuaas::node_agent::NodeAgentConfig;

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "discovery.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "host.hpp"
@@ -94,8 +95,9 @@ class SliceE2eTest : public ::testing::Test {
     w->ctl = Env("GPUAAS_E2E_CTL");
     fs::create_directories(w->work);
     // qemu runs as another user: it must reach the disk node, the seed, kernel and initrd.
-    for (fs::path d = w->work; d != d.root_path(); d = d.parent_path())
+    for (fs::path d = w->work; d != d.root_path(); d = d.parent_path()) {
       fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+    }
 
     // The catalog: one slice SKU and the guest image with its digest.
     const std::string image = w->guest + "/image.raw";
@@ -121,15 +123,17 @@ class SliceE2eTest : public ::testing::Test {
     fo.unknown_numa_gpus = {0};
     auto built = node_agent::BuildFixtureHost(w->root, fo);
     ASSERT_TRUE(built.ok()) << built.error().ToString();
-    for (const auto& d : node_agent::DiscoverNvme(node_agent::HostRoot(w->root)))
+    for (const auto& d : node_agent::DiscoverNvme(node_agent::HostRoot(w->root))) {
       if (!d.os_disk()) w->by_id = d.by_id_path();
+    }
     ASSERT_FALSE(w->by_id.empty());
     w->backing = w->work + "/slot-nvme.raw";
     ASSERT_EQ(w->disk.Attach(w->root, w->by_id, w->backing), "");
     w->loop = w->disk.loop();
     for (const auto& d :
-         {w->root, w->root + "/dev", w->root + "/dev/disk", w->root + "/dev/disk/by-id"})
+         {w->root, w->root + "/dev", w->root + "/dev/disk", w->root + "/dev/disk/by-id"}) {
       fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+    }
 
     w->state_dir = w->work + "/" + kNode;
     w->net_dir = w->state_dir + "/net";
@@ -223,7 +227,8 @@ class SliceE2eTest : public ::testing::Test {
   }
   static bool SlotSchedulable() {
     auto s = Slots();
-    return s.size() == 1 && s[0].schedulable() && s[0].occupancy().empty();
+    return s.size() == 1 && s[0].schedulable() &&
+           s[0].lifecycle() == v1::SLOT_LIFECYCLE_STATE_AVAILABLE;
   }
 
   // gpuaasctl: the tenant's and the admin's tool.
@@ -245,11 +250,11 @@ class SliceE2eTest : public ::testing::Test {
       ADD_FAILURE() << "create output: " << r.out;
       return "";
     }
-    const std::string id = j["allocation"].value("allocation_id", "");
+    std::string id = j["allocation"].value("allocation_id", "");
     std::cout << "allocation " << id << " is " << j["allocation"].value("state", "") << "\n";
     return id;
   }
-  // `gpuaasctl alloc timeline --watch`: 0 settled active/released, 2 failed or blocked.
+  // `gpuaasctl alloc timeline --watch`: 0 settled active/released, 4 failed or blocked.
   static int Watch(const std::string& id) {
     return Ctl({"alloc", "timeline", "--id", id, "--watch", "--watch-timeout-s", "240"}).exit_code;
   }
@@ -272,8 +277,11 @@ class SliceE2eTest : public ::testing::Test {
   static bool TimelineHas(const std::string& id, const std::string& step,
                           const std::string& stage = "") {
     const auto t = Timeline(id);
-    for (const auto& e : t.entries())
-      if (e.step() == step && (stage.empty() || e.stage() == stage)) return true;
+    for (const auto& e : t.entries()) {
+      if (enums::Text(e.step()) == step && (stage.empty() || enums::Text(e.stage()) == stage)) {
+        return true;
+      }
+    }
     return false;
   }
   static std::string DomainState(const std::string& id) {
@@ -304,8 +312,9 @@ class SliceE2eTest : public ::testing::Test {
   static long RssKib() {
     std::ifstream f(fmt::format("/proc/{}/status", w->agent->pid()));
     std::string line;
-    while (std::getline(f, line))
+    while (std::getline(f, line)) {
       if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6));
+    }
     return -1;
   }
 };
@@ -315,12 +324,12 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(Watch(id), 0) << "the slice did not become active";
   auto a = Get(id);
-  ASSERT_EQ(a.state(), "active");
+  ASSERT_EQ(a.state(), v1::ALLOCATION_STATE_ACTIVE);
   ASSERT_TRUE(a.has_network());
-  EXPECT_EQ(a.network().lease_state(), "bound");
+  EXPECT_EQ(a.network().lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(a.network().actual_ip(), a.network().expected_ip());
   EXPECT_TRUE(DomainExists(id));
-  EXPECT_EQ(Slots()[0].occupancy(), "active");
+  EXPECT_EQ(Slots()[0].lifecycle(), v1::SLOT_LIFECYCLE_STATE_ACTIVE);
 
   // The tenant's view: SSH with the key from the request into the hostname from the request,
   // UEFI firmware, and the catalog image (ext4) on the slice disk.
@@ -340,7 +349,7 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
 
   Release(id);
   a = Get(id);
-  EXPECT_EQ(a.state(), "released");
+  EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_RELEASED);
   for (const auto& c : a.claims()) EXPECT_TRUE(c.has_released_at());
   EXPECT_TRUE(TimelineHas(id, "claims_freed"));
   EXPECT_FALSE(DomainExists(id));
@@ -357,14 +366,15 @@ TEST_F(SliceE2eTest, AMountedDiskIsRefusedBeforeAnyWriteAndStaysBlockedUntilUnmo
   std::ofstream(w->mnt + "/precious") << "do not wipe";
   const std::string id = Create("e2e-mounted", "e2e-slice-2");
   ASSERT_FALSE(id.empty());
-  EXPECT_EQ(Watch(id), 2);
+  EXPECT_EQ(Watch(id), 4);
   auto a = Get(id);
-  EXPECT_EQ(a.state(), "failed");
+  EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_FAILED);
   EXPECT_EQ(a.failure().code(), "disk_mounted");
   EXPECT_TRUE(TimelineHas(id, "task_rejected", "validate"));
   EXPECT_FALSE(DomainExists(id));
   // Cleanup refuses the mounted disk too: the slot is cleanup_blocked, nothing was written.
-  EXPECT_TRUE(testing::WaitFor([&] { return Slots()[0].occupancy() == "cleanup_blocked"; }, 30s));
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return Slots()[0].lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP_BLOCKED; }, 30s));
   EXPECT_EQ(ReadAll(w->mnt + "/precious"), "do not wipe");
   ASSERT_EQ(Exec({Tool("umount"), w->mnt}, 30s).exit_code, 0);
   w->mnt.clear();
@@ -374,7 +384,7 @@ TEST_F(SliceE2eTest, AMountedDiskIsRefusedBeforeAnyWriteAndStaysBlockedUntilUnmo
   // allocation stays failed (that is its record); its slot is freed.
   Release(id);
   auto a2 = Get(id);
-  EXPECT_EQ(a2.state(), "failed");
+  EXPECT_EQ(a2.state(), v1::ALLOCATION_STATE_FAILED);
   for (const auto& c : a2.claims()) EXPECT_TRUE(c.has_released_at());
   EXPECT_EQ(Signatures(), "");
   EXPECT_TRUE(testing::WaitFor([] { return SlotSchedulable(); }, 30s));
@@ -396,13 +406,14 @@ TEST_F(SliceE2eTest, AGuestThatNeverGetsALeaseFailsWithANetworkingReason) {
   EXPECT_TRUE(testing::WaitFor(
       [&] {
         auto s = Slots();
-        saw_blocked = saw_blocked || (!s.empty() && s[0].occupancy() == "cleanup_blocked");
-        return Get(id).state() == "failed" && !Timeline(id).in_flight();
+        saw_blocked = saw_blocked ||
+                      (!s.empty() && s[0].lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP_BLOCKED);
+        return Get(id).state() == v1::ALLOCATION_STATE_FAILED && !Timeline(id).in_flight();
       },
       180s, 200ms));
   EXPECT_EQ(ipt("-D"), 0);
   auto a = Get(id);
-  EXPECT_EQ(a.state(), "failed");
+  EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_FAILED);
   EXPECT_EQ(a.failure().code(), "lease_timeout");
   EXPECT_TRUE(TimelineHas(id, "task_failed", "readiness"));
   EXPECT_TRUE(saw_blocked) << "the failed slot was never cleanup_blocked";
@@ -424,7 +435,7 @@ TEST_F(SliceE2eTest, AnAgentKilledMidProvisionAdoptsTheRunningVmAfterRestart) {
   StartAgent();  // ready only after adoption
   EXPECT_EQ(Watch(id), 0);
   auto a = Get(id);
-  EXPECT_EQ(a.state(), "active");
+  EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_ACTIVE);
   EXPECT_TRUE(TimelineHas(id, "task_progress", "adopt")) << "readiness was not resumed";
   // The restarted agent found the VM in libvirt and in its ledger: adopted, no drift.
   auto metrics =
@@ -435,7 +446,7 @@ TEST_F(SliceE2eTest, AnAgentKilledMidProvisionAdoptsTheRunningVmAfterRestart) {
   EXPECT_NE(metrics.out.find("gpuaas_node_agent_adopted_domains{result=\"orphan\"} 0"),
             std::string::npos);
   Release(id);
-  EXPECT_EQ(Get(id).state(), "released");
+  EXPECT_EQ(Get(id).state(), v1::ALLOCATION_STATE_RELEASED);
   EXPECT_FALSE(DomainExists(id));
   EXPECT_TRUE(testing::WaitFor([] { return SlotSchedulable(); }, 30s));
 }

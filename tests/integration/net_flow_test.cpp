@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -100,7 +101,7 @@ class NetFlowTest : public ::testing::Test {
   std::string LeaseStateOf(const std::string& slot_key) {
     const auto all = Leases();
     for (const auto& l : all.leases()) {
-      if (l.observation().slot_key() == slot_key) return l.observation().lease_state();
+      if (l.observation().slot_key() == slot_key) return enums::Text(l.observation().lease_state());
     }
     return "";
   }
@@ -192,7 +193,7 @@ TEST_F(NetFlowTest, AgentAppliesIpamsDocumentAndLeasesDriftAndRepairAreSeen) {
     auto show = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
     if (show.ok()) {
       for (const auto& s : show->slots()) {
-        if (s.slot_key() == slot) return s.health() + ": " + s.health_detail();
+        if (s.slot_key() == slot) return enums::Text(s.health()) + ": " + s.health_detail();
       }
     }
     return std::string();
@@ -215,7 +216,7 @@ TEST_F(NetFlowTest, AgentAppliesIpamsDocumentAndLeasesDriftAndRepairAreSeen) {
         v1::GetAllocationRequest g;
         g.set_allocation_id(alloc->allocation().allocation_id());
         auto a = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
-        return a.ok() && a->allocation().state() == "released";
+        return a.ok() && a->allocation().state() == v1::ALLOCATION_STATE_RELEASED;
       },
       20s));
   EXPECT_EQ(Slurp(lease_file).find(mine.mac()), std::string::npos)

@@ -44,12 +44,16 @@ class NodeFlowTest : public ::testing::Test {
     return Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
   }
   // Sends a typed task to a node's task subject, the way inventory's outbox does.
-  std::string SendTask(const std::string& node, const std::string& type,
-                       google::protobuf::Timestamp deadline, std::string task_id = "") {
+  std::string SendTask(const std::string& node, v1::TaskType type,
+                       const google::protobuf::Timestamp& deadline,
+                       const std::string& task_id = "") {
     v1::NodeTask t;
     t.set_task_id(task_id.empty() ? ids::NewUuidV7() : task_id);
     t.set_node_id(node);
     t.set_type(type);
+    // The checks take no parameters: their (empty) params case is still set.
+    if (type == v1::TASK_TYPE_PREREQ_CHECK) t.mutable_prereq_check();
+    if (type == v1::TASK_TYPE_NETWORK_BASELINE_CHECK) t.mutable_network_baseline_check();
     *t.mutable_deadline() = deadline;
     const std::string subject = "gpuaas.v1.node." + node + ".task";
     const auto ev = outbox::MakeEvent({subject, "", "test/1", node, 0, t.task_id(), "", &t});
@@ -100,7 +104,7 @@ TEST_F(NodeFlowTest, DiscoveredCandidatesBecomeSchedulableSlotsOnceApproved) {
   ASSERT_EQ(show->topology().candidates_size(), 4);
   EXPECT_TRUE(show->node_blockers().empty());
   for (const auto& c : show->topology().candidates()) {
-    EXPECT_EQ(c.fabric_claim_mode(), "per_slot_vf") << c.slot_key();
+    EXPECT_EQ(c.fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_PER_SLOT_VF) << c.slot_key();
     EXPECT_FALSE(c.nvme_by_id().empty()) << c.slot_key();
   }
   EXPECT_EQ(show->slots_size(), 0);
@@ -138,7 +142,7 @@ TEST_F(NodeFlowTest, DiscoveredCandidatesBecomeSchedulableSlotsOnceApproved) {
   ASSERT_TRUE(testing::WaitFor([&] {
     auto s = Show("sim-host-01");
     return s.ok() && s->snapshot_version() == 2 && !s->recent_tasks().empty() &&
-           s->recent_tasks(0).status() == "succeeded";
+           s->recent_tasks(0).status() == v1::TASK_STATUS_SUCCEEDED;
   }));
 
   // A rebuilt scheduler projection has the same slots.
@@ -151,16 +155,16 @@ TEST_F(NodeFlowTest, DiscoveredCandidatesBecomeSchedulableSlotsOnceApproved) {
 
 TEST_F(NodeFlowTest, TasksRunOnceAndBadTasksGetStructuredResults) {
   StartAgent("sim-host-02", 2);
-  const std::string id = SendTask("sim-host-02", "prereq.check", InAMinute());
+  const std::string id = SendTask("sim-host-02", v1::TASK_TYPE_PREREQ_CHECK, InAMinute());
   auto ok = WaitResult("sim-host-02", "succeeded", id);
   ASSERT_TRUE(ok.ok()) << ok.error().ToString();
-  v1::ChecksOutput out;
-  ASSERT_TRUE(ok->output().UnpackTo(&out));
+  ASSERT_TRUE(ok->has_prereq_check()) << ok->DebugString();
+  v1::ChecksOutput out = ok->prereq_check();
   EXPECT_FALSE(out.checks().empty());
   const uint64_t ran = agent_->TasksRun();
 
   // Delivered again (a new JetStream message with the same task id): answered, not re-run.
-  SendTask("sim-host-02", "prereq.check", InAMinute(), id);
+  SendTask("sim-host-02", v1::TASK_TYPE_PREREQ_CHECK, InAMinute(), id);
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(agent_->TasksRun(), ran);
   auto count = messaging::StreamSubjectCount(*p_.conn, "GPUAAS_EVT_NODE",
@@ -168,19 +172,21 @@ TEST_F(NodeFlowTest, TasksRunOnceAndBadTasksGetStructuredResults) {
   ASSERT_TRUE(count.ok());
   EXPECT_EQ(*count, 1u) << "the re-published result carries the same Nats-Msg-Id";
 
-  const std::string net = SendTask("sim-host-02", "network.baseline.check", InAMinute());
+  const std::string net =
+      SendTask("sim-host-02", v1::TASK_TYPE_NETWORK_BASELINE_CHECK, InAMinute());
   auto nr = WaitResult("sim-host-02", "succeeded", net);
   ASSERT_TRUE(nr.ok());
-  ASSERT_TRUE(nr->output().UnpackTo(&out));
+  ASSERT_TRUE(nr->has_network_baseline_check()) << nr->DebugString();
+  out = nr->network_baseline_check();
   EXPECT_TRUE(out.network().nat_masquerade());
   EXPECT_TRUE(out.network().ip_forward());
 
-  const std::string unknown = SendTask("sim-host-02", "vm.teleport", InAMinute());
+  const std::string unknown = SendTask("sim-host-02", static_cast<v1::TaskType>(77), InAMinute());
   auto ur = WaitResult("sim-host-02", "rejected", unknown);
   ASSERT_TRUE(ur.ok());
   EXPECT_EQ(ur->error().reason(), "unknown_task_type");
 
-  const std::string late = SendTask("sim-host-02", "prereq.check",
+  const std::string late = SendTask("sim-host-02", v1::TASK_TYPE_PREREQ_CHECK,
                                     TimeUtil::GetCurrentTime() - TimeUtil::SecondsToDuration(1));
   auto lr = WaitResult("sim-host-02", "failed", late);
   ASSERT_TRUE(lr.ok());
@@ -197,14 +203,14 @@ TEST_F(NodeFlowTest, AgentUnknownToInventoryIsolatesItselfUntilRegisteredAgain) 
   ASSERT_TRUE(testing::WaitFor([&] { return agent_->Isolated(); }, 5s));
   EXPECT_FALSE(agent_->Registered());
   // While isolated, tasks are refused.
-  const std::string id = SendTask("sim-host-03", "prereq.check", InAMinute());
+  const std::string id = SendTask("sim-host-03", v1::TASK_TYPE_PREREQ_CHECK, InAMinute());
   auto r = WaitResult("sim-host-03", "rejected", id);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "agent_isolated");
   // Then it registers again with the new inventory and takes tasks.
   ASSERT_TRUE(testing::WaitFor([&] { return agent_->Registered() && !agent_->Isolated(); }, 10s));
   ASSERT_TRUE(testing::WaitFor([&] { return Show("sim-host-03").ok(); }));
-  const std::string again = SendTask("sim-host-03", "prereq.check", InAMinute());
+  const std::string again = SendTask("sim-host-03", v1::TASK_TYPE_PREREQ_CHECK, InAMinute());
   EXPECT_TRUE(WaitResult("sim-host-03", "succeeded", again).ok());
 }
 

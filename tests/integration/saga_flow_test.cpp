@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "platform.hpp"
@@ -89,10 +90,10 @@ class SagaFlowTest : public ::testing::Test {
           auto r = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
           if (!r.ok()) return false;
           a = r->allocation();
-          return a.state() == state && !Timeline(id).in_flight();
+          return enums::Text(a.state()) == state && !Timeline(id).in_flight();
         },
         20s))
-        << id << " is " << a.state() << ", wanted " << state;
+        << id << " is " << enums::Text(a.state()) << ", wanted " << state;
     return a;
   }
   Result<v1::Allocation> Release(const std::string& id, bool force = false) {
@@ -106,7 +107,9 @@ class SagaFlowTest : public ::testing::Test {
   static int Count(const v1::GetAllocationTimelineResponse& t, const std::string& step,
                    const std::string& type) {
     int n = 0;
-    for (const auto& e : t.entries()) n += (e.step() == step && e.task_type() == type) ? 1 : 0;
+    for (const auto& e : t.entries()) {
+      n += (enums::Text(e.step()) == step && enums::Text(e.task_type()) == type) ? 1 : 0;
+    }
     return n;
   }
 
@@ -124,12 +127,12 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   auto bad = Create("bad-1", "broken", 4);
   auto quiet = Create("quiet-1", "quiet", 1);
   ASSERT_TRUE(ok.ok() && bad.ok() && quiet.ok());
-  EXPECT_EQ(ok->state(), "provisioning");
+  EXPECT_EQ(ok->state(), v1::ALLOCATION_STATE_PROVISIONING);
 
   // Success: active with the network identity the node observed, which is the reservation.
   auto a = WaitSettled(ok->allocation_id(), "active");
   ASSERT_TRUE(a.has_network());
-  EXPECT_EQ(a.network().lease_state(), "bound");
+  EXPECT_EQ(a.network().lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(a.network().actual_ip(), a.network().expected_ip());
   EXPECT_EQ(a.network().domain_name(), "gpuaas-" + a.allocation_id());
   auto t = Timeline(a.allocation_id());
@@ -137,7 +140,9 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   EXPECT_EQ(Count(t, "task_succeeded", "vm.provision"), 1);
   for (const auto& s : Slots("sim-ok")) {
     const bool mine = std::count(a.slot_keys().begin(), a.slot_keys().end(), s.slot_key()) > 0;
-    EXPECT_EQ(s.occupancy(), mine ? "active" : "") << s.slot_key();
+    EXPECT_EQ(s.lifecycle(),
+              mine ? v1::SLOT_LIFECYCLE_STATE_ACTIVE : v1::SLOT_LIFECYCLE_STATE_AVAILABLE)
+        << s.slot_key();
   }
   // Release: vm.release, then slot.cleanup with a proof per slot; then the slots are free.
   auto r = Release(a.allocation_id());
@@ -148,18 +153,22 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   EXPECT_EQ(Count(t, "task_succeeded", "vm.release"), 1);
   EXPECT_EQ(Count(t, "task_succeeded", "slot.cleanup"), 1);
   EXPECT_EQ(Count(t, "claims_freed", "slot.cleanup"), 1);
-  for (const auto& s : Slots("sim-ok")) EXPECT_EQ(s.occupancy(), "") << s.slot_key();
+  for (const auto& s : Slots("sim-ok")) {
+    EXPECT_EQ(s.lifecycle(), v1::SLOT_LIFECYCLE_STATE_AVAILABLE) << s.slot_key();
+  }
 
   // Failure: failed with the node's stage and code; cleanup ran and proved the slots clean.
   auto f = WaitSettled(bad->allocation_id(), "failed");
   ASSERT_TRUE(f.has_failure());
-  EXPECT_EQ(f.failure().stage(), "provisioning");
+  EXPECT_EQ(f.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   EXPECT_EQ(f.failure().code(), "lease_timeout");
   for (const auto& c : f.claims()) EXPECT_TRUE(c.has_released_at());
   auto ft = Timeline(f.allocation_id());
   bool saw_stage = false;
   for (const auto& e : ft.entries()) {
-    if (e.step() == "task_failed" && e.stage() == "readiness") saw_stage = true;
+    if (e.step() == v1::TIMELINE_STEP_TASK_FAILED && e.stage() == v1::TASK_STAGE_READINESS) {
+      saw_stage = true;
+    }
   }
   EXPECT_TRUE(saw_stage) << "the node's failing stage is on the timeline";
   EXPECT_EQ(Count(ft, "task_succeeded", "slot.cleanup"), 1);
@@ -171,9 +180,11 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   // cleanup_blocked and unplaceable until an admin force-releases it.
   auto q = WaitSettled(quiet->allocation_id(), "failed");
   EXPECT_EQ(q.failure().code(), "node_unresponsive");
-  for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), "cleanup_blocked");
+  for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
   int blocked = 0;
-  for (const auto& s : Slots("sim-quiet")) blocked += s.occupancy() == "cleanup_blocked" ? 1 : 0;
+  for (const auto& s : Slots("sim-quiet")) {
+    blocked += s.lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP_BLOCKED ? 1 : 0;
+  }
   EXPECT_EQ(blocked, 1);
   auto forced = Release(q.allocation_id(), true);
   ASSERT_TRUE(forced.ok());
@@ -185,7 +196,9 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   auto show = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", sr);
   ASSERT_TRUE(show.ok());
   int vm_tasks = 0;
-  for (const auto& rt : show->recent_tasks()) vm_tasks += rt.type().rfind("vm.", 0) == 0 ? 1 : 0;
+  for (const auto& rt : show->recent_tasks()) {
+    vm_tasks += enums::Text(rt.type()).rfind("vm.", 0) == 0 ? 1 : 0;
+  }
   EXPECT_GE(vm_tasks, 2);
 }
 

@@ -37,7 +37,7 @@ void Flatten(const YAML::Node& node, const std::string& prefix,
   if (node.IsMap()) {
     for (const auto& kv : node) {
       const std::string k = kv.first.as<std::string>();
-      Flatten(kv.second, prefix.empty() ? k : prefix + "." + k, out, errors);
+      Flatten(kv.second, prefix.empty() ? k : fmt::format("{}.{}", prefix, k), out, errors);
     }
   } else if (node.IsScalar()) {
     out[prefix] = node.Scalar();
@@ -120,7 +120,8 @@ void Schema::Add(std::string key, std::string* target, std::string doc, std::str
                  Validator<std::string> validate) {
   *target = def;
   Parser<std::string> identity = [](const std::string& v) { return std::optional(v); };
-  AddField(std::move(key), std::move(doc), def, Applier(target, identity, "text", validate));
+  AddField(std::move(key), std::move(doc), std::move(def),
+           Applier(target, identity, "text", std::move(validate)));
 }
 
 void Schema::Add(std::string key, int64_t* target, std::string doc, int64_t def,
@@ -129,7 +130,7 @@ void Schema::Add(std::string key, int64_t* target, std::string doc, int64_t def,
   auto parse = Numeric<int64_t>(
       [](const std::string& v, size_t* used) { return static_cast<int64_t>(std::stoll(v, used)); });
   AddField(std::move(key), std::move(doc), std::to_string(def),
-           Applier(target, parse, "an integer", validate));
+           Applier(target, parse, "an integer", std::move(validate)));
 }
 
 void Schema::Add(std::string key, bool* target, std::string doc, bool def) {
@@ -150,7 +151,7 @@ void Schema::Add(std::string key, double* target, std::string doc, double def,
   auto parse =
       Numeric<double>([](const std::string& v, size_t* used) { return std::stod(v, used); });
   AddField(std::move(key), std::move(doc), fmt::format("{}", def),
-           Applier(target, parse, "a number", validate));
+           Applier(target, parse, "a number", std::move(validate)));
 }
 
 Result<void> Schema::Load(const std::string& path, const std::map<std::string, std::string>& env) {
@@ -222,7 +223,7 @@ Validator<int64_t> Range(int64_t lo, int64_t hi) {
 }
 
 Validator<std::string> OneOf(std::vector<std::string> allowed) {
-  return [allowed](const std::string& v) -> std::string {
+  return [allowed = std::move(allowed)](const std::string& v) -> std::string {
     if (std::find(allowed.begin(), allowed.end(), v) != allowed.end()) return "";
     std::string list;
     for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;

@@ -52,7 +52,9 @@ std::string Error::ToString() const {
     for (const auto& [k, v] : details) {
       if (!first) s += ", ";
       first = false;
-      s += k + "=" + v;
+      s += k;
+      s += '=';
+      s += v;
     }
     s += "}";
   }

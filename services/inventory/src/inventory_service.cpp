@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
@@ -23,11 +24,9 @@ namespace {
 const std::regex kLabel("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$");
 const std::regex kHostname("^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$");
 
-std::string ProfileText(v1::CapacityProfile p) {
-  return p == v1::CAPACITY_PROFILE_BAREMETAL ? "baremetal" : "slice-vm";
-}
+std::string ProfileText(v1::CapacityProfile p) { return enums::Text(p); }
 v1::CapacityProfile ProfileFromText(const std::string& s) {
-  return s == "baremetal" ? v1::CAPACITY_PROFILE_BAREMETAL : v1::CAPACITY_PROFILE_SLICE_VM;
+  return enums::FromColumn<v1::CapacityProfile>(s);
 }
 
 google::protobuf::Timestamp Ts(const pqxx::field& f) {

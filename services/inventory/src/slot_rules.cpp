@@ -5,6 +5,8 @@
 #include <string_view>
 #include <utility>
 
+#include "gpuaas/common/enums.hpp"
+
 namespace gpuaas::inventory {
 namespace {
 
@@ -184,8 +186,9 @@ void CheckNvme(const v1::CandidateSlot& c, const ApprovalContext& ctx, Rejection
 // fix both). An empty VF is rejected whatever the mode; it then suppresses not_found/duplicate,
 // which would only restate that there is no VF.
 void CheckFabric(const v1::CandidateSlot& c, const ApprovalContext& ctx, Rejections& out) {
-  if (c.fabric_claim_mode() != "per_slot_vf") {
-    const std::string mode = c.fabric_claim_mode().empty() ? "(empty)" : c.fabric_claim_mode();
+  if (c.fabric_claim_mode() != v1::FABRIC_CLAIM_MODE_PER_SLOT_VF) {
+    const std::string& text = enums::Text(c.fabric_claim_mode());
+    const std::string mode = text.empty() ? "(empty)" : text;
     out.Add(reason::kFabricNotPerSlotVf,
             "fabric claim mode is " + Quoted(mode) +
                 ", need \"per_slot_vf\" (a fabric device shared between slots can sell "

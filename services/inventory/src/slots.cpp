@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/messaging.hpp"
@@ -31,7 +32,6 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr const char* kSlotEvent = "gpuaas.v1.evt.inventory.slot.updated";
-constexpr const char* kFabricPerSlotVf = "per_slot_vf";
 
 google::protobuf::Timestamp TsFromEpoch(double epoch) {
   return TimeUtil::MillisecondsToTimestamp(static_cast<int64_t>(epoch * 1000));
@@ -122,13 +122,14 @@ Result<std::map<std::string, v1::Slot>> LoadSlots(pqxx::work& tx, const std::str
 
 bool Complete(const v1::Slot& s) {
   return !s.gpu_pci_address().empty() && !s.nvme_by_id().empty() &&
-         s.fabric_claim_mode() == kFabricPerSlotVf && !s.fabric_vf_pci_address().empty() &&
-         !s.mac().empty() && !s.private_ip().empty();
+         s.fabric_claim_mode() == v1::FABRIC_CLAIM_MODE_PER_SLOT_VF &&
+         !s.fabric_vf_pci_address().empty() && !s.mac().empty() && !s.private_ip().empty();
 }
 
 bool Schedulable(const v1::Slot& s, const NodeCtx& c) {
-  return s.admin_state() == "available" && s.health() == "healthy" && Complete(s) &&
-         c.region_enabled && c.blockers.empty();
+  return s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE &&
+         s.health() == v1::SLOT_HEALTH_HEALTHY && Complete(s) && c.region_enabled &&
+         c.blockers.empty();
 }
 
 // Same slot apart from bookkeeping (generation, time)?
@@ -162,8 +163,9 @@ Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
       "nvme_by_id = EXCLUDED.nvme_by_id, fabric_vf_pci_address = EXCLUDED.fabric_vf_pci_address, "
       "schedulable = EXCLUDED.schedulable, generation = EXCLUDED.generation, doc = EXCLUDED.doc, "
       "updated_at = now()",
-      c.node_id, slot.slot_key(), slot.admin_state(), slot.health(), slot.sku(), slot.gpu_model(),
-      slot.nvme_by_id(), slot.fabric_vf_pci_address(), schedulable, gen, protojson::ToJson(slot));
+      c.node_id, slot.slot_key(), enums::Text(slot.admin_state()), enums::Text(slot.health()),
+      slot.sku(), slot.gpu_model(), slot.nvme_by_id(), slot.fabric_vf_pci_address(), schedulable,
+      gen, protojson::ToJson(slot));
   v1::SlotSnapshot snap;
   *snap.mutable_slot() = slot;
   snap.set_region(c.region);
@@ -184,7 +186,7 @@ Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
   v1::DesiredSlotSet want;
   want.set_node_id(node_id);
   for (const auto& [key, s] : *slots) {
-    if (s.admin_state() != "available") continue;
+    if (s.admin_state() != v1::SLOT_ADMIN_STATE_AVAILABLE) continue;
     v1::Slot d = s;
     d.clear_health();
     d.clear_health_detail();
@@ -270,7 +272,7 @@ v1::Slot SlotFromCandidate(const v1::CandidateSlot& c, const v1::TopologyReport&
 std::vector<v1::Slot> Holders(const std::map<std::string, v1::Slot>& slots) {
   std::vector<v1::Slot> out;
   for (const auto& [k, s] : slots) {
-    if (s.admin_state() == "available") out.push_back(s);
+    if (s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE) out.push_back(s);
   }
   return out;
 }
@@ -308,7 +310,8 @@ void ReleaseUnapproved(
     bool kept = false;
     if (outcome.ok()) {
       for (const auto& res : outcome->results()) {
-        kept = kept || (res.slot_key() == key && res.slot().admin_state() == "available" &&
+        kept = kept || (res.slot_key() == key &&
+                        res.slot().admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE &&
                         res.slot().mac() == r->reservation().mac());
       }
     } else {
@@ -467,27 +470,28 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
       const auto existing = slots->find(c.slot_key());
       if (!rejections.empty()) {
         for (const auto& r : rejections) *res->add_rejections() = r;
-        if (existing != slots->end() && existing->second.admin_state() == "available") {
+        if (existing != slots->end() &&
+            existing->second.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE) {
           // An approved slot is never demoted by a failed re-approval; drift and disable do that.
           *res->mutable_slot() = existing->second;
           continue;
         }
         // Incomplete or unsafe: recorded, but disabled.
-        slot.set_admin_state("disabled");
-        slot.set_health("unknown");
+        slot.set_admin_state(v1::SLOT_ADMIN_STATE_DISABLED);
+        slot.set_health(v1::SLOT_HEALTH_UNKNOWN);
         slot.set_disabled_reason("approval rejected: " + rejections.front().reason());
         for (const auto& r : rejections) *slot.add_rejections() = r;
         if (existing != slots->end()) {
           *slot.mutable_drift() = existing->second.drift();
-          if (existing->second.admin_state() == "disabled" &&
+          if (existing->second.admin_state() == v1::SLOT_ADMIN_STATE_DISABLED &&
               !existing->second.disabled_reason().empty() &&
               existing->second.disabled_reason().rfind("approval rejected", 0) != 0) {
             slot.set_disabled_reason(existing->second.disabled_reason());
           }
         }
       } else {
-        slot.set_admin_state("available");
-        slot.set_health("healthy");
+        slot.set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
+        slot.set_health(v1::SLOT_HEALTH_HEALTHY);
         res->set_approved(true);
         if (existing != slots->end()) {
           // Approval does not clear drift; repair re-validates the topology evidence and clears
@@ -496,7 +500,7 @@ Result<v1::ApproveSlotsResponse> Approve(const Deps& d, const v1::ApproveSlotsRe
             if (!repair || IsIpamDrift(dr.kind())) *slot.add_drift() = dr;
           }
           if (slot.drift_size() > 0) {
-            slot.set_health("degraded");
+            slot.set_health(v1::SLOT_HEALTH_DEGRADED);
             slot.set_health_detail(repair ? DriftDetail(slot) : existing->second.health_detail());
           }
         }
@@ -608,7 +612,7 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
         for (const auto& x : slot.drift()) {
           if (IsIpamDrift(x.kind())) *next.add_drift() = x;
         }
-        next.set_health("degraded");
+        next.set_health(v1::SLOT_HEALTH_DEGRADED);
         next.set_health_detail(DriftDetail(next));
       }
     }
@@ -646,7 +650,7 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
         "INSERT INTO node_tasks (task_id, node_id, type, status, error, finished_at) "
         "SELECT $1, node_id, $3, $4, $5, now() FROM nodes WHERE node_id = $2 "
         "ON CONFLICT DO NOTHING",
-        res.task_id(), res.node_id(), res.type(), status, error);
+        res.task_id(), res.node_id(), enums::Text(res.type()), status, error);
   }
   return Ok();
 }
@@ -691,11 +695,13 @@ Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std:
   }
   if (SameSlot(slot, next)) return Ok();  // (detection times aside) nothing changed
   if (next.drift_size() > 0) {
-    if (next.health() != "failed") next.set_health("degraded");
+    if (next.health() != v1::SLOT_HEALTH_FAILED) next.set_health(v1::SLOT_HEALTH_DEGRADED);
     next.set_health_detail(DriftDetail(next));
   } else {
-    if (next.health() == "degraded") {
-      next.set_health(next.admin_state() == "available" ? "healthy" : "unknown");
+    if (next.health() == v1::SLOT_HEALTH_DEGRADED) {
+      next.set_health(next.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE
+                          ? v1::SLOT_HEALTH_HEALTHY
+                          : v1::SLOT_HEALTH_UNKNOWN);
     }
     next.clear_health_detail();
   }
@@ -723,7 +729,8 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
           v1::NodeTask task;
           task.set_task_id(ids::NewUuidV7());
           task.set_node_id(req.node_id());
-          task.set_type("topology.discover");
+          task.set_type(v1::TASK_TYPE_TOPOLOGY_DISCOVER);
+          task.mutable_topology_discover();
           *task.mutable_deadline() =
               TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(d.cfg.task_deadline_s);
           task.set_correlation_id(task.task_id());
@@ -731,7 +738,7 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
           tx.exec_params(
               "INSERT INTO node_tasks (task_id, node_id, type, status) "
               "VALUES ($1, $2, $3, 'queued')",
-              task.task_id(), req.node_id(), task.type());
+              task.task_id(), req.node_id(), enums::Text(task.type()));
           auto ev = outbox::Append(
               tx, {fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", req.node_id())),
                    "", d.cfg.source, req.node_id(), 0, task.task_id(), ctx.traceparent, &task});
@@ -761,9 +768,8 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
           pn->set_hostname(n[0][1].as<std::string>());
           pn->set_region(n[0][2].as<std::string>());
           pn->set_pool(n[0][3].as<std::string>());
-          pn->set_capacity_profile(n[0][4].as<std::string>() == "baremetal"
-                                       ? v1::CAPACITY_PROFILE_BAREMETAL
-                                       : v1::CAPACITY_PROFILE_SLICE_VM);
+          pn->set_capacity_profile(
+              enums::FromColumn<v1::CapacityProfile>(n[0][4].as<std::string>()));
           pn->set_agent_version(n[0][5].as<std::string>());
           pn->set_generation(n[0][6].as<int64_t>());
           resp.set_region_enabled(node->region_enabled);
@@ -801,8 +807,8 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
                               req.node_id())) {
             auto* t = resp.add_recent_tasks();
             t->set_task_id(r[0].as<std::string>());
-            t->set_type(r[1].as<std::string>());
-            t->set_status(r[2].as<std::string>());
+            t->set_type(enums::FromColumn<v1::TaskType>(r[1].as<std::string>()));
+            t->set_status(enums::FromColumn<v1::TaskStatus>(r[2].as<std::string>()));
             t->set_error(r[3].as<std::string>());
             *t->mutable_queued_at() = TsFromEpoch(r[4].as<double>());
             if (!r[5].is_null()) *t->mutable_finished_at() = TsFromEpoch(r[5].as<double>());
@@ -868,7 +874,7 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
                                    "node " + req.node_id() + " has no slot " + req.slot_key());
           }
           v1::Slot s = it->second;
-          s.set_admin_state("disabled");
+          s.set_admin_state(v1::SLOT_ADMIN_STATE_DISABLED);
           s.set_disabled_reason(req.reason().empty() ? "disabled by an operator" : req.reason());
           v1::DisableSlotResponse resp;
           if (SameSlot(s, it->second)) {

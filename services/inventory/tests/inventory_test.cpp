@@ -112,6 +112,7 @@ TEST_F(InventoryTest, ConcurrentRegistrationsOfOneNodeCreateItOnce) {
   std::atomic<int> created{0};
   std::atomic<int> failed{0};
   std::vector<std::thread> ts;
+  ts.reserve(8);
   for (int i = 0; i < 8; ++i) {
     ts.emplace_back([&] {
       auto r = Register(Req("gpu-race"));

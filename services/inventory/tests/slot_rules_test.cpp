@@ -63,7 +63,7 @@ v1::CandidateSlot ValidCandidate() {
   c.set_slot_key(kSlotKey);
   c.set_gpu_pci_address(kGpu);
   c.set_nvme_by_id(kNvme);
-  c.set_fabric_claim_mode("per_slot_vf");
+  c.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
   c.set_fabric_vf_pci_address(kVf);
   c.set_fabric_pf_pci_address(kPf);
   return c;
@@ -73,10 +73,10 @@ v1::CandidateSlot ValidCandidate() {
 v1::Slot OtherHolder() {
   v1::Slot s;
   s.set_slot_key(kOtherSlotKey);
-  s.set_admin_state("available");
+  s.set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
   s.set_gpu_pci_address(kOtherGpu);
   s.set_nvme_by_id(kOtherNvme);
-  s.set_fabric_claim_mode("per_slot_vf");
+  s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
   s.set_fabric_vf_pci_address(kOtherVf);
   return s;
 }
@@ -92,10 +92,10 @@ v1::Slot ApprovedSlot() {
   v1::Slot s;
   s.set_node_id("node-a");
   s.set_slot_key(kSlotKey);
-  s.set_admin_state("available");
+  s.set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
   s.set_gpu_pci_address(kGpu);
   s.set_nvme_by_id(kNvme);
-  s.set_fabric_claim_mode("per_slot_vf");
+  s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
   s.set_fabric_vf_pci_address(kVf);
   return s;
 }
@@ -312,7 +312,7 @@ TEST(SlotRulesTest, OwnSlotHoldingSameNvmeAndVfIsNotADuplicate) {
 TEST(SlotRulesTest, FabricNotPerSlotVf) {
   const auto report = ValidReport();
   auto c = ValidCandidate();
-  c.set_fabric_claim_mode("shared_parent");
+  c.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
   const auto got = ValidateCandidate(c, ValidContext(report));
   EXPECT_THAT(Reasons(got), ElementsAre("fabric_not_per_slot_vf"));
   EXPECT_THAT(MessageOf(got, "fabric_not_per_slot_vf"), HasSubstr("shared_parent"));
@@ -331,7 +331,7 @@ TEST(SlotRulesTest, FabricVfMissing) {
 TEST(SlotRulesTest, NoFabricReportsModeAndMissingVf) {
   const auto report = ValidReport();
   auto c = ValidCandidate();
-  c.set_fabric_claim_mode("none");
+  c.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_NONE);
   c.clear_fabric_vf_pci_address();
   c.clear_fabric_pf_pci_address();
   EXPECT_THAT(Reasons(ValidateCandidate(c, ValidContext(report))),
@@ -397,7 +397,7 @@ TEST(SlotRulesTest, MultipleViolationsReportedTogether) {
   nvme->set_fs_type("ext4");
   auto c = ValidCandidate();
   c.set_gpu_pci_address("0000:99:00.0");
-  c.set_fabric_claim_mode("shared_parent");
+  c.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
   c.set_fabric_vf_pci_address(kOtherVf);  // held by the other slot
   EXPECT_THAT(Reasons(ValidateCandidate(c, ValidContext(report))),
               UnorderedElementsAre("gpu_not_found", "nvme_os_disk", "nvme_mounted",

@@ -39,7 +39,7 @@ v1::TopologyReport Report(const std::string& node) {
   auto* pf = r.add_fabric();
   pf->set_name("mlx5_0");
   pf->set_pci_address("0000:1a:00.0");
-  pf->set_fabric_type("infiniband");
+  pf->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
   pf->set_sriov_totalvfs(8);
   pf->set_sriov_numvfs(2);
   for (int i = 0; i < 2; ++i) {
@@ -61,7 +61,7 @@ v1::TopologyReport Report(const std::string& node) {
     v->set_pci_address(vf);
     v->set_is_vf(true);
     v->set_pf_pci_address("0000:1a:00.0");
-    v->set_fabric_type("infiniband");
+    v->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
     auto* c = r.add_candidates();
     c->set_slot_key("gpu-" + gpu);
     c->set_index(i);
@@ -69,10 +69,10 @@ v1::TopologyReport Report(const std::string& node) {
     c->set_numa_node(i);
     c->set_locality_group(fmt::format("numa{}/0000:15:01.0", i));
     c->set_nvme_by_id(disk);
-    c->set_fabric_claim_mode("per_slot_vf");
+    c->set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
     c->set_fabric_vf_pci_address(vf);
     c->set_fabric_pf_pci_address("0000:1a:00.0");
-    c->set_fabric_type("infiniband");
+    c->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
     c->mutable_profile()->set_name("h200_24c_64g");
     c->mutable_profile()->set_vcpus_per_gpu(24);
     c->mutable_profile()->set_memory_mib_per_gpu(65536);
@@ -142,7 +142,7 @@ class SlotsTest : public ::testing::Test {
         << "snapshot " << version << " of " << id << " never arrived";
   }
   Result<v1::ApproveSlotsResponse> Approve(const std::string& id,
-                                           std::vector<std::string> keys = {}) {
+                                           const std::vector<std::string>& keys = {}) {
     v1::ApproveSlotsRequest r;
     r.set_node_id(id);
     for (const auto& k : keys) r.add_slot_keys(k);
@@ -197,8 +197,8 @@ TEST_F(SlotsTest, ReportedCandidatesAreApprovedWithAddressesAndAnnounced) {
   std::set<std::string> macs, ips;
   for (const auto& r : a->results()) {
     EXPECT_TRUE(r.approved()) << r.slot_key() << ": " << r.DebugString();
-    EXPECT_EQ(r.slot().admin_state(), "available");
-    EXPECT_EQ(r.slot().health(), "healthy");
+    EXPECT_EQ(r.slot().admin_state(), v1::SLOT_ADMIN_STATE_AVAILABLE);
+    EXPECT_EQ(r.slot().health(), v1::SLOT_HEALTH_HEALTHY);
     EXPECT_EQ(r.slot().sku(), "h200-sxm");
     EXPECT_EQ(r.slot().mac().rfind("52:54:00:", 0), 0u) << r.slot().mac();
     EXPECT_EQ(r.slot().private_ip().rfind("10.100.0.", 0), 0u) << r.slot().private_ip();
@@ -238,8 +238,9 @@ TEST_F(SlotsTest, ReportedCandidatesAreApprovedWithAddressesAndAnnounced) {
 TEST_F(SlotsTest, UnsafeCandidatesStayDisabledWithTheirReasons) {
   RegisterNode("gpu-02");
   auto rep = gpuaas::inventory::Report("gpu-02");
-  rep.mutable_nvme(0)->add_mountpoints("/data");                      // slot 0: mounted disk
-  rep.mutable_candidates(1)->set_fabric_claim_mode("shared_parent");  // slot 1: no own VF
+  rep.mutable_nvme(0)->add_mountpoints("/data");  // slot 0: mounted disk
+  rep.mutable_candidates(1)->set_fabric_claim_mode(
+      v1::FABRIC_CLAIM_MODE_SHARED_PARENT);  // slot 1: no own VF
   rep.mutable_candidates(1)->clear_fabric_vf_pci_address();
   Report(rep);
   WaitSnapshot("gpu-02", 1);
@@ -256,7 +257,7 @@ TEST_F(SlotsTest, UnsafeCandidatesStayDisabledWithTheirReasons) {
   ASSERT_TRUE(show.ok());
   ASSERT_EQ(show->slots_size(), 2);
   for (const auto& s : show->slots()) {
-    EXPECT_EQ(s.admin_state(), "disabled") << s.slot_key();
+    EXPECT_EQ(s.admin_state(), v1::SLOT_ADMIN_STATE_DISABLED) << s.slot_key();
     EXPECT_FALSE(s.rejections().empty());
   }
   EXPECT_EQ(show->desired_version(), 0) << "nothing approved, nothing desired";
@@ -328,8 +329,8 @@ TEST_F(SlotsTest, DriftDegradesOnlyTheAffectedSlotUntilRepaired) {
   const auto& s0 =
       show->slots(0).slot_key() == rep.candidates(0).slot_key() ? show->slots(0) : show->slots(1);
   const auto& s1 = &s0 == &show->slots(0) ? show->slots(1) : show->slots(0);
-  EXPECT_EQ(s0.health(), "healthy");
-  EXPECT_EQ(s1.health(), "degraded");
+  EXPECT_EQ(s0.health(), v1::SLOT_HEALTH_HEALTHY);
+  EXPECT_EQ(s1.health(), v1::SLOT_HEALTH_DEGRADED);
   ASSERT_EQ(s1.drift_size(), 1);
   EXPECT_EQ(s1.drift(0).kind(), "nvme_mounted");
   auto av = Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list",
@@ -352,7 +353,7 @@ TEST_F(SlotsTest, DriftDegradesOnlyTheAffectedSlotUntilRepaired) {
   auto r2 = Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", rr);
   ASSERT_TRUE(r2.ok());
   EXPECT_TRUE(r2->result().approved());
-  EXPECT_EQ(r2->result().slot().health(), "healthy");
+  EXPECT_EQ(r2->result().slot().health(), v1::SLOT_HEALTH_HEALTHY);
   EXPECT_EQ(r2->result().slot().drift_size(), 0);
 
   rr.set_slot_key("gpu-0000:ee:00.0");
@@ -384,7 +385,8 @@ TEST_F(SlotsTest, NodeBlockersAndDisabledRegionsMakeSlotsUnschedulable) {
   ASSERT_TRUE(show.ok());
   ASSERT_EQ(show->node_blockers_size(), 1);
   EXPECT_EQ(show->node_blockers(0), "nat_masquerade_missing");
-  EXPECT_EQ(show->slots(0).health(), "healthy") << "node-wide evidence is not slot drift";
+  EXPECT_EQ(show->slots(0).health(), v1::SLOT_HEALTH_HEALTHY)
+      << "node-wide evidence is not slot drift";
 
   Report(rep);  // fixed
   ASSERT_TRUE(testing::WaitFor([&] {
@@ -449,7 +451,7 @@ TEST_F(SlotsTest, DesiredSetIsVersionedAndAcked) {
   dis.set_reason("fan failure");
   auto d = Call<v1::DisableSlotResponse>("gpuaas.v1.inventory.slot.disable", dis);
   ASSERT_TRUE(d.ok()) << d.error().ToString();
-  EXPECT_EQ(d->slot().admin_state(), "disabled");
+  EXPECT_EQ(d->slot().admin_state(), v1::SLOT_ADMIN_STATE_DISABLED);
   EXPECT_EQ(d->slot().disabled_reason(), "fan failure");
   EXPECT_EQ(d->desired_version(), 2);
   auto v2s = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", g);
@@ -493,7 +495,7 @@ TEST_F(SlotsTest, DiscoverSendsATypedTaskAndRecordsItsResult) {
   ASSERT_TRUE(ev.ParseFromString(m->data));
   ASSERT_TRUE(ev.data().UnpackTo(&task));
   EXPECT_EQ(task.task_id(), r->task_id());
-  EXPECT_EQ(task.type(), "topology.discover");
+  EXPECT_EQ(task.type(), v1::TASK_TYPE_TOPOLOGY_DISCOVER);
   EXPECT_TRUE(task.has_deadline());
 
   v1::NodeTaskResult res;
@@ -508,7 +510,8 @@ TEST_F(SlotsTest, DiscoverSendsATypedTaskAndRecordsItsResult) {
                   .ok());
   ASSERT_TRUE(testing::WaitFor([&] {
     auto s = Show("gpu-08");
-    return s.ok() && s->recent_tasks_size() == 1 && s->recent_tasks(0).status() == "succeeded";
+    return s.ok() && s->recent_tasks_size() == 1 &&
+           s->recent_tasks(0).status() == v1::TASK_STATUS_SUCCEEDED;
   }));
 
   req.set_node_id("gpu-77");
@@ -525,6 +528,7 @@ TEST_F(SlotsTest, ConcurrentApprovalsNeverGiveOneVfToTwoSlots) {
   Report(rep);
   WaitSnapshot("gpu-09", 1);
   std::vector<std::thread> threads;
+  threads.reserve(6);
   std::atomic<int> approved{0};
   for (int i = 0; i < 6; ++i) {
     threads.emplace_back([&, i] {
@@ -536,7 +540,9 @@ TEST_F(SlotsTest, ConcurrentApprovalsNeverGiveOneVfToTwoSlots) {
   auto show = Show("gpu-09");
   ASSERT_TRUE(show.ok());
   int available = 0;
-  for (const auto& s : show->slots()) available += s.admin_state() == "available";
+  for (const auto& s : show->slots()) {
+    available += s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE;
+  }
   EXPECT_EQ(available, 1);
   EXPECT_GE(approved.load(), 1);
 }
@@ -591,7 +597,7 @@ TEST_F(SlotsTest, ARejectedApprovalReleasesTheAddressItReserved) {
   ASSERT_EQ(res->results_size(), 1);
   EXPECT_FALSE(res->results(0).approved());
   EXPECT_EQ(res->results(0).rejections(0).reason(), reason::kNvmeMounted);
-  EXPECT_EQ(res->results(0).slot().admin_state(), "disabled");
+  EXPECT_EQ(res->results(0).slot().admin_state(), v1::SLOT_ADMIN_STATE_DISABLED);
   EXPECT_TRUE(Reservations("gpu-01").empty()) << "the reservation was released";
   ASSERT_TRUE(testing::WaitFor([&] {
     auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_IPAM",
@@ -618,7 +624,7 @@ TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
   v1::AllocationSnapshot a;
   a.mutable_allocation()->set_allocation_id(alloc);
   a.mutable_allocation()->set_node_id("gpu-01");
-  a.mutable_allocation()->set_state("active");
+  a.mutable_allocation()->set_state(v1::ALLOCATION_STATE_ACTIVE);
   a.mutable_allocation()->add_slot_keys(res[0].slot_key());
   Publish("gpuaas.v1.evt.scheduler.allocation.active", a, alloc, 3);
   v1::LeaseReport lr;
@@ -628,7 +634,7 @@ TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
   o->set_mac(res[0].mac());
   o->set_expected_ip(res[0].ip());
   o->set_actual_ip("10.100.0.77");
-  o->set_lease_state("mismatch");
+  o->set_lease_state(v1::LEASE_STATE_MISMATCH);
   // Published once the binding is in: ipam judges leases of bound slots only.
   ASSERT_TRUE(testing::WaitFor([&] { return !Reservations("gpu-01")[0].allocation_id().empty(); }));
   *lr.mutable_observed_at() = google::protobuf::util::TimeUtil::GetCurrentTime();
@@ -643,16 +649,21 @@ TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
     }
     return out;
   };
-  ASSERT_TRUE(testing::WaitFor([&] { return slot_of(res[0].slot_key()).health() == "degraded"; }));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return slot_of(res[0].slot_key()).health() == v1::SLOT_HEALTH_DEGRADED; }));
   const auto degraded = slot_of(res[0].slot_key());
   ASSERT_EQ(degraded.drift_size(), 1);
   EXPECT_EQ(degraded.drift(0).kind(), "ipam_lease_mismatch");
   EXPECT_NE(degraded.health_detail().find("ipam_lease_mismatch"), std::string::npos);
   EXPECT_NE(degraded.health_detail().find("10.100.0.77"), std::string::npos);
-  EXPECT_EQ(slot_of(res[1].slot_key()).health(), "healthy") << "only the affected slot";
-  auto snap = LastSlotEvent();
-  ASSERT_TRUE(snap.ok());
-  EXPECT_FALSE(snap->schedulable());
+  EXPECT_EQ(slot_of(res[1].slot_key()).health(), v1::SLOT_HEALTH_HEALTHY)
+      << "only the affected slot";
+  // The degraded slot's event (relayed from the outbox after the commit Show already sees).
+  EXPECT_TRUE(testing::WaitFor([&] {
+    auto snap = LastSlotEvent();
+    return snap.ok() && snap->slot().slot_key() == res[0].slot_key() &&
+           snap->slot().health() == v1::SLOT_HEALTH_DEGRADED && !snap->schedulable();
+  }));
   // A topology report without topology drift leaves the IPAM drift alone.
   Report(gpuaas::inventory::Report("gpu-01"));
   WaitSnapshot("gpu-01", 2);
@@ -662,12 +673,13 @@ TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
   rep.set_node_id("gpu-01");
   rep.set_slot_key(res[0].slot_key());
   ASSERT_TRUE(Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", rep).ok());
-  EXPECT_EQ(slot_of(res[0].slot_key()).health(), "degraded");
+  EXPECT_EQ(slot_of(res[0].slot_key()).health(), v1::SLOT_HEALTH_DEGRADED);
   o->set_actual_ip(res[0].ip());
-  o->set_lease_state("bound");
+  o->set_lease_state(v1::LEASE_STATE_BOUND);
   *lr.mutable_observed_at() = google::protobuf::util::TimeUtil::GetCurrentTime();
   Publish("gpuaas.v1.evt.node.gpu-01.leases", lr, "gpu-01", 0);
-  ASSERT_TRUE(testing::WaitFor([&] { return slot_of(res[0].slot_key()).health() == "healthy"; }));
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return slot_of(res[0].slot_key()).health() == v1::SLOT_HEALTH_HEALTHY; }));
   EXPECT_EQ(slot_of(res[0].slot_key()).drift_size(), 0);
   EXPECT_EQ(slot_of(res[0].slot_key()).health_detail(), "");
 }

@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
@@ -71,12 +72,15 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
       "VALUES ($1, $2, $3, $4, $5::text[]) ON CONFLICT (allocation_id) DO UPDATE SET "
       "node_id = EXCLUDED.node_id, state = EXCLUDED.state, generation = EXCLUDED.generation, "
       "slot_keys = EXCLUDED.slot_keys, updated_at = now()",
-      a.allocation_id(), a.node_id(), a.state(), generation, store::TextArrayLiteral(keys));
+      a.allocation_id(), a.node_id(), enums::Text(a.state()), generation,
+      store::TextArrayLiteral(keys));
 
-  const bool bind = a.state() == "provisioning" || a.state() == "active";
+  const bool bind =
+      a.state() == v1::ALLOCATION_STATE_PROVISIONING || a.state() == v1::ALLOCATION_STATE_ACTIVE;
   // slot_keys lists live claims only: a failed allocation without them has had its claims
   // freed (cleanup proof or force-release).
-  const bool unbind = a.state() == "released" || (a.state() == "failed" && keys.empty());
+  const bool unbind = a.state() == v1::ALLOCATION_STATE_RELEASED ||
+                      (a.state() == v1::ALLOCATION_STATE_FAILED && keys.empty());
   if (bind && ids::IsNodeId(a.node_id())) {
     if (!LockNode(tx, a.node_id())) return Ok();  // nothing reserved on that node
     auto rows = tx.exec_params(
@@ -109,7 +113,8 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
     }
     for (const auto& node : nodes) {
       LockNode(tx, node);
-      auto n = Unbind(tx, node, a.allocation_id(), {}, "allocation " + a.state(), source);
+      auto n =
+          Unbind(tx, node, a.allocation_id(), {}, "allocation " + enums::Text(a.state()), source);
       if (!n.ok()) return n.error();
       if (auto d = UpdateDocument(tx, node, cfg); !d.ok()) return d.error();
     }

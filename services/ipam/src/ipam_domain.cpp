@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 
 namespace gpuaas::ipam {
@@ -278,15 +279,14 @@ bool SameContent(v1::NodeNetworkDocument a, v1::NodeNetworkDocument b) {
 // ---- Lease reports ----
 
 Result<void> ValidateLeaseReport(const v1::LeaseReport& report) {
-  static const std::set<std::string> kStates = {"bound", "missing", "mismatch", "unexpected"};
   std::map<std::string, std::string> problems;
   if (!ids::IsNodeId(report.node_id())) problems["node_id"] = "must be a lowercase DNS label";
   if (report.document_version() < 0) problems["document_version"] = "must be >= 0";
   for (int i = 0; i < report.observations_size(); ++i) {
     const auto& o = report.observations(i);
     const std::string at = fmt::format("observations[{}].", i);
-    if (!kStates.count(o.lease_state())) {
-      problems[at + "lease_state"] = "one of bound, missing, mismatch, unexpected";
+    if (enums::Text(o.lease_state()).empty()) {
+      problems[at + "lease_state"] = "one of " + enums::JoinTexts(v1::LeaseState_descriptor());
     }
     auto mac = ParseMac(o.mac());
     if (!mac || !IsUnicastMac(*mac)) problems[at + "mac"] = "not a unicast MAC: '" + o.mac() + "'";
@@ -333,11 +333,11 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     if (o) matched.insert(o);
     const std::string actual = o ? o->actual_ip() : "";
     const auto agent_mac = o ? ParseMac(o->mac()) : mac;
-    std::string state = "bound";
+    v1::LeaseState state = v1::LEASE_STATE_BOUND;
     if (actual.empty()) {
-      state = "missing";
+      state = v1::LEASE_STATE_MISSING;
     } else if (actual != s.ip || agent_mac != mac) {
-      state = "mismatch";
+      state = v1::LEASE_STATE_MISMATCH;
     }
     v1::StoredLease l;
     auto* obs = l.mutable_observation();
@@ -353,13 +353,13 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     out.leases[s.slot_key] = l;
     if (s.allocation_id.empty()) continue;
     Finding f{s.slot_key, s.slot_key, s.mac, "", "", s.ip, actual, s.allocation_id};
-    if (state == "mismatch") {
+    if (state == v1::LEASE_STATE_MISMATCH) {
       f.kind = kDriftMismatch;
       f.detail = agent_mac != mac
                      ? fmt::format("the node leases {} to MAC {} (reserved MAC {})", actual,
                                    o->mac(), s.mac)
                      : fmt::format("MAC {} has lease {} (reserved {})", s.mac, actual, s.ip);
-    } else if (state == "missing" && primaries.count(s.slot_key) &&
+    } else if (state == v1::LEASE_STATE_MISSING && primaries.count(s.slot_key) &&
                observed_at_ms - s.bound_at_ms >= readiness_timeout_ms) {
       f.kind = kDriftMissing;
       f.detail = fmt::format("no DHCP lease for {} ({}) {}s after binding to allocation {}", s.mac,
@@ -377,7 +377,7 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     auto* obs = l.mutable_observation();
     obs->set_mac(m ? FormatMac(*m) : o.mac());
     obs->set_actual_ip(o.actual_ip());
-    obs->set_lease_state("unexpected");
+    obs->set_lease_state(v1::LEASE_STATE_UNEXPECTED);
     obs->set_hostname(o.hostname());
     l.set_document_version(report.document_version());
     *l.mutable_observed_at() = at;

@@ -48,8 +48,9 @@ bool ValidBridge(const std::string& b) {
 }
 
 Result<void> CheckNodeId(const std::string& id, const std::string& reason) {
-  if (id.empty())
+  if (id.empty()) {
     return Error::InvalidArgument(reason, "node_id is required", {{"node_id", "required"}});
+  }
   if (!ids::IsNodeId(id)) {
     return Error::InvalidArgument(reason, "node_id must be a lowercase DNS label: '" + id + "'",
                                   {{"node_id", "must be a lowercase DNS label"}});

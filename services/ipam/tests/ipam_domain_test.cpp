@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "ipam_domain.hpp"
 #include "ipam_service.hpp"
 #include "load_config.hpp"
@@ -64,6 +65,7 @@ TEST(MacFleetTest, FiftyThousandNodesByEightSlotsResolveEveryCollision) {
   constexpr int kNodes = 50000;
   constexpr int kSlots = 8;
   std::vector<std::string> slot_keys;
+  slot_keys.reserve(kSlots);
   for (int s = 0; s < kSlots; ++s) {
     slot_keys.push_back(fmt::format("gpu-0000:{:02x}:00.0", 0x18 + s * 0x10));
   }
@@ -73,7 +75,7 @@ TEST(MacFleetTest, FiftyThousandNodesByEightSlotsResolveEveryCollision) {
   size_t expected_collisions = 0;
   size_t pool_choices = 0;
   std::vector<uint64_t> first_run;
-  first_run.reserve(kNodes * kSlots);
+  first_run.reserve(size_t{kNodes} * kSlots);
   for (int n = 0; n < kNodes; ++n) {
     const std::string node = fmt::format("gpu-{:05d}", n);
     for (const auto& slot : slot_keys) {
@@ -92,7 +94,7 @@ TEST(MacFleetTest, FiftyThousandNodesByEightSlotsResolveEveryCollision) {
       first_run.push_back(choice.mac);
     }
   }
-  EXPECT_EQ(assigned.size(), size_t{kNodes * kSlots}) << "every slot has a MAC of its own";
+  EXPECT_EQ(assigned.size(), size_t{kNodes} * kSlots) << "every slot has a MAC of its own";
   EXPECT_EQ(ledger.collisions(), expected_collisions);
   EXPECT_EQ(pool_choices, expected_collisions) << "every collision was resolved from the pool";
   // 400k MACs in a 2^24 space: the birthday bound says thousands of collisions.
@@ -103,8 +105,9 @@ TEST(MacFleetTest, FiftyThousandNodesByEightSlotsResolveEveryCollision) {
   bool same = true;
   for (int n = 0; n < kNodes && same; ++n) {
     const std::string node = fmt::format("gpu-{:05d}", n);
-    for (const auto& slot : slot_keys)
+    for (const auto& slot : slot_keys) {
       same = same && again.Assign(node, slot).mac == first_run[i++];
+    }
   }
   EXPECT_TRUE(same);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -245,7 +248,7 @@ v1::LeaseObservation Obs(const std::string& slot, const std::string& mac, const 
   o.set_slot_key(slot);
   o.set_mac(mac);
   o.set_actual_ip(ip);
-  o.set_lease_state(state);
+  o.set_lease_state(enums::FromColumn<v1::LeaseState>(state));
   return o;
 }
 
@@ -261,8 +264,8 @@ TEST(LeaseJudgementTest, BoundSlotsDriftOnMismatchMissingPastTimeoutAndUnexpecte
   // Within the readiness timeout a missing lease is not drift yet.
   auto early = JudgeLeases(slots, r, 1000 + 500, 1000);
   EXPECT_TRUE(early.drift.empty());
-  EXPECT_EQ(early.leases.at("gpu-a").observation().lease_state(), "bound");
-  EXPECT_EQ(early.leases.at("gpu-d").observation().lease_state(), "mismatch");
+  EXPECT_EQ(early.leases.at("gpu-a").observation().lease_state(), v1::LEASE_STATE_BOUND);
+  EXPECT_EQ(early.leases.at("gpu-d").observation().lease_state(), v1::LEASE_STATE_MISMATCH);
   EXPECT_EQ(early.leases.at("gpu-d").observation().expected_ip(), "10.100.0.9");
   auto late = JudgeLeases(slots, r, 1000 + 1000, 1000);
   ASSERT_EQ(late.drift.size(), 1u) << "gpu-b is a second slot of its VM; gpu-d is unbound";
@@ -278,7 +281,8 @@ TEST(LeaseJudgementTest, BoundSlotsDriftOnMismatchMissingPastTimeoutAndUnexpecte
   EXPECT_EQ(j.drift.at("gpu-c").kind, kDriftUnexpected) << "a foreign MAC holds gpu-c's IP";
   EXPECT_EQ(j.drift.at("gpu-c").allocation_id, "0190aaaa-0000-7000-8000-000000000002");
   EXPECT_EQ(j.drift.at("mac:52:54:00:77:77:77").kind, kDriftUnexpected);
-  EXPECT_EQ(j.leases.at("mac:52:54:00:77:77:77").observation().lease_state(), "unexpected");
+  EXPECT_EQ(j.leases.at("mac:52:54:00:77:77:77").observation().lease_state(),
+            v1::LEASE_STATE_UNEXPECTED);
 
   // The agent's stale document: slot gpu-a leased under its old MAC.
   v1::LeaseReport stale;

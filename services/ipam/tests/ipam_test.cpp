@@ -13,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -34,7 +35,7 @@ using google::protobuf::util::TimeUtil;
 class IpamTest : public ::testing::Test {
  protected:
   void SetUp() override { Start({}); }
-  void Start(std::map<std::string, std::string> extra) {
+  void Start(const std::map<std::string, std::string>& extra) {
     if (dsn_.empty()) dsn_ = testing::SharedPostgres().CreateDatabase("ipam");
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_POSTGRES_DSN", dsn_},
@@ -53,9 +54,9 @@ class IpamTest : public ::testing::Test {
       conn_ = *c;
     }
   }
-  void Restart(std::map<std::string, std::string> extra) {
+  void Restart(const std::map<std::string, std::string>& extra) {
     svc_->Shutdown();
-    Start(std::move(extra));
+    Start(extra);
   }
   void TearDown() override { svc_->Shutdown(); }
 
@@ -91,7 +92,7 @@ class IpamTest : public ::testing::Test {
   }
   Result<v1::SetSubnetResponse> SetSubnet(const std::string& region, const std::string& pool,
                                           const std::string& node, const std::string& subnet,
-                                          std::vector<std::string> hosts = {},
+                                          const std::vector<std::string>& hosts = {},
                                           const std::string& gateway = "") {
     v1::SetSubnetRequest req;
     req.set_region(region);
@@ -109,7 +110,7 @@ class IpamTest : public ::testing::Test {
     return Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", req);
   }
   Result<v1::AckNodeNetworkResponse> Ack(const std::string& node, int64_t version,
-                                         std::vector<std::string> blockers = {}) {
+                                         const std::vector<std::string>& blockers = {}) {
     v1::AckNodeNetworkRequest req;
     req.set_node_id(node);
     req.set_version(version);
@@ -153,12 +154,13 @@ class IpamTest : public ::testing::Test {
   // stream hold the same event twice (a redelivery that JetStream did not de-duplicate).
   v1::Event PublishAllocation(const std::string& id, const std::string& node,
                               const std::string& state, int64_t generation,
-                              std::vector<std::string> slots, const std::string& msg_id = "") {
+                              const std::vector<std::string>& slots,
+                              const std::string& msg_id = "") {
     v1::AllocationSnapshot snap;
     auto* a = snap.mutable_allocation();
     a->set_allocation_id(id);
     a->set_node_id(node);
-    a->set_state(state);
+    a->set_state(enums::FromColumn<v1::AllocationState>(state));
     a->set_generation(generation);
     for (const auto& s : slots) a->add_slot_keys(s);
     const std::string subject = fmt::format("gpuaas.v1.evt.scheduler.allocation.{}", state);
@@ -209,6 +211,7 @@ TEST_F(IpamTest, ReserveIsIdempotentAndAnnouncedOnce) {
 
 TEST_F(IpamTest, ConcurrentReservationsGetDistinctAddresses) {
   std::vector<std::thread> threads;
+  threads.reserve(16);
   std::vector<Result<v1::ReserveSlotAddressResponse>> results(16, Error::Internal("x", "unset"));
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
@@ -585,7 +588,7 @@ v1::LeaseObservation Obs(const v1::SlotReservation& r, const std::string& actual
   o.set_mac(r.mac());
   o.set_expected_ip(r.ip());
   o.set_actual_ip(actual);
-  o.set_lease_state(state);
+  o.set_lease_state(enums::FromColumn<v1::LeaseState>(state));
   return o;
 }
 
@@ -628,9 +631,9 @@ TEST_F(IpamTest, LeaseReportsBecomeDriftAndAreResolved) {
   auto leases = Leases("gpu-01");
   ASSERT_TRUE(leases.ok());
   ASSERT_EQ(leases->leases_size(), 3) << "the latest observation of every slot";
-  EXPECT_EQ(leases->leases(0).observation().lease_state(), "bound");
-  EXPECT_EQ(leases->leases(1).observation().lease_state(), "mismatch");
-  EXPECT_EQ(leases->leases(2).observation().lease_state(), "missing");
+  EXPECT_EQ(leases->leases(0).observation().lease_state(), v1::LEASE_STATE_BOUND);
+  EXPECT_EQ(leases->leases(1).observation().lease_state(), v1::LEASE_STATE_MISMATCH);
+  EXPECT_EQ(leases->leases(2).observation().lease_state(), v1::LEASE_STATE_MISSING);
   ASSERT_EQ(leases->blockers_size(), 1);
   EXPECT_EQ(leases->document_version(), version);
   ASSERT_TRUE(testing::WaitFor(
@@ -659,7 +662,7 @@ TEST_F(IpamTest, LeaseReportsBecomeDriftAndAreResolved) {
   v1::LeaseObservation rogue;
   rogue.set_mac("52:54:00:de:ad:01");
   rogue.set_actual_ip("10.100.0.200");
-  rogue.set_lease_state("unexpected");
+  rogue.set_lease_state(v1::LEASE_STATE_UNEXPECTED);
   *r4.add_observations() = rogue;
   PublishLeases(r4);
   ASSERT_TRUE(testing::WaitFor([&] { return Drift("gpu-01").size() == 1; }));

@@ -18,7 +18,10 @@
 #include <tuple>
 #include <utility>
 
+#include <fmt/format.h>
 #include <google/protobuf/util/time_util.h>
+
+#include "gpuaas/common/enums.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -236,14 +239,15 @@ uint32_t ProcHex(const std::string& s) {
   uint32_t v = 0;
   for (char c : s) {
     v <<= 4;
-    if (c >= '0' && c <= '9')
+    if (c >= '0' && c <= '9') {
       v |= static_cast<uint32_t>(c - '0');
-    else if (c >= 'a' && c <= 'f')
+    } else if (c >= 'a' && c <= 'f') {
       v |= static_cast<uint32_t>(c - 'a' + 10);
-    else if (c >= 'A' && c <= 'F')
+    } else if (c >= 'A' && c <= 'F') {
       v |= static_cast<uint32_t>(c - 'A' + 10);
-    else
+    } else {
       return 0;
+    }
   }
   return ((v & 0xffu) << 24) | ((v & 0xff00u) << 8) | ((v >> 8) & 0xff00u) | (v >> 24);
 }
@@ -326,8 +330,9 @@ std::vector<IfAddr> AddrsFromProc(const HostRoot& host) {
       if (r.mask == 0 || (a & r.mask) != r.dest) continue;
       if (best == nullptr || PrefixOf(r.mask) > PrefixOf(best->mask)) best = &r;
     }
-    if (best != nullptr)
+    if (best != nullptr) {
       v.push_back({best->iface, FormatIpv4(a) + "/" + std::to_string(PrefixOf(best->mask))});
+    }
   }
   return v;
 }
@@ -363,9 +368,10 @@ bool HasMasquerade(const std::string& rules, const Ipv4Cidr& subnet) {
 void SilentVirError(void* /*user*/, virErrorPtr /*err*/) {}
 
 Check LibvirtCheck(const std::string& uri) {
-  if (uri.empty())
+  if (uri.empty()) {
     return MakeCheck("libvirt", v1::CHECK_STATUS_WARN, "libvirt check skipped (no URI given)",
                      "run discovery with --libvirt-uri qemu:///system on the host");
+  }
   static std::once_flag once;
   std::call_once(once, [] {
     virInitialize();
@@ -469,8 +475,9 @@ std::optional<Ipv4Cidr> ParseCidr(const std::string& s) {
     if (j == std::string::npos) j = ip.size();
     std::string part = ip.substr(i, j - i);
     if (part.empty() || part.size() > 3 ||
-        !std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
+        !std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       return std::nullopt;
+    }
     auto v = ParseInt(part);
     if (!v || *v > 255) return std::nullopt;
     addr = (addr << 8) | static_cast<uint32_t>(*v);
@@ -488,8 +495,9 @@ std::string FormatIpv4(uint32_t a) {
 
 std::string DetectFsType(const std::string& head) {
   if (At(head, 0, "XFSB")) return "xfs";
-  for (size_t sector = 0; sector < 4; ++sector)
+  for (size_t sector = 0; sector < 4; ++sector) {
     if (At(head, sector * 512, "LABELONE")) return "LVM2_member";
+  }
   if (head.size() >= 1082 && static_cast<unsigned char>(head[1080]) == 0x53 &&
       static_cast<unsigned char>(head[1081]) == 0xEF) {
     uint32_t compat = Le32(head, 1024 + 0x5C);
@@ -500,16 +508,18 @@ std::string DetectFsType(const std::string& head) {
   }
   if (At(head, 4086, "SWAPSPACE2") || At(head, 4086, "SWAP-SPACE")) return "swap";
   if (BootSignature(head) &&
-      (At(head, 82, "FAT32   ") || At(head, 54, "FAT16   ") || At(head, 54, "FAT12   ")))
+      (At(head, 82, "FAT32   ") || At(head, 54, "FAT16   ") || At(head, 54, "FAT12   "))) {
     return "vfat";
+  }
   return "";
 }
 
 std::string DetectPartitionTable(const std::string& head) {
   if (At(head, 512, "EFI PART")) return "gpt";
   if (!BootSignature(head) || DetectFsType(head) == "vfat") return "";
-  for (size_t e = 0; e < 4; ++e)
+  for (size_t e = 0; e < 4; ++e) {
     if (head[446 + e * 16 + 4] != 0) return "dos";  // partition type byte
+  }
   return "";
 }
 
@@ -612,8 +622,9 @@ std::vector<v1::NvmeDevice> DiscoverNvme(const HostRoot& host) {
     auto numa = ReadNuma(host, loc.dev_dir);
     if (!numa) numa = ReadNuma(host, base + "/device");
     if (numa) d.set_numa_node(*numa);
-    if (auto sectors = host.ReadInt(base + "/size"); sectors && *sectors > 0)
+    if (auto sectors = host.ReadInt(base + "/size"); sectors && *sectors > 0) {
       d.set_size_bytes(static_cast<uint64_t>(*sectors) * 512u);
+    }
     d.set_model(host.ReadLine(base + "/device/model").value_or(""));
     d.set_serial(host.ReadLine(base + "/device/serial").value_or(""));
     bool os = false;
@@ -627,15 +638,16 @@ std::vector<v1::NvmeDevice> DiscoverNvme(const HostRoot& host) {
     }
     for (const auto& child : host.ListDir(base)) {
       if (!StartsWith(child, kname) || child == kname) continue;
-      if (!host.Exists(base + "/" + child + "/partition")) continue;
+      if (!host.Exists(fmt::format("{}/{}/partition", base, child))) continue;
       auto* p = d.add_partitions();
       p->set_kernel_name(child);
       for (const auto& m : mounts_of(child)) {
         p->add_mountpoints(m);
         os = os || IsOsMount(m);
       }
-      if (auto head = host.ReadPrefix("/dev/" + child, kSignatureBytes))
+      if (auto head = host.ReadPrefix("/dev/" + child, kSignatureBytes)) {
         p->set_fs_type(DetectFsType(*head));
+      }
     }
     d.set_os_disk(os);
     out.push_back(std::move(d));
@@ -663,7 +675,7 @@ std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host) {
     for (const auto& e : host.ListDir(dev_dir)) {
       if (!StartsWith(e, "virtfn")) continue;
       auto n = ParseInt(e.substr(6));
-      auto addr = host.LinkBasename(dev_dir + "/" + e);
+      auto addr = host.LinkBasename(fmt::format("{}/{}", dev_dir, e));
       if (n && addr && LooksLikePciAddress(*addr)) vfs.emplace_back(*n, *addr);
     }
     std::sort(vfs.begin(), vfs.end());
@@ -684,8 +696,9 @@ std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host) {
       if (auto n = ReadNuma(host, dev_dir)) f.set_numa_node(*n);
     }
     std::vector<std::pair<long long, std::string>> ports;
-    for (const auto& p : host.ListDir(*base + "/ports"))
+    for (const auto& p : host.ListDir(*base + "/ports")) {
       if (auto n = ParseInt(p)) ports.emplace_back(*n, p);
+    }
     std::sort(ports.begin(), ports.end());
     for (const auto& [n, p] : ports) {
       const std::string pd = *base + "/ports/" + p;
@@ -693,15 +706,16 @@ std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host) {
       port->set_port(static_cast<int32_t>(n));
       port->set_link_layer(host.ReadLine(pd + "/link_layer").value_or(""));
       std::string state = host.ReadLine(pd + "/state").value_or("");
-      if (auto colon = state.find(": "); colon != std::string::npos)
+      if (auto colon = state.find(": "); colon != std::string::npos) {
         state = state.substr(colon + 2);
+      }
       port->set_state(state);
       port->set_rate(host.ReadLine(pd + "/rate").value_or(""));
     }
     if (f.ports_size() > 0) {
       std::string ll = Lower(f.ports(0).link_layer());
-      if (ll == "infiniband") f.set_fabric_type("infiniband");
-      if (ll == "ethernet") f.set_fabric_type("roce");
+      if (ll == "infiniband") f.set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
+      if (ll == "ethernet") f.set_fabric_type(v1::FABRIC_TYPE_ROCE);
     }
     if (!dev_dir.empty()) fill_sriov(dev_dir, &f);
     std::string key = f.pci_address().empty() ? "~" + name : f.pci_address();
@@ -731,11 +745,13 @@ std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host) {
   for (auto& v : extra) by_key.emplace(v.pci_address(), std::move(v));
   // A VF's fabric type is its PF's when it has no port of its own to tell.
   for (auto& [key, f] : by_key) {
-    if (!f.is_vf() || !f.fabric_type().empty()) continue;
-    if (auto it = by_key.find(f.pf_pci_address()); it != by_key.end())
+    if (!f.is_vf() || f.fabric_type() != v1::FABRIC_TYPE_UNSPECIFIED) continue;
+    if (auto it = by_key.find(f.pf_pci_address()); it != by_key.end()) {
       f.set_fabric_type(it->second.fabric_type());
+    }
   }
   std::vector<v1::FabricDevice> out;
+  out.reserve(by_key.size());
   for (auto& [key, f] : by_key) out.push_back(std::move(f));
   return out;
 }
@@ -758,6 +774,7 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
     std::map<std::string, int> models;
     for (const auto& g : gpus) models[g.model().empty() ? g.device_id() : g.model()]++;
     std::vector<std::string> parts;
+    parts.reserve(models.size());
     for (const auto& [m, n] : models) parts.push_back(std::to_string(n) + "x " + m);
     out.push_back(
         MakeCheck("gpus", kPass, std::to_string(gpus.size()) + " GPUs: " + Join(parts, ", ")));
@@ -773,8 +790,9 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
 
   size_t groups = host.ListDir("/sys/kernel/iommu_groups").size();
   std::vector<std::string> no_group;
-  for (const auto& g : gpus)
+  for (const auto& g : gpus) {
     if (g.iommu_group().empty()) no_group.push_back(g.pci_address());
+  }
   if (groups == 0) {
     out.push_back(MakeCheck("iommu_groups", kFail, "no IOMMU groups in /sys/kernel/iommu_groups",
                             "enable VT-d/AMD-Vi in firmware and boot with intel_iommu=on iommu=pt",
@@ -790,9 +808,11 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
   }
 
   std::vector<std::string> iommu_args;
-  for (const auto& tok : SplitWs(host.ReadFile("/proc/cmdline").value_or("")))
-    if (tok == "intel_iommu=on" || tok == "amd_iommu=on" || tok == "iommu=pt")
+  for (const auto& tok : SplitWs(host.ReadFile("/proc/cmdline").value_or(""))) {
+    if (tok == "intel_iommu=on" || tok == "amd_iommu=on" || tok == "iommu=pt") {
       iommu_args.push_back(tok);
+    }
+  }
   if (!iommu_args.empty()) {
     out.push_back(MakeCheck("iommu_cmdline", kPass, "kernel cmdline has " + Join(iommu_args, " ")));
   } else {
@@ -827,11 +847,13 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
     }
     const int need = static_cast<int>(gpus.size());
     std::vector<std::string> short_pfs;
-    for (const auto* pf : pfs)
-      if (pf->sriov_numvfs() < need)
+    for (const auto* pf : pfs) {
+      if (pf->sriov_numvfs() < need) {
         short_pfs.push_back(pf->pci_address() + "(" + (pf->name().empty() ? "?" : pf->name()) +
                             ") numvfs=" + std::to_string(pf->sriov_numvfs()) +
                             " totalvfs=" + std::to_string(pf->sriov_totalvfs()));
+      }
+    }
     const std::string fix =
         "enable SR-IOV in firmware (mlxconfig SRIOV_EN=1 NUM_OF_VFS=N) and create VFs: echo N > "
         "/sys/bus/pci/devices/<pf>/sriov_numvfs";
@@ -869,11 +891,12 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
         "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
     };
     std::string found;
-    for (const char* p : kOvmf)
+    for (const char* p : kOvmf) {
       if (host.Exists(p) && !host.IsDir(p)) {
         found = p;
         break;
       }
+    }
     if (!found.empty()) {
       out.push_back(MakeCheck("ovmf", kPass, found));
     } else {
@@ -928,7 +951,7 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
 NetworkProbe ProbeNetwork(const HostRoot& host, const DiscoveryOptions& opts) {
   NetworkProbe probe;
   v1::NetworkBaseline& b = probe.baseline;
-  b.set_mode(opts.network_mode);
+  b.set_mode(enums::FromColumn<v1::NetworkMode>(opts.network_mode));
   b.set_bridge(opts.bridge);
   b.set_gateway_cidr(opts.gateway_cidr);
   auto gw = ParseCidr(opts.gateway_cidr);
@@ -968,13 +991,15 @@ NetworkProbe ProbeNetwork(const HostRoot& host, const DiscoveryOptions& opts) {
     }
     if (a.iface == "tmfifo_net0" && b.tmfifo_address().empty()) b.set_tmfifo_address(a.cidr);
   }
-  if (!b.gateway_present() && !on_bridge.empty())
+  if (!b.gateway_present() && !on_bridge.empty()) {
     probe.notes["gateway"] = opts.bridge + " has " + Join(on_bridge, ",");
+  }
 
   const Route* def = nullptr;
   auto routes = ReadRoutes(host);
-  for (const auto& r : routes)
+  for (const auto& r : routes) {
     if (r.up && r.dest == 0 && r.mask == 0 && (def == nullptr || r.metric < def->metric)) def = &r;
+  }
   if (def != nullptr) b.set_default_route_interface(def->iface);
 
   if (subnet) {
@@ -1006,7 +1031,7 @@ v1::NetworkBaseline ReadNetworkBaseline(const HostRoot& host, const DiscoveryOpt
 std::vector<Check> NetworkChecks(const v1::NetworkBaseline& b,
                                  const std::map<std::string, std::string>& notes) {
   std::vector<Check> out;
-  const bool nat_mode = b.mode() == "private-nat";
+  const bool nat_mode = b.mode() == v1::NETWORK_MODE_PRIVATE_NAT;
   // Outside private-nat the baseline is evidence only: failures are warnings.
   const auto kBad = nat_mode ? v1::CHECK_STATUS_FAIL : v1::CHECK_STATUS_WARN;
   const auto kPass = v1::CHECK_STATUS_PASS;
@@ -1014,7 +1039,7 @@ std::vector<Check> NetworkChecks(const v1::NetworkBaseline& b,
     auto it = notes.find(name);
     return it == notes.end() ? std::string() : " (" + it->second + ")";
   };
-  std::string mode_note = nat_mode ? "" : " [mode " + b.mode() + ": not a blocker]";
+  std::string mode_note = nat_mode ? "" : " [mode " + enums::Text(b.mode()) + ": not a blocker]";
 
   if (b.bridge_present()) {
     out.push_back(MakeCheck("bridge", kPass, b.bridge() + " present"));
@@ -1081,6 +1106,7 @@ std::vector<v1::CandidateSlot> BuildCandidates(
     const std::vector<v1::FabricDevice>& fabric, const DiscoveryOptions& opts,
     const std::map<std::string, std::string>& nvme_switch) {
   std::vector<const v1::GpuDevice*> order;
+  order.reserve(gpus.size());
   for (const auto& g : gpus) order.push_back(&g);
   std::sort(order.begin(), order.end(), [](const auto* a, const auto* b) {
     return std::make_tuple(!a->has_numa_node(), a->numa_node(), a->pcie_switch(),
@@ -1088,8 +1114,10 @@ std::vector<v1::CandidateSlot> BuildCandidates(
            std::make_tuple(!b->has_numa_node(), b->numa_node(), b->pcie_switch(), b->pci_address());
   });
   std::vector<Loc> slot_locs;
-  for (const auto* g : order)
+  slot_locs.reserve(order.size());
+  for (const auto* g : order) {
     slot_locs.push_back({NumaOf(g->has_numa_node(), g->numa_node()), g->pcie_switch()});
+  }
 
   // NVMe: only whole disks that are safe to hand to a VM and have a stable identity.
   std::vector<const v1::NvmeDevice*> disks;
@@ -1117,12 +1145,15 @@ std::vector<v1::CandidateSlot> BuildCandidates(
       [](size_t) {});
 
   // Fabric: one fabric type per node (InfiniBand when the host has any, else RoCE).
-  std::string type;
-  for (const auto& f : fabric)
-    if (f.fabric_type() == "infiniband") type = "infiniband";
-  if (type.empty())
-    for (const auto& f : fabric)
-      if (f.fabric_type() == "roce") type = "roce";
+  v1::FabricType type = v1::FABRIC_TYPE_UNSPECIFIED;
+  for (const auto& f : fabric) {
+    if (f.fabric_type() == v1::FABRIC_TYPE_INFINIBAND) type = v1::FABRIC_TYPE_INFINIBAND;
+  }
+  if (type == v1::FABRIC_TYPE_UNSPECIFIED) {
+    for (const auto& f : fabric) {
+      if (f.fabric_type() == v1::FABRIC_TYPE_ROCE) type = v1::FABRIC_TYPE_ROCE;
+    }
+  }
   std::map<std::string, const v1::FabricDevice*> pf_by_pci;
   std::vector<const v1::FabricDevice*> pfs, vfs;
   for (const auto& f : fabric) {
@@ -1136,11 +1167,13 @@ std::vector<v1::CandidateSlot> BuildCandidates(
   }
   auto fabric_loc = [&](const v1::FabricDevice& f) {
     const v1::FabricDevice* at = &f;
-    if (f.is_vf())
+    if (f.is_vf()) {
       if (auto it = pf_by_pci.find(f.pf_pci_address()); it != pf_by_pci.end()) at = it->second;
+    }
     return Loc{NumaOf(at->has_numa_node(), at->numa_node()), at->pcie_switch()};
   };
   std::vector<Loc> vf_locs;
+  vf_locs.reserve(vfs.size());
   for (const auto* v : vfs) vf_locs.push_back(fabric_loc(*v));
   std::map<std::string, int> pf_use;  // spread VFs over PFs of equal distance
   auto vf_pick = TieredAssign(
@@ -1165,8 +1198,9 @@ std::vector<v1::CandidateSlot> BuildCandidates(
                         : !g.pcie_root_port().empty() ? g.pcie_root_port()
                                                       : "none";
     s.set_locality_group("numa" + NumaLabel(slot_locs[i].numa) + "/" + where);
-    if (!g.has_numa_node())
+    if (!g.has_numa_node()) {
       s.add_notes("GPU NUMA node unknown (sysfs numa_node=-1): locality cannot be verified");
+    }
 
     if (disk_pick[i] >= 0) {
       const auto& d = *disks[static_cast<size_t>(disk_pick[i])];
@@ -1180,10 +1214,11 @@ std::vector<v1::CandidateSlot> BuildCandidates(
                     " signatures: needs an approved wipe before the slot can be approved");
       }
       int tier = Tier(slot_locs[i], disk_locs[static_cast<size_t>(disk_pick[i])]);
-      if (tier == 2)
+      if (tier == 2) {
         s.add_notes("NVMe " + d.by_id_path() + " is on NUMA node " +
                     NumaLabel(disk_locs[static_cast<size_t>(disk_pick[i])].numa) +
                     ", not the GPU's");
+      }
     } else {
       s.add_notes(
           "no eligible NVMe left (OS disk, mounted, mounted partitions or no by-id "
@@ -1192,7 +1227,7 @@ std::vector<v1::CandidateSlot> BuildCandidates(
 
     if (vf_pick[i] >= 0) {
       const auto& v = *vfs[static_cast<size_t>(vf_pick[i])];
-      s.set_fabric_claim_mode("per_slot_vf");
+      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
       s.set_fabric_vf_pci_address(v.pci_address());
       s.set_fabric_pf_pci_address(v.pf_pci_address());
       s.set_fabric_type(v.fabric_type());
@@ -1206,14 +1241,14 @@ std::vector<v1::CandidateSlot> BuildCandidates(
           best_key = key;
         }
       }
-      s.set_fabric_claim_mode("shared_parent");
+      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
       s.set_fabric_pf_pci_address(best->pci_address());
       s.set_fabric_type(best->fabric_type());
       s.add_notes("no free fabric VF for this slot: " + best->pci_address() +
                   " would be shared with other slots; create more VFs (sriov_numvfs) before "
                   "approval");
     } else {
-      s.set_fabric_claim_mode("none");
+      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_NONE);
       s.add_notes("no fabric (InfiniBand/RoCE) device found");
     }
 
@@ -1239,8 +1274,9 @@ std::vector<v1::CandidateSlot> BuildCandidates(
 
 Result<v1::TopologyReport> Discover(const DiscoveryOptions& opts) {
   struct stat st {};
-  if (opts.root.empty() || ::stat(opts.root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  if (opts.root.empty() || ::stat(opts.root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Error::NotFound("host_root_missing", "host root '" + opts.root + "' is not a directory");
+  }
   try {
     HostRoot host(opts.root);
     v1::TopologyReport rep;
@@ -1262,8 +1298,9 @@ Result<v1::TopologyReport> Discover(const DiscoveryOptions& opts) {
     std::map<std::string, std::string> pci_switch;
     for (const auto& d : nvme) {
       if (d.pci_address().empty()) continue;
-      if (auto r = host.Resolve("/sys/bus/pci/devices/" + d.pci_address()))
+      if (auto r = host.Resolve("/sys/bus/pci/devices/" + d.pci_address())) {
         pci_switch[d.pci_address()] = LocatePci(*r).pcie_switch;
+      }
     }
     for (const auto& g : gpus) *rep.add_gpus() = g;
     for (const auto& d : nvme) *rep.add_nvme() = d;
@@ -1274,15 +1311,20 @@ Result<v1::TopologyReport> Discover(const DiscoveryOptions& opts) {
     rep.set_reboot_required(reboot);
     auto probe = ProbeNetwork(host, eff);
     *rep.mutable_network() = probe.baseline;
-    for (auto& c : NetworkChecks(probe.baseline, probe.notes))
+    for (auto& c : NetworkChecks(probe.baseline, probe.notes)) {
       *rep.add_network_checks() = std::move(c);
-    for (auto& s : BuildCandidates(gpus, nvme, fabric, eff, pci_switch))
+    }
+    for (auto& s : BuildCandidates(gpus, nvme, fabric, eff, pci_switch)) {
       *rep.add_candidates() = std::move(s);
+    }
 
-    for (const auto* list : {&rep.prereqs(), &rep.network_checks()})
-      for (const auto& c : *list)
-        if (c.blocker() && c.status() == v1::CHECK_STATUS_FAIL)
+    for (const auto* list : {&rep.prereqs(), &rep.network_checks()}) {
+      for (const auto& c : *list) {
+        if (c.blocker() && c.status() == v1::CHECK_STATUS_FAIL) {
           rep.add_node_blockers(BlockerName(c.name()));
+        }
+      }
+    }
     return rep;
   } catch (const std::exception& e) {
     return Error::Internal("discovery_failed", e.what());

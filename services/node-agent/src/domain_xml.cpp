@@ -163,9 +163,11 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   if (o.seed_iso.empty()) return DefineError("seed_missing", "no NoCloud seed ISO given");
   paths.emplace_back("seed_iso", o.seed_iso);
   for (const auto& [field, p] : paths) {
-    if (!IsAbsolutePath(p))
-      return DefineError("invalid_path", field + " must be an absolute path, got '" + p + "'",
+    if (!IsAbsolutePath(p)) {
+      return DefineError("invalid_path",
+                         fmt::format("{} must be an absolute path, got '{}'", field, p),
                          {{"field", field}});
+    }
   }
   if (o.vnc_socket.empty() && !IsLoopbackAddress(o.vnc_listen)) {
     return DefineError("vnc_listen_not_loopback",
@@ -314,8 +316,9 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   if (o.isolated_port && !o.bridge_is_ovs) add("      <port isolated='yes'/>");
   add("    </interface>");
   add("    <serial type='pty'>");
-  if (!o.serial_log.empty())
+  if (!o.serial_log.empty()) {
     add(fmt::format("      <log file='{}' append='off'/>", Esc(o.serial_log)));
+  }
   add("      <target port='0'/>");
   add("    </serial>");
   add("    <console type='pty'>");

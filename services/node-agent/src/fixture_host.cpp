@@ -78,9 +78,10 @@ class Tree {
     f << content;
     if (!f) throw std::runtime_error("cannot write " + p.string());
     f.close();
-    if (exec)
+    if (exec) {
       fs::permissions(p, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                              fs::perms::others_read | fs::perms::others_exec);
+    }
   }
 
   void Dir(const std::string& logical) { fs::create_directories(P(logical)); }
@@ -155,8 +156,9 @@ struct Builder {
       std::string vf = Pci(parent, vf_addr, "0x15b3", "0x101e", "0x020700", numa, "mlx5_core");
       t.Link(pf + "/virtfn" + std::to_string(v), vf);
       t.Link(vf + "/physfn", pf);
-      if (o.vf_rdma_devices)
+      if (o.vf_rdma_devices) {
         IbDevice(vf, "mlx5_" + std::to_string(total_pfs + pf_index * o.vfs_per_pf + v));
+      }
     }
   }
 
@@ -206,14 +208,18 @@ struct Builder {
     }
     for (size_t p = 0; p < parts.size(); ++p) {
       const std::string pn = kname + "p" + std::to_string(p + 1);
-      t.File(ns + "/" + pn + "/partition", std::to_string(p + 1) + "\n");
-      t.File(ns + "/" + pn + "/size", "2097152\n");
-      t.Link("/sys/class/block/" + pn, ns + "/" + pn);
+      std::string part_dir = ns;
+      part_dir += '/';
+      part_dir += pn;
+      t.File(part_dir + "/partition", std::to_string(p + 1) + "\n");
+      t.File(part_dir + "/size", "2097152\n");
+      t.Link("/sys/class/block/" + pn, part_dir);
       t.File("/dev/" + pn, DiskHead(parts[p].fs_type, ""));
       t.Link("/dev/disk/by-id/" + eui + "-part" + std::to_string(p + 1), "/dev/" + pn);
-      if (!parts[p].mount.empty())
+      if (!parts[p].mount.empty()) {
         mounts.push_back("/dev/" + pn + " " + parts[p].mount + " " + parts[p].fs_type +
                          " rw,relatime 0 0");
+      }
     }
     if (lvm_root) {
       const std::string pn = kname + "p" + std::to_string(parts.size());
@@ -264,9 +270,10 @@ struct Builder {
       } else if (j == o.fs_nvme || j == o.mounted_nvme) {
         disk_fs = "xfs";
       }
-      if (j == o.mounted_nvme)
+      if (j == o.mounted_nvme) {
         mounts.push_back("/dev/nvme" + std::to_string(kernel_index(j)) +
                          "n1 /scratch xfs rw,relatime 0 0");
+      }
       Nvme(dn, j, kernel_index(j), numa, table, disk_fs, parts, lvm);
     };
 
@@ -326,8 +333,9 @@ struct Builder {
                                 (o.iommu_cmdline ? " intel_iommu=on iommu=pt" : "") + "\n");
     t.File("/sys/module/kvm/refcnt", "1\n");
     if (o.vfio) {
-      for (const char* m : {"vfio", "vfio_iommu_type1", "vfio_pci"})
+      for (const char* m : {"vfio", "vfio_iommu_type1", "vfio_pci"}) {
         t.File(std::string("/sys/module/") + m + "/refcnt", "0\n");
+      }
     }
     if (o.ovmf) t.File("/usr/share/OVMF/OVMF_CODE_4M.fd", std::string(4096, '\xff'));
     t.File("/sys/kernel/mm/hugepages/hugepages-1048576kB/nr_hugepages",
@@ -367,12 +375,14 @@ struct Builder {
     route_line("eno8303", "00000000", RouteHex(10, 177, 36, 1), "0003", 100, "00000000");
     route_line("eno8303", RouteHex(10, 177, 36, 0), "00000000", "0001", 100,
                RouteHex(255, 255, 255, 0));
-    if (gw)
+    if (gw) {
       route_line("ovsbr0", RouteHex(10, 100, 0, 0), "00000000", "0001", 0,
                  RouteHex(255, 255, 255, 0));
-    if (o.tmfifo)
+    }
+    if (o.tmfifo) {
       route_line("tmfifo_net0", RouteHex(192, 168, 100, 0), "00000000", "0001", 0,
                  RouteHex(255, 255, 255, 252));
+    }
     t.File("/proc/net/route", route);
 
     std::string trie = "Main:\n  +-- 0.0.0.0/0 3 0 5\n";
@@ -398,14 +408,16 @@ struct Builder {
           "forever\n"
           "2: eno8303    inet 10.177.36.20/24 metric 100 brd 10.177.36.255 scope global dynamic "
           "eno8303\\       valid_lft 85000sec preferred_lft 85000sec\n";
-      if (gw)
+      if (gw) {
         out +=
             "7: ovsbr0    inet 10.100.0.1/24 brd 10.100.0.255 scope global ovsbr0\\       "
             "valid_lft forever preferred_lft forever\n";
-      if (o.tmfifo)
+      }
+      if (o.tmfifo) {
         out +=
             "8: tmfifo_net0    inet 192.168.100.1/30 brd 192.168.100.3 scope global "
             "tmfifo_net0\\       valid_lft forever preferred_lft forever\n";
+      }
       t.File("/usr/sbin/ip",
              "#!/bin/sh\n"
              "[ \"$*\" = \"-o -4 addr show\" ] || { echo \"ip: unexpected arguments: $*\" >&2; "
@@ -436,9 +448,10 @@ Result<void> BuildFixtureHost(const std::string& dir, const FixtureOptions& opts
   try {
     fs::path root = fs::absolute(dir);
     std::error_code ec;
-    if (fs::exists(root, ec) && !fs::is_empty(root, ec))
+    if (fs::exists(root, ec) && !fs::is_empty(root, ec)) {
       return Error::FailedPrecondition("fixture_dir_not_empty",
                                        "fixture directory " + root.string() + " is not empty");
+    }
     fs::create_directories(root);
     Builder b{opts, Tree(root), 10, {}, {"0-47,96-143", "48-95,144-191"}};
     b.Build();

@@ -254,8 +254,9 @@ std::optional<std::string> HostRoot::FindTool(
 
 Result<ToolResult> RunTool(const std::vector<std::string>& argv,
                            std::chrono::milliseconds timeout) {
-  if (argv.empty() || argv[0].empty() || argv[0].front() != '/')
+  if (argv.empty() || argv[0].empty() || argv[0].front() != '/') {
     return Error::InvalidArgument("tool_path_invalid", "tool path must be absolute");
+  }
   // Everything the child touches is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> cargv;
   cargv.reserve(argv.size() + 1);
@@ -267,12 +268,14 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
 
   int out_p[2] = {-1, -1}, err_p[2] = {-1, -1}, exec_p[2] = {-1, -1};
   auto close_all = [&] {
-    for (int* p : {out_p, err_p, exec_p})
-      for (int i = 0; i < 2; ++i)
+    for (int* p : {out_p, err_p, exec_p}) {
+      for (int i = 0; i < 2; ++i) {
         if (p[i] >= 0) {
           ::close(p[i]);
           p[i] = -1;
         }
+      }
+    }
   };
   if (::pipe2(out_p, O_CLOEXEC) != 0 || ::pipe2(err_p, O_CLOEXEC) != 0 ||
       ::pipe2(exec_p, O_CLOEXEC) != 0) {
@@ -446,8 +449,9 @@ bool LooksLikePciAddress(std::string_view s) {
   auto hex = [](char c) { return std::isxdigit(static_cast<unsigned char>(c)) != 0; };
   size_t colon = s.find(':');
   if (colon == std::string_view::npos || colon < 4) return false;
-  for (size_t i = 0; i < colon; ++i)
+  for (size_t i = 0; i < colon; ++i) {
     if (!hex(s[i])) return false;
+  }
   std::string_view rest = s.substr(colon + 1);
   return rest.size() == 7 && hex(rest[0]) && hex(rest[1]) && rest[2] == ':' && hex(rest[3]) &&
          hex(rest[4]) && rest[5] == '.' && rest[6] >= '0' && rest[6] <= '7';

@@ -37,6 +37,7 @@
 #include <nlohmann/json.hpp>
 
 #include "discovery.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host.hpp"
@@ -66,9 +67,11 @@ struct StreamResult {
 // group killed on timeout), but hands stdout to `on_out` as it arrives: qemu-img -p progress.
 Result<StreamResult> RunStreaming(const std::vector<std::string>& argv, milliseconds timeout,
                                   const std::function<void(const std::string&)>& on_out) {
-  if (argv.empty() || argv[0].empty() || argv[0][0] != '/')
+  if (argv.empty() || argv[0].empty() || argv[0][0] != '/') {
     return Error::InvalidArgument("tool_path", "tool path must be absolute");
+  }
   std::vector<char*> args;
+  args.reserve(argv.size() + 1);
   for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
   static const char* kEnv[] = {"LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
@@ -85,8 +88,10 @@ Result<StreamResult> RunStreaming(const std::vector<std::string>& argv, millisec
   }
   const pid_t pid = ::fork();
   if (pid < 0) {
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1]})
+    for (int fd :
+         {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1]}) {
       ::close(fd);
+    }
     return Error::Internal("fork", Errno(errno));
   }
   if (pid == 0) {
@@ -137,8 +142,9 @@ Result<StreamResult> RunStreaming(const std::vector<std::string>& argv, millisec
       if (i == 0 && on_out) on_out(chunk);
     }
   }
-  for (auto& f : fds)
+  for (auto& f : fds) {
     if (f.fd >= 0) ::close(f.fd);
+  }
   // A tool that closed its output but keeps running is still bounded by the deadline.
   int status = 0;
   while (!res.timed_out) {
@@ -276,8 +282,9 @@ Result<void> CheckDevicesFree(virConnectPtr conn, const v1::ProvisionBundle& b,
   std::map<std::string, std::string> wanted;  // lowercase PCI address -> what it is
   for (const auto& s : b.slots()) {
     if (!s.gpu_pci_address().empty()) wanted[Lower(s.gpu_pci_address())] = "gpu " + s.slot_key();
-    if (!s.fabric_vf_pci_address().empty())
+    if (!s.fabric_vf_pci_address().empty()) {
       wanted[Lower(s.fabric_vf_pci_address())] = "fabric VF " + s.slot_key();
+    }
   }
   virDomainPtr* doms = nullptr;
   virResetLastError();
@@ -398,12 +405,14 @@ bool IsHostname(const std::string& h) {
     size_t dot = h.find('.', start);
     if (dot == std::string::npos) dot = h.size();
     const std::string label = h.substr(start, dot - start);
-    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-')
+    if (label.empty() || label.size() > 63 || label.front() == '-' || label.back() == '-') {
       return false;
+    }
     if (!std::all_of(label.begin(), label.end(), [](char c) {
           return std::isalnum(static_cast<unsigned char>(c)) || c == '-';
-        }))
+        })) {
       return false;
+    }
     start = dot + 1;
   }
   return true;
@@ -515,13 +524,15 @@ Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_f
                       std::move(det));
   };
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0)
+  if (::stat(path.c_str(), &st) != 0) {
     return refuse("disk_not_found", fmt::format("{}: {}", path, Errno(errno)));
+  }
   DiskTarget t;
   t.path = path;
   if (S_ISREG(st.st_mode)) {
-    if (!allow_regular_file)
+    if (!allow_regular_file) {
       return refuse("disk_not_block_device", path + " is a regular file, not a block device");
+    }
     t.size = static_cast<uint64_t>(st.st_size);
     return t;
   }
@@ -577,8 +588,9 @@ Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_f
   }
   const int fd = ::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC);
   if (fd < 0) {
-    if (errno == EBUSY)
+    if (errno == EBUSY) {
       return refuse("disk_busy", path + " is in exclusive use (open O_EXCL: busy)");
+    }
     return refuse("disk_unreadable", fmt::format("{}: {}", path, Errno(errno)));
   }
   uint64_t size = 0;
@@ -649,7 +661,9 @@ Result<StreamResult> RunOk(const std::vector<std::string>& argv, milliseconds ti
                            std::map<std::string, std::string> det = {}) {
   auto r = RunStreaming(argv, timeout, on_out);
   if (!r.ok()) return WithStage(r.error(), stage);
-  if (r->exit_code != 0 || r->timed_out) return ToolFailed(stage, reason, argv[0], *r, det);
+  if (r->exit_code != 0 || r->timed_out) {
+    return ToolFailed(stage, reason, argv[0], *r, std::move(det));
+  }
   return r;
 }
 
@@ -739,8 +753,9 @@ Result<std::string> Sha256Of(const LibvirtOptions& o, const std::string& path) {
   auto r = RunOk({*tool, "--", path}, o.image_timeout, "image", "image_digest_failed");
   if (!r.ok()) return r.error();
   auto f = SplitWs(r->out);
-  if (f.empty() || !IsValidSha256(f[0]))
+  if (f.empty() || !IsValidSha256(f[0])) {
     return StageError(Code::kInternal, "image_digest_failed", "sha256sum said nothing", "image");
+  }
   return f[0];
 }
 
@@ -748,7 +763,7 @@ Result<std::string> Sha256Of(const LibvirtOptions& o, const std::string& path) {
 Result<std::string> EnsureImage(const LibvirtOptions& o, const v1::ImageRef& img,
                                 const ProgressFn& progress) {
   const std::string kStage = "image";
-  const std::string want = img.sha256();
+  const std::string& want = img.sha256();
   std::error_code ec;
   fs::create_directories(o.image_cache_dir, ec);
   if (ec) {
@@ -900,8 +915,9 @@ Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle
   const std::string dir = fmt::format("{}/{}", o.seed_dir, b.allocation_id());
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec)
+  if (ec) {
     return StageError(Code::kInternal, "seed_write_failed", dir + ": " + ec.message(), kStage);
+  }
   // qemu (another user) reads the ISO.
   fs::permissions(dir,
                   fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
@@ -910,7 +926,7 @@ Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle
   for (const auto& [name, text] :
        {std::pair<std::string, std::string>{"meta-data", files->meta_data},
         {"user-data", files->user_data}}) {
-    std::ofstream f(dir + "/" + name, std::ios::binary | std::ios::trunc);
+    std::ofstream f(fmt::format("{}/{}", dir, name), std::ios::binary | std::ios::trunc);
     f << text;
     f.close();
     if (!f) return StageError(Code::kInternal, "seed_write_failed", "writing " + name, kStage);
@@ -922,8 +938,9 @@ Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle
                  milliseconds(60000), kStage, "seed_build_failed");
   if (!r.ok()) return r.error();
   fs::rename(tmp, iso, ec);
-  if (ec)
+  if (ec) {
     return StageError(Code::kInternal, "seed_write_failed", iso + ": " + ec.message(), kStage);
+  }
   fs::permissions(iso,
                   fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
                       fs::perms::others_read,
@@ -964,8 +981,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (!plan.ok()) return plan.error();
   auto record = [&](const std::string& state, const std::string& stage) -> Result<void> {
     std::lock_guard lock(mu_);
-    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
+    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok()) {
       return WithStage(w.error(), stage);
+    }
     return Ok();
   };
   // ---- resume: this attempt's VM is already running (the agent restarted mid-provision) ----
@@ -990,8 +1008,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (b.shape().hugepages_1g() > 0) {
     const std::string leaf = "hugepages/hugepages-1048576kB/free_hugepages";
     std::optional<long long> free_pages;
-    if (numa)
+    if (numa) {
       free_pages = host.ReadInt(fmt::format("/sys/devices/system/node/node{}/{}", *numa, leaf));
+    }
     if (!free_pages) free_pages = host.ReadInt("/sys/kernel/mm/" + leaf);
     if (free_pages.value_or(0) < b.shape().hugepages_1g()) {
       return StageError(Code::kFailedPrecondition, "hugepages_insufficient",
@@ -1037,8 +1056,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
   {
     std::lock_guard lock(mu_);
-    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
+    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok()) {
       return r.error();
+    }
   }
   progress("lease",
            fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
@@ -1114,8 +1134,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   // a restarted agent must know the running domain is this attempt's own.
   if (auto r = record("starting", "start"); !r.ok()) return r.error();
   virResetLastError();
-  if (virDomainCreate(dom.get()) != 0)
+  if (virDomainCreate(dom.get()) != 0) {
     return LibvirtError("start", "start_failed", "starting " + domain, {{"domain_name", domain}});
+  }
   if (auto r = record("started", "start"); !r.ok()) return r.error();
   progress("start", "domain " + domain + " started", 100);
 
@@ -1206,8 +1227,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
   const auto ssh_deadline = Clock::now() + opts_.ssh_timeout;
   while (true) {
     const auto left = std::chrono::duration_cast<milliseconds>(ssh_deadline - Clock::now());
-    if (probe(*seen_ip, opts_.ssh_port, std::clamp(left, milliseconds(100), milliseconds(3000))))
+    if (probe(*seen_ip, opts_.ssh_port, std::clamp(left, milliseconds(100), milliseconds(3000)))) {
       break;
+    }
     if (auto e = not_running()) return *e;
     if (Clock::now() >= ssh_deadline) {
       return StageError(Code::kDeadlineExceeded, "ssh_timeout",
@@ -1225,9 +1247,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
   out.set_mac(first.mac());
   out.set_expected_ip(first.private_ip());
   out.set_actual_ip(*seen_ip);
-  out.set_lease_state("bound");
+  out.set_lease_state(v1::LEASE_STATE_BOUND);
   for (const auto& step : plan) out.add_plan(step);
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_LIBVIRT);
   return out;
 }
 
@@ -1241,7 +1263,7 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
   v1::ReleaseOutput out;
   const std::string domain = DomainName(p.allocation_id());
   out.set_domain_name(domain);
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_LIBVIRT);
   auto conn = Conn();
   if (!conn.ok()) return WithStage(conn.error(), kStage);
   auto dom = LookupDomain(*conn, domain, kStage);
@@ -1249,18 +1271,19 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
   auto forget = [&]() -> Result<void> {
     RemoveSeed(opts_, p.allocation_id());
     std::lock_guard lock(mu_);
-    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok()) {
       return WithStage(e.error(), kStage);
+    }
     return Ok();
   };
   if (!dom->has_value()) {
     if (auto f = forget(); !f.ok()) return f.error();
-    out.set_stop("absent");
+    out.set_stop(v1::STOP_METHOD_ABSENT);
     progress("stop", "no domain " + domain + " defined: nothing to stop", 100);
     return out;
   }
   virDomainPtr d = dom->value().get();
-  out.set_stop("graceful");
+  out.set_stop(v1::STOP_METHOD_GRACEFUL);
   const auto timeout = p.graceful_timeout_s() > 0
                            ? milliseconds(int64_t{p.graceful_timeout_s()} * 1000)
                            : opts_.shutdown_timeout;
@@ -1269,15 +1292,16 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
     const auto t0 = Clock::now();
     virResetLastError();
     const bool asked = virDomainShutdown(d) == 0;  // ACPI power button
-    while (asked && virDomainIsActive(d) == 1 && Clock::now() - t0 < timeout)
+    while (asked && virDomainIsActive(d) == 1 && Clock::now() - t0 < timeout) {
       std::this_thread::sleep_for(std::min(opts_.poll_interval, milliseconds(200)));
+    }
     if (virDomainIsActive(d) == 1) {
       virResetLastError();
       if (virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
         return LibvirtError(kStage, "destroy_failed", "destroying " + domain,
                             {{"domain_name", domain}});
       }
-      out.set_stop("hard");
+      out.set_stop(v1::STOP_METHOD_HARD);
       how = asked ? fmt::format("did not stop within {} ms: destroyed", timeout.count())
                   : "refused the shutdown request: destroyed";
     } else {
@@ -1321,10 +1345,12 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     }
     // Hold the slots while they are wiped, so no other allocation can lease them meanwhile.
     int32_t attempt = 0;
-    if (auto rec = store_.Get(LeaseKey(p.allocation_id())); rec.ok() && rec->has_value())
+    if (auto rec = store_.Get(LeaseKey(p.allocation_id())); rec.ok() && rec->has_value()) {
       attempt = (**rec).value("attempt", 0);
-    if (auto r = TakeLease(store_, p.allocation_id(), slot_keys, attempt); !r.ok())
+    }
+    if (auto r = TakeLease(store_, p.allocation_id(), slot_keys, attempt); !r.ok()) {
       return WithStage(r.error(), kStage);
+    }
   }
 
   // ---- a leftover domain goes first: a running VM would write to the disk during the wipe ----
@@ -1372,8 +1398,9 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     }
     if (auto r = RunOk({*wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed",
                        {}, det);
-        !r.ok())
+        !r.ok()) {
       return r.error();
+    }
     std::string method;
     std::string why;
     if (t->block && t->discard) {
@@ -1396,8 +1423,9 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
         if (!tool.ok()) return tool.error();
         if (auto r = RunOk({*tool, "-z", d.target_path}, opts_.wipe_timeout, "wipe", "wipe_failed",
                            {}, det);
-            !r.ok())
+            !r.ok()) {
           return r.error();
+        }
       } else {
         const int fd = ::open(d.target_path.c_str(), O_WRONLY | O_CLOEXEC);
         if (fd < 0) {
@@ -1428,8 +1456,9 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     auto probed =
         RunStreaming({*blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000), {});
     if (!probed.ok()) return WithStage(probed.error(), "verify");
-    if (probed->exit_code != 0 && probed->exit_code != 2)
+    if (probed->exit_code != 0 && probed->exit_code != 2) {
       return ToolFailed("verify", "verify_failed", *blkid, *probed, det);
+    }
     const bool remaining = !Trim(listed->out).empty() || probed->exit_code == 0;
     if (remaining) {
       det["wipefs"] = FirstLine(listed->out);
@@ -1463,19 +1492,21 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
   RemoveSeed(opts_, p.allocation_id());
   {
     std::lock_guard lock(mu_);
-    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+    if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok()) {
       return WithStage(e.error(), kStage);
+    }
     if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   }
   v1::CleanupOutput out;
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_LIBVIRT);
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (const auto& s : p.slots()) {
     auto* proof = out.add_proofs();
     proof->set_slot_key(s.slot_key());
     proof->set_nvme_by_id(s.nvme_by_id());
     auto it = methods.find(s.slot_key());
-    proof->set_method(it == methods.end() ? "none" : it->second);
+    proof->set_method(it == methods.end() ? v1::WIPE_METHOD_UNSPECIFIED
+                                          : enums::FromColumn<v1::WipeMethod>(it->second));
     proof->set_signatures_remaining(false);
     proof->set_domain_undefined(true);
     proof->set_network_state_removed(network_removed);
@@ -1496,8 +1527,9 @@ Result<AdoptionReport> LibvirtRuntime::Adopt() {
   for (int i = 0; i < n; ++i) {
     DomainPtr d(list[i]);
     const char* name = virDomainGetName(d.get());
-    if (name && std::string_view(name).rfind(kDomainPrefix, 0) == 0)
+    if (name && std::string_view(name).rfind(kDomainPrefix, 0) == 0) {
       live[name] = DomainState(d.get());
+    }
   }
   free(list);  // NOLINT(cppcoreguidelines-no-malloc): libvirt allocated it
 

@@ -76,8 +76,9 @@ uint32_t MaskOf(int prefix) { return prefix == 0 ? 0 : ~uint32_t{0} << (32 - pre
 bool IsUnicastMac(const std::string& mac) {
   if (mac.size() != 17) return false;
   for (size_t i = 0; i < mac.size(); ++i) {
-    if (i % 3 == 2 ? mac[i] != ':' : !std::isxdigit(static_cast<unsigned char>(mac[i])))
+    if (i % 3 == 2 ? mac[i] != ':' : !std::isxdigit(static_cast<unsigned char>(mac[i]))) {
       return false;
+    }
   }
   if (std::stoi(mac.substr(0, 2), nullptr, 16) & 1) return false;
   return mac != "00:00:00:00:00:00";
@@ -109,10 +110,12 @@ bool IsHostname(const std::string& s) {
 // Absolute, no "..", nothing that could end a dnsmasq config line or split an option.
 bool IsStateDir(const std::string& s) {
   if (s.size() < 2 || s.front() != '/' || s.size() > 200) return false;
-  for (char c : s)
+  for (char c : s) {
     if (std::iscntrl(static_cast<unsigned char>(c)) ||
-        std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '#')
+        std::isspace(static_cast<unsigned char>(c)) || c == ',' || c == '#') {
       return false;
+    }
+  }
   return ("/" + s + "/").find("/../") == std::string::npos;
 }
 
@@ -155,17 +158,21 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   };
 
   Plan p;
-  if (!IsIfName(spec.bridge))
+  if (!IsIfName(spec.bridge)) {
     add("invalid_bridge", "bridge name must be 1-15 of [A-Za-z0-9_.-]", "bridge", spec.bridge);
-  if (!IsStateDir(spec.state_dir))
+  }
+  if (!IsStateDir(spec.state_dir)) {
     add("invalid_state_dir", "state_dir must be an absolute path without spaces, ',' or '..'",
         "state_dir", spec.state_dir);
-  if (!ctx.netns.empty() && !IsNetnsName(ctx.netns))
+  }
+  if (!ctx.netns.empty() && !IsNetnsName(ctx.netns)) {
     add("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx.netns);
+  }
   if (!spec.egress_iface.empty() &&
-      (!IsIfName(spec.egress_iface) || spec.egress_iface == spec.bridge))
+      (!IsIfName(spec.egress_iface) || spec.egress_iface == spec.bridge)) {
     add("invalid_egress_iface", "egress_iface must be an interface name other than the bridge",
         "egress_iface", spec.egress_iface);
+  }
 
   auto subnet = ParseCidr(spec.subnet_cidr);
   auto gw = ParseCidr(spec.gateway_cidr);
@@ -180,14 +187,15 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   } else {
     const uint32_t mask = MaskOf(subnet->prefix);
     const uint32_t bcast = subnet->addr | ~mask;
-    if (gw->prefix != subnet->prefix || (gw->addr & mask) != subnet->addr)
+    if (gw->prefix != subnet->prefix || (gw->addr & mask) != subnet->addr) {
       add("gateway_outside_subnet", "gateway_cidr must be inside subnet_cidr with its prefix",
           "gateway_cidr", spec.gateway_cidr);
-    else if (gw->addr == subnet->addr || gw->addr == bcast)
+    } else if (gw->addr == subnet->addr || gw->addr == bcast) {
       add("invalid_gateway", "gateway is the network or broadcast address", "gateway_cidr",
           spec.gateway_cidr);
-    else
+    } else {
       nets_ok = true;
+    }
     p.subnet = *subnet;
     p.gateway = gw->addr;
   }
@@ -195,11 +203,12 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   if (nets_ok) {
     // Usable host addresses minus the gateway's.
     const uint64_t room = (uint64_t{1} << (32 - p.subnet.prefix)) - 3;
-    if (spec.reservations.size() > room)
+    if (spec.reservations.size() > room) {
       add("subnet_too_small",
           fmt::format("{} reservations do not fit in {} ({} addresses besides the gateway)",
                       spec.reservations.size(), spec.subnet_cidr, room),
           "reservations", std::to_string(spec.reservations.size()));
+    }
   }
 
   std::set<std::string> macs, hostnames;
@@ -218,20 +227,22 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
       add("invalid_ip", "reservation IP must be a dotted IPv4 address", "ip", r.ip, idx);
     } else if (nets_ok) {
       const uint32_t mask = MaskOf(p.subnet.prefix);
-      if ((*ip & mask) != p.subnet.addr)
+      if ((*ip & mask) != p.subnet.addr) {
         add("ip_outside_subnet", "reservation IP is outside " + spec.subnet_cidr, "ip", r.ip, idx);
-      else if (*ip == p.subnet.addr || *ip == (p.subnet.addr | ~mask) || *ip == p.gateway)
+      } else if (*ip == p.subnet.addr || *ip == (p.subnet.addr | ~mask) || *ip == p.gateway) {
         add("ip_reserved", "reservation IP is the network, broadcast or gateway address", "ip",
             r.ip, idx);
-      else if (!ips.insert(*ip).second)
+      } else if (!ips.insert(*ip).second) {
         add("duplicate_ip", "two reservations name one IP", "ip", r.ip, idx);
+      }
     }
     if (!r.hostname.empty()) {
-      if (!IsHostname(r.hostname))
+      if (!IsHostname(r.hostname)) {
         add("invalid_hostname", "hostname must be an RFC 1123 label", "hostname", r.hostname, idx);
-      else if (!hostnames.insert(Lower(r.hostname)).second)
+      } else if (!hostnames.insert(Lower(r.hostname)).second) {
         add("duplicate_hostname", "two reservations name one hostname", "hostname", r.hostname,
             idx);
+      }
     }
     NetReservation n = r;
     n.mac = mac;
@@ -272,9 +283,10 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
 
 std::string RenderHosts(const std::vector<NetReservation>& res) {
   std::string out = "# Managed by gpuaas-node-agent: exactly the control plane's reservations.\n";
-  for (const auto& r : res)
+  for (const auto& r : res) {
     out += r.hostname.empty() ? fmt::format("{},{}\n", r.mac, r.ip)
                               : fmt::format("{},{},{}\n", r.mac, r.ip, r.hostname);
+  }
   return out;
 }
 
@@ -385,20 +397,23 @@ Result<void> WriteAtomic(const std::string& path, const std::string& content) {
 Result<void> PrepareStateDir(const std::string& dir) {
   std::vector<std::string> parts;
   std::stringstream ss(dir);
-  for (std::string x; std::getline(ss, x, '/');)
+  for (std::string x; std::getline(ss, x, '/');) {
     if (!x.empty()) parts.push_back(x);
+  }
   std::string cur;
   for (size_t i = 0; i < parts.size(); ++i) {
     cur += "/" + parts[i];
     const bool last = i + 1 == parts.size();
     struct stat st {};
     if (::stat(cur.c_str(), &st) != 0) {
-      if (errno != ENOENT || ::mkdir(cur.c_str(), 0755) != 0)
+      if (errno != ENOENT || ::mkdir(cur.c_str(), 0755) != 0) {
         return Error::FailedPrecondition("state_dir_unusable", cur + ": " + std::strerror(errno));
+      }
       continue;
     }
-    if (!S_ISDIR(st.st_mode))
+    if (!S_ISDIR(st.st_mode)) {
       return Error::FailedPrecondition("state_dir_unusable", cur + " is not a directory");
+    }
     if (last) {
       // Our own directory: make it readable for dnsmasq.
       if ((st.st_mode & 0005) != 0005) ::chmod(cur.c_str(), (st.st_mode & 07777) | 0055);
@@ -466,13 +481,15 @@ std::optional<int> RunningDnsmasq(const Plan& p) {
 void StopPid(int pid) {
   ::kill(pid, SIGTERM);
   auto deadline = Clock::now() + std::chrono::seconds(3);
-  while (Alive(pid) && Clock::now() < deadline)
+  while (Alive(pid) && Clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   if (Alive(pid)) {
     ::kill(pid, SIGKILL);
     deadline = Clock::now() + std::chrono::seconds(1);
-    while (Alive(pid) && Clock::now() < deadline)
+    while (Alive(pid) && Clock::now() < deadline) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
   }
 }
 
@@ -486,9 +503,10 @@ class Host {
   Result<void> Preflight() const {
     if (!ctx_.netns.empty() && !ctx_.run) {
       struct stat st {};
-      if (::stat(("/run/netns/" + ctx_.netns).c_str(), &st) != 0)
+      if (::stat(("/run/netns/" + ctx_.netns).c_str(), &st) != 0) {
         return Error::FailedPrecondition("netns_not_found",
                                          "network namespace " + ctx_.netns + " does not exist");
+      }
     }
     return Ok();
   }
@@ -573,23 +591,29 @@ Result<BridgeState> ProbeBridge(const Host& h, const NetworkSpec& spec, const Pl
   if (!link.ok()) return link.error();
   if (link->exit_code != 0) return b;
   auto j = nlohmann::json::parse(link->out, nullptr, false);
-  if (j.is_discarded() || !j.is_array() || j.empty())
+  if (j.is_discarded() || !j.is_array() || j.empty()) {
     return Error::Internal("unexpected_tool_output", "ip -j link: " + link->out.substr(0, 200));
+  }
   b.exists = true;
   const auto& l = j[0];
   b.is_bridge = l.contains("linkinfo") && l["linkinfo"].value("info_kind", "") == "bridge";
-  if (l.contains("flags") && l["flags"].is_array())
-    for (const auto& f : l["flags"])
+  if (l.contains("flags") && l["flags"].is_array()) {
+    for (const auto& f : l["flags"]) {
       if (f.is_string() && f.get<std::string>() == "UP") b.up = true;
+    }
+  }
   auto addr = h.Must("ip", {"-j", "addr", "show", "dev", spec.bridge});
   if (!addr.ok()) return addr.error();
   auto a = nlohmann::json::parse(addr->out, nullptr, false);
   const std::string gw = Ipv4String(p.gateway);
-  if (!a.is_discarded() && a.is_array() && !a.empty() && a[0].contains("addr_info"))
-    for (const auto& ai : a[0]["addr_info"])
+  if (!a.is_discarded() && a.is_array() && !a.empty() && a[0].contains("addr_info")) {
+    for (const auto& ai : a[0]["addr_info"]) {
       if (ai.value("family", "") == "inet" && ai.value("local", "") == gw &&
-          ai.value("prefixlen", -1) == p.subnet.prefix)
+          ai.value("prefixlen", -1) == p.subnet.prefix) {
         b.has_gateway = true;
+      }
+    }
+  }
   return b;
 }
 
@@ -600,8 +624,9 @@ Result<std::map<std::string, bool>> ProbePorts(const Host& h, const NetworkSpec&
   if (!r.ok()) return r.error();
   if (Trim(r->out).empty()) return out;
   auto j = nlohmann::json::parse(r->out, nullptr, false);
-  if (j.is_discarded() || !j.is_array())
+  if (j.is_discarded() || !j.is_array()) {
     return Error::Internal("unexpected_tool_output", "bridge -j link: " + r->out.substr(0, 200));
+  }
   for (const auto& port : j) {
     if (port.value("master", "") != spec.bridge) continue;
     const std::string name = port.value("ifname", "");
@@ -654,8 +679,9 @@ Result<int> ChainRuleCount(const Host& h, const std::string& table, const std::s
   if (!r.ok()) return r.error();
   if (r->exit_code != 0) return -1;
   int n = 0;
-  for (const auto& line : SplitLines(r->out))
+  for (const auto& line : SplitLines(r->out)) {
     if (StartsWith(line, "-A " + chain + " ")) ++n;
+  }
   return n;
 }
 
@@ -669,8 +695,9 @@ Result<std::vector<Args>> TaggedNatRules(const Host& h, const Plan& p) {
     if (t.size() < 3 || t[0] != "-A" || t[1] != "POSTROUTING") continue;
     bool ours = false;
     for (auto& tok : t) {
-      if (tok.size() >= 2 && tok.front() == '"' && tok.back() == '"')
+      if (tok.size() >= 2 && tok.front() == '"' && tok.back() == '"') {
         tok = tok.substr(1, tok.size() - 2);
+      }
       if (tok == p.nat_tag) ours = true;
     }
     if (ours) out.emplace_back(t.begin() + 2, t.end());
@@ -710,8 +737,9 @@ Result<ChainOutcome> EnsureChain(const Host& h, const std::string& table, const 
   } else {
     o.added = !missing.empty();
   }
-  for (const Args* rule : missing)
+  for (const Args* rule : missing) {
     if (auto r = h.Ipt(table, Cat({"-A", chain}, *rule), true); !r.ok()) return r.error();
+  }
   auto jump = ChainHas(h, table, from, {"-j", chain});
   if (!jump.ok()) return jump.error();
   if (!*jump) {
@@ -737,8 +765,9 @@ Result<ChainOutcome> EnsureNat(const Host& h, const NetworkSpec& spec, const Pla
   auto tagged = TaggedNatRules(h, p);
   if (!tagged.ok()) return tagged.error();
   if (tagged->size() > (present ? 1u : 0u)) {
-    for (const auto& rule : *tagged)
+    for (const auto& rule : *tagged) {
       if (auto r = h.Ipt("nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) return r.error();
+    }
     o.rebuilt = true;
     present = false;
   }
@@ -821,9 +850,10 @@ Result<int> StartDnsmasq(const Host& h, const Plan& p) {
 // confirmation dnsmasq is restarted, so its memory always matches the file. True = restarted.
 Result<bool> ReloadDnsmasq(const Host& h, const Plan& p, int& pid) {
   const size_t offset = LogSize(p);
-  if (::kill(pid, SIGHUP) != 0)
+  if (::kill(pid, SIGHUP) != 0) {
     return Error::Unavailable("dnsmasq_reload_failed",
                               std::string("SIGHUP: ") + std::strerror(errno));
+  }
   switch (HostsReadSince(p, offset, std::chrono::seconds(2))) {
     case HostsRead::kRead:
       return false;
@@ -884,12 +914,14 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   const Plan& p = *plan;
   Host h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
-  for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq"})
+  for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq"}) {
     if (auto t = h.Tool(tool); !t.ok()) return t.error();
+  }
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
-  if (!lock.ok())
+  if (!lock.ok()) {
     return Error::FailedPrecondition("state_dir_unusable", p.lock + ": " + std::strerror(errno));
+  }
 
   ApplyReport rep;
   rep.version = spec.version;
@@ -897,24 +929,28 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   // 1. Bridge with the gateway address, up.
   auto br = ProbeBridge(h, spec, p);
   if (!br.ok()) return br.error();
-  if (br->exists && !br->is_bridge)
+  if (br->exists && !br->is_bridge) {
     return Error::FailedPrecondition("bridge_name_conflict",
                                      spec.bridge + " exists and is not a bridge");
+  }
   if (!br->exists) {
     if (auto r = h.Must("ip", {"link", "add", spec.bridge, "type", "bridge", "stp_state", "0",
                                "forward_delay", "0"});
-        !r.ok())
+        !r.ok()) {
       return WithApplied(r.error(), rep);
+    }
     rep.created_bridge = true;
   }
   if (!br->has_gateway) {
-    if (auto r = h.Must("ip", {"addr", "add", p.gateway_cidr, "dev", spec.bridge}); !r.ok())
+    if (auto r = h.Must("ip", {"addr", "add", p.gateway_cidr, "dev", spec.bridge}); !r.ok()) {
       return WithApplied(r.error(), rep);
+    }
     rep.added_gateway_address = true;
   }
   if (!br->up) {
-    if (auto r = h.Must("ip", {"link", "set", spec.bridge, "up"}); !r.ok())
+    if (auto r = h.Must("ip", {"link", "set", spec.bridge, "up"}); !r.ok()) {
       return WithApplied(r.error(), rep);
+    }
     rep.set_bridge_up = true;
   }
 
@@ -923,8 +959,9 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
     auto fwd = ReadIpForward(h);
     if (!fwd.ok()) return WithApplied(fwd.error(), rep);
     if (*fwd != "1") {
-      if (auto r = h.Must("sysctl", {"-q", "-w", "net.ipv4.ip_forward=1"}); !r.ok())
+      if (auto r = h.Must("sysctl", {"-q", "-w", "net.ipv4.ip_forward=1"}); !r.ok()) {
         return WithApplied(r.error(), rep);
+      }
       rep.enabled_ip_forward = true;
     }
   }
@@ -945,8 +982,9 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
     if (isolated == spec.isolate_ports) continue;
     if (auto r = h.Must(
             "bridge", {"link", "set", "dev", port, "isolated", spec.isolate_ports ? "on" : "off"});
-        !r.ok())
+        !r.ok()) {
       return WithApplied(r.error(), rep);
+    }
     rep.isolation_changed_ports.push_back(port);
   }
 
@@ -961,13 +999,15 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
     for (const auto& r : p.res) {
       wanted.insert(r.mac);
       auto it = before.find(r.mac);
-      if (it == before.end())
+      if (it == before.end()) {
         rep.added_reservations.push_back(r.mac);
-      else if (it->second.ip != r.ip || it->second.hostname != r.hostname)
+      } else if (it->second.ip != r.ip || it->second.hostname != r.hostname) {
         rep.changed_reservations.push_back(r.mac);
+      }
     }
-    for (const auto& [mac, e] : before)
+    for (const auto& [mac, e] : before) {
       if (!wanted.count(mac)) rep.removed_reservations.push_back(mac);
+    }
     if (auto r = WriteAtomic(p.hosts, hosts); !r.ok()) return WithApplied(r.error(), rep);
   }
   if (ReadWhole(p.conf) != conf) {
@@ -1001,8 +1041,9 @@ Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec) {
   auto plan = MakePlan(spec, {});
   if (!plan.ok()) return plan.error();
   std::vector<LeaseLine> leases;
-  for (auto& l : ParseLeases(ReadWhole(plan->leases).value_or("")))
+  for (auto& l : ParseLeases(ReadWhole(plan->leases).value_or(""))) {
     if (!Expired(l)) leases.push_back(std::move(l));
+  }
 
   std::vector<LeaseObservation> out;
   std::set<std::string> reserved;
@@ -1106,17 +1147,19 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
 Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
                                const NetContext& ctx, RemovalReport* report) {
   const std::string target = Lower(mac);
-  if (!IsUnicastMac(target))
+  if (!IsUnicastMac(target)) {
     return Error::InvalidArgument("invalid_mac", "MAC must be unicast xx:xx:xx:xx:xx:xx",
                                   {{"field", "mac"}, {"value", mac}});
+  }
   NetworkSpec rest = spec;
   std::string reserved_ip;
   rest.reservations.clear();
   for (const auto& r : spec.reservations) {
-    if (Lower(r.mac) == target)
+    if (Lower(r.mac) == target) {
       reserved_ip = r.ip;
-    else
+    } else {
       rest.reservations.push_back(r);
+    }
   }
   auto plan = MakePlan(rest, ctx);
   if (!plan.ok()) return plan.error();
@@ -1125,8 +1168,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   if (auto r = h.Preflight(); !r.ok()) return r.error();
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
-  if (!lock.ok())
+  if (!lock.ok()) {
     return Error::FailedPrecondition("state_dir_unusable", p.lock + ": " + std::strerror(errno));
+  }
 
   RemovalReport rep;
   auto old_hosts = ReadWhole(p.hosts);
@@ -1137,8 +1181,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   }
   // Only this MAC goes; the rest of the file is left as it is (ApplyNetwork owns the others).
   std::vector<NetReservation> keep;
-  for (const auto& [m, e] : before)
+  for (const auto& [m, e] : before) {
     if (m != target) keep.push_back({m, e.ip, e.hostname, ""});
+  }
   std::sort(keep.begin(), keep.end(), [](const NetReservation& a, const NetReservation& b) {
     auto x = ParseIpv4(a.ip), y = ParseIpv4(b.ip);
     return x && y ? *x < *y : a.ip < b.ip;
@@ -1147,8 +1192,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   auto pid = RunningDnsmasq(p);
   if (old_hosts != hosts) {
     if (auto r = WriteAtomic(p.hosts, hosts); !r.ok()) return r.error();
-    if (pid)
+    if (pid) {
       if (auto r = ReloadDnsmasq(h, p, *pid); !r.ok()) return r.error();
+    }
   }
 
   auto victim = [&](const LeaseLine& l) {
@@ -1156,8 +1202,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   };
   auto victims = [&] {
     std::vector<LeaseLine> v;
-    for (auto& l : ParseLeases(ReadWhole(p.leases).value_or("")))
+    for (auto& l : ParseLeases(ReadWhole(p.leases).value_or(""))) {
       if (victim(l)) v.push_back(std::move(l));
+    }
     return v;
   };
   auto found = victims();
@@ -1186,8 +1233,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
         if (!r.ok() || r->exit_code != 0) sent = false;  // fall back to the restart below
       }
       auto deadline = Clock::now() + std::chrono::seconds(2);
-      while (sent && !(clear = victims().empty()) && Clock::now() < deadline)
+      while (sent && !(clear = victims().empty()) && Clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
       if (clear) rep.lease_method = "dhcp_release";
     }
     if (!clear && pid) {
@@ -1201,9 +1249,10 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
       if (auto r = edit_file(); !r.ok()) return r.error();
       rep.lease_method = "file";
     }
-    if (!victims().empty())
+    if (!victims().empty()) {
       return Error::Internal("lease_still_present",
                              "a lease for " + target + " survived its removal");
+    }
   }
   if (report) *report = std::move(rep);
   return Ok();
@@ -1223,8 +1272,9 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   if (h.Preflight().ok()) {
     auto tagged = TaggedNatRules(h, p);
     if (!tagged.ok()) keep(tagged.error());
-    for (const auto& rule : tagged.ok() ? *tagged : std::vector<Args>{})
+    for (const auto& rule : tagged.ok() ? *tagged : std::vector<Args>{}) {
       if (auto r = h.Ipt("nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) keep(r.error());
+    }
     for (int i = 0; i < 16; ++i) {
       auto has = ChainHas(h, "filter", "FORWARD", {"-j", p.fwd_chain});
       if (!has.ok() || !*has) break;
@@ -1239,8 +1289,9 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
       if (auto r = h.Ipt("filter", {"-X", p.fwd_chain}, true); !r.ok()) keep(r.error());
     }
     auto link = h.Run("ip", {"link", "show", "dev", spec.bridge});
-    if (link.ok() && link->exit_code == 0)
+    if (link.ok() && link->exit_code == 0) {
       if (auto r = h.Must("ip", {"link", "del", spec.bridge}); !r.ok()) keep(r.error());
+    }
   }
   for (const auto& f : {p.conf, p.hosts, p.leases, p.pid, p.log, p.lock}) ::unlink(f.c_str());
   ::rmdir(spec.state_dir.c_str());

@@ -12,6 +12,7 @@
 #include <prometheus/gauge.h>
 
 #include "discovery.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/proto_json.hpp"
@@ -39,7 +40,7 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("node.region", &region, "Region the host belongs to", "", config::NonEmpty());
   s.Add("node.pool", &pool, "Pool the host belongs to", "default", config::NonEmpty());
   s.Add("node.capacity_profile", &capacity_profile, "baremetal | slice-vm", "slice-vm",
-        config::OneOf({"baremetal", "slice-vm"}));
+        config::OneOf(enums::Texts<v1::CapacityProfile>()));
   s.Add("node.state_dir", &state_dir, "Directory of the crash-safe local store",
         "/var/lib/gpuaas-node-agent", config::NonEmpty());
   s.Add("node.register_retry_ms", &register_retry_ms,
@@ -122,6 +123,7 @@ NodeAgent::NodeAgent(NodeAgentConfig cfg)
     gethostname(host.data(), host.size() - 1);
     cfg_.hostname = host.data();
   }
+  RegisterTasks();
 }
 
 NodeAgent::~NodeAgent() { Shutdown(); }
@@ -129,10 +131,6 @@ NodeAgent::~NodeAgent() { Shutdown(); }
 namespace {
 
 using google::protobuf::util::TimeUtil;
-
-bool IsVmTask(const std::string& type) {
-  return type == "vm.provision" || type == "vm.release" || type == "slot.cleanup";
-}
 
 const char* StatusWord(v1::TaskStatus s) {
   switch (s) {
@@ -269,8 +267,7 @@ bool NodeAgent::TryRegister() {
   req.set_hostname(cfg_.hostname);
   req.set_region(cfg_.region);
   req.set_pool(cfg_.pool);
-  req.set_capacity_profile(cfg_.capacity_profile == "baremetal" ? v1::CAPACITY_PROFILE_BAREMETAL
-                                                                : v1::CAPACITY_PROFILE_SLICE_VM);
+  req.set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(cfg_.capacity_profile));
   req.set_agent_version(GPUAAS_VERSION);
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
   auto r = client.Call<v1::RegisterNodeResponse>(
@@ -437,7 +434,7 @@ void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& sta
   p.set_task_id(task.task_id());
   p.set_node_id(cfg_.node_id);
   p.set_type(task.type());
-  p.set_stage(stage);
+  p.set_stage(enums::FromColumn<v1::TaskStage>(stage));
   p.set_detail(detail);
   p.set_percent(percent);
   const std::string subject =
@@ -452,52 +449,107 @@ void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& sta
   }
 }
 
-void NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
+void NodeAgent::RegisterTasks() {
+  auto checks = [this](const v1::NodeTask& t, v1::NodeTaskResult& r) { return RunChecks(t, r); };
+  auto vm = [this](const v1::NodeTask& t, v1::NodeTaskResult& r) { return RunVmTask(t, r); };
+  tasks_by_type_ = {
+      {v1::TASK_TYPE_TOPOLOGY_DISCOVER, {v1::NodeTask::kTopologyDiscover, false, checks}},
+      {v1::TASK_TYPE_PREREQ_CHECK, {v1::NodeTask::kPrereqCheck, false, checks}},
+      {v1::TASK_TYPE_NETWORK_BASELINE_CHECK, {v1::NodeTask::kNetworkBaselineCheck, false, checks}},
+      {v1::TASK_TYPE_VM_PROVISION, {v1::NodeTask::kVmProvision, true, vm}},
+      {v1::TASK_TYPE_VM_RELEASE, {v1::NodeTask::kVmRelease, true, vm}},
+      {v1::TASK_TYPE_SLOT_CLEANUP, {v1::NodeTask::kSlotCleanup, true, vm}},
+  };
+}
+
+NodeAgent::TaskRun NodeAgent::RunChecks(const v1::NodeTask& task, v1::NodeTaskResult& res) {
+  auto fail = [&](const std::string& message) {
+    res.set_status(v1::TASK_STATUS_FAILED);
+    res.mutable_error()->set_code(v1::INTERNAL);
+    res.mutable_error()->set_reason("discovery_failed");
+    res.mutable_error()->set_message(message);
+  };
+  if (task.type() == v1::TASK_TYPE_TOPOLOGY_DISCOVER) {
+    if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
+      if (r.error().retryable) return {r.error().ToString()};
+      fail(r.error().ToString());
+    } else {
+      res.set_status(v1::TASK_STATUS_SUCCEEDED);
+    }
+    return {};
+  }
+  auto report = Discover(Options());
+  if (!report.ok()) {
+    fail(report.error().ToString());
+    return {};
+  }
+  const bool prereq = task.type() == v1::TASK_TYPE_PREREQ_CHECK;
+  v1::ChecksOutput& out =
+      prereq ? *res.mutable_prereq_check() : *res.mutable_network_baseline_check();
+  *out.mutable_checks() = prereq ? report->prereqs() : report->network_checks();
+  if (!prereq) *out.mutable_network() = report->network();
+  *out.mutable_node_blockers() = report->node_blockers();
+  res.set_status(v1::TASK_STATUS_SUCCEEDED);
+  return {};
+}
+
+NodeAgent::TaskRun NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
   auto progress = [&](const std::string& stage, const std::string& detail, int percent) {
     PublishProgress(task, stage, detail, percent);
   };
   auto failed = [&](const Error& e) {
-    // The node scheduler refusing a bundle (host validation, or another allocation's lease)
-    // is a rejection: nothing on the host was touched. Later stages fail.
-    const auto stage = e.details.find("stage");
-    const bool refused =
-        task.type() == "vm.provision" &&
-        ((stage != e.details.end() && stage->second == "validate") || e.reason == "slot_leased");
+    auto details = e.details;
+    v1::TaskStage stage = v1::TASK_STAGE_UNSPECIFIED;
+    if (auto it = details.find("stage"); it != details.end()) {
+      stage = enums::FromColumn<v1::TaskStage>(it->second);
+      details.erase(it);  // it travels as the typed `stage` field
+    }
+    // The node scheduler refusing a bundle (host validation, or another allocation's lease) is
+    // a rejection: nothing on the host was touched. Later stages fail.
+    const bool refused = task.type() == v1::TASK_TYPE_VM_PROVISION &&
+                         (stage == v1::TASK_STAGE_VALIDATE || stage == v1::TASK_STAGE_LEASE);
     res.set_status(refused ? v1::TASK_STATUS_REJECTED : v1::TASK_STATUS_FAILED);
+    res.set_stage(stage);
     auto* err = res.mutable_error();
     err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
     err->set_reason(e.reason);
     err->set_message(e.message);
     err->set_retryable(e.retryable);
-    for (const auto& [k, v] : e.details) (*err->mutable_details())[k] = v;
+    for (const auto& [k, v] : details) (*err->mutable_details())[k] = v;
   };
-  auto done = [&](const auto& r) {
-    if (!r.ok()) return failed(r.error());
-    res.mutable_output()->PackFrom(*r);
-    res.set_status(v1::TASK_STATUS_SUCCEEDED);
-  };
-  auto bad_params = [&](const std::string& want) {
-    res.set_status(v1::TASK_STATUS_REJECTED);
-    auto* err = res.mutable_error();
-    err->set_code(v1::INVALID_ARGUMENT);
-    err->set_reason("invalid_params");
-    err->set_message(task.type() + " needs params of type " + want + ", got '" +
-                     task.params().type_url() + "'");
-  };
-  if (task.type() == "vm.provision") {
-    v1::ProvisionBundle bundle;
-    if (!task.params().UnpackTo(&bundle)) return bad_params("gpuaas.v1.ProvisionBundle");
-    done(vm_runtime_->Provision(bundle, progress));
-  } else if (task.type() == "vm.release") {
-    v1::ReleaseParams params;
-    if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.ReleaseParams");
-    done(vm_runtime_->Release(params, progress));
-  } else {
-    v1::CleanupParams params;
-    if (!task.params().UnpackTo(&params)) return bad_params("gpuaas.v1.CleanupParams");
-    auto cleaned = vm_runtime_->Cleanup(params, progress);
-    done(cleaned);
+  switch (task.params_case()) {
+    case v1::NodeTask::kVmProvision: {
+      auto r = vm_runtime_->Provision(task.vm_provision(), progress);
+      if (!r.ok()) {
+        failed(r.error());
+      } else {
+        *res.mutable_vm_provision() = std::move(*r);
+        res.set_status(v1::TASK_STATUS_SUCCEEDED);
+      }
+      break;
+    }
+    case v1::NodeTask::kVmRelease: {
+      auto r = vm_runtime_->Release(task.vm_release(), progress);
+      if (!r.ok()) {
+        failed(r.error());
+      } else {
+        *res.mutable_vm_release() = std::move(*r);
+        res.set_status(v1::TASK_STATUS_SUCCEEDED);
+      }
+      break;
+    }
+    default: {
+      auto r = vm_runtime_->Cleanup(task.slot_cleanup(), progress);
+      if (!r.ok()) {
+        failed(r.error());
+      } else {
+        *res.mutable_slot_cleanup() = std::move(*r);
+        res.set_status(v1::TASK_STATUS_SUCCEEDED);
+      }
+      break;
+    }
   }
+  return {};
 }
 
 std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
@@ -664,7 +716,7 @@ void NodeAgent::ReconcileNetwork() {
     o->set_mac(l.mac);
     o->set_expected_ip(l.expected_ip);
     o->set_actual_ip(l.actual_ip);
-    o->set_lease_state(l.lease_state);
+    o->set_lease_state(enums::FromColumn<v1::LeaseState>(l.lease_state));
     o->set_hostname(l.hostname);
   }
   const std::string content = report.SerializeAsString();
@@ -696,7 +748,12 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   if (!ids::IsUuid(task.task_id())) {
     return messaging::HandlerResult::Reject("task id is not a UUID: '" + task.task_id() + "'");
   }
-  const auto log = svc_.log().With({{"task_id", task.task_id()}, {"type", task.type()}});
+  const auto log = svc_.log().With({{"task_id", task.task_id()},
+                                    {"type", enums::Text(task.type())},
+                                    {"allocation_id", task.correlation_id()}});
+  auto entry_it = tasks_by_type_.find(task.type());
+  const TaskEntry* entry = entry_it == tasks_by_type_.end() ? nullptr : &entry_it->second;
+  const bool vm_task = entry && entry->vm_task;
   const std::string key = "task-" + task.task_id();
   // A task delivered again: its stored result goes out again with the same message id.
   if (auto stored = store_->Get(key); stored.ok() && stored->has_value()) {
@@ -712,18 +769,18 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     log.Info("duplicate task: result re-published, not re-run");
     return messaging::HandlerResult::Ack();
   }
-  if (IsVmTask(task.type()) && !adopted_) {
+  if (vm_task && !adopted_) {
     // After a restart the runtime first reconciles its domains with the ledger.
     return messaging::HandlerResult::Retry("restart adoption not finished");
   }
-  if (IsVmTask(task.type()) && cfg_.net_apply != "off") {
+  if (vm_task && cfg_.net_apply != "off") {
     // Right after a (re)start the network document is not applied yet: a VM would get no
     // bridge and a cleanup could not release its DHCP lease. The first reconcile follows
     // registration within moments.
     std::lock_guard lock(net_mu_);
     if (!net_spec_) return messaging::HandlerResult::Retry("slice network not applied yet");
   }
-  if (IsVmTask(task.type()) && cfg_.sim_behavior == "silent") {
+  if (vm_task && cfg_.sim_behavior == "silent") {
     // An unresponsive node for tests: taken off the queue, never answered, nothing stored (a
     // redelivery is just as silent).
     log.Warn("node_agent.sim_behavior=silent: VM task acked and left unanswered");
@@ -751,35 +808,22 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     fail(v1::TASK_STATUS_FAILED, "deadline_exceeded",
          "the task arrived after its deadline " + TimeUtil::ToString(task.deadline()));
     res.mutable_error()->set_code(v1::DEADLINE_EXCEEDED);
-  } else if (task.type() == "topology.discover" || task.type() == "prereq.check" ||
-             task.type() == "network.baseline.check") {
-    tasks_run_++;
-    if (task.type() == "topology.discover") {
-      if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
-        if (r.error().retryable) return messaging::HandlerResult::Retry(r.error().ToString());
-        fail(v1::TASK_STATUS_FAILED, "discovery_failed", r.error().ToString());
-      } else {
-        res.set_status(v1::TASK_STATUS_SUCCEEDED);
-      }
-    } else if (auto report = Discover(Options()); !report.ok()) {
-      fail(v1::TASK_STATUS_FAILED, "discovery_failed", report.error().ToString());
-    } else {
-      v1::ChecksOutput out;
-      const auto& checks =
-          task.type() == "prereq.check" ? report->prereqs() : report->network_checks();
-      *out.mutable_checks() = checks;
-      if (task.type() == "network.baseline.check") *out.mutable_network() = report->network();
-      *out.mutable_node_blockers() = report->node_blockers();
-      res.mutable_output()->PackFrom(out);
-      res.set_status(v1::TASK_STATUS_SUCCEEDED);
-    }
-  } else if (IsVmTask(task.type())) {
-    tasks_run_++;
-    RunVmTask(task, res);
-  } else {
+  } else if (!entry) {
     fail(v1::TASK_STATUS_REJECTED, "unknown_task_type",
-         "this agent does not run tasks of type '" + task.type() + "'");
+         "this agent does not run tasks of type " + std::to_string(static_cast<int>(task.type())) +
+             " (" + (enums::Text(task.type()).empty() ? "unknown" : enums::Text(task.type())) +
+             ")");
     res.mutable_error()->set_code(v1::UNIMPLEMENTED);
+  } else if (task.params_case() != entry->params) {
+    fail(v1::TASK_STATUS_REJECTED, "invalid_params",
+         enums::Text(task.type()) + " needs its own params case (field " +
+             std::to_string(static_cast<int>(entry->params)) + "), got case " +
+             std::to_string(static_cast<int>(task.params_case())));
+    res.mutable_error()->set_code(v1::INVALID_ARGUMENT);
+  } else {
+    tasks_run_++;
+    auto run = entry->run(task, res);
+    if (!run.retry.empty()) return messaging::HandlerResult::Retry(run.retry);
   }
   *res.mutable_finished_at() = TimeUtil::GetCurrentTime();
   const std::string subject =

@@ -16,6 +16,8 @@
 // scheduler's timeouts and compensation can be tested.
 #include <atomic>
 #include <condition_variable>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +27,7 @@
 #include "discovery.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
+#include "gpuaas/v1/node.pb.h"
 #include "local_store.hpp"
 #include "net_apply.hpp"
 
@@ -136,13 +139,29 @@ class NodeAgent {
   v1::Event NodeEvent(const std::string& subject, const std::string& correlation_id,
                       const google::protobuf::Message& data) const;
   messaging::HandlerResult HandleTask(const messaging::Delivery& d);
-  // vm.provision / vm.release / slot.cleanup: params unpacked, the runtime run, `res` filled.
-  void RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  // What running a task's handler asks of the consumer: answer (the result in `res`), or
+  // redeliver later without answering (a transient failure of the agent itself).
+  struct TaskRun {
+    std::string retry;  // non-empty: redeliver, with this reason
+  };
+  // One entry per task type: the params case it needs, whether it is a VM task (it then waits
+  // for restart adoption and the network document), and its handler. HandleTask dispatches
+  // through this table only; a type without an entry is rejected (unknown_task_type).
+  struct TaskEntry {
+    v1::NodeTask::ParamsCase params = v1::NodeTask::PARAMS_NOT_SET;
+    bool vm_task = false;
+    std::function<TaskRun(const v1::NodeTask&, v1::NodeTaskResult&)> run;
+  };
+  void RegisterTasks();
+  TaskRun RunChecks(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  // vm.provision / vm.release / slot.cleanup: the runtime run, `res` filled.
+  TaskRun RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res);
   void PublishProgress(const v1::NodeTask& task, const std::string& stage,
                        const std::string& detail, int percent);
   void Isolate(const std::string& why);
   NodeAgentConfig cfg_;
   runtime::Service svc_;
+  std::map<v1::TaskType, TaskEntry> tasks_by_type_;
   std::optional<LocalStore> store_;
   std::unique_ptr<VmRuntime> vm_runtime_;
   std::thread register_thread_;

@@ -58,8 +58,9 @@ std::string FormatParity(const std::vector<v1::Check>& checks) {
 }
 
 int ParityExitCode(const std::vector<v1::Check>& checks) {
-  for (const auto& c : checks)
+  for (const auto& c : checks) {
     if (c.status() == v1::CHECK_STATUS_FAIL) return 1;
+  }
   return 0;
 }
 

@@ -17,6 +17,7 @@
 
 #include "discovery.hpp"
 #include "domain_xml.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "host.hpp"
 
@@ -40,8 +41,9 @@ Error WithStage(Error e, const std::string& stage) {
 }
 
 const v1::NvmeDevice* FindDisk(const v1::TopologyReport& host, const std::string& by_id) {
-  for (const auto& d : host.nvme())
+  for (const auto& d : host.nvme()) {
     if (d.by_id_path() == by_id) return &d;
+  }
   return nullptr;
 }
 
@@ -94,8 +96,9 @@ bool IsValidIpv4(const std::string& ip) {
     if (j == std::string::npos) j = ip.size();
     const std::string part = ip.substr(i, j - i);
     if (part.empty() || part.size() > 3 || (part.size() > 1 && part[0] == '0')) return false;
-    if (!std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    if (!std::all_of(part.begin(), part.end(), [](char c) { return c >= '0' && c <= '9'; })) {
       return false;
+    }
     if (std::stoi(part) > 255) return false;
     ++parts;
     i = j + 1;
@@ -201,7 +204,10 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
                            " is not on this host",
                        det);
       }
-      attach.push_back("define: attach " + (s.fabric_type().empty() ? "fabric" : s.fabric_type()) +
+      attach.push_back("define: attach " +
+                       (s.fabric_type() == v1::FABRIC_TYPE_UNSPECIFIED
+                            ? std::string("fabric")
+                            : enums::Text(s.fabric_type())) +
                        " VF " + s.fabric_vf_pci_address());
     }
     if (!s.nvme_by_id().empty()) {
@@ -237,8 +243,9 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
 
 Result<v1::TopologyReport> DiscoverDevices(const std::string& root) {
   struct stat st {};
-  if (root.empty() || ::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+  if (root.empty() || ::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
     return Error::NotFound("host_root_missing", "host root '" + root + "' is not a directory");
+  }
   HostRoot host(root);
   v1::TopologyReport rep;
   rep.set_root(host.root());
@@ -257,8 +264,9 @@ std::string LeaseHolder(const LocalStore& store, const std::string& slot_key,
     auto rec = store.Get(key);
     if (!rec.ok() || !rec->has_value()) continue;
     const auto& slots = (**rec).value("slots", nlohmann::json::array());
-    for (const auto& s : slots)
+    for (const auto& s : slots) {
       if (s.is_string() && s.get<std::string>() == slot_key) return holder;
+    }
   }
   return "";
 }
@@ -280,8 +288,9 @@ Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
                         {"attempt", attempt},
                         {"leased_at", google::protobuf::util::TimeUtil::ToString(
                                           google::protobuf::util::TimeUtil::GetCurrentTime())}};
-  if (auto w = store.Put(LeaseKey(allocation_id), rec); !w.ok())
+  if (auto w = store.Put(LeaseKey(allocation_id), rec); !w.ok()) {
     return WithStage(w.error(), "lease");
+  }
   return Ok();
 }
 
@@ -361,14 +370,16 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
   const auto& first = b.slots(0);
   auto record = [&](const std::string& state) -> Result<void> {
     std::lock_guard lock(mu_);
-    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok())
+    if (auto w = PutDomainRecord(store_, b, state, kRuntime); !w.ok()) {
       return WithStage(w.error(), state == "defined" ? "define" : "start");
+    }
     return Ok();
   };
   {
     std::lock_guard lock(mu_);
-    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok())
+    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok()) {
       return r.error();
+    }
   }
   progress("lease",
            fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
@@ -413,9 +424,9 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
   out.set_mac(first.mac());
   out.set_expected_ip(first.private_ip());
   out.set_actual_ip(first.private_ip());
-  out.set_lease_state("bound");
+  out.set_lease_state(v1::LEASE_STATE_BOUND);
   for (const auto& step : *plan) out.add_plan(step);
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_SIMULATED);
   return out;
 }
 
@@ -427,19 +438,20 @@ Result<v1::ReleaseOutput> SimulatedRuntime::Release(const v1::ReleaseParams& p,
   }
   v1::ReleaseOutput out;
   out.set_domain_name(DomainName(p.allocation_id()));
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_SIMULATED);
   std::lock_guard lock(mu_);
   auto rec = store_.Get(DomainKey(p.allocation_id()));
   if (!rec.ok()) return WithStage(rec.error(), "release");
   if (!rec->has_value()) {
-    out.set_stop("absent");
+    out.set_stop(v1::STOP_METHOD_ABSENT);
     progress("stop", "no domain " + out.domain_name() + " defined: nothing to stop", 100);
     return out;
   }
   Step();
-  if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+  if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok()) {
     return WithStage(e.error(), "release");
-  out.set_stop("graceful");
+  }
+  out.set_stop(v1::STOP_METHOD_GRACEFUL);
   progress("stop", "domain " + out.domain_name() + " shut down and undefined (simulated)", 100);
   return out;
 }
@@ -453,7 +465,7 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
   if (auto ok = CheckCleanup(p, store_, *host, kStage); !ok.ok()) return ok.error();
   const int n = p.slots_size();
   v1::CleanupOutput out;
-  out.set_runtime(kRuntime);
+  out.set_runtime(v1::VM_RUNTIME_SIMULATED);
   for (int i = 0; i < n; ++i) {
     const auto& s = p.slots(i);
     Step();
@@ -462,8 +474,9 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
                          s.nvme_by_id().empty() ? "no disk" : s.nvme_by_id()),
              (i + 1) * 100 / n);
   }
-  if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok())
+  if (auto e = store_.Erase(DomainKey(p.allocation_id())); !e.ok()) {
     return WithStage(e.error(), kStage);
+  }
   progress("undefine", "no domain " + DomainName(p.allocation_id()) + " left (simulated)", 100);
   Step();
   bool network_removed = true;
@@ -483,7 +496,7 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
     auto* proof = out.add_proofs();
     proof->set_slot_key(s.slot_key());
     proof->set_nvme_by_id(s.nvme_by_id());
-    proof->set_method(kRuntime);
+    proof->set_method(v1::WIPE_METHOD_SIMULATED);
     proof->set_signatures_remaining(false);
     proof->set_domain_undefined(true);
     proof->set_network_state_removed(network_removed);

@@ -89,15 +89,25 @@ class NodeAgentVmTaskTest : public ::testing::Test {
     ASSERT_TRUE(agent_->Start().ok());
     ASSERT_TRUE(testing::WaitFor([&] { return agent_->Registered(); }));
   }
-  std::string Send(const std::string& type, const google::protobuf::Message* params,
-                   std::string task_id = "") {
+  // A task of `type` whose params oneof holds `params` (the case whose message type it is; none
+  // when null), as the scheduler or inventory would send it.
+  std::string Send(v1::TaskType type, const google::protobuf::Message* params,
+                   const std::string& task_id = "") {
     v1::NodeTask t;
     t.set_task_id(task_id.empty() ? ids::NewUuidV7() : task_id);
     t.set_node_id(kNode);
     t.set_type(type);
     t.set_correlation_id(kAlloc);
     *t.mutable_deadline() = TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(60);
-    if (params) t.mutable_params()->PackFrom(*params);
+    if (params) {
+      const auto* oneof = v1::NodeTask::descriptor()->FindOneofByName("params");
+      for (int i = 0; i < oneof->field_count(); ++i) {
+        const auto* f = oneof->field(i);
+        if (f->message_type() == params->GetDescriptor()) {
+          t.GetReflection()->MutableMessage(&t, f)->CopyFrom(*params);
+        }
+      }
+    }
     const std::string subject = "gpuaas.v1.node." + kNode + ".task";
     outbox::EventSpec spec;
     spec.nats_subject = subject;
@@ -156,15 +166,15 @@ class NodeAgentVmTaskTest : public ::testing::Test {
 TEST_F(NodeAgentVmTaskTest, ProvisionReleaseCleanupWithProgress) {
   StartAgent("succeed");
   const auto bundle = Bundle();
-  const auto id = Send("vm.provision", &bundle);
+  const auto id = Send(v1::TASK_TYPE_VM_PROVISION, &bundle);
   auto r = Wait("succeeded", id);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
-  v1::ProvisionOutput out;
-  ASSERT_TRUE(r->output().UnpackTo(&out));
+  ASSERT_TRUE(r->has_vm_provision()) << r->DebugString();
+  const auto& out = r->vm_provision();
   EXPECT_EQ(out.domain_name(), "gpuaas-" + kAlloc);
   EXPECT_EQ(out.actual_ip(), "10.100.0.10");
-  EXPECT_EQ(out.lease_state(), "bound");
-  EXPECT_EQ(out.runtime(), "simulated");
+  EXPECT_EQ(out.lease_state(), v1::LEASE_STATE_BOUND);
+  EXPECT_EQ(out.runtime(), v1::VM_RUNTIME_SIMULATED);
   EXPECT_EQ(ProgressCount(), 9u);  // validate, lease, image x3, seed, define, start, readiness
   auto last = messaging::StreamLastMessage(*conn_, "GPUAAS_EVT_NODE",
                                            "gpuaas.v1.evt.node." + kNode + ".task.progress");
@@ -173,34 +183,34 @@ TEST_F(NodeAgentVmTaskTest, ProvisionReleaseCleanupWithProgress) {
   v1::NodeTaskProgress p;
   ASSERT_TRUE(ev.ParseFromString(last->data) && ev.data().UnpackTo(&p));
   EXPECT_EQ(p.task_id(), id);
-  EXPECT_EQ(p.type(), "vm.provision");
-  EXPECT_EQ(p.stage(), "readiness");
+  EXPECT_EQ(p.type(), v1::TASK_TYPE_VM_PROVISION);
+  EXPECT_EQ(p.stage(), v1::TASK_STAGE_READINESS);
   EXPECT_EQ(ev.correlation_id(), kAlloc);
 
   // Redelivered: the stored result again, not a second run.
   const uint64_t runs = agent_->TasksRun();
-  Send("vm.provision", &bundle, id);
+  Send(v1::TASK_TYPE_VM_PROVISION, &bundle, id);
   ASSERT_TRUE(testing::WaitFor([&] { return ProgressCount() == 9u; }));
   std::this_thread::sleep_for(200ms);
   EXPECT_EQ(agent_->TasksRun(), runs);
 
   v1::ReleaseParams rel;
   rel.set_allocation_id(kAlloc);
-  auto rr = Wait("succeeded", Send("vm.release", &rel));
+  auto rr = Wait("succeeded", Send(v1::TASK_TYPE_VM_RELEASE, &rel));
   ASSERT_TRUE(rr.ok()) << rr.error().ToString();
-  v1::ReleaseOutput ro;
-  ASSERT_TRUE(rr->output().UnpackTo(&ro));
-  EXPECT_EQ(ro.stop(), "graceful");
+  ASSERT_TRUE(rr->has_vm_release()) << rr->DebugString();
+  const auto& ro = rr->vm_release();
+  EXPECT_EQ(ro.stop(), v1::STOP_METHOD_GRACEFUL);
 
   v1::CleanupParams cl;
   cl.set_allocation_id(kAlloc);
   *cl.mutable_slots() = bundle.slots();
-  auto cr = Wait("succeeded", Send("slot.cleanup", &cl));
+  auto cr = Wait("succeeded", Send(v1::TASK_TYPE_SLOT_CLEANUP, &cl));
   ASSERT_TRUE(cr.ok()) << cr.error().ToString();
-  v1::CleanupOutput co;
-  ASSERT_TRUE(cr->output().UnpackTo(&co));
+  ASSERT_TRUE(cr->has_slot_cleanup()) << cr->DebugString();
+  const auto& co = cr->slot_cleanup();
   ASSERT_EQ(co.proofs_size(), 1);
-  EXPECT_EQ(co.proofs(0).method(), "simulated");
+  EXPECT_EQ(co.proofs(0).method(), v1::WIPE_METHOD_SIMULATED);
 }
 
 TEST_F(NodeAgentVmTaskTest, LibvirtRuntimeAdoptsFirstThenRunsTasks) {
@@ -216,10 +226,11 @@ TEST_F(NodeAgentVmTaskTest, LibvirtRuntimeAdoptsFirstThenRunsTasks) {
   // The libvirt runtime answers (here the fixture's disk is a plain file, which a real runtime
   // never writes to): a structured failure with its stage, not a simulated success.
   const auto bundle = Bundle();
-  auto r = Wait("failed", Send("vm.provision", &bundle));
+  auto r = Wait("failed", Send(v1::TASK_TYPE_VM_PROVISION, &bundle));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_FALSE(r->error().reason().empty());
-  EXPECT_TRUE(r->error().details().count("stage")) << r->DebugString();
+  EXPECT_NE(r->stage(), v1::TASK_STAGE_UNSPECIFIED) << r->DebugString();
+  EXPECT_FALSE(r->has_vm_provision()) << "no output on failure";
 }
 
 TEST_F(NodeAgentVmTaskTest, VmTasksWaitWhileTheManagedSliceNetworkIsNotApplied) {
@@ -228,51 +239,59 @@ TEST_F(NodeAgentVmTaskTest, VmTasksWaitWhileTheManagedSliceNetworkIsNotApplied) 
   StartAgent("succeed",
              {{"GPUAAS_NETWORK_APPLY", "netns"}, {"GPUAAS_NETWORK_NETNS", "gpuaas-no-such-ns"}});
   const auto bundle = Bundle();
-  const std::string id = Send("vm.provision", &bundle);
-  for (const char* status : {"succeeded", "failed", "rejected"})
+  const std::string id = Send(v1::TASK_TYPE_VM_PROVISION, &bundle);
+  for (const char* status : {"succeeded", "failed", "rejected"}) {
     EXPECT_FALSE(Wait(status, id, 1500ms).ok()) << status;
+  }
 }
 
 TEST_F(NodeAgentVmTaskTest, BadParamsAndValidationErrors) {
   StartAgent("succeed");
   v1::ReleaseParams wrong;
-  auto r = Wait("rejected", Send("vm.provision", &wrong));
+  auto r = Wait("rejected", Send(v1::TASK_TYPE_VM_PROVISION, &wrong));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "invalid_params");
-  r = Wait("rejected", Send("slot.cleanup", nullptr));
+  r = Wait("rejected", Send(v1::TASK_TYPE_SLOT_CLEANUP, nullptr));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "invalid_params");
+  // A task type this agent does not know (a newer scheduler): rejected, named by number.
+  r = Wait("rejected", Send(static_cast<v1::TaskType>(99), &wrong));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->error().reason(), "unknown_task_type");
+  EXPECT_EQ(r->error().code(), v1::UNIMPLEMENTED);
 
   auto bundle = Bundle();
   bundle.mutable_slots(0)->set_gpu_pci_address("0000:ff:00.0");
-  r = Wait("rejected", Send("vm.provision", &bundle));  // the node scheduler refuses it
+  r = Wait("rejected", Send(v1::TASK_TYPE_VM_PROVISION, &bundle));  // the node scheduler refuses it
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "gpu_not_found");
-  EXPECT_EQ(r->error().details().at("stage"), "validate");
+  EXPECT_EQ(r->stage(), v1::TASK_STAGE_VALIDATE);
+  EXPECT_FALSE(r->error().details().count("stage")) << "the stage travels as its own field";
   EXPECT_EQ(r->error().code(), v1::NOT_FOUND);
 }
 
 TEST_F(NodeAgentVmTaskTest, FailBehaviorFailsProvisionAtReadiness) {
   StartAgent("fail");
   const auto bundle = Bundle();
-  auto r = Wait("failed", Send("vm.provision", &bundle));
+  auto r = Wait("failed", Send(v1::TASK_TYPE_VM_PROVISION, &bundle));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->error().reason(), "lease_timeout");
-  EXPECT_EQ(r->error().details().at("stage"), "readiness");
+  EXPECT_EQ(r->stage(), v1::TASK_STAGE_READINESS);
   v1::ReleaseParams rel;
   rel.set_allocation_id(kAlloc);
-  EXPECT_TRUE(Wait("succeeded", Send("vm.release", &rel)).ok());
+  EXPECT_TRUE(Wait("succeeded", Send(v1::TASK_TYPE_VM_RELEASE, &rel)).ok());
 }
 
 TEST_F(NodeAgentVmTaskTest, SilentBehaviorAnswersNothing) {
   StartAgent("silent");
   const auto bundle = Bundle();
-  Send("vm.provision", &bundle);
+  Send(v1::TASK_TYPE_VM_PROVISION, &bundle);
   v1::ReleaseParams rel;
   rel.set_allocation_id(kAlloc);
-  Send("vm.release", &rel);
+  Send(v1::TASK_TYPE_VM_RELEASE, &rel);
   // Other tasks are still answered (the silence is only for the VM lifecycle).
-  auto r = Wait("succeeded", Send("prereq.check", nullptr));
+  const v1::PrereqCheckParams none;
+  auto r = Wait("succeeded", Send(v1::TASK_TYPE_PREREQ_CHECK, &none));
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   std::this_thread::sleep_for(300ms);
   for (const char* status : {"succeeded", "failed", "rejected", "progress"}) {

@@ -14,7 +14,7 @@ inline v1::ProvisionBundle BundleFromCandidates(const v1::TopologyReport& host, 
   b.set_allocation_id(allocation_id);
   b.set_attempt(1);
   b.set_tenant("acme");
-  b.set_network_mode("private-nat");
+  b.set_network_mode(v1::NETWORK_MODE_PRIVATE_NAT);
   for (int i = 0; i < n && i < host.candidates_size(); ++i) {
     const auto& c = host.candidates(i);
     auto* s = b.add_slots();

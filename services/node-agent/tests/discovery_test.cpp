@@ -68,26 +68,30 @@ std::string NvmeAddr(int i) { return "0000:" + Hex2(Base(i) + 5) + ":00.0"; }
 
 const v1::Check* FindCheck(const google::protobuf::RepeatedPtrField<v1::Check>& checks,
                            const std::string& name) {
-  for (const auto& c : checks)
+  for (const auto& c : checks) {
     if (c.name() == name) return &c;
+  }
   return nullptr;
 }
 
 const v1::NvmeDevice* FindNvme(const v1::TopologyReport& r, const std::string& kname) {
-  for (const auto& d : r.nvme())
+  for (const auto& d : r.nvme()) {
     if (d.kernel_name() == kname) return &d;
+  }
   return nullptr;
 }
 
 const v1::CandidateSlot* SlotFor(const v1::TopologyReport& r, const std::string& gpu) {
-  for (const auto& s : r.candidates())
+  for (const auto& s : r.candidates()) {
     if (s.gpu_pci_address() == gpu) return &s;
+  }
   return nullptr;
 }
 
 bool HasNote(const v1::CandidateSlot& s, const std::string& needle) {
-  for (const auto& n : s.notes())
+  for (const auto& n : s.notes()) {
     if (n.find(needle) != std::string::npos) return true;
+  }
   return false;
 }
 
@@ -252,9 +256,9 @@ TEST(DiscoveryTest, EightGpuHostGivesCompleteCandidatesByLocality) {
     EXPECT_EQ(s.locality_group(), "numa" + std::to_string(i < 4 ? 0 : 1) + "/" + SwitchAddr(i));
     EXPECT_TRUE(StartsWith(s.nvme_by_id(), "/dev/disk/by-id/nvme-eui.")) << s.nvme_by_id();
     EXPECT_EQ(nvme_pci[s.nvme_by_id()], NvmeAddr(i));  // the disk behind the GPU's switch
-    EXPECT_EQ(s.fabric_claim_mode(), "per_slot_vf");
+    EXPECT_EQ(s.fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
     EXPECT_EQ(s.fabric_pf_pci_address(), PfAddr(i));
-    EXPECT_EQ(s.fabric_type(), "infiniband");
+    EXPECT_EQ(s.fabric_type(), v1::FABRIC_TYPE_INFINIBAND);
     EXPECT_EQ(s.suggested_mac(), SuggestedMac("node-a", i));
     EXPECT_EQ(s.suggested_ip(), "10.100.0." + std::to_string(10 + i));
     EXPECT_EQ(s.profile().name(), "h200_24c_64g");
@@ -272,9 +276,11 @@ TEST(DiscoveryTest, EightGpuHostGivesCompleteCandidatesByLocality) {
   EXPECT_EQ(ips.size(), 8u);
   EXPECT_TRUE(rep.node_blockers().empty());
   EXPECT_FALSE(rep.reboot_required());
-  for (const auto* list : {&rep.prereqs(), &rep.network_checks()})
-    for (const auto& c : *list)
+  for (const auto* list : {&rep.prereqs(), &rep.network_checks()}) {
+    for (const auto& c : *list) {
       EXPECT_EQ(c.status(), v1::CHECK_STATUS_PASS) << c.name() << ": " << c.detail();
+    }
+  }
 }
 
 TEST(DiscoveryTest, NvmeEvidence) {
@@ -388,10 +394,10 @@ TEST(DiscoveryTest, FewerVfsThanGpusGivesSharedParent) {
   const auto* s0 = SlotFor(rep, GpuAddr(0));
   const auto* s1 = SlotFor(rep, GpuAddr(1));
   ASSERT_TRUE(s0 && s1);
-  EXPECT_EQ(s0->fabric_claim_mode(), "per_slot_vf");
+  EXPECT_EQ(s0->fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
   EXPECT_EQ(s0->fabric_vf_pci_address(), "0000:19:00.1");
   EXPECT_EQ(s0->fabric_pf_pci_address(), PfAddr(0));
-  EXPECT_EQ(s1->fabric_claim_mode(), "shared_parent");
+  EXPECT_EQ(s1->fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
   EXPECT_EQ(s1->fabric_vf_pci_address(), "");
   EXPECT_EQ(s1->fabric_pf_pci_address(), PfAddr(0));
   EXPECT_TRUE(HasNote(*s1, "no free fabric VF"));
@@ -404,11 +410,15 @@ TEST(DiscoveryTest, FewerVfsThanGpusGivesSharedParent) {
   TempHost no_vfs(o);
   auto nv = no_vfs.Discover();
   ASSERT_EQ(nv.candidates_size(), 2);
-  for (const auto& s : nv.candidates()) EXPECT_EQ(s.fabric_claim_mode(), "shared_parent");
+  for (const auto& s : nv.candidates()) {
+    EXPECT_EQ(s.fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
+  }
   o.fabric_pfs = 0;
   TempHost no_fabric(o);
   auto nf = no_fabric.Discover();
-  for (const auto& s : nf.candidates()) EXPECT_EQ(s.fabric_claim_mode(), "none");
+  for (const auto& s : nf.candidates()) {
+    EXPECT_EQ(s.fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_NONE);
+  }
   EXPECT_EQ(FindCheck(nf.prereqs(), "sriov")->status(), v1::CHECK_STATUS_WARN);
 }
 
@@ -423,7 +433,7 @@ TEST(DiscoveryTest, VfsWithoutRdmaDeviceAreStillListed) {
   ASSERT_EQ(rep.fabric_size(), 6);
   int vfs = 0;
   for (const auto& f : rep.fabric()) {
-    EXPECT_EQ(f.fabric_type(), "roce");
+    EXPECT_EQ(f.fabric_type(), v1::FABRIC_TYPE_ROCE);
     if (!f.is_vf()) {
       EXPECT_EQ(f.sriov_numvfs(), 2);
       EXPECT_EQ(f.sriov_totalvfs(), 8);
@@ -440,8 +450,8 @@ TEST(DiscoveryTest, VfsWithoutRdmaDeviceAreStillListed) {
   }
   EXPECT_EQ(vfs, 4);
   for (const auto& s : rep.candidates()) {
-    EXPECT_EQ(s.fabric_claim_mode(), "per_slot_vf");
-    EXPECT_EQ(s.fabric_type(), "roce");
+    EXPECT_EQ(s.fabric_claim_mode(), v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
+    EXPECT_EQ(s.fabric_type(), v1::FABRIC_TYPE_ROCE);
   }
 }
 
@@ -527,7 +537,7 @@ TEST(DiscoveryTest, LibvirtUnreachableFails) {
 TEST(DiscoveryTest, NetworkBaselineOnHealthyFixture) {
   TempHost host;
   auto b = ReadNetworkBaseline(HostRoot(host.dir()), host.Options());
-  EXPECT_EQ(b.mode(), "private-nat");
+  EXPECT_EQ(b.mode(), v1::NETWORK_MODE_PRIVATE_NAT);
   EXPECT_EQ(b.bridge(), "ovsbr0");
   EXPECT_TRUE(b.bridge_present());
   EXPECT_EQ(b.gateway_cidr(), "10.100.0.1/24");
@@ -603,7 +613,7 @@ TEST(DiscoveryTest, SymlinkLoopsDoNotHang) {
   FixtureOptions o;
   o.gpus = 2;
   TempHost host(o);
-  const std::string d = host.dir();
+  const std::string& d = host.dir();
   fs::create_symlink("0000:ff:00.0", d + "/sys/bus/pci/devices/0000:ff:00.0");
   fs::create_symlink("nvme99n1", d + "/sys/class/block/nvme99n1");
   fs::create_symlink("mlx5_99", d + "/sys/class/infiniband/mlx5_99");
@@ -659,8 +669,9 @@ TEST(DiscoveryTest, RealRootDoesNotCrash) {
   const std::regex summary(R"(GPUAAS_SLICE_PARITY summary checks=\d+ failures=\d+ warnings=\d+)");
   auto lines = SplitLines(FormatParity(checks));
   ASSERT_EQ(lines.size(), checks.size() + 1);
-  for (size_t i = 0; i + 1 < lines.size(); ++i)
+  for (size_t i = 0; i + 1 < lines.size(); ++i) {
     EXPECT_TRUE(std::regex_match(lines[i], line)) << lines[i];
+  }
   EXPECT_TRUE(std::regex_match(lines.back(), summary)) << lines.back();
 }
 
@@ -672,8 +683,9 @@ TEST(DiscoveryTest, SuggestedMacIsStableAndDistinct) {
   EXPECT_EQ(SuggestedMac("node-b", 0), "52:54:00:96:1b:61");
   EXPECT_EQ(SuggestedMac("node-a", 0), SuggestedMac("node-a", 0));
   std::set<std::string> macs;
-  for (int n = 0; n < 50; ++n)
+  for (int n = 0; n < 50; ++n) {
     for (int i = 0; i < 8; ++i) macs.insert(SuggestedMac("node-" + std::to_string(n), i));
+  }
   EXPECT_GT(macs.size(), 395u);  // 24 bits: a rare collision is possible, not a pattern
 }
 

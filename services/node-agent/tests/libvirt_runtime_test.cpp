@@ -31,6 +31,7 @@
 #include "discovery.hpp"
 #include "domain_xml.hpp"
 #include "fixture_host.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host.hpp"
@@ -161,8 +162,9 @@ struct Recorder {
   }
   std::vector<std::string> Stages() const {
     std::vector<std::string> v;
-    for (const auto& [s, p] : events)
+    for (const auto& [s, p] : events) {
       if (v.empty() || v.back() != s) v.push_back(s);
+    }
     return v;
   }
 };
@@ -219,8 +221,9 @@ TEST(DomainXmlTest, SeveralGpusPinnedToTheirNumaNode) {
   const std::string& x = *xml;
   EXPECT_EQ(Count(x, "<hostdev "), 8u);  // 4 GPUs + 4 VFs
   EXPECT_EQ(Count(x, "<disk type='block'"), 4u);
-  for (const char* dev : {"vda", "vdb", "vdc", "vdd", "vde"})
+  for (const char* dev : {"vda", "vdb", "vdc", "vdd", "vde"}) {
     EXPECT_NE(x.find(std::string("<target dev='") + dev + "' bus='virtio'/>"), std::string::npos);
+  }
   EXPECT_EQ(Count(x, "<boot order="), 1u);
   EXPECT_EQ(Count(x, "<interface "), 1u);  // the boot slot's management NIC
   EXPECT_NE(x.find("<vcpu placement='static' cpuset='0-47,96-143'>8</vcpu>"), std::string::npos);
@@ -485,8 +488,9 @@ TEST(VmHelpersTest, DiskTargetMustBeABlockDevice) {
 
 // What the runtime tests need on the machine.
 std::string MissingTools() {
-  for (const char* t : {"qemu-img", "genisoimage", "wipefs", "blkid", "sha256sum", "mkfs.ext4"})
+  for (const char* t : {"qemu-img", "genisoimage", "wipefs", "blkid", "sha256sum", "mkfs.ext4"}) {
     if (!Tool(t)) return t;
+  }
   return "";
 }
 
@@ -622,8 +626,8 @@ TEST_F(LibvirtRuntimeTest, ProvisionReleaseCleanupWithRealImageSeedAndWipe) {
   EXPECT_EQ(out->mac(), slot.mac());
   EXPECT_EQ(out->expected_ip(), slot.private_ip());
   EXPECT_EQ(out->actual_ip(), slot.private_ip());
-  EXPECT_EQ(out->lease_state(), "bound");
-  EXPECT_EQ(out->runtime(), "libvirt");
+  EXPECT_EQ(out->lease_state(), v1::LEASE_STATE_BOUND);
+  EXPECT_EQ(out->runtime(), v1::VM_RUNTIME_LIBVIRT);
   EXPECT_GT(out->plan_size(), 3);
   EXPECT_EQ(rec.Stages(), (std::vector<std::string>{"validate", "lease", "image", "seed", "define",
                                                     "start", "readiness"}));
@@ -654,8 +658,8 @@ TEST_F(LibvirtRuntimeTest, ProvisionReleaseCleanupWithRealImageSeedAndWipe) {
   rel.set_graceful_timeout_s(5);
   auto released = rt_->Release(rel, rel_rec.Fn());
   ASSERT_TRUE(released.ok()) << released.error().ToString();
-  EXPECT_EQ(released->stop(), "graceful");
-  EXPECT_EQ(released->runtime(), "libvirt");
+  EXPECT_EQ(released->stop(), v1::STOP_METHOD_GRACEFUL);
+  EXPECT_EQ(released->runtime(), v1::VM_RUNTIME_LIBVIRT);
   EXPECT_EQ(State(alloc), "absent");
   EXPECT_FALSE(fs::exists(seed));
   EXPECT_FALSE(Has("domain-" + alloc));
@@ -668,7 +672,7 @@ TEST_F(LibvirtRuntimeTest, ProvisionReleaseCleanupWithRealImageSeedAndWipe) {
   const auto& proof = cleaned->proofs(0);
   EXPECT_EQ(proof.slot_key(), slot.slot_key());
   EXPECT_EQ(proof.nvme_by_id(), slot.nvme_by_id());
-  EXPECT_EQ(proof.method(), "zero");  // a regular file cannot be discarded
+  EXPECT_EQ(proof.method(), v1::WIPE_METHOD_ZERO);  // a regular file cannot be discarded
   EXPECT_FALSE(proof.signatures_remaining());
   EXPECT_TRUE(proof.domain_undefined());
   EXPECT_TRUE(proof.network_state_removed());
@@ -682,7 +686,7 @@ TEST_F(LibvirtRuntimeTest, ProvisionReleaseCleanupWithRealImageSeedAndWipe) {
   // Released twice: nothing left to stop.
   auto again = rt_->Release(rel, [](auto&&...) {});
   ASSERT_TRUE(again.ok());
-  EXPECT_EQ(again->stop(), "absent");
+  EXPECT_EQ(again->stop(), v1::STOP_METHOD_ABSENT);
 }
 
 TEST_F(LibvirtRuntimeTest, NoLeaseFailsReadinessAndCleanupRemovesTheLeftoverDomain) {
@@ -886,9 +890,11 @@ TEST_F(LibvirtRuntimeTest, MountedChildDiskIsRefusedBeforeAnyWrite) {
   auto devices = DiscoverDevices(sb_->root());
   ASSERT_TRUE(devices.ok());
   std::string mounted;
-  for (const auto& d : devices->nvme())
-    for (const auto& p : d.partitions())
+  for (const auto& d : devices->nvme()) {
+    for (const auto& p : d.partitions()) {
       if (p.mountpoints_size() > 0 && !d.os_disk()) mounted = d.by_id_path();
+    }
+  }
   ASSERT_FALSE(mounted.empty());
   b.mutable_slots(0)->set_nvme_by_id(mounted);
   const std::string before = ReadAll(sb_->DiskPath(mounted));
@@ -956,8 +962,9 @@ TEST_F(LibvirtRuntimeTest, AdoptionFindsAdoptedOrphanAndMissingDomains) {
   ASSERT_TRUE(rep.ok()) << rep.error().ToString();
   EXPECT_TRUE(fresh.Adopted());
   auto find = [](const std::vector<AdoptedDomain>& v, const std::string& alloc) {
-    for (const auto& a : v)
+    for (const auto& a : v) {
       if (a.domain_name == DomainName(alloc)) return std::optional<AdoptedDomain>(a);
+    }
     return std::optional<AdoptedDomain>();
   };
   auto a = find(rep->adopted, known);
@@ -995,16 +1002,18 @@ class LoopDiskTest : public LibvirtRuntimeTest {
     LibvirtRuntimeTest::SetUp();
     if (IsSkipped()) return;
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (loop devices, mknod, mount)";
-    for (const char* t : {"losetup", "mount", "umount", "blkdiscard"})
+    for (const char* t : {"losetup", "mount", "umount", "blkdiscard"}) {
       if (!Tool(t)) GTEST_SKIP() << t << " is not installed";
+    }
     if (!fs::exists("/dev/loop-control")) GTEST_SKIP() << "no /dev/loop-control";
     Init();
     backing_ = sb_->work() + "/slice.raw";
     auto t = RunTool({"/usr/bin/truncate", "-s", "64M", backing_});
     ASSERT_TRUE(t.ok() && t->exit_code == 0);
     auto l = RunTool({*Tool("losetup"), "-f", "--show", backing_}, std::chrono::seconds(30));
-    if (!l.ok() || l->exit_code != 0)
+    if (!l.ok() || l->exit_code != 0) {
       GTEST_SKIP() << "losetup failed: " << (l.ok() ? l->err : l.error().ToString());
+    }
     loop_ = Trim(l->out);
     alloc_ = ids::NewUuidV7();
     bundle_ = Bundle(alloc_);
@@ -1042,7 +1051,8 @@ TEST_F(LoopDiskTest, WipeProofOnALoopDeviceWithExt4) {
   ASSERT_EQ(Signatures(loop_), "ext4");
   auto cleaned = rt_->Cleanup(CleanupOf(bundle_), [](auto&&...) {});
   ASSERT_TRUE(cleaned.ok()) << cleaned.error().ToString();
-  EXPECT_EQ(cleaned->proofs(0).method(), Discards() ? "discard" : "zero");
+  EXPECT_EQ(cleaned->proofs(0).method(),
+            Discards() ? v1::WIPE_METHOD_DISCARD : v1::WIPE_METHOD_ZERO);
   EXPECT_FALSE(cleaned->proofs(0).signatures_remaining());
   EXPECT_EQ(Signatures(loop_), "");
   auto blkid = RunTool({*Tool("blkid"), "-p", loop_});
@@ -1112,9 +1122,10 @@ class VmE2eTest : public LoopDiskTest {
 TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   using Clock = std::chrono::steady_clock;
   // qemu runs as another user: it must reach the fixture's disk link, the seed and the NVRAM.
-  for (const auto& d : {sb_->root(), sb_->work()})
+  for (const auto& d : {sb_->root(), sb_->work()}) {
     fs::permissions(d, fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec |
                            fs::perms::others_read | fs::perms::others_exec);
+  }
   const std::string bridge = Env("GPUAAS_VM_E2E_BRIDGE");
   fs::create_directories(sb_->root() + "/sys/class/net/" + bridge);
   auto o = rt_->options();
@@ -1162,16 +1173,18 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   auto out = rt_->Provision(b, progress);
   ASSERT_TRUE(out.ok()) << out.error().ToString() << "\nserial:\n"
                         << ReadAll(sb_->work() + "/serial.log");
-  EXPECT_EQ(out->lease_state(), "bound");
+  EXPECT_EQ(out->lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(out->actual_ip(), b.slots(0).private_ip());
 
   // Into the guest with the seeded key: the seed's hostname, UEFI, the slice disk with the image.
-  auto ssh = RunTool({*Tool("ssh"), "-i", guest_ + "/id_ed25519", "-o", "StrictHostKeyChecking=no",
-                      "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o",
-                      "ConnectTimeout=10", "-o", "BatchMode=yes", "root@" + out->actual_ip(),
-                      "hostname; [ -d /sys/firmware/efi ] && echo efi; "
-                      "dd if=/dev/vda bs=1 skip=1080 count=2 2>/dev/null | od -An -tx1"},
-                     std::chrono::seconds(60));
+  const std::string probe =
+      "hostname; [ -d /sys/firmware/efi ] && echo efi; "
+      "dd if=/dev/vda bs=1 skip=1080 count=2 2>/dev/null | od -An -tx1";
+  auto ssh =
+      RunTool({*Tool("ssh"), "-i", guest_ + "/id_ed25519", "-o", "StrictHostKeyChecking=no", "-o",
+               "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+               "-o", "BatchMode=yes", "root@" + out->actual_ip(), probe},
+              std::chrono::seconds(60));
   ASSERT_TRUE(ssh.ok()) << ssh.error().ToString();
   EXPECT_EQ(ssh->exit_code, 0) << ssh->err;
   EXPECT_NE(ssh->out.find("gpuslice-e2e\n"), std::string::npos) << ssh->out;
@@ -1184,7 +1197,7 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   rel.set_graceful_timeout_s(60);
   auto released = rt_->Release(rel, progress);
   ASSERT_TRUE(released.ok()) << released.error().ToString();
-  EXPECT_EQ(released->stop(), "graceful");
+  EXPECT_EQ(released->stop(), v1::STOP_METHOD_GRACEFUL);
   EXPECT_FALSE(fs::exists(o.domain.nvram_dir + "/" + DomainName(alloc_) + "_VARS.fd"));
 
   auto cleaned = rt_->Cleanup(CleanupOf(b), progress);
@@ -1193,7 +1206,7 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   EXPECT_TRUE(cleaned->proofs(0).domain_undefined());
   EXPECT_FALSE(cleaned->proofs(0).network_state_removed());
   EXPECT_EQ(Signatures(loop_), "");
-  progress("done", "proof method " + cleaned->proofs(0).method(), 100);
+  progress("done", "proof method " + enums::Text(cleaned->proofs(0).method()), 100);
 }
 
 }  // namespace

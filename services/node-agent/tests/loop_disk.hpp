@@ -38,8 +38,9 @@ class LoopDisk {
     struct stat st {};
     if (::stat(loop_.c_str(), &st) != 0) return loop_ + ": " + std::strerror(errno);
     fs::remove(node_, ec);
-    if (::mknod(node_.c_str(), S_IFBLK | 0600, st.st_rdev) != 0)
+    if (::mknod(node_.c_str(), S_IFBLK | 0600, st.st_rdev) != 0) {
       return "mknod " + node_ + ": " + std::strerror(errno);
+    }
     return "";
   }
   void Detach() {

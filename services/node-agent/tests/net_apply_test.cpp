@@ -491,8 +491,9 @@ TEST_F(NetApplyTest, CheckNetworkNamesEachBlockerAndApplyRepairsThem) {
   Ip(host_ns_, {"link", "add", "vstray", "type", "veth", "peer", "name", "vstrayp"});
   Ip(host_ns_, {"link", "set", "vstray", "master", spec_.bridge});
   ::kill(first.dnsmasq_pid, SIGTERM);
-  for (int i = 0; i < 300 && Alive(first.dnsmasq_pid); ++i)
+  for (int i = 0; i < 300 && Alive(first.dnsmasq_pid); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   Spit(spec_.state_dir + "/dhcp-hosts", Hosts() + "52:54:00:a0:00:09,10.100.0.99,leftover\n");
 
   EXPECT_THAT(Blockers(),

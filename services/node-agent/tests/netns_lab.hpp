@@ -55,7 +55,7 @@ class NetnsLab {
   const std::string& host() const { return host_; }
   // A further namespace of the lab (deleted with it), e.g. an "outside" network.
   std::string AddNamespace(const std::string& name) {
-    const std::string ns = prefix_ + "-" + name;
+    std::string ns = prefix_ + "-" + name;
     if (Run({"ip", "netns", "add", ns}).exit_code != 0) return "";
     namespaces_.push_back(ns);
     return ns;
@@ -77,7 +77,7 @@ class NetnsLab {
   // Returns the namespace, "" on failure.
   std::string AddVm(const std::string& name, const std::string& mac, const std::string& port,
                     const std::string& bridge) {
-    const std::string ns = AddNamespace(name);
+    std::string ns = AddNamespace(name);
     if (ns.empty()) return "";
     for (const auto& args : std::vector<std::vector<std::string>>{
              {"ip", "-n", host_, "link", "add", port, "type", "veth", "peer", "name", "eth0",

@@ -86,8 +86,9 @@ class Sandbox {
 
 const v1::NvmeDevice* DiskWhere(const v1::TopologyReport& rep,
                                 const std::function<bool(const v1::NvmeDevice&)>& pred) {
-  for (const auto& d : rep.nvme())
+  for (const auto& d : rep.nvme()) {
     if (pred(d)) return &d;
+  }
   return nullptr;
 }
 
@@ -130,8 +131,9 @@ TEST(ValidateBundleTest, AcceptsApprovedCandidatesAndPlansEveryStage) {
   EXPECT_EQ(stages,
             (std::vector<std::string>{"lease", "image", "seed", "define", "start", "readiness"}));
   auto has = [&](const std::string& text) {
-    for (const auto& step : *plan)
+    for (const auto& step : *plan) {
       if (step.find(text) != std::string::npos) return true;
+    }
     return false;
   };
   EXPECT_TRUE(has("attach GPU " + b.slots(1).gpu_pci_address()));
@@ -162,8 +164,9 @@ TEST(ValidateBundleTest, EveryRuleHasItsOwnReason) {
   const auto* os = DiskWhere(host, [](const v1::NvmeDevice& d) { return d.os_disk(); });
   ASSERT_NE(os, nullptr);
   std::string pf;
-  for (const auto& f : host.fabric())
+  for (const auto& f : host.fabric()) {
     if (!f.is_vf()) pf = f.pci_address();
+  }
   ASSERT_FALSE(pf.empty());
   struct Case {
     std::string reason;
@@ -323,8 +326,8 @@ TEST(SimulatedRuntimeTest, ProvisionReleaseCleanupRoundTrip) {
   EXPECT_EQ(out->mac(), b.slots(0).mac());
   EXPECT_EQ(out->expected_ip(), b.slots(0).private_ip());
   EXPECT_EQ(out->actual_ip(), out->expected_ip());
-  EXPECT_EQ(out->lease_state(), "bound");
-  EXPECT_EQ(out->runtime(), "simulated");
+  EXPECT_EQ(out->lease_state(), v1::LEASE_STATE_BOUND);
+  EXPECT_EQ(out->runtime(), v1::VM_RUNTIME_SIMULATED);
   EXPECT_GE(out->plan_size(), 8);
   EXPECT_EQ(rec.Stages(), (std::vector<std::string>{"validate", "lease", "image", "image", "image",
                                                     "seed", "define", "start", "readiness"}));
@@ -356,22 +359,22 @@ TEST(SimulatedRuntimeTest, ProvisionReleaseCleanupRoundTrip) {
   Recorder rel;
   auto released = rt.Release(ReleaseOf(b), rel.Fn());
   ASSERT_TRUE(released.ok()) << released.error().ToString();
-  EXPECT_EQ(released->stop(), "graceful");
+  EXPECT_EQ(released->stop(), v1::STOP_METHOD_GRACEFUL);
   EXPECT_EQ(released->domain_name(), "gpuaas-" + kAlloc);
-  EXPECT_EQ(released->runtime(), "simulated");
+  EXPECT_EQ(released->runtime(), v1::VM_RUNTIME_SIMULATED);
   EXPECT_FALSE(sb.store().Get("domain-" + kAlloc)->has_value());
   EXPECT_EQ(LeaseHolder(sb.store(), b.slots(0).slot_key()), kAlloc);  // until cleaned
 
   Recorder cl;
   auto cleaned = rt.Cleanup(CleanupOf(b), cl.Fn());
   ASSERT_TRUE(cleaned.ok()) << cleaned.error().ToString();
-  EXPECT_EQ(cleaned->runtime(), "simulated");
+  EXPECT_EQ(cleaned->runtime(), v1::VM_RUNTIME_SIMULATED);
   ASSERT_EQ(cleaned->proofs_size(), 2);
   for (int i = 0; i < 2; ++i) {
     const auto& p = cleaned->proofs(i);
     EXPECT_EQ(p.slot_key(), b.slots(i).slot_key());
     EXPECT_EQ(p.nvme_by_id(), b.slots(i).nvme_by_id());
-    EXPECT_EQ(p.method(), "simulated");
+    EXPECT_EQ(p.method(), v1::WIPE_METHOD_SIMULATED);
     EXPECT_FALSE(p.signatures_remaining());
     EXPECT_TRUE(p.domain_undefined());
     EXPECT_TRUE(p.network_state_removed());
@@ -393,9 +396,9 @@ TEST(SimulatedRuntimeTest, ReleaseOfAnAbsentDomainSucceeds) {
   p.set_allocation_id(kAlloc);
   auto r = rt.Release(p, rec.Fn());
   ASSERT_TRUE(r.ok()) << r.error().ToString();
-  EXPECT_EQ(r->stop(), "absent");
+  EXPECT_EQ(r->stop(), v1::STOP_METHOD_ABSENT);
   EXPECT_EQ(r->domain_name(), "gpuaas-" + kAlloc);
-  EXPECT_EQ(r->runtime(), "simulated");
+  EXPECT_EQ(r->runtime(), v1::VM_RUNTIME_SIMULATED);
   p.set_allocation_id("x/../../y");
   auto bad = rt.Release(p, rec.Fn());
   ASSERT_FALSE(bad.ok());
@@ -410,8 +413,9 @@ TEST(SimulatedRuntimeTest, CleanupRefusesADiskMountedSinceProvisioning) {
   ASSERT_TRUE(rt.Provision(b, [](auto&&...) {}).ok());
   std::string kname;
   const auto rep = sb.Report();
-  for (const auto& c : rep.candidates())
+  for (const auto& c : rep.candidates()) {
     if (c.slot_key() == b.slots(1).slot_key()) kname = c.nvme_kernel_name();
+  }
   ASSERT_FALSE(kname.empty());
   sb.Mount("/dev/" + kname + " /mnt/data ext4 rw,relatime 0 0");
   Recorder rec;
@@ -490,7 +494,7 @@ TEST(SimulatedRuntimeTest, FailBehaviorTimesOutAtReadinessAndLeavesSomethingToCl
   // Compensation still works in "fail" mode.
   auto rel = rt.Release(ReleaseOf(b), [](auto&&...) {});
   ASSERT_TRUE(rel.ok());
-  EXPECT_EQ(rel->stop(), "graceful");
+  EXPECT_EQ(rel->stop(), v1::STOP_METHOD_GRACEFUL);
   auto cl = rt.Cleanup(CleanupOf(b), [](auto&&...) {});
   ASSERT_TRUE(cl.ok());
   EXPECT_EQ(cl->proofs_size(), 1);

@@ -13,6 +13,9 @@ namespace gpuaas::scheduler {
 // States in which an allocation holds its claims by right.
 inline constexpr const char* kLiveStates = "('reserved','provisioning','active','releasing')";
 
+// A claim's phase, every live claim of the allocation.
+void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPhase phase);
+
 // The allocation `id` with its claims; FOR UPDATE when `lock`. invalid_allocation_id for a
 // non-UUID, allocation_not_found when there is none.
 Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock);
@@ -26,11 +29,11 @@ Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string
 // One timeline row, in `tx` (the caller holds the allocation row lock, so an allocation's seq
 // order is its commit order).
 struct Step {
-  std::string step;
-  std::string state;
+  v1::TimelineStep step = v1::TIMELINE_STEP_UNSPECIFIED;
+  v1::AllocationState state = v1::ALLOCATION_STATE_UNSPECIFIED;
   std::string task_id;
-  std::string task_type;
-  std::string stage;
+  v1::TaskType task_type = v1::TASK_TYPE_UNSPECIFIED;
+  v1::TaskStage stage = v1::TASK_STAGE_UNSPECIFIED;
   std::string code;
   std::string detail;
   int percent = 0;

@@ -10,12 +10,14 @@
 #include <fmt/ranges.h>
 
 #include "allocation_rows.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "lifecycle.hpp"
 #include "placement.hpp"
 #include "saga.hpp"
 
@@ -49,11 +51,11 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   a.set_gpu_count(r[5].as<int>());
   a.set_region(r[6].as<std::string>());
   a.set_pool(r[7].as<std::string>());
-  a.set_network_mode(r[8].as<std::string>());
-  a.set_state(r[9].as<std::string>());
+  a.set_network_mode(enums::FromColumn<v1::NetworkMode>(r[8].as<std::string>()));
+  a.set_state(enums::FromColumn<v1::AllocationState>(r[9].as<std::string>()));
   a.set_node_id(r[10].as<std::string>());
   if (!r[12].as<std::string>().empty()) {
-    a.mutable_failure()->set_stage(r[11].as<std::string>());
+    a.mutable_failure()->set_stage(enums::FromColumn<v1::LifecycleStage>(r[11].as<std::string>()));
     a.mutable_failure()->set_code(r[12].as<std::string>());
     a.mutable_failure()->set_detail(r[13].as<std::string>());
   }
@@ -68,7 +70,7 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     n->set_mac(r[20].as<std::string>());
     n->set_expected_ip(r[21].as<std::string>());
     n->set_actual_ip(r[22].as<std::string>());
-    n->set_lease_state(r[23].as<std::string>());
+    n->set_lease_state(enums::FromColumn<v1::LeaseState>(r[23].as<std::string>()));
   }
   for (const auto& c : tx.exec_params(
            "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
@@ -79,11 +81,11 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     pc->set_allocation_id(a.allocation_id());
     pc->set_node_id(c[0].as<std::string>());
     pc->set_slot_key(c[1].as<std::string>());
-    pc->set_kind(c[2].as<std::string>());
+    pc->set_kind(enums::FromColumn<v1::ClaimKind>(c[2].as<std::string>()));
     *pc->mutable_claimed_at() = Ts(c[3].as<double>());
     if (!c[4].is_null()) *pc->mutable_released_at() = Ts(c[4].as<double>());
-    pc->set_phase(c[5].as<std::string>());
-    if (c[4].is_null() && pc->kind() == "slot") a.add_slot_keys(pc->slot_key());
+    pc->set_phase(enums::FromColumn<v1::ClaimPhase>(c[5].as<std::string>()));
+    if (c[4].is_null() && pc->kind() == v1::CLAIM_KIND_SLOT) a.add_slot_keys(pc->slot_key());
   }
   return a;
 }
@@ -113,7 +115,8 @@ Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string
   v1::AllocationSnapshot snap;
   *snap.mutable_allocation() = a;
   auto ev = outbox::Append(
-      tx, {fmt::format("gpuaas.v1.evt.scheduler.allocation.{state}", fmt::arg("state", a.state())),
+      tx, {fmt::format("gpuaas.v1.evt.scheduler.allocation.{state}",
+                       fmt::arg("state", enums::Text(a.state()))),
            "", source, a.allocation_id(), a.generation(), a.allocation_id(), traceparent, &snap});
   if (!ev.ok()) return ev.error();
   return Ok();
@@ -133,7 +136,8 @@ void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s
   tx.exec_params(
       "INSERT INTO allocation_timeline (allocation_id, step, state, task_id, task_type, stage, "
       "code, detail, percent) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
-      allocation_id, s.step, s.state, s.task_id, s.task_type, s.stage, s.code, s.detail, s.percent);
+      allocation_id, enums::Text(s.step), enums::Text(s.state), s.task_id, enums::Text(s.task_type),
+      enums::Text(s.stage), s.code, s.detail, s.percent);
 }
 
 namespace {
@@ -149,6 +153,10 @@ Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
     problems["pool"] = "empty or a lowercase DNS label";
   }
   if (req.gpu_count() < 0) problems["gpu_count"] = "must be >= 0";
+  if (req.network_mode() != v1::NETWORK_MODE_UNSPECIFIED &&
+      enums::Text(req.network_mode()).empty()) {
+    problems["network_mode"] = "one of " + enums::JoinTexts(v1::NetworkMode_descriptor());
+  }
   if (!problems.empty()) {
     return Error::InvalidArgument("invalid_allocation_request",
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
@@ -314,23 +322,20 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
            "HAVING bool_or(kind = 'node_exclusive') AND count(*) > 1")) {
     out.push_back("node " + r[0].as<std::string>() + " has an exclusive claim and others");
   }
-  // A released allocation holds nothing; a failed one only slots awaiting cleanup proof.
-  for (const auto& r : tx.exec(
+  // Claim phases follow the allocation's state, as the lifecycle table allows them
+  // (lifecycle::LiveClaimPhases): a released or pending allocation holds nothing, a failed one
+  // only slots awaiting cleanup proof.
+  std::vector<std::string> allowed;
+  for (auto st : lifecycle::AllStates()) {
+    for (auto ph : lifecycle::LiveClaimPhases(st)) {
+      allowed.push_back(fmt::format("('{}','{}')", enums::Text(st), enums::Text(ph)));
+    }
+  }
+  for (const auto& r : tx.exec(fmt::format(
            "SELECT DISTINCT c.allocation_id::text, a.state, c.phase FROM "
            "allocation_resource_claims c JOIN allocations a USING (allocation_id) WHERE "
-           "c.released_at IS NULL AND (a.state IN ('released', 'pending') OR (a.state = 'failed' "
-           "AND c.phase NOT IN ('cleanup', 'cleanup_blocked')))")) {
-    out.push_back("live claim of allocation " + r[0].as<std::string>() + " in state " +
-                  r[1].as<std::string>() + " (phase " + r[2].as<std::string>() + ")");
-  }
-  // Claim phases follow the allocation's state.
-  for (const auto& r :
-       tx.exec("SELECT DISTINCT c.allocation_id::text, a.state, c.phase FROM "
-               "allocation_resource_claims c JOIN allocations a USING (allocation_id) WHERE "
-               "c.released_at IS NULL AND NOT ((a.state = 'reserved' AND c.phase = 'reserved') OR "
-               "(a.state = 'provisioning' AND c.phase = 'provisioning') OR (a.state = 'active' AND "
-               "c.phase = 'active') OR (a.state = 'releasing' AND c.phase IN ('releasing', "
-               "'cleanup', 'cleanup_blocked')) OR a.state IN ('failed', 'released', 'pending'))")) {
+           "c.released_at IS NULL AND (a.state, c.phase) NOT IN ({})",
+           fmt::join(allowed, ",")))) {
     out.push_back("claim of allocation " + r[0].as<std::string>() + " is " +
                   r[2].as<std::string>() + " while the allocation is " + r[1].as<std::string>());
   }
@@ -433,7 +438,7 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
               "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
               id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
-              req.pool(), checked->second, p.node_id);
+              req.pool(), enums::Text(checked->second), p.node_id);
           if (baremetal) {
             tx.exec_params(
                 "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
@@ -450,7 +455,8 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) return e.error();
           AddTimeline(
               tx, id,
-              {"placed", "reserved", "", "", "", "",
+              {v1::TIMELINE_STEP_PLACED, v1::ALLOCATION_STATE_RESERVED, "",
+               v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, "",
                baremetal ? "node " + p.node_id + " (node_exclusive)"
                          : fmt::format("node {} slots {}", p.node_id, fmt::join(p.slots, ","))});
           a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
@@ -464,6 +470,11 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           return resp;
         });
       });
+
+  rpc.Handle<v1::ListCatalogRequest, v1::ListCatalogResponse>(
+      "gpuaas.v1.scheduler.catalog.list",
+      [listed = catalog.ToProto()](const v1::ListCatalogRequest&, rpc::Context&)
+          -> Result<v1::ListCatalogResponse> { return listed; });
 
   rpc.Handle<v1::GetAllocationRequest, v1::GetAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.get",
@@ -491,6 +502,10 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           return Error::InvalidArgument("invalid_page_token", "page_token is not from a list reply",
                                         {{"page_token", "use next_page_token"}});
         }
+        if (req.state() != v1::ALLOCATION_STATE_UNSPECIFIED && enums::Text(req.state()).empty()) {
+          return enums::InvalidValue("state", std::to_string(req.state()),
+                                     v1::AllocationState_descriptor());
+        }
         const int limit = *page;
         return store::WithTx(
             *pool,
@@ -500,7 +515,7 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
                               "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
                               "ORDER BY allocation_id LIMIT $4",
                               kAllocColumns),
-                  req.tenant(), req.state(), req.page_token(), limit + 1);
+                  req.tenant(), enums::Text(req.state()), req.page_token(), limit + 1);
               v1::ListAllocationsResponse resp;
               for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
                 *resp.add_allocations() = FromRow(tx, rows[i]);
@@ -522,7 +537,7 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               ReleaseAllocation(tx, req.allocation_id(), req.force(), saga, ctx.traceparent);
           if (!after.ok()) return after.error();
           ctx.log.Info("allocation release", {{"allocation_id", req.allocation_id()},
-                                              {"state", after->state()},
+                                              {"state", enums::Text(after->state())},
                                               {"force", req.force() ? "true" : "false"}});
           v1::ReleaseAllocationResponse resp;
           *resp.mutable_allocation() = *after;

@@ -8,10 +8,14 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpuaas/common/enums.hpp"
+
 namespace gpuaas::scheduler {
 
 namespace {
 
+// The shapes and network modes this scheduler can sell today (text forms of CapacityShape and
+// NetworkMode); the others exist in the contract for later issues.
 const std::set<std::string> kShapes = {"baremetal", "gpu_slice", "gpu_partition", "gpu_shared"};
 const std::set<std::string> kModes = {"private-nat", "fabric-only"};
 const std::set<std::string> kKeys = {
@@ -37,7 +41,7 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     const std::string name = entry.first.as<std::string>();
     const YAML::Node& n = entry.second;
     auto bad = [&](const std::string& key, const std::string& why) {
-      problems["skus." + name + "." + key] = why;
+      problems[fmt::format("skus.{}.{}", name, key)] = why;
     };
     if (!n.IsMap()) {
       bad("", "must be a map");
@@ -47,14 +51,16 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     s.name = name;
     try {
       for (const auto& kv : n) {
-        if (!kKeys.count(kv.first.as<std::string>()))
+        if (!kKeys.count(kv.first.as<std::string>())) {
           bad(kv.first.as<std::string>(), "unknown key");
+        }
       }
       s.shape = n["shape"] ? n["shape"].as<std::string>() : "";
       s.sharing_mechanism = n["sharing_mechanism"] ? n["sharing_mechanism"].as<std::string>() : "";
       s.gpu_sku = n["gpu_sku"] ? n["gpu_sku"].as<std::string>() : "";
-      if (n["allowed_gpu_counts"])
+      if (n["allowed_gpu_counts"]) {
         s.allowed_gpu_counts = n["allowed_gpu_counts"].as<std::vector<int>>();
+      }
       s.vcpus_per_gpu = n["vcpus_per_gpu"] ? n["vcpus_per_gpu"].as<int>() : 0;
       s.memory_mib_per_gpu = n["memory_mib_per_gpu"] ? n["memory_mib_per_gpu"].as<int64_t>() : 0;
       s.fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
@@ -63,8 +69,12 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
       bad("", std::string("wrong type: ") + e.what());
       continue;
     }
-    if (!kShapes.count(s.shape))
+    if (!s.fabric_type.empty() && !enums::Parse<v1::FabricType>(s.fabric_type)) {
+      bad("fabric_type", "one of " + enums::JoinTexts(v1::FabricType_descriptor()));
+    }
+    if (!kShapes.count(s.shape) || !enums::Parse<v1::CapacityShape>(s.shape)) {
       bad("shape", "one of baremetal, gpu_slice, gpu_partition, gpu_shared");
+    }
     if ((s.shape == "gpu_partition" || s.shape == "gpu_shared") && s.sharing_mechanism.empty()) {
       bad("sharing_mechanism", "required for reserved shapes");
     }
@@ -142,8 +152,9 @@ Result<const Image*> Catalog::FindImage(const std::string& name) const {
   return &it->second;
 }
 
-Result<std::pair<const Sku*, std::string>> Catalog::Validate(const std::string& sku, int gpu_count,
-                                                             const std::string& mode) const {
+Result<std::pair<const Sku*, v1::NetworkMode>> Catalog::Validate(const std::string& sku,
+                                                                 int gpu_count,
+                                                                 v1::NetworkMode mode) const {
   const Sku* s = Find(sku);
   if (!s) {
     std::vector<std::string> names;
@@ -176,7 +187,12 @@ Result<std::pair<const Sku*, std::string>> Catalog::Validate(const std::string& 
                   {"allowed", fmt::format("{}", fmt::join(s->allowed_gpu_counts, ","))}},
                  false};
   }
-  const std::string effective = mode.empty() ? s->network_modes.front() : mode;
+  if (mode != v1::NETWORK_MODE_UNSPECIFIED && enums::Text(mode).empty()) {
+    return enums::InvalidValue("network_mode", std::to_string(static_cast<int>(mode)),
+                               v1::NetworkMode_descriptor());
+  }
+  const std::string effective =
+      mode == v1::NETWORK_MODE_UNSPECIFIED ? s->network_modes.front() : enums::Text(mode);
   if (s->shape == "gpu_slice" && effective == "fabric-only") {
     return Error{Code::kInvalidArgument,
                  "fabric_only_not_for_slices",
@@ -192,7 +208,36 @@ Result<std::pair<const Sku*, std::string>> Catalog::Validate(const std::string& 
                  {{"network_mode", effective}},
                  false};
   }
-  return std::make_pair(s, effective);
+  return std::make_pair(s, enums::FromColumn<v1::NetworkMode>(effective));
+}
+
+v1::ListCatalogResponse Catalog::ToProto() const {
+  v1::ListCatalogResponse out;
+  for (const auto& [name, s] : skus_) {
+    auto* p = out.add_skus();
+    p->set_name(name);
+    p->set_shape(enums::FromColumn<v1::CapacityShape>(s.shape));
+    p->set_gpu_sku(s.gpu_sku);
+    for (int n : s.allowed_gpu_counts) p->add_allowed_gpu_counts(n);
+    p->set_fabric_type(enums::FromColumn<v1::FabricType>(s.fabric_type));
+    for (const auto& m : s.network_modes) {
+      p->add_network_modes(enums::FromColumn<v1::NetworkMode>(m));
+    }
+    if (s.vcpus_per_gpu > 0 || s.memory_mib_per_gpu > 0) {
+      p->mutable_runtime_profile()->set_vcpus_per_gpu(s.vcpus_per_gpu);
+      p->mutable_runtime_profile()->set_memory_mib_per_gpu(s.memory_mib_per_gpu);
+    }
+    p->set_sharing_mechanism(s.sharing_mechanism);
+    p->set_orderable(s.shape == "baremetal" || s.shape == "gpu_slice");
+  }
+  for (const auto& [name, img] : images_) {
+    auto* p = out.add_images();
+    p->set_name(name);
+    p->set_url(img.url);
+    p->set_sha256(img.sha256);
+    p->set_is_default(name == default_image_);
+  }
+  return out;
 }
 
 }  // namespace gpuaas::scheduler

@@ -7,19 +7,20 @@
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/v1/scheduler.pb.h"
 
 namespace gpuaas::scheduler {
 
 struct Sku {
   std::string name;
-  std::string shape;              // baremetal | gpu_slice | gpu_partition | gpu_shared
+  std::string shape;  // CapacityShape text: baremetal | gpu_slice | gpu_partition | gpu_shared
   std::string sharing_mechanism;  // reserved shapes only (mig, time-slicing, mps)
   std::string gpu_sku;            // inventory slot SKU ("h200-sxm")
   std::vector<int> allowed_gpu_counts;
   int vcpus_per_gpu = 0;
   int64_t memory_mib_per_gpu = 0;
-  std::string fabric_type;  // required slot fabric ("" = any)
-  std::vector<std::string> network_modes;
+  std::string fabric_type;                 // FabricType text of the required slot fabric ("" = any)
+  std::vector<std::string> network_modes;  // NetworkMode texts; the first is the default
 };
 
 // A VM image tenants may boot on a slice: where the node fetches it and its digest.
@@ -44,8 +45,11 @@ class Catalog {
   // Checks an order: unknown_sku, shape_not_offered (reserved shapes), gpu_count_not_allowed,
   // fabric_only_not_for_slices, network_mode_not_allowed. Returns the SKU and the effective
   // network mode.
-  Result<std::pair<const Sku*, std::string>> Validate(const std::string& sku, int gpu_count,
-                                                      const std::string& network_mode) const;
+  // network_mode UNSPECIFIED means the SKU's default.
+  Result<std::pair<const Sku*, v1::NetworkMode>> Validate(const std::string& sku, int gpu_count,
+                                                          v1::NetworkMode network_mode) const;
+  // The catalog as gpuaas.v1.scheduler.catalog.list answers it.
+  v1::ListCatalogResponse ToProto() const;
 
  private:
   std::map<std::string, Sku> skus_;

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "allocation_rows.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/messaging.hpp"
@@ -19,61 +20,27 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/node.pb.h"
+#include "lifecycle.hpp"
 
 namespace gpuaas::scheduler {
 
 namespace {
 
 using google::protobuf::util::TimeUtil;
+using lifecycle::Event;
 
-constexpr const char* kProvision = "vm.provision";
-constexpr const char* kRelease = "vm.release";
-constexpr const char* kCleanup = "slot.cleanup";
-
-struct Failure {
-  std::string stage;
+// Why the allocation failed, when the transition records a failure.
+struct Cause {
   std::string code;
   std::string detail;
 };
 
-// Moves the allocation to `state` (generation + 1), optionally records a failure (an empty
-// failure code clears it) and sets the phase of its live claims; announces the new snapshot.
-Result<v1::Allocation> SetState(pqxx::work& tx, const v1::Allocation& a, const std::string& state,
-                                const std::optional<Failure>& failure,
-                                const std::string& claim_phase, const SagaOptions& opts,
-                                const std::string& traceparent) {
-  tx.exec_params(
-      "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = now(), "
-      "failure_stage = CASE WHEN $3 THEN $4 ELSE failure_stage END, "
-      "failure_code = CASE WHEN $3 THEN $5 ELSE failure_code END, "
-      "failure_detail = CASE WHEN $3 THEN $6 ELSE failure_detail END WHERE allocation_id = $1",
-      a.allocation_id(), state, failure.has_value(), failure ? failure->stage : "",
-      failure ? failure->code : "", failure ? failure->detail : "");
-  if (!claim_phase.empty()) {
-    tx.exec_params(
-        "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
-        "released_at IS NULL",
-        a.allocation_id(), claim_phase);
-  }
-  auto after = LoadAllocation(tx, a.allocation_id(), false);
-  if (!after.ok()) return after.error();
-  if (auto e = Announce(tx, *after, opts.source, traceparent); !e.ok()) return e.error();
-  return after;
-}
-
-void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, const std::string& phase) {
-  tx.exec_params(
-      "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
-      "released_at IS NULL",
-      allocation_id, phase);
-}
-
-int NextAttempt(pqxx::work& tx, const std::string& allocation_id, const std::string& type) {
+int NextAttempt(pqxx::work& tx, const std::string& allocation_id, v1::TaskType type) {
   return tx
       .exec_params1(
           "SELECT COALESCE(max(attempt), 0) + 1 FROM allocation_tasks WHERE allocation_id = $1 "
           "AND type = $2",
-          allocation_id, type)[0]
+          allocation_id, enums::Text(type))[0]
       .as<int>();
 }
 
@@ -94,7 +61,8 @@ std::vector<v1::BundleSlot> BundleSlots(pqxx::work& tx, const std::string& alloc
     s.set_slot_key(r[0].as<std::string>());
     s.set_gpu_pci_address(r[1].is_null() ? "" : r[1].as<std::string>());
     s.set_fabric_vf_pci_address(r[2].is_null() ? "" : r[2].as<std::string>());
-    s.set_fabric_type(r[3].is_null() ? "" : r[3].as<std::string>());
+    s.set_fabric_type(
+        enums::FromColumn<v1::FabricType>(r[3].is_null() ? "" : r[3].as<std::string>()));
     s.set_nvme_by_id(r[4].is_null() ? "" : r[4].as<std::string>());
     s.set_mac(r[5].is_null() ? "" : r[5].as<std::string>());
     s.set_private_ip(r[6].is_null() ? "" : r[6].as<std::string>());
@@ -108,18 +76,15 @@ std::vector<v1::BundleSlot> BundleSlots(pqxx::work& tx, const std::string& alloc
   return out;
 }
 
-Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, const std::string& type,
-                             int attempt, const google::protobuf::Message& params,
-                             int64_t deadline_s, const std::string& state_after,
-                             const SagaOptions& opts, const std::string& traceparent) {
-  v1::NodeTask t;
+Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, v1::NodeTask t, int attempt,
+                             int64_t deadline_s, const SagaOptions& opts,
+                             const std::string& traceparent) {
   t.set_task_id(ids::NewUuidV7());
   t.set_node_id(a.node_id());
-  t.set_type(type);
   *t.mutable_deadline() = TimeUtil::GetCurrentTime() + TimeUtil::SecondsToDuration(deadline_s);
   t.set_correlation_id(a.allocation_id());
   t.set_requested_by(opts.source);
-  t.mutable_params()->PackFrom(params);
+  const std::string& type = enums::Text(t.type());
   tx.exec_params(
       "INSERT INTO allocation_tasks (task_id, allocation_id, node_id, type, attempt, deadline) "
       "VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
@@ -130,218 +95,46 @@ Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, const std:
        opts.source, a.node_id(), 0, a.allocation_id(), traceparent, &t},
       fmt::format("{}.{}.{}", a.allocation_id(), type, attempt));
   if (!ev.ok()) return ev.error();
-  AddTimeline(tx, a.allocation_id(),
-              {"task_sent", state_after, t.task_id(), type, "", "",
-               fmt::format("attempt {} to {}, deadline {}s", attempt, a.node_id(), deadline_s)});
+  AddTimeline(
+      tx, a.allocation_id(),
+      {v1::TIMELINE_STEP_TASK_SENT, a.state(), t.task_id(), t.type(), v1::TASK_STAGE_UNSPECIFIED,
+       "", fmt::format("attempt {} to {}, deadline {}s", attempt, a.node_id(), deadline_s)});
   return t.task_id();
 }
 
 Result<std::string> SendCleanup(pqxx::work& tx, const v1::Allocation& a, const SagaOptions& opts,
                                 const std::string& traceparent) {
-  v1::CleanupParams p;
-  p.set_allocation_id(a.allocation_id());
+  v1::NodeTask t;
+  t.set_type(v1::TASK_TYPE_SLOT_CLEANUP);
+  auto* p = t.mutable_slot_cleanup();
+  p->set_allocation_id(a.allocation_id());
   for (auto& s : BundleSlots(tx, a.allocation_id(), nullptr, nullptr, nullptr, nullptr)) {
-    *p.add_slots() = std::move(s);
+    *p->add_slots() = std::move(s);
   }
-  return SendTask(tx, a, kCleanup, NextAttempt(tx, a.allocation_id(), kCleanup), p,
-                  opts.cleanup_deadline_s, a.state(), opts, traceparent);
+  const int attempt = NextAttempt(tx, a.allocation_id(), t.type());
+  return SendTask(tx, a, std::move(t), attempt, opts.cleanup_deadline_s, opts, traceparent);
 }
 
 Result<std::string> SendRelease(pqxx::work& tx, const v1::Allocation& a, const SagaOptions& opts,
                                 const std::string& traceparent) {
-  v1::ReleaseParams p;
-  p.set_allocation_id(a.allocation_id());
-  for (const auto& k : a.slot_keys()) p.add_slot_keys(k);
-  p.set_graceful_timeout_s(60);
-  return SendTask(tx, a, kRelease, NextAttempt(tx, a.allocation_id(), kRelease), p,
-                  opts.release_deadline_s, a.state(), opts, traceparent);
+  v1::NodeTask t;
+  t.set_type(v1::TASK_TYPE_VM_RELEASE);
+  auto* p = t.mutable_vm_release();
+  p->set_allocation_id(a.allocation_id());
+  for (const auto& k : a.slot_keys()) p->add_slot_keys(k);
+  p->set_graceful_timeout_s(60);
+  const int attempt = NextAttempt(tx, a.allocation_id(), t.type());
+  return SendTask(tx, a, std::move(t), attempt, opts.release_deadline_s, opts, traceparent);
 }
 
-// Frees the live claims (cleanup proof or force) and records it.
-int FreeClaims(pqxx::work& tx, const std::string& allocation_id) {
-  return static_cast<int>(
-      tx.exec_params("UPDATE allocation_resource_claims SET released_at = now(), phase = "
-                     "'released' WHERE allocation_id = $1 AND released_at IS NULL",
-                     allocation_id)
-          .affected_rows());
-}
-
-bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id) {
-  return !tx.exec_params(
-                "SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND status = 'sent' "
-                "LIMIT 1",
-                allocation_id)
-              .empty();
-}
-
-struct TaskRow {
-  std::string task_id;
-  std::string allocation_id;
-  std::string type;
-  int attempt = 0;
-  std::string status;
-};
-
-std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool lock) {
-  auto r = tx.exec_params(std::string("SELECT task_id::text, allocation_id::text, type, attempt, "
-                                      "status FROM allocation_tasks WHERE task_id = $1") +
-                              (lock ? " FOR UPDATE" : ""),
-                          task_id);
-  if (r.empty()) return std::nullopt;
-  return TaskRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(), r[0][2].as<std::string>(),
-                 r[0][3].as<int>(), r[0][4].as<std::string>()};
-}
-
-struct Outcome {
-  std::string status;  // succeeded | failed | rejected | timed_out
-  std::string stage;
-  std::string code;
-  std::string detail;
-  const google::protobuf::Any* output = nullptr;
-};
-
-std::string StageOf(const std::string& type) {
-  if (type == kProvision) return "provisioning";
-  if (type == kRelease) return "release";
-  return "cleanup";
-}
-
-// Proof check: every live claim of the allocation has a clean proof.
-std::string ProofProblem(pqxx::work& tx, const std::string& allocation_id,
-                         const v1::CleanupOutput& out) {
-  std::map<std::string, const v1::CleanupProof*> proofs;
-  for (const auto& p : out.proofs()) proofs[p.slot_key()] = &p;
-  for (const auto& r : tx.exec_params(
-           "SELECT slot_key FROM allocation_resource_claims WHERE allocation_id = $1 AND "
-           "released_at IS NULL AND kind = 'slot' ORDER BY slot_key",
-           allocation_id)) {
-    const auto key = r[0].as<std::string>();
-    auto it = proofs.find(key);
-    if (it == proofs.end()) return "no cleanup proof for slot " + key;
-    const auto& p = *it->second;
-    if (p.signatures_remaining()) return "slot " + key + ": signatures remain on the disk";
-    if (!p.domain_undefined()) return "slot " + key + ": the domain is still defined";
-    if (!p.network_state_removed()) return "slot " + key + ": DHCP/NAT state not removed";
-  }
-  return "";
-}
-
-// What a finished (or timed-out) task means for its allocation. The caller holds the allocation
-// row lock and has marked the task row.
-Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& task,
-                       const Outcome& o, const SagaOptions& opts, const std::string& traceparent) {
-  const bool ok = o.status == "succeeded";
-  const std::string step = "task_" + o.status;
-  auto record = [&](const std::string& state, const std::string& detail) {
-    AddTimeline(tx, a.allocation_id(),
-                {step, state, task.task_id, task.type, o.stage, o.code, detail});
-  };
-  if (task.type == kProvision) {
-    if (a.state() != "provisioning" || task.attempt != a.attempt()) {
-      AddTimeline(tx, a.allocation_id(),
-                  {"late_result", a.state(), task.task_id, task.type, o.stage, o.code,
-                   fmt::format("{} for attempt {} ignored: the allocation is {}", o.status,
-                               task.attempt, a.state())});
-      return Ok();
-    }
-    if (ok) {
-      v1::ProvisionOutput out;
-      if (o.output) o.output->UnpackTo(&out);
-      tx.exec_params(
-          "UPDATE allocations SET net_domain = $2, net_mac = $3, net_expected_ip = $4, "
-          "net_actual_ip = $5, net_lease_state = $6 WHERE allocation_id = $1",
-          a.allocation_id(), out.domain_name(), out.mac(), out.expected_ip(), out.actual_ip(),
-          out.lease_state());
-      record("active",
-             fmt::format("domain {} up, {} at {} (lease {}, {} runtime)", out.domain_name(),
-                         out.mac(), out.actual_ip(), out.lease_state(), out.runtime()));
-      auto after = SetState(tx, a, "active", std::nullopt, "active", opts, traceparent);
-      if (!after.ok()) return after.error();
-      return Ok();
-    }
-    record("failed", o.detail);
-    auto failed = SetState(tx, a, "failed", Failure{"provisioning", o.code, o.detail},
-                           "cleanup_blocked", opts, traceparent);
-    if (!failed.ok()) return failed.error();
-    auto sent = SendCleanup(tx, *failed, opts, traceparent);
-    if (!sent.ok()) return sent.error();
-    return Ok();
-  }
-  if (task.type == kRelease) {
-    if (a.state() != "releasing") {
-      AddTimeline(tx, a.allocation_id(),
-                  {"late_result", a.state(), task.task_id, task.type, o.stage, o.code,
-                   fmt::format("{} ignored: the allocation is {}", o.status, a.state())});
-      return Ok();
-    }
-    if (ok) {
-      v1::ReleaseOutput out;
-      if (o.output) o.output->UnpackTo(&out);
-      record("releasing", fmt::format("domain {} stopped ({})", out.domain_name(), out.stop()));
-      SetClaimPhase(tx, a.allocation_id(), "cleanup");
-      auto sent = SendCleanup(tx, a, opts, traceparent);
-      if (!sent.ok()) return sent.error();
-      return Ok();
-    }
-    record("releasing", o.detail);
-    auto after = SetState(tx, a, "releasing", Failure{"release", o.code, o.detail},
-                          "cleanup_blocked", opts, traceparent);
-    if (!after.ok()) return after.error();
-    return Ok();
-  }
-  // slot.cleanup
-  std::string problem;
-  if (ok) {
-    v1::CleanupOutput out;
-    if (!o.output || !o.output->UnpackTo(&out)) {
-      problem = "the cleanup result carries no CleanupOutput";
-    } else {
-      problem = ProofProblem(tx, a.allocation_id(), out);
-    }
-    if (problem.empty()) {
-      record(a.state(), fmt::format("cleanup proof for every slot ({} runtime)", out.runtime()));
-      const int freed = FreeClaims(tx, a.allocation_id());
-      AddTimeline(tx, a.allocation_id(),
-                  {"claims_freed", a.state() == "releasing" ? "released" : a.state(), task.task_id,
-                   task.type, "", "", fmt::format("{} claim(s) freed on cleanup proof", freed)});
-      // released, or failed again with its claims gone: either way a new generation and event,
-      // so projections (ipam's binding) see the claims freed.
-      auto after = a.state() == "releasing"
-                       ? SetState(tx, a, "released", Failure{"", "", ""}, "", opts, traceparent)
-                       : SetState(tx, a, a.state(), std::nullopt, "", opts, traceparent);
-      if (!after.ok()) return after.error();
-      return Ok();
-    }
-  }
-  const std::string code = problem.empty() ? o.code : "cleanup_proof_incomplete";
-  const std::string detail = problem.empty() ? o.detail : problem;
-  AddTimeline(tx, a.allocation_id(),
-              {problem.empty() ? step : "task_failed", a.state(), task.task_id, task.type, o.stage,
-               code, detail + " (slots stay cleanup_blocked)"});
-  if (a.state() == "releasing") {
-    auto after = SetState(tx, a, "releasing", Failure{"cleanup", code, detail}, "cleanup_blocked",
-                          opts, traceparent);
-    if (!after.ok()) return after.error();
-  } else {
-    SetClaimPhase(tx, a.allocation_id(), "cleanup_blocked");
-  }
-  return Ok();
-}
-
-}  // namespace
-
-Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
-                                      const v1::CreateAllocationRequest& req, const Sku& sku,
-                                      const Image* image, const SagaOptions& opts,
-                                      const std::string& traceparent) {
-  if (a.shape() == v1::CAPACITY_SHAPE_BAREMETAL) {
-    AddTimeline(tx, a.allocation_id(),
-                {"state", "active", "", "", "", "",
-                 "baremetal: the node is handed over as placed (no host task: bare-metal "
-                 "imaging is outside this product slice)"});
-    return SetState(tx, a, "active", std::nullopt, "active", opts, traceparent);
-  }
-  v1::ProvisionBundle b;
+// vm.provision with the concrete host bundle of `a`'s claims (attempt 1, from the create).
+Result<std::string> SendProvision(pqxx::work& tx, const v1::Allocation& a,
+                                  const v1::CreateAllocationRequest& req, const Sku& sku,
+                                  const Image* image, const SagaOptions& opts,
+                                  const std::string& traceparent) {
+  v1::NodeTask t;
+  t.set_type(v1::TASK_TYPE_VM_PROVISION);
+  auto& b = *t.mutable_vm_provision();
   b.set_allocation_id(a.allocation_id());
   b.set_attempt(1);
   b.set_tenant(a.tenant());
@@ -383,12 +176,317 @@ Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
       a.allocation_id(), b.image().name(), ci->hostname(),
       store::TextArrayLiteral(
           {req.ssh_authorized_keys().begin(), req.ssh_authorized_keys().end()}));
-  auto prov = SetState(tx, a, "provisioning", std::nullopt, "provisioning", opts, traceparent);
-  if (!prov.ok()) return prov.error();
-  auto sent = SendTask(tx, *prov, kProvision, 1, b, opts.provision_deadline_s, "provisioning", opts,
-                       traceparent);
-  if (!sent.ok()) return sent.error();
-  return prov;
+  return SendTask(tx, a, std::move(t), 1, opts.provision_deadline_s, opts, traceparent);
+}
+
+// Frees the live claims (cleanup proof or force) and says how many.
+int FreeClaims(pqxx::work& tx, const std::string& allocation_id) {
+  return static_cast<int>(
+      tx.exec_params("UPDATE allocation_resource_claims SET released_at = now(), phase = "
+                     "'released' WHERE allocation_id = $1 AND released_at IS NULL",
+                     allocation_id)
+          .affected_rows());
+}
+
+bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id) {
+  return !tx.exec_params(
+                "SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND status = 'sent' "
+                "LIMIT 1",
+                allocation_id)
+              .empty();
+}
+
+bool HasLiveClaims(pqxx::work& tx, const std::string& allocation_id) {
+  return !tx.exec_params(
+                "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = $1 AND "
+                "released_at IS NULL LIMIT 1",
+                allocation_id)
+              .empty();
+}
+
+// What the saga needs besides the allocation: everything else comes from the lifecycle table.
+// `step_detail` is the detail of the table's own timeline row (claims freed, force release).
+struct Applied {
+  const v1::Allocation* a = nullptr;
+  const v1::CreateAllocationRequest* req = nullptr;  // kStart
+  const Sku* sku = nullptr;                          // kStart
+  const Image* image = nullptr;                      // kStart
+  Cause cause;
+  std::string step_detail;
+  std::string task_id;  // the task whose outcome this is, for the table's own rows
+  v1::TaskType task_type = v1::TASK_TYPE_UNSPECIFIED;
+};
+
+// Applies one transition's effects in order: cancel tasks, claims, the table's timeline row, the
+// state (new generation + event when announced), then the node tasks to send.
+Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const Applied& in,
+                             const SagaOptions& opts, const std::string& traceparent) {
+  const v1::Allocation& a = *in.a;
+  const std::string& id = a.allocation_id();
+  if (fx.noop || fx.late) return a;
+  if (fx.cancel_open_tasks) {
+    tx.exec_params(
+        "UPDATE allocation_tasks SET status = 'cancelled', finished_at = now() WHERE "
+        "allocation_id = $1 AND status = 'sent'",
+        id);
+  }
+  int freed = 0;
+  if (fx.claims == lifecycle::Claims::kFree) freed = FreeClaims(tx, id);
+  if (fx.claims == lifecycle::Claims::kSetPhase) SetClaimPhase(tx, id, fx.phase);
+  if (fx.step != v1::TIMELINE_STEP_UNSPECIFIED) {
+    std::string detail = in.step_detail;
+    if (detail.empty() && fx.step == v1::TIMELINE_STEP_CLAIMS_FREED) {
+      detail = fmt::format("{} claim(s) freed", freed);
+    }
+    if (fx.step == v1::TIMELINE_STEP_FORCE_RELEASED) {
+      detail = fmt::format(
+          "an admin force-released {} claim(s) from state {}; the host state was not proven "
+          "clean",
+          freed, enums::Text(a.state()));
+    }
+    AddTimeline(tx, id,
+                {fx.step, fx.state, in.task_id, in.task_type, v1::TASK_STAGE_UNSPECIFIED,
+                 fx.step == v1::TIMELINE_STEP_FORCE_RELEASED ? "force_released" : "", detail});
+  }
+  v1::Allocation after = a;
+  if (fx.announce) {
+    std::string stage, code, detail;
+    if (fx.failure == lifecycle::FailureChange::kSet) {
+      stage = enums::Text(fx.failure_stage);
+      code = in.cause.code;
+      detail = in.cause.detail;
+    }
+    tx.exec_params(
+        "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = now(), "
+        "failure_stage = CASE WHEN $3 THEN $4 ELSE failure_stage END, "
+        "failure_code = CASE WHEN $3 THEN $5 ELSE failure_code END, "
+        "failure_detail = CASE WHEN $3 THEN $6 ELSE failure_detail END WHERE allocation_id = $1",
+        id, enums::Text(fx.state), fx.failure != lifecycle::FailureChange::kKeep, stage, code,
+        detail);
+    auto loaded = LoadAllocation(tx, id, false);
+    if (!loaded.ok()) return loaded.error();
+    if (auto e = Announce(tx, *loaded, opts.source, traceparent); !e.ok()) return e.error();
+    after = std::move(*loaded);
+  }
+  for (auto type : fx.send) {
+    Result<std::string> sent = std::string();
+    switch (type) {
+      case v1::TASK_TYPE_VM_PROVISION:
+        sent = SendProvision(tx, after, *in.req, *in.sku, in.image, opts, traceparent);
+        break;
+      case v1::TASK_TYPE_VM_RELEASE:
+        sent = SendRelease(tx, after, opts, traceparent);
+        break;
+      case v1::TASK_TYPE_SLOT_CLEANUP:
+        sent = SendCleanup(tx, after, opts, traceparent);
+        break;
+      default:
+        return Error::Internal("unexpected_task", "the lifecycle has no task " + enums::Text(type));
+    }
+    if (!sent.ok()) return sent.error();
+  }
+  if (!fx.send.empty() && !fx.announce) return LoadAllocation(tx, id, false);
+  return after;
+}
+
+struct TaskRow {
+  std::string task_id;
+  std::string allocation_id;
+  v1::TaskType type = v1::TASK_TYPE_UNSPECIFIED;
+  int attempt = 0;
+  std::string status;
+};
+
+std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool lock) {
+  auto r = tx.exec_params(std::string("SELECT task_id::text, allocation_id::text, type, attempt, "
+                                      "status FROM allocation_tasks WHERE task_id = $1") +
+                              (lock ? " FOR UPDATE" : ""),
+                          task_id);
+  if (r.empty()) return std::nullopt;
+  return TaskRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
+                 enums::FromColumn<v1::TaskType>(r[0][2].as<std::string>()), r[0][3].as<int>(),
+                 r[0][4].as<std::string>()};
+}
+
+// A task's outcome as the saga sees it.
+enum class Verdict { kSucceeded, kFailed, kRejected, kTimedOut };
+
+const char* VerdictText(Verdict v) {
+  switch (v) {
+    case Verdict::kSucceeded:
+      return "succeeded";
+    case Verdict::kFailed:
+      return "failed";
+    case Verdict::kRejected:
+      return "rejected";
+    case Verdict::kTimedOut:
+      return "timed_out";
+  }
+  return "failed";
+}
+
+v1::TimelineStep VerdictStep(Verdict v) {
+  switch (v) {
+    case Verdict::kSucceeded:
+      return v1::TIMELINE_STEP_TASK_SUCCEEDED;
+    case Verdict::kRejected:
+      return v1::TIMELINE_STEP_TASK_REJECTED;
+    case Verdict::kTimedOut:
+      return v1::TIMELINE_STEP_TASK_TIMED_OUT;
+    case Verdict::kFailed:
+      return v1::TIMELINE_STEP_TASK_FAILED;
+  }
+  return v1::TIMELINE_STEP_TASK_FAILED;
+}
+
+struct Outcome {
+  Verdict verdict = Verdict::kFailed;
+  v1::TaskStage stage = v1::TASK_STAGE_UNSPECIFIED;
+  std::string code;
+  std::string detail;
+  const v1::NodeTaskResult* result = nullptr;  // null when timed out
+};
+
+// Proof check: every live claim of the allocation has a clean proof.
+std::string ProofProblem(pqxx::work& tx, const std::string& allocation_id,
+                         const v1::CleanupOutput& out) {
+  std::map<std::string, const v1::CleanupProof*> proofs;
+  for (const auto& p : out.proofs()) proofs[p.slot_key()] = &p;
+  for (const auto& r : tx.exec_params(
+           "SELECT slot_key FROM allocation_resource_claims WHERE allocation_id = $1 AND "
+           "released_at IS NULL AND kind = 'slot' ORDER BY slot_key",
+           allocation_id)) {
+    const auto key = r[0].as<std::string>();
+    auto it = proofs.find(key);
+    if (it == proofs.end()) return "no cleanup proof for slot " + key;
+    const auto& p = *it->second;
+    if (p.signatures_remaining()) return "slot " + key + ": signatures remain on the disk";
+    if (!p.domain_undefined()) return "slot " + key + ": the domain is still defined";
+    if (!p.network_state_removed()) return "slot " + key + ": DHCP/NAT state not removed";
+  }
+  return "";
+}
+
+// What a finished (or timed-out) task means for its allocation: the lifecycle table decides,
+// this writes the task's own timeline row and applies the effects. The caller holds the
+// allocation row lock and has marked the task row.
+Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& task,
+                       const Outcome& o, const SagaOptions& opts, const std::string& traceparent) {
+  const bool ok = o.verdict == Verdict::kSucceeded;
+  Event event{};
+  std::string detail = o.detail;
+  std::string code = o.code;
+  v1::TimelineStep step = VerdictStep(o.verdict);
+  switch (task.type) {
+    case v1::TASK_TYPE_VM_PROVISION:
+      event = ok ? Event::kProvisionSucceeded : Event::kProvisionFailed;
+      if (ok && o.result) {
+        const auto& out = o.result->vm_provision();
+        detail = fmt::format("domain {} up, {} at {} (lease {}, {} runtime)", out.domain_name(),
+                             out.mac(), out.actual_ip(), enums::Text(out.lease_state()),
+                             enums::Text(out.runtime()));
+      }
+      break;
+    case v1::TASK_TYPE_VM_RELEASE:
+      event = ok ? Event::kReleaseSucceeded : Event::kReleaseFailed;
+      if (ok && o.result) {
+        const auto& out = o.result->vm_release();
+        detail = fmt::format("domain {} stopped ({})", out.domain_name(), enums::Text(out.stop()));
+      }
+      break;
+    case v1::TASK_TYPE_SLOT_CLEANUP: {
+      std::string problem;
+      if (ok) {
+        if (!o.result || !o.result->has_slot_cleanup()) {
+          problem = "the cleanup result carries no CleanupOutput";
+        } else {
+          problem = ProofProblem(tx, a.allocation_id(), o.result->slot_cleanup());
+        }
+      }
+      event = ok && problem.empty() ? Event::kCleanupProved : Event::kCleanupFailed;
+      if (ok && problem.empty()) {
+        detail = fmt::format("cleanup proof for every slot ({} runtime)",
+                             enums::Text(o.result->slot_cleanup().runtime()));
+      } else {
+        if (!problem.empty()) {
+          code = "cleanup_proof_incomplete";
+          detail = problem;
+          step = v1::TIMELINE_STEP_TASK_FAILED;
+        }
+        detail += " (slots stay cleanup_blocked)";
+      }
+      break;
+    }
+    default:
+      return Error::InvalidArgument("task_type_invalid",
+                                    "the scheduler sends no task " + enums::Text(task.type));
+  }
+  lifecycle::Context ctx;
+  ctx.baremetal = a.shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+  ctx.current_attempt = task.type != v1::TASK_TYPE_VM_PROVISION || task.attempt == a.attempt();
+  auto fx = lifecycle::Next(a.state(), event, ctx);
+  if (!fx.ok()) return fx.error();
+  if (fx->late) {
+    AddTimeline(tx, a.allocation_id(),
+                {v1::TIMELINE_STEP_LATE_RESULT, a.state(), task.task_id, task.type, o.stage, o.code,
+                 fmt::format("{} for attempt {} ignored: the allocation is {}",
+                             VerdictText(o.verdict), task.attempt, enums::Text(a.state()))});
+    return Ok();
+  }
+  if (ok && task.type == v1::TASK_TYPE_VM_PROVISION && o.result) {
+    const auto& out = o.result->vm_provision();
+    tx.exec_params(
+        "UPDATE allocations SET net_domain = $2, net_mac = $3, net_expected_ip = $4, "
+        "net_actual_ip = $5, net_lease_state = $6 WHERE allocation_id = $1",
+        a.allocation_id(), out.domain_name(), out.mac(), out.expected_ip(), out.actual_ip(),
+        enums::Text(out.lease_state()));
+  }
+  AddTimeline(tx, a.allocation_id(),
+              {step, fx->state, task.task_id, task.type, o.stage, code, detail});
+  Applied in;
+  in.a = &a;
+  in.cause = {code, o.detail.empty() ? detail : o.detail};
+  if (task.type == v1::TASK_TYPE_SLOT_CLEANUP && event == Event::kCleanupFailed) {
+    in.cause.detail = detail;
+  }
+  in.task_id = task.task_id;
+  in.task_type = task.type;
+  if (fx->step == v1::TIMELINE_STEP_CLAIMS_FREED) {
+    in.step_detail = "claim(s) freed on cleanup proof";
+  }
+  auto applied = Apply(tx, *fx, in, opts, traceparent);
+  if (!applied.ok()) return applied.error();
+  return Ok();
+}
+
+}  // namespace
+
+void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPhase phase) {
+  tx.exec_params(
+      "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
+      "released_at IS NULL",
+      allocation_id, enums::Text(phase));
+}
+
+Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
+                                      const v1::CreateAllocationRequest& req, const Sku& sku,
+                                      const Image* image, const SagaOptions& opts,
+                                      const std::string& traceparent) {
+  lifecycle::Context ctx;
+  ctx.baremetal = a.shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+  auto fx = lifecycle::Next(a.state(), Event::kStart, ctx);
+  if (!fx.ok()) return fx.error();
+  Applied in;
+  in.a = &a;
+  in.req = &req;
+  in.sku = &sku;
+  in.image = image;
+  if (ctx.baremetal) {
+    in.step_detail =
+        "baremetal: the node is handed over as placed (no host task: bare-metal imaging is "
+        "outside this product slice)";
+  }
+  return Apply(tx, *fx, in, opts, traceparent);
 }
 
 Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allocation_id,
@@ -396,65 +494,22 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
                                          const std::string& traceparent) {
   auto a = LoadAllocation(tx, allocation_id, true);
   if (!a.ok()) return a.error();
-  const std::string st = a->state();
-  const bool has_claims = !tx.exec_params(
-                                 "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = "
-                                 "$1 AND released_at IS NULL LIMIT 1",
-                                 allocation_id)
-                               .empty();
+  lifecycle::Context ctx;
+  ctx.baremetal = a->shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+  ctx.has_live_claims = HasLiveClaims(tx, allocation_id);
+  ctx.task_open = HasOpenTask(tx, allocation_id);
+  auto fx =
+      lifecycle::Next(a->state(), force ? Event::kForceRelease : Event::kReleaseRequested, ctx);
+  if (!fx.ok()) return fx.error();
+  Applied in;
+  in.a = &*a;
   if (force) {
-    if (st == "released" || (st == "failed" && !has_claims)) return a;
-    tx.exec_params(
-        "UPDATE allocation_tasks SET status = 'cancelled', finished_at = now() WHERE "
-        "allocation_id = $1 AND status = 'sent'",
-        allocation_id);
-    const int freed = FreeClaims(tx, allocation_id);
-    const std::string to = st == "failed" ? "failed" : "released";
-    AddTimeline(tx, allocation_id,
-                {"force_released", to, "", "", "", "force_released",
-                 fmt::format("an admin force-released {} claim(s) from state {}; the host state "
-                             "was not proven clean",
-                             freed, st)});
-    return SetState(tx, *a, to,
-                    st == "failed" ? std::nullopt
-                                   : std::optional<Failure>(
-                                         Failure{"release", "force_released",
-                                                 "force-released by an admin from state " + st}),
-                    "", opts, traceparent);
+    in.cause = {"force_released",
+                "force-released by an admin from state " + enums::Text(a->state())};
+  } else if (fx->step == v1::TIMELINE_STEP_CLAIMS_FREED) {
+    in.step_detail = "claim(s) freed: no host task was involved";
   }
-  if (st == "released") return a;
-  const bool open = HasOpenTask(tx, allocation_id);
-  if (st == "failed") {
-    // Claims still blocked after a failed cleanup: releasing again retries the cleanup.
-    if (!has_claims || open) return a;
-    SetClaimPhase(tx, allocation_id, "cleanup");
-    auto sent = SendCleanup(tx, *a, opts, traceparent);
-    if (!sent.ok()) return sent.error();
-    return LoadAllocation(tx, allocation_id, false);
-  }
-  if (st == "reserved" || a->shape() == v1::CAPACITY_SHAPE_BAREMETAL) {
-    // Nothing was created on a host for it: its claims are free now.
-    const int freed = FreeClaims(tx, allocation_id);
-    AddTimeline(tx, allocation_id,
-                {"claims_freed", "released", "", "", "", "",
-                 fmt::format("{} claim(s) freed: no host task was involved", freed)});
-    return SetState(tx, *a, "released", std::nullopt, "", opts, traceparent);
-  }
-  if (st == "releasing") {
-    if (open) return a;  // on its way
-    // The last release or cleanup failed: start again from vm.release (idempotent on the node).
-    auto again = SetState(tx, *a, "releasing", Failure{"", "", ""}, "releasing", opts, traceparent);
-    if (!again.ok()) return again.error();
-    auto sent = SendRelease(tx, *again, opts, traceparent);
-    if (!sent.ok()) return sent.error();
-    return LoadAllocation(tx, allocation_id, false);
-  }
-  // provisioning or active
-  auto releasing = SetState(tx, *a, "releasing", std::nullopt, "releasing", opts, traceparent);
-  if (!releasing.ok()) return releasing.error();
-  auto sent = SendRelease(tx, *releasing, opts, traceparent);
-  if (!sent.ok()) return sent.error();
-  return LoadAllocation(tx, allocation_id, false);
+  return Apply(tx, *fx, in, opts, traceparent);
 }
 
 Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts) {
@@ -471,8 +526,8 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
     auto fresh = FindTask(tx, p.task_id(), false);
     if (!fresh || fresh->status != "sent") return Ok();  // progress after the result: history
     AddTimeline(tx, a->allocation_id(),
-                {"task_progress", a->state(), p.task_id(), p.type(), p.stage(), "", p.detail(),
-                 p.percent()});
+                {v1::TIMELINE_STEP_TASK_PROGRESS, a->state(), p.task_id(), p.type(), p.stage(), "",
+                 p.detail(), p.percent()});
     return Ok();
   }
   v1::NodeTaskResult res;
@@ -486,23 +541,24 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
   auto a = LoadAllocation(tx, task->allocation_id, true);
   if (!a.ok()) return a.error();
   task = FindTask(tx, res.task_id(), true);
-  std::string status = res.status() == v1::TASK_STATUS_SUCCEEDED  ? "succeeded"
-                       : res.status() == v1::TASK_STATUS_REJECTED ? "rejected"
-                                                                  : "failed";
-  Outcome o{status, "", res.error().reason(), res.error().message(), &res.output()};
-  auto st = res.error().details().find("stage");
-  if (st != res.error().details().end()) o.stage = st->second;
+  const Verdict verdict = res.status() == v1::TASK_STATUS_SUCCEEDED  ? Verdict::kSucceeded
+                          : res.status() == v1::TASK_STATUS_REJECTED ? Verdict::kRejected
+                                                                     : Verdict::kFailed;
+  Outcome o{verdict, res.stage(), res.error().reason(), res.error().message(), &res};
   if (task->status != "sent") {
-    AddTimeline(tx, a->allocation_id(),
-                {"late_result", a->state(), task->task_id, task->type, o.stage, o.code,
-                 fmt::format("{} arrived after the task was {}", status, task->status)});
+    AddTimeline(
+        tx, a->allocation_id(),
+        {v1::TIMELINE_STEP_LATE_RESULT, a->state(), task->task_id, task->type, o.stage, o.code,
+         fmt::format("{} arrived after the task was {}", VerdictText(verdict), task->status)});
     return Ok();
   }
   tx.exec_params(
       "UPDATE allocation_tasks SET status = $2, finished_at = now(), error_reason = $3, "
       "error_detail = $4 WHERE task_id = $1",
-      task->task_id, status, o.code, o.detail);
-  if (o.code.empty() && status != "succeeded") o.code = "task_" + status;
+      task->task_id, VerdictText(verdict), o.code, o.detail);
+  if (o.code.empty() && verdict != Verdict::kSucceeded) {
+    o.code = std::string("task_") + VerdictText(verdict);
+  }
   return OnOutcome(tx, *a, *task, o, opts, "");
 }
 
@@ -534,9 +590,10 @@ Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int ma
           "UPDATE allocation_tasks SET status = 'timed_out', finished_at = now(), error_reason = "
           "'node_unresponsive' WHERE task_id = $1",
           id);
-      Outcome o{
-          "timed_out", StageOf(task->type), "node_unresponsive",
-          fmt::format("node {} did not answer {} within its deadline", a->node_id(), task->type)};
+      Outcome o{Verdict::kTimedOut, v1::TASK_STAGE_UNSPECIFIED, "node_unresponsive",
+                fmt::format("node {} did not answer {} within its deadline", a->node_id(),
+                            enums::Text(task->type)),
+                nullptr};
       auto done = OnOutcome(tx, *a, *task, o, opts, "");
       if (!done.ok()) return done.error();
       return true;
@@ -668,11 +725,11 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
                 e->set_seq(r[0].as<int64_t>());
                 *e->mutable_at() = TimeUtil::MillisecondsToTimestamp(
                     static_cast<int64_t>(r[1].as<double>() * 1000));
-                e->set_step(r[2].as<std::string>());
-                e->set_state(r[3].as<std::string>());
+                e->set_step(enums::FromColumn<v1::TimelineStep>(r[2].as<std::string>()));
+                e->set_state(enums::FromColumn<v1::AllocationState>(r[3].as<std::string>()));
                 e->set_task_id(r[4].as<std::string>());
-                e->set_task_type(r[5].as<std::string>());
-                e->set_stage(r[6].as<std::string>());
+                e->set_task_type(enums::FromColumn<v1::TaskType>(r[5].as<std::string>()));
+                e->set_stage(enums::FromColumn<v1::TaskStage>(r[6].as<std::string>()));
                 e->set_code(r[7].as<std::string>());
                 e->set_detail(r[8].as<std::string>());
                 e->set_percent(r[9].as<int>());

@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
@@ -35,8 +36,7 @@ Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
       "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
       "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
       "WHERE projected_nodes.generation < EXCLUDED.generation",
-      n.node_id(), n.hostname(), n.region(), n.pool(),
-      n.capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL ? "baremetal" : "slice-vm",
+      n.node_id(), n.hostname(), n.region(), n.pool(), enums::Text(n.capacity_profile()),
       n.generation(), ev.id());
   return Ok();
 }
@@ -72,11 +72,12 @@ Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
       "vcpus_per_gpu = EXCLUDED.vcpus_per_gpu, memory_mib_per_gpu = EXCLUDED.memory_mib_per_gpu, "
       "hugepages_1g_per_gpu = EXCLUDED.hugepages_1g_per_gpu, projected_at = now() "
       "WHERE projected_slots.generation < EXCLUDED.generation",
-      s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), s.admin_state(), s.health(),
-      snap.schedulable(), blockers, s.gpu_pci_address(), s.locality_group(), s.generation(),
-      ev.id(), s.fabric_type(), s.has_numa_node() ? s.numa_node() : -1, s.pcie_switch(),
-      snap.region_enabled(), s.nvme_by_id(), s.fabric_claim_mode(), s.fabric_vf_pci_address(),
-      s.mac(), s.private_ip(), s.profile().name(), s.profile().vcpus_per_gpu(),
+      s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), enums::Text(s.admin_state()),
+      enums::Text(s.health()), snap.schedulable(), blockers, s.gpu_pci_address(),
+      s.locality_group(), s.generation(), ev.id(), enums::Text(s.fabric_type()),
+      s.has_numa_node() ? s.numa_node() : -1, s.pcie_switch(), snap.region_enabled(),
+      s.nvme_by_id(), enums::Text(s.fabric_claim_mode()), s.fabric_vf_pci_address(), s.mac(),
+      s.private_ip(), s.profile().name(), s.profile().vcpus_per_gpu(),
       s.profile().memory_mib_per_gpu(), s.profile().hugepages_1g_per_gpu());
   return Ok();
 }
@@ -172,9 +173,7 @@ Result<void> SchedulerService::Start() {
             n->set_hostname(r[1].as<std::string>());
             n->set_region(r[2].as<std::string>());
             n->set_pool(r[3].as<std::string>());
-            n->set_capacity_profile(r[4].as<std::string>() == "baremetal"
-                                        ? v1::CAPACITY_PROFILE_BAREMETAL
-                                        : v1::CAPACITY_PROFILE_SLICE_VM);
+            n->set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(r[4].as<std::string>()));
             n->set_generation(r[5].as<int64_t>());
             n->set_last_event_id(r[6].as<std::string>());
             *n->mutable_projected_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
@@ -219,8 +218,8 @@ Result<void> SchedulerService::Start() {
             p->set_region(r[2].as<std::string>());
             p->set_pool(r[3].as<std::string>());
             p->set_sku(r[4].as<std::string>());
-            p->set_admin_state(r[5].as<std::string>());
-            p->set_health(r[6].as<std::string>());
+            p->set_admin_state(enums::FromColumn<v1::SlotAdminState>(r[5].as<std::string>()));
+            p->set_health(enums::FromColumn<v1::SlotHealth>(r[6].as<std::string>()));
             p->set_schedulable(r[7].as<bool>());
             const auto b = r[8].as<std::string>();
             for (size_t start = 0; start < b.size();) {
@@ -231,7 +230,10 @@ Result<void> SchedulerService::Start() {
             p->set_generation(r[9].as<int64_t>());
             p->set_gpu_pci_address(r[10].as<std::string>());
             p->set_locality_group(r[11].as<std::string>());
-            p->set_occupancy(r[12].as<std::string>());
+            // A claim's phase is the slot's lifecycle; a free slot shows its admin state.
+            const auto phase = r[12].as<std::string>();
+            p->set_lifecycle(enums::FromColumn<v1::SlotLifecycleState>(
+                phase.empty() ? r[5].as<std::string>() : phase));
             p->set_allocation_id(r[13].as<std::string>());
           }
           return resp;

@@ -10,6 +10,8 @@
 
 #include "allocations.hpp"
 #include "catalog.hpp"
+#include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
@@ -17,6 +19,7 @@
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "lifecycle.hpp"
 #include "load_config.hpp"
 #include "scheduler_fixture.hpp"
 #include "scheduler_service.hpp"
@@ -30,17 +33,21 @@ using namespace std::chrono_literals;
 TEST(CatalogTest, DefaultCatalogParsesAndValidatesOrders) {
   auto c = Catalog::Parse(Catalog::DefaultYaml());
   ASSERT_TRUE(c.ok()) << c.error().ToString();
-  auto ok = c->Validate("h200-sxm-slice", 4, "");
+  constexpr auto kDefault = v1::NETWORK_MODE_UNSPECIFIED;
+  auto ok = c->Validate("h200-sxm-slice", 4, kDefault);
   ASSERT_TRUE(ok.ok());
-  EXPECT_EQ(ok->second, "private-nat");
-  EXPECT_EQ(c->Validate("h100-pcie", 1, "").error().reason, "unknown_sku");
-  EXPECT_EQ(c->Validate("h200-sxm-slice", 3, "").error().reason, "gpu_count_not_allowed");
-  EXPECT_EQ(c->Validate("h200-sxm-slice", 1, "fabric-only").error().reason,
+  EXPECT_EQ(ok->second, v1::NETWORK_MODE_PRIVATE_NAT);
+  EXPECT_EQ(c->Validate("h100-pcie", 1, kDefault).error().reason, "unknown_sku");
+  EXPECT_EQ(c->Validate("h200-sxm-slice", 3, kDefault).error().reason, "gpu_count_not_allowed");
+  EXPECT_EQ(c->Validate("h200-sxm-slice", 1, v1::NETWORK_MODE_FABRIC_ONLY).error().reason,
             "fabric_only_not_for_slices");
-  EXPECT_EQ(c->Validate("h200-sxm-mig-1g", 1, "").error().reason, "shape_not_offered");
-  EXPECT_TRUE(c->Validate("h200-sxm-baremetal", 8, "fabric-only").ok());
-  EXPECT_EQ(c->Validate("h200-sxm-baremetal", 8, "bridged").error().reason,
+  EXPECT_EQ(c->Validate("h200-sxm-mig-1g", 1, kDefault).error().reason, "shape_not_offered");
+  EXPECT_TRUE(c->Validate("h200-sxm-baremetal", 8, v1::NETWORK_MODE_FABRIC_ONLY).ok());
+  EXPECT_EQ(c->Validate("h200-sxm-baremetal", 8, v1::NETWORK_MODE_TAILSCALE_OVERLAY).error().reason,
             "network_mode_not_allowed");
+  // A number the enum does not declare (a newer client) is refused, not defaulted.
+  EXPECT_EQ(c->Validate("h200-sxm-slice", 1, static_cast<v1::NetworkMode>(99)).error().reason,
+            "network_mode_invalid");
 }
 
 TEST(CatalogTest, EveryProblemOfABadCatalogIsReported) {
@@ -76,13 +83,14 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   ASSERT_TRUE(a.ok()) << a.error().ToString();
   EXPECT_TRUE(a->created());
   const auto& al = a->allocation();
-  EXPECT_EQ(al.state(), "provisioning") << "placed, and vm.provision is on its way";
+  EXPECT_EQ(al.state(), v1::ALLOCATION_STATE_PROVISIONING)
+      << "placed, and vm.provision is on its way";
   EXPECT_EQ(al.shape(), v1::CAPACITY_SHAPE_GPU_SLICE);
   ASSERT_EQ(al.claims_size(), 4);
   std::set<std::string> slots;
   for (const auto& c : al.claims()) {
     EXPECT_EQ(c.node_id(), al.node_id()) << "a multi-GPU slice never spans nodes";
-    EXPECT_EQ(c.kind(), "slot");
+    EXPECT_EQ(c.kind(), v1::CLAIM_KIND_SLOT);
     slots.insert(c.slot_key());
   }
   EXPECT_EQ(slots.size(), 4u);
@@ -122,8 +130,9 @@ TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
   WaitProjected();
   EXPECT_EQ(Create("r1", 1, "h100-pcie").error().reason, "unknown_sku");
   EXPECT_EQ(Create("r2", 3).error().reason, "gpu_count_not_allowed");
-  EXPECT_EQ(Create("r3", 1, "h200-sxm-slice", "us-east-1", "fabric-only").error().reason,
-            "fabric_only_not_for_slices");
+  EXPECT_EQ(
+      Create("r3", 1, "h200-sxm-slice", "us-east-1", v1::NETWORK_MODE_FABRIC_ONLY).error().reason,
+      "fabric_only_not_for_slices");
   EXPECT_EQ(Create("r4", 1, "h200-sxm-mig-1g").error().reason, "shape_not_offered");
   auto off = Create("r5", 1, "h200-sxm-slice", "eu-west-1");
   EXPECT_EQ(off.error().reason, "region_disabled");
@@ -144,7 +153,7 @@ TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
 TEST_F(AllocationTest, NoPlacementSaysWhyWithCounts) {
   // Three nodes with 3 free GPUs each: 9 free in aggregate, no node with 4.
   for (int i = 0; i < 3; ++i) AddNode(fmt::format("gpu-0{}", i), 3);
-  AddNode("gpu-roce", 8, "us-east-1", false, true, "roce");
+  AddNode("gpu-roce", 8, "us-east-1", false, true, v1::FABRIC_TYPE_ROCE);
   WaitProjected();
   auto r = Create("big", 4);
   ASSERT_FALSE(r.ok());
@@ -167,12 +176,12 @@ TEST_F(AllocationTest, IncompleteSlotsAreIgnoredEvenWhenMarkedAvailable) {
   sl->set_node_id("gpu-01");
   sl->set_slot_key("gpu-0000:19:00.0");
   sl->set_gpu_pci_address("0000:19:00.0");
-  sl->set_admin_state("available");
-  sl->set_health("healthy");
+  sl->set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
+  sl->set_health(v1::SLOT_HEALTH_HEALTHY);
   sl->set_sku("h200-sxm");
-  sl->set_fabric_type("infiniband");
+  sl->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
   sl->set_nvme_by_id("/dev/disk/by-id/nvme-eui.x");
-  sl->set_fabric_claim_mode("per_slot_vf");
+  sl->set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
   sl->set_fabric_vf_pci_address("0000:41:00.1");
   sl->set_generation(2);
   s.set_region("us-east-1");
@@ -208,7 +217,7 @@ TEST_F(AllocationTest, BaremetalAndSlicesNeverShareANode) {
   ASSERT_TRUE(bm.ok()) << bm.error().ToString();
   EXPECT_EQ(bm->allocation().node_id(), "bm-01");
   ASSERT_EQ(bm->allocation().claims_size(), 1);
-  EXPECT_EQ(bm->allocation().claims(0).kind(), "node_exclusive");
+  EXPECT_EQ(bm->allocation().claims(0).kind(), v1::CLAIM_KIND_NODE_EXCLUSIVE);
   // Slices fill gpu-01 only; once full, nothing lands on the baremetal node.
   auto s = Create("s8", 8);
   ASSERT_TRUE(s.ok());
@@ -223,7 +232,7 @@ TEST_F(AllocationTest, BaremetalAndSlicesNeverShareANode) {
   // Force-release (admin) frees the node.
   auto f = Release(bm->allocation().allocation_id(), true);
   ASSERT_TRUE(f.ok());
-  EXPECT_EQ(f->allocation().state(), "released");
+  EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_RELEASED);
   EXPECT_TRUE(Create("s1-again", 1).ok());
   EXPECT_TRUE(Invariants().empty());
 }
@@ -234,6 +243,7 @@ TEST_F(AllocationTest, ConcurrentCreatorsOnThreeReplicasNeverDoubleBook) {
   const std::vector<int> sizes = {1, 2, 4, 1, 8, 2, 1, 4};
   std::atomic<int> placed_gpus{0}, placed{0}, exhausted{0}, other{0};
   std::vector<std::thread> threads;
+  threads.reserve(8);
   for (int t = 0; t < 8; ++t) {
     threads.emplace_back([&, t] {
       for (int i = 0; i < 8; ++i) {
@@ -293,7 +303,55 @@ TEST_F(AllocationTest, InvariantCheckerFindsWhatItLooksFor) {
   const auto v = Invariants();
   ASSERT_EQ(v.size(), 2u) << ::testing::PrintToString(v);
   EXPECT_NE(v[0].find("exclusive claim and others"), std::string::npos) << v[0];
-  EXPECT_NE(v[1].find("in state released"), std::string::npos) << v[1];
+  EXPECT_NE(v[1].find("while the allocation is released"), std::string::npos) << v[1];
+}
+
+// The invariant checker and the lifecycle table agree on which claim phases each allocation state
+// may hold: every (state, phase) pair is written to the tables and checked.
+TEST_F(AllocationTest, InvariantCheckerAcceptsExactlyTheLifecycleTablesClaimPhases) {
+  struct Case {
+    std::string id;
+    v1::AllocationState state;
+    v1::ClaimPhase phase;
+  };
+  std::vector<Case> cases;
+  int n = 0;
+  for (auto st : lifecycle::AllStates()) {
+    for (const auto& text : enums::Texts<v1::ClaimPhase>()) {
+      const auto ph = *enums::Parse<v1::ClaimPhase>(text);
+      if (ph == v1::CLAIM_PHASE_RELEASED) continue;  // not a live claim
+      cases.push_back({ids::NewUuidV7(), st, ph});
+      auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+        tx.exec_params(
+            "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
+            "region, network_mode, state, node_id, generation) VALUES ($1, 'acme', $3, "
+            "'h200-sxm-slice', 'gpu_slice', 1, 'us-east-1', 'private-nat', $2, 'gpu-x', 1)",
+            cases.back().id, enums::Text(st), "r-" + cases.back().id);
+        tx.exec_params(
+            "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind, "
+            "phase) VALUES ($1, 'gpu-x', $2, 'slot', $3)",
+            cases.back().id, fmt::format("gpu-{}", n++), enums::Text(ph));
+        return Ok();
+      });
+      ASSERT_TRUE(r.ok()) << r.error().ToString();
+    }
+  }
+  const auto v = Invariants();
+  int flagged = 0;
+  for (const auto& c : cases) {
+    const auto live = lifecycle::LiveClaimPhases(c.state);
+    const bool allowed = std::count(live.begin(), live.end(), c.phase) > 0;
+    int found = 0;
+    for (const auto& line : v) {
+      if (line.find(c.id) != std::string::npos) ++found;
+    }
+    EXPECT_EQ(found, allowed ? 0 : 1)
+        << enums::Text(c.state) << " with a claim " << enums::Text(c.phase) << ": "
+        << ::testing::PrintToString(v);
+    flagged += found;
+  }
+  EXPECT_EQ(static_cast<size_t>(flagged), v.size()) << "only the pairs the table forbids";
+  EXPECT_GT(flagged, 0);
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
@@ -53,14 +54,15 @@ class SagaTest : public AllocationTest {
       std::lock_guard lock(mu_);
       tasks_.push_back(t);
       msg_ids_.push_back(d.msg.Header("Nats-Msg-Id"));
-      how = answers_.count(t.type()) ? answers_[t.type()] : Answer::kSucceed;
+      const auto& type = enums::Text(t.type());
+      how = answers_.count(type) ? answers_[type] : Answer::kSucceed;
     }
     if (how == Answer::kSilent) return messaging::HandlerResult::Ack();
     v1::NodeTaskProgress p;
     p.set_task_id(t.task_id());
     p.set_node_id(t.node_id());
     p.set_type(t.type());
-    p.set_stage("image");
+    p.set_stage(v1::TASK_STAGE_IMAGE);
     p.set_percent(50);
     p.set_detail("copying");
     Publish(t.node_id(), "progress", p, t.correlation_id());
@@ -72,38 +74,32 @@ class SagaTest : public AllocationTest {
       r.set_status(how == Answer::kFail ? v1::TASK_STATUS_FAILED : v1::TASK_STATUS_REJECTED);
       r.mutable_error()->set_reason(how == Answer::kFail ? "lease_timeout" : "slot_leased");
       r.mutable_error()->set_message("played failure");
-      (*r.mutable_error()->mutable_details())["stage"] = "readiness";
+      r.set_stage(v1::TASK_STAGE_READINESS);
     } else {
       r.set_status(v1::TASK_STATUS_SUCCEEDED);
-      if (t.type() == "vm.provision") {
-        v1::ProvisionBundle b;
-        t.params().UnpackTo(&b);
-        v1::ProvisionOutput out;
+      if (t.has_vm_provision()) {
+        const auto& b = t.vm_provision();
+        auto& out = *r.mutable_vm_provision();
         out.set_domain_name("gpuaas-" + b.allocation_id());
         out.set_mac(b.slots(0).mac());
         out.set_expected_ip(b.slots(0).private_ip());
         out.set_actual_ip(b.slots(0).private_ip());
-        out.set_lease_state("bound");
-        out.set_runtime("played");
-        r.mutable_output()->PackFrom(out);
-      } else if (t.type() == "vm.release") {
-        v1::ReleaseOutput out;
-        out.set_stop("graceful");
-        r.mutable_output()->PackFrom(out);
-      } else if (t.type() == "slot.cleanup") {
-        v1::CleanupParams cp;
-        t.params().UnpackTo(&cp);
-        v1::CleanupOutput out;
+        out.set_lease_state(v1::LEASE_STATE_BOUND);
+        out.set_runtime(v1::VM_RUNTIME_SIMULATED);
+      } else if (t.has_vm_release()) {
+        r.mutable_vm_release()->set_stop(v1::STOP_METHOD_GRACEFUL);
+      } else if (t.has_slot_cleanup()) {
+        const auto& cp = t.slot_cleanup();
+        auto& out = *r.mutable_slot_cleanup();
         for (const auto& s : cp.slots()) {
           auto* proof = out.add_proofs();
           proof->set_slot_key(s.slot_key());
           proof->set_nvme_by_id(s.nvme_by_id());
-          proof->set_method("played");
+          proof->set_method(v1::WIPE_METHOD_SIMULATED);
           proof->set_domain_undefined(true);
           proof->set_network_state_removed(true);
           proof->set_signatures_remaining(how == Answer::kIncompleteProof);
         }
-        r.mutable_output()->PackFrom(out);
       }
     }
     const std::string word = r.status() == v1::TASK_STATUS_SUCCEEDED  ? "succeeded"
@@ -133,7 +129,7 @@ class SagaTest : public AllocationTest {
     std::lock_guard lock(mu_);
     std::vector<v1::NodeTask> out;
     for (const auto& t : tasks_) {
-      if (type.empty() || t.type() == type) out.push_back(t);
+      if (type.empty() || enums::Text(t.type()) == type) out.push_back(t);
     }
     return out;
   }
@@ -153,10 +149,10 @@ class SagaTest : public AllocationTest {
         [&] {
           auto t = Timeline(id);
           a = Get(id);
-          return a.state() == state && t.ok() && !t->in_flight();
+          return enums::Text(a.state()) == state && t.ok() && !t->in_flight();
         },
         timeout))
-        << "state " << a.state() << ", wanted " << state;
+        << "state " << enums::Text(a.state()) << ", wanted " << state;
     return a;
   }
   Result<v1::GetAllocationTimelineResponse> Timeline(const std::string& id,
@@ -174,18 +170,19 @@ class SagaTest : public AllocationTest {
     EXPECT_TRUE(t.ok());
     if (!t.ok()) return out;
     for (const auto& e : t->entries()) {
-      out.push_back(e.step() + (e.task_type().empty() ? "" : " " + e.task_type()));
+      const auto& type = enums::Text(e.task_type());
+      out.push_back(enums::Text(e.step()) + (type.empty() ? "" : " " + type));
     }
     return out;
   }
   static std::map<std::string, std::string> Phases(const v1::Allocation& a) {
     std::map<std::string, std::string> out;
-    for (const auto& c : a.claims()) out[c.slot_key()] = c.phase();
+    for (const auto& c : a.claims()) out[c.slot_key()] = enums::Text(c.phase());
     return out;
   }
   bool AllPhases(const v1::Allocation& a, const std::string& phase) {
     for (const auto& c : a.claims()) {
-      if (c.phase() != phase) return false;
+      if (enums::Text(c.phase()) != phase) return false;
     }
     return a.claims_size() > 0;
   }
@@ -208,13 +205,14 @@ TEST_F(SagaTest, SliceIsProvisionedReleasedAndCleanedThroughNodeTasks) {
   auto a = WaitSettled(id, "active");
   EXPECT_TRUE(AllPhases(a, "active"));
   ASSERT_TRUE(a.has_network());
-  EXPECT_EQ(a.network().lease_state(), "bound");
+  EXPECT_EQ(a.network().lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(a.attempt(), 1);
   // The task carried the concrete bundle, with Nats-Msg-Id = allocation id + type + attempt.
   auto prov = Tasks("vm.provision");
   ASSERT_EQ(prov.size(), 1u);
-  v1::ProvisionBundle b;
-  ASSERT_TRUE(prov[0].params().UnpackTo(&b));
+  ASSERT_TRUE(prov[0].has_vm_provision());
+  EXPECT_EQ(prov[0].type(), v1::TASK_TYPE_VM_PROVISION);
+  const v1::ProvisionBundle& b = prov[0].vm_provision();
   EXPECT_EQ(b.allocation_id(), id);
   ASSERT_EQ(b.slots_size(), 2);
   for (const auto& s : b.slots()) {
@@ -236,11 +234,11 @@ TEST_F(SagaTest, SliceIsProvisionedReleasedAndCleanedThroughNodeTasks) {
 
   auto r = Release(id);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
-  EXPECT_EQ(r->allocation().state(), "releasing");
+  EXPECT_EQ(r->allocation().state(), v1::ALLOCATION_STATE_RELEASING);
   a = WaitSettled(id, "released");
   for (const auto& cl : a.claims()) {
     EXPECT_TRUE(cl.has_released_at());
-    EXPECT_EQ(cl.phase(), "released");
+    EXPECT_EQ(cl.phase(), v1::CLAIM_PHASE_RELEASED);
   }
   EXPECT_FALSE(a.has_failure());
   EXPECT_EQ(Tasks("vm.release").size(), 1u);
@@ -292,7 +290,7 @@ TEST_F(SagaTest, RetriedCreateAndRepeatedReleaseHaveNoDoubleEffect) {
   EXPECT_EQ(Tasks("vm.provision").size(), 1u);
   auto r1 = Release(id);
   ASSERT_TRUE(r1.ok()) << r1.error().ToString();
-  EXPECT_EQ(r1->allocation().state(), "releasing");
+  EXPECT_EQ(r1->allocation().state(), v1::ALLOCATION_STATE_RELEASING);
   auto r2 = Release(id);
   ASSERT_TRUE(r2.ok());
   EXPECT_EQ(r2->allocation().generation(), r1->allocation().generation());
@@ -302,7 +300,7 @@ TEST_F(SagaTest, RetriedCreateAndRepeatedReleaseHaveNoDoubleEffect) {
   // Admin force-release ends it; releasing again changes nothing.
   auto f = Release(id, true);
   ASSERT_TRUE(f.ok());
-  EXPECT_EQ(f->allocation().state(), "released");
+  EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_RELEASED);
   auto r3 = Release(id);
   ASSERT_TRUE(r3.ok());
   EXPECT_EQ(r3->allocation().generation(), f->allocation().generation());
@@ -321,7 +319,7 @@ TEST_F(SagaTest, FailedProvisioningBlocksSlotsUntilCleanupProof) {
   const std::string id = c->allocation().allocation_id();
   auto a = WaitSettled(id, "failed");
   ASSERT_TRUE(a.has_failure());
-  EXPECT_EQ(a.failure().stage(), "provisioning");
+  EXPECT_EQ(a.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   EXPECT_EQ(a.failure().code(), "lease_timeout");
   // A proof with signatures left is no proof: the slots stay cleanup_blocked, unplaceable.
   EXPECT_TRUE(AllPhases(a, "cleanup_blocked")) << ::testing::PrintToString(Phases(a));
@@ -378,7 +376,7 @@ TEST_F(SagaTest, DuplicateAndLateResultsHaveNoSecondEffect) {
   v1::NodeTaskResult late;
   late.set_task_id(prov.task_id());
   late.set_node_id("gpu-01");
-  late.set_type("vm.provision");
+  late.set_type(v1::TASK_TYPE_VM_PROVISION);
   late.set_status(v1::TASK_STATUS_FAILED);
   late.mutable_error()->set_reason("late");
   Publish("gpu-01", "task.failed", late, id);
@@ -387,7 +385,7 @@ TEST_F(SagaTest, DuplicateAndLateResultsHaveNoSecondEffect) {
     return std::count(steps.begin(), steps.end(), "late_result vm.provision") == 1;
   }));
   a = Get(id);
-  EXPECT_EQ(a.state(), "active");
+  EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_ACTIVE);
   EXPECT_EQ(a.generation(), gen);
   // A result for a task id nobody sent is ignored.
   late.set_task_id(ids::NewUuidV7());
@@ -421,7 +419,7 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
   const std::string id = c->allocation().allocation_id();
   auto a = WaitSettled(id, "failed");
   EXPECT_EQ(a.failure().code(), "node_unresponsive");
-  EXPECT_EQ(a.failure().stage(), "provisioning");
+  EXPECT_EQ(a.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   // Its cleanup went unanswered too: the slots stay blocked (never silently reused).
   EXPECT_TRUE(AllPhases(a, "cleanup_blocked"));
   auto steps = Steps(id);
@@ -431,7 +429,7 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
   // An admin takes responsibility for the host.
   auto f = Release(id, true);
   ASSERT_TRUE(f.ok());
-  EXPECT_EQ(f->allocation().state(), "failed");
+  EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_FAILED);
   for (const auto& cl : f->allocation().claims()) EXPECT_TRUE(cl.has_released_at());
   EXPECT_EQ(Steps(id).back(), "force_released");
   EXPECT_TRUE(Invariants().empty());
@@ -483,10 +481,10 @@ TEST_F(SagaTest, BaremetalIsActiveWhenPlacedAndFreedOnRelease) {
   StartNode();
   auto c = Create("bm", 8, "h200-sxm-baremetal");
   ASSERT_TRUE(c.ok());
-  EXPECT_EQ(c->allocation().state(), "active");
+  EXPECT_EQ(c->allocation().state(), v1::ALLOCATION_STATE_ACTIVE);
   auto r = Release(c->allocation().allocation_id());
   ASSERT_TRUE(r.ok());
-  EXPECT_EQ(r->allocation().state(), "released");
+  EXPECT_EQ(r->allocation().state(), v1::ALLOCATION_STATE_RELEASED);
   const std::vector<std::string> want = {"placed", "state", "claims_freed"};
   EXPECT_EQ(Steps(c->allocation().allocation_id()), want) << "baremetal sends no VM tasks";
   EXPECT_TRUE(Tasks().empty());

@@ -60,7 +60,7 @@ class AllocationTest : public ::testing::Test {
   // A node with `slots` approved slots: 2 NUMA nodes x 2 switches.
   void AddNode(const std::string& id, int slots, const std::string& region = "us-east-1",
                bool baremetal_profile = false, bool region_enabled = true,
-               const std::string& fabric = "infiniband") {
+               v1::FabricType fabric = v1::FABRIC_TYPE_INFINIBAND) {
     v1::NodeSnapshot n;
     n.mutable_node()->set_node_id(id);
     n.mutable_node()->set_hostname(id);
@@ -76,15 +76,15 @@ class AllocationTest : public ::testing::Test {
       auto* sl = s.mutable_slot();
       sl->set_node_id(id);
       sl->set_slot_key(fmt::format("gpu-0000:{:02x}:00.0", 0x18 + i));
-      sl->set_admin_state("available");
-      sl->set_health("healthy");
+      sl->set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
+      sl->set_health(v1::SLOT_HEALTH_HEALTHY);
       sl->set_sku("h200-sxm");
       sl->set_numa_node(i / 4);
       sl->set_pcie_switch(fmt::format("sw{}", i / 2));
       sl->set_fabric_type(fabric);
       sl->set_gpu_pci_address(sl->slot_key().substr(4));
       sl->set_nvme_by_id(fmt::format("/dev/disk/by-id/nvme-eui.{}{:02x}", id, i));
-      sl->set_fabric_claim_mode("per_slot_vf");
+      sl->set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
       sl->set_fabric_vf_pci_address(fmt::format("0000:{:02x}:00.1", 0x40 + i));
       sl->set_mac(fmt::format("52:54:00:aa:{:02x}:{:02x}", nodes_published_ % 256, i));
       sl->set_private_ip(fmt::format("10.100.0.{}", 10 + i));
@@ -116,7 +116,7 @@ class AllocationTest : public ::testing::Test {
   Result<v1::CreateAllocationResponse> Create(const std::string& request_id, int gpus,
                                               const std::string& sku = "h200-sxm-slice",
                                               const std::string& region = "us-east-1",
-                                              const std::string& mode = "") {
+                                              v1::NetworkMode mode = v1::NETWORK_MODE_UNSPECIFIED) {
     v1::CreateAllocationRequest r;
     r.set_tenant("acme");
     r.set_request_id(request_id);
