@@ -12,11 +12,16 @@ namespace gpuaas::ctl {
 
 namespace {
 
-std::string Claims(const v1::Allocation& a) {
+std::string ClaimName(const v1::ResourceClaim& c) {
+  return c.kind() == v1::CLAIM_KIND_SLOT ? c.slot_key() : Txt(c.kind());
+}
+
+// The live claims (with their phases).
+std::string Claims(const v1::Allocation& a, bool phases = false) {
   std::vector<std::string> out;
   for (const auto& c : a.claims()) {
     if (c.has_released_at()) continue;
-    out.push_back(c.kind() == "slot" ? c.slot_key() : "node_exclusive");
+    out.push_back(phases ? ClaimName(c) + ":" + Txt(c.phase()) : ClaimName(c));
   }
   return out.empty() ? "-" : Join(out);
 }
@@ -25,48 +30,51 @@ void PrintAllocations(const google::protobuf::RepeatedPtrField<v1::Allocation>& 
   std::vector<std::vector<std::string>> rows;
   for (const auto& a : as) {
     rows.push_back({a.allocation_id(), a.tenant(), a.sku(), std::to_string(a.gpu_count()),
-                    a.region(), a.state(), a.node_id().empty() ? "-" : a.node_id(), Claims(a),
+                    a.region(), Txt(a.state()), Or(a.node_id()), Claims(a),
                     a.has_network() ? a.network().actual_ip() : "",
-                    a.has_failure() ? a.failure().stage() + "/" + a.failure().code() : ""});
+                    a.has_failure() ? Txt(a.failure().stage()) + "/" + a.failure().code() : ""});
   }
   PrintTable(
       {"ALLOCATION", "TENANT", "SKU", "GPUS", "REGION", "STATE", "NODE", "CLAIMS", "IP", "FAILURE"},
       rows);
 }
 
-std::string Claims(const v1::Allocation& a, bool phases) {
-  if (!phases) return Claims(a);
-  std::vector<std::string> out;
-  for (const auto& c : a.claims()) {
-    if (c.has_released_at()) continue;
-    out.push_back((c.kind() == "slot" ? c.slot_key() : "node_exclusive") + ":" + c.phase());
-  }
-  return out.empty() ? "-" : Join(out);
+void PrintAllocation(const v1::Allocation& a) {
+  google::protobuf::RepeatedPtrField<v1::Allocation> one;
+  *one.Add() = a;
+  PrintAllocations(one);
 }
 
 void PrintEntry(const Globals& g, const v1::TimelineEntry& e) {
-  if (g.output == "json") {
-    std::cout << ToJson(e) << "\n";
-    return;
-  }
-  std::string what = e.step();
-  if (!e.task_type().empty()) what += " " + e.task_type();
-  std::string extra;
-  if (!e.stage().empty()) extra += "[" + e.stage() + "] ";
-  if (e.step() == "task_progress" && e.percent() > 0) extra += std::to_string(e.percent()) + "% ";
-  if (!e.code().empty()) extra += e.code() + ": ";
-  extra += e.detail();
-  std::cout << fmt::format("{:>6}  {}  {:<28} {:<13} {}\n", e.seq(), Time(e.at()), what, e.state(),
-                           extra)
-            << std::flush;
+  Print(g, e, [&] {
+    std::string what = Txt(e.step(), "?");
+    if (e.task_type() != v1::TASK_TYPE_UNSPECIFIED) what += " " + enums::Text(e.task_type());
+    std::string extra;
+    if (e.stage() != v1::TASK_STAGE_UNSPECIFIED) extra += "[" + enums::Text(e.stage()) + "] ";
+    if (e.step() == v1::TIMELINE_STEP_TASK_PROGRESS && e.percent() > 0) {
+      extra += std::to_string(e.percent()) + "% ";
+    }
+    if (!e.code().empty()) extra += e.code() + ": ";
+    extra += e.detail();
+    std::cout << fmt::format("{:>6}  {}  {:<28} {:<13} {}\n", e.seq(), Time(e.at()), what,
+                             enums::Text(e.state()), extra)
+              << std::flush;
+  });
 }
+
+// What a --watch waits for.
+enum class Want {
+  kSettled,   // timeline --watch: active or released
+  kActive,    // create --watch
+  kReleased,  // release --watch: released, or failed with every claim cleaned and freed
+};
 
 }  // namespace
 
 Action AddAllocCommands(CLI::App& app) {
   struct Opts {
     v1::CreateAllocationRequest create;
-    std::string id, tenant, state;
+    std::string id, tenant, state, network_mode;
     bool force = false, watch = false;
     int64_t watch_timeout_s = 900;
   };
@@ -85,7 +93,8 @@ Action AddAllocCommands(CLI::App& app) {
           "Idempotency key (retries with it get the same allocation)")
       ->required();
   create->add_option_function<std::string>(
-      "--sku", [o](const std::string& v) { o->create.set_sku(v); }, "SKU (default h200-sxm-slice)");
+      "--sku", [o](const std::string& v) { o->create.set_sku(v); },
+      "SKU (default h200-sxm-slice; see gpuaasctl catalog)");
   create
       ->add_option_function<int>(
           "--gpus", [o](const int& v) { o->create.set_gpu_count(v); }, "GPU count")
@@ -96,9 +105,8 @@ Action AddAllocCommands(CLI::App& app) {
       ->required();
   create->add_option_function<std::string>(
       "--pool", [o](const std::string& v) { o->create.set_pool(v); }, "Pool (default: any)");
-  create->add_option_function<std::string>(
-      "--network-mode", [o](const std::string& v) { o->create.set_network_mode(v); },
-      "private-nat | fabric-only (default: the SKU's)");
+  OneOfEnum<v1::NetworkMode>(
+      create->add_option("--network-mode", o->network_mode, "Network mode (default: the SKU's)"));
   create->add_option_function<std::string>(
       "--image", [o](const std::string& v) { o->create.set_image(v); },
       "Catalog image name (slices; default: the catalog's default)");
@@ -111,119 +119,153 @@ Action AddAllocCommands(CLI::App& app) {
   create->add_option_function<std::string>(
       "--hostname", [o](const std::string& v) { o->create.set_hostname(v); },
       "VM hostname (default slice-<id prefix>)");
-  create->add_flag("--watch", o->watch, "Follow the allocation's timeline until it settles");
+  create->add_flag("--watch", o->watch,
+                   "Follow the allocation's timeline until it settles; exit 4 unless active");
   auto* get = alloc->add_subcommand("get", "One allocation with its claims");
   get->add_option("--id", o->id, "Allocation id")->required();
   auto* list = alloc->add_subcommand("list", "Allocations");
   list->add_option("--tenant", o->tenant, "Only this tenant");
-  list->add_option("--state", o->state, "Only this state");
+  OneOfEnum<v1::AllocationState>(list->add_option("--state", o->state, "Only this state"));
   auto* release = alloc->add_subcommand("release", "Release an allocation");
   release->add_option("--id", o->id, "Allocation id")->required();
   release->add_flag("--force", o->force, "Admin force-release, whatever the state");
-  release->add_flag("--watch", o->watch, "Follow the allocation's timeline until it settles");
+  release->add_flag("--watch", o->watch,
+                    "Follow the allocation's timeline until it settles; exit 4 unless released");
   auto* timeline = alloc->add_subcommand("timeline", "An allocation's steps, tasks and results");
   timeline->add_option("--id", o->id, "Allocation id")->required();
   timeline->add_flag("--watch", o->watch,
-                     "Keep printing new steps until no node task is in flight");
+                     "Keep printing new steps until no node task is in flight; exit 4 unless it "
+                     "settled active or released");
   for (auto* c : {create, release, timeline}) {
-    c->add_option("--watch-timeout-s", o->watch_timeout_s, "Give up watching after this long");
+    c->add_option("--watch-timeout-s", o->watch_timeout_s,
+                  "Give up watching after this long (exit 3)")
+        ->capture_default_str();
   }
 
-  // Prints the timeline from the start; with watch, polls for new steps until nothing is in
-  // flight (exit 0 when it ends active/released, 2 when failed or blocked) or the timeout.
-  // `releasing`: a failed allocation whose slots were all cleaned and freed is a successful
-  // release too (it stays failed: the failure is its record).
+  // Prints the timeline from the start. Without watch: every page, then 0 (-o json: one
+  // GetAllocationTimelineResponse with all the entries). With watch: each entry as it comes
+  // (-o json: one JSON object per line), polling until no node task is in flight; then 0 when
+  // the allocation settled as `want` asks, kExitOutcome when not, kExitUnreachable when the
+  // watch timeout passed first.
   auto follow = [o](rpc::Client& client, const Globals& g, const std::string& id, bool watch,
-                    bool releasing = false) -> int {
-    const auto timeout = std::chrono::milliseconds(g.timeout_ms);
+                    Want want) -> int {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o->watch_timeout_s);
     v1::GetAllocationTimelineRequest req;
     req.set_allocation_id(id);
     req.set_page_size(500);
-    if (!watch && g.output != "json") {
+    if (!watch && !g.Json()) {
       std::cout << fmt::format("{:>6}  {:<23}  {:<28} {:<13} {}\n", "SEQ", "AT", "STEP", "STATE",
                                "DETAIL");
     }
+    v1::GetAllocationTimelineResponse all;  // -o json without watch
     while (true) {
       auto r = client.Call<v1::GetAllocationTimelineResponse>(
-          "gpuaas.v1.scheduler.allocation.timeline", req, timeout);
+          "gpuaas.v1.scheduler.allocation.timeline", req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
-      for (const auto& e : r->entries()) PrintEntry(g, e);
+      if (!watch && g.Json()) {
+        all.mutable_entries()->MergeFrom(r->entries());
+      } else {
+        for (const auto& e : r->entries()) PrintEntry(g, e);
+      }
       req.set_page_token(r->last_seq());
       if (!r->next_page_token().empty()) continue;
-      if (!watch) return 0;
-      if (!r->in_flight()) {
-        bool good = r->state() == "active" || r->state() == "released";
-        std::string note;
-        if (releasing && r->state() == "failed") {
-          v1::GetAllocationRequest one;
-          one.set_allocation_id(id);
-          auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", one,
-                                                          timeout);
-          if (!a.ok()) return Fail(g, a.error());
-          good = true;
-          for (const auto& c : a->allocation().claims()) good = good && c.has_released_at();
-          note = good ? " (its slots cleaned and freed)" : " (slots still blocked)";
+      if (!watch) {
+        if (g.Json()) {
+          all.set_last_seq(r->last_seq());
+          all.set_state(r->state());
+          all.set_in_flight(r->in_flight());
+          Print(g, all, [] {});
         }
-        if (g.output != "json") std::cout << "settled: " << r->state() << note << "\n";
-        return good ? 0 : 2;
+        return kExitOk;
+      }
+      if (!r->in_flight()) {
+        const auto state = r->state();
+        bool good = false;
+        std::string note;
+        switch (want) {
+          case Want::kSettled:
+            good = state == v1::ALLOCATION_STATE_ACTIVE || state == v1::ALLOCATION_STATE_RELEASED;
+            break;
+          case Want::kActive:
+            good = state == v1::ALLOCATION_STATE_ACTIVE;
+            break;
+          case Want::kReleased:
+            good = state == v1::ALLOCATION_STATE_RELEASED;
+            if (state == v1::ALLOCATION_STATE_FAILED) {
+              // A failed allocation whose slots were all cleaned and freed is a successful
+              // release too (it stays failed: the failure is its record).
+              v1::GetAllocationRequest one;
+              one.set_allocation_id(id);
+              auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get",
+                                                              one, g.Timeout());
+              if (!a.ok()) return Fail(g, a.error());
+              good = true;
+              for (const auto& c : a->allocation().claims()) good = good && c.has_released_at();
+              note = good ? " (its slots cleaned and freed)" : " (slots still blocked)";
+            }
+            break;
+        }
+        if (!g.Json()) std::cout << "settled: " << Txt(state) << note << "\n";
+        return good ? kExitOk : kExitOutcome;
       }
       if (std::chrono::steady_clock::now() > until) {
-        std::cerr << "still in flight after " << o->watch_timeout_s << "s (state " << r->state()
-                  << ")\n";
-        return 3;
+        std::cerr << "still in flight after " << o->watch_timeout_s << "s (state "
+                  << Txt(r->state()) << ")\n";
+        return kExitUnreachable;
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
   };
 
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
-    const auto timeout = std::chrono::milliseconds(g.timeout_ms);
     if (create->parsed()) {
+      int rc = kExitOk;
+      auto mode = ParseFlag<v1::NetworkMode>(g, "network_mode", o->network_mode, &rc);
+      if (!mode) return rc;
+      o->create.set_network_mode(*mode);
       auto r = client.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create",
-                                                         o->create, timeout);
+                                                         o->create, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       Print(g, *r, [&] {
-        google::protobuf::RepeatedPtrField<v1::Allocation> one;
-        *one.Add() = r->allocation();
         if (!r->created()) std::cout << "(a retry: the allocation made for this request id)\n";
-        PrintAllocations(one);
+        PrintAllocation(r->allocation());
       });
-      if (o->watch) return follow(client, g, r->allocation().allocation_id(), true);
-      return 0;
+      if (o->watch) return follow(client, g, r->allocation().allocation_id(), true, Want::kActive);
+      return kExitOk;
     }
     if (get->parsed()) {
       v1::GetAllocationRequest req;
       req.set_allocation_id(o->id);
       auto r = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", req,
-                                                      timeout);
+                                                      g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
-        google::protobuf::RepeatedPtrField<v1::Allocation> one;
-        *one.Add() = r->allocation();
-        PrintAllocations(one);
         const auto& a = r->allocation();
+        PrintAllocation(a);
         std::cout << "claims: " << Claims(a, true) << "\n";
         if (a.has_network()) {
           std::cout << fmt::format("network: domain {} mac {} expected {} actual {} lease {}\n",
                                    a.network().domain_name(), a.network().mac(),
                                    a.network().expected_ip(), a.network().actual_ip(),
-                                   a.network().lease_state());
+                                   Txt(a.network().lease_state()));
         }
         if (a.has_failure()) {
-          std::cout << fmt::format("failure: {} {}: {}\n", a.failure().stage(), a.failure().code(),
-                                   a.failure().detail());
+          std::cout << fmt::format("failure: {} {}: {}\n", Txt(a.failure().stage()),
+                                   a.failure().code(), a.failure().detail());
         }
       });
     }
-    if (timeline->parsed()) return follow(client, g, o->id, o->watch);
+    if (timeline->parsed()) return follow(client, g, o->id, o->watch, Want::kSettled);
     if (list->parsed()) {
+      int rc = kExitOk;
+      auto state = ParseFlag<v1::AllocationState>(g, "state", o->state, &rc);
+      if (!state) return rc;
       v1::ListAllocationsResponse all;
       v1::ListAllocationsRequest req;
       req.set_tenant(o->tenant);
-      req.set_state(o->state);
+      req.set_state(*state);
       auto r = ListAll<v1::ListAllocationsResponse>(
-          client, "gpuaas.v1.scheduler.allocation.list", req, timeout,
+          client, "gpuaas.v1.scheduler.allocation.list", req, g.Timeout(),
           [&](v1::ListAllocationsResponse& page) {
             all.mutable_allocations()->MergeFrom(page.allocations());
           });
@@ -235,15 +277,11 @@ Action AddAllocCommands(CLI::App& app) {
       req.set_allocation_id(o->id);
       req.set_force(o->force);
       auto r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
-                                                          req, timeout);
+                                                          req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
-      Print(g, *r, [&] {
-        google::protobuf::RepeatedPtrField<v1::Allocation> one;
-        *one.Add() = r->allocation();
-        PrintAllocations(one);
-      });
-      if (o->watch) return follow(client, g, o->id, true, true);
-      return 0;
+      Print(g, *r, [&] { PrintAllocation(r->allocation()); });
+      if (o->watch) return follow(client, g, o->id, true, Want::kReleased);
+      return kExitOk;
     }
     return std::nullopt;
   };

@@ -1,7 +1,7 @@
 #pragma once
-// Shared pieces of gpuaasctl: global flags, structured error output, tables, JSON, paging, and
-// the registry of command groups (each group adds its subcommands and returns the action that
-// runs when one of them was parsed).
+// Shared pieces of gpuaasctl: global flags, exit codes, structured error output, tables, JSON,
+// enum-valued flags, paging, and the registry of command groups (each group adds its subcommands
+// and returns the action that runs when one of them was parsed).
 #include <google/protobuf/message.h>
 #include <google/protobuf/timestamp.pb.h>
 
@@ -13,24 +13,93 @@
 
 #include <CLI/CLI.hpp>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/common/rpc.hpp"
 
 namespace gpuaas::ctl {
 
+// The exit codes (README "Exit codes", and the --help footer).
+inline constexpr int kExitOk = 0;
+// The platform answered an error (its Status is printed).
+inline constexpr int kExitError = 1;
+// A usage error: unknown flag, missing or invalid argument.
+inline constexpr int kExitUsage = 2;
+// NATS could not be reached or the request timed out (the transport's UNAVAILABLE /
+// DEADLINE_EXCEEDED), or --watch-timeout-s passed while a task was still in flight.
+inline constexpr int kExitUnreachable = 3;
+// The request was answered but did not reach the outcome asked for: a --watch settled in another
+// state, or slot approve/repair rejected a slot.
+inline constexpr int kExitOutcome = 4;
+
+// The --help footer naming the exit codes.
+const std::string& ExitCodesHelp();
+
 struct Globals {
   std::string nats_url;
-  std::string output = "table";
+  std::string output = "text";  // text | json ("table" is read as text)
   int64_t timeout_ms = 10000;
+  // Set while a --watch streams: JSON output is one compact object per line (JSON Lines).
+  bool json_lines = false;
+  bool Json() const { return output == "json"; }
+  std::chrono::milliseconds Timeout() const { return std::chrono::milliseconds(timeout_ms); }
 };
 
-// Prints a structured error (JSON with -o json) and returns the exit code 1.
+// Prints a structured error: the gpuaas.v1.Status as JSON on stdout with -o json, else
+// "error: CODE reason: message {details}" on stderr. Returns kExitUnreachable for the transport's
+// UNAVAILABLE / DEADLINE_EXCEEDED (no service answered), else kExitError.
 int Fail(const Globals& g, const Error& e);
-std::string ToJson(const google::protobuf::Message& m);
+// Prints a usage error found after parsing (same format as Fail) and returns kExitUsage.
+int Usage(const Globals& g, const Error& e);
+// True when `e` comes from the transport (NATS unreachable, no responders, timed out) rather
+// than from a service's reply.
+bool FromTransport(const Error& e);
+
+// Protobuf's JSON printer: proto field names, enum values as their proto names.
+std::string ToJson(const google::protobuf::Message& m, bool pretty = true);
+// Prints `m` as JSON when -o json (one document; one line under --watch); else runs `text`.
+// Returns kExitOk.
+int Print(const Globals& g, const google::protobuf::Message& m, const std::function<void()>& text);
+
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows);
 std::string Time(const google::protobuf::Timestamp& t);
 std::string Join(const std::vector<std::string>& items, const std::string& sep = ",");
+// `s`, or `dash` when it is empty.
+std::string Or(const std::string& s, const std::string& dash = "-");
+
+// An enum value's text (enums.hpp), or `dash` for UNSPECIFIED.
+template <typename E>
+std::string Txt(E value, const std::string& dash = "-") {
+  return Or(enums::Text(value), dash);
+}
+
+// Restricts `opt` to `values` (another value is a usage error, exit 2; --help lists them) and
+// offers them in shell completion.
+CLI::Option* OneOf(CLI::Option* opt, const std::vector<std::string>& values);
+// Offers `values` in shell completion without restricting the option.
+CLI::Option* Suggest(CLI::Option* opt, const std::vector<std::string>& values);
+// An enum-valued flag: one of E's texts (enums::Texts).
+template <typename E>
+CLI::Option* OneOfEnum(CLI::Option* opt) {
+  return OneOf(opt, enums::Texts<E>());
+}
+// The completion values registered for `opt` (empty when none).
+const std::vector<std::string>& CompletionValues(const CLI::Option* opt);
+
+// Parses an enum-valued flag: nullopt (and *rc set to the usage exit code, the error printed)
+// when `text` is not one of E's texts; UNSPECIFIED when `text` is empty.
+template <typename E>
+std::optional<E> ParseFlag(const Globals& g, std::string_view field, const std::string& text,
+                           int* rc) {
+  if (text.empty()) return static_cast<E>(0);
+  auto v = enums::ParseField<E>(field, text);
+  if (!v.ok()) {
+    *rc = Usage(g, v.error());
+    return std::nullopt;
+  }
+  return *v;
+}
 
 // Calls a paginated list subject until the last page; `add` takes each page.
 template <typename Resp, typename Req>
@@ -49,14 +118,23 @@ Result<void> ListAll(rpc::Client& client, const std::string& subject, Req req,
 // Runs the parsed subcommand of a group, or nullopt when none of the group's was parsed.
 using Action = std::function<std::optional<int>(rpc::Client&, const Globals&)>;
 
-// Inventory slot/topology/region commands (inventory_commands.cpp).
-Action AddInventoryCommands(CLI::App& app, CLI::App* node);
+// node register/list, scheduler nodes/rebuild-projection (node_commands.cpp).
+Action AddNodeCommands(CLI::App& app);
+// Inventory slot/topology/region commands, scheduler slots (inventory_commands.cpp); after
+// AddNodeCommands (it adds to the node and scheduler groups).
+Action AddInventoryCommands(CLI::App& app);
 // ipam reservations/leases/drift/network/subnet/release/reprovision (ipam_commands.cpp).
 Action AddIpamCommands(CLI::App& app);
 // Allocation commands (alloc_commands.cpp).
 Action AddAllocCommands(CLI::App& app);
+// catalog [list] (catalog_commands.cpp).
+Action AddCatalogCommands(CLI::App& app);
 
-// Prints `m` as JSON when -o json; else runs `table`. Returns 0.
-int Print(const Globals& g, const google::protobuf::Message& m, const std::function<void()>& table);
+// `completion bash` (completion.cpp): the script completes every command, subcommand and flag
+// of `app` (walked at run time, so it cannot drift) and the values of enum-valued flags. The
+// returned action needs no NATS; it returns nullopt when `completion` was not parsed.
+std::function<std::optional<int>()> AddCompletionCommand(CLI::App& app);
+// Writes the bash completion script of `app`'s command tree to `out`.
+void PrintBashCompletion(const CLI::App& app, std::ostream& out);
 
 }  // namespace gpuaas::ctl

@@ -1,5 +1,6 @@
 // gpuaasctl: node discover/show, slot approve/disable/repair, disk wipe-proof, availability,
 // region list/set, scheduler slots.
+#include <cctype>
 #include <iostream>
 #include <memory>
 
@@ -19,16 +20,9 @@ std::string Numa(const v1::CandidateSlot& c) {
 }
 
 std::string CheckWord(v1::CheckStatus s) {
-  switch (s) {
-    case v1::CHECK_STATUS_PASS:
-      return "PASS";
-    case v1::CHECK_STATUS_WARN:
-      return "WARN";
-    case v1::CHECK_STATUS_FAIL:
-      return "FAIL";
-    default:
-      return "?";
-  }
+  std::string word = Txt(s, "?");
+  for (char& c : word) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return word;
 }
 
 std::string Reasons(const google::protobuf::RepeatedPtrField<v1::SlotRejection>& rs) {
@@ -72,7 +66,7 @@ void PrintShow(const v1::ShowNodeResponse& r) {
     std::vector<std::vector<std::string>> rows;
     for (const auto& c : r.topology().candidates()) {
       rows.push_back({c.slot_key(), std::to_string(c.index()), Numa(c), c.locality_group(),
-                      c.nvme_by_id().empty() ? "-" : c.nvme_by_id(), c.fabric_claim_mode(),
+                      c.nvme_by_id().empty() ? "-" : c.nvme_by_id(), Txt(c.fabric_claim_mode()),
                       c.fabric_vf_pci_address().empty() ? "-" : c.fabric_vf_pci_address()});
     }
     PrintTable({"SLOT", "IDX", "NUMA", "LOCALITY", "NVME", "FABRIC", "VF"}, rows);
@@ -80,7 +74,7 @@ void PrintShow(const v1::ShowNodeResponse& r) {
   std::cout << "\nslots:\n";
   std::vector<std::vector<std::string>> rows;
   for (const auto& s : r.slots()) {
-    rows.push_back({s.slot_key(), s.admin_state(), s.health(), s.sku(),
+    rows.push_back({s.slot_key(), Txt(s.admin_state()), Txt(s.health()), s.sku(),
                     s.mac().empty() ? "-" : s.mac(), s.private_ip().empty() ? "-" : s.private_ip(),
                     std::to_string(s.generation()),
                     s.rejections().empty() ? s.disabled_reason() : Reasons(s.rejections())});
@@ -98,7 +92,7 @@ void PrintShow(const v1::ShowNodeResponse& r) {
     std::cout << "\nrecent tasks:\n";
     std::vector<std::vector<std::string>> t;
     for (const auto& x : r.recent_tasks()) {
-      t.push_back({x.task_id(), x.type(), x.status(), Time(x.queued_at()), x.error()});
+      t.push_back({x.task_id(), Txt(x.type()), Txt(x.status()), Time(x.queued_at()), x.error()});
     }
     PrintTable({"TASK", "TYPE", "STATUS", "QUEUED", "ERROR"}, t);
   }
@@ -110,8 +104,7 @@ void PrintApprovals(const google::protobuf::RepeatedPtrField<v1::SlotApproval>& 
     std::vector<std::string> why;
     for (const auto& r : a.rejections()) why.push_back(r.reason() + ": " + r.message());
     rows.push_back({a.slot_key(), a.approved() ? "approved" : "rejected",
-                    a.slot().admin_state().empty() ? "-" : a.slot().admin_state(),
-                    a.slot().mac().empty() ? "-" : a.slot().mac(),
+                    Txt(a.slot().admin_state()), a.slot().mac().empty() ? "-" : a.slot().mac(),
                     a.slot().private_ip().empty() ? "-" : a.slot().private_ip(), Join(why, "; ")});
   }
   PrintTable({"SLOT", "RESULT", "ADMIN", "MAC", "IP", "REASONS"}, rows);
@@ -119,7 +112,7 @@ void PrintApprovals(const google::protobuf::RepeatedPtrField<v1::SlotApproval>& 
 
 }  // namespace
 
-Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
+Action AddInventoryCommands(CLI::App& app) {
   struct Opts {
     std::string node, slot, reason, nvme, method, evidence, region, name, enabled;
     int64_t snapshot = 0;
@@ -127,6 +120,8 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
   };
   auto o = std::make_shared<Opts>();
 
+  // "node" and "scheduler" exist (AddNodeCommands); discover/show and slots join them.
+  CLI::App* node = app.get_subcommand("node");
   auto* discover = node->add_subcommand("discover", "Ask the node's agent to report its topology");
   discover->add_option("--id", o->node, "Node id")->required();
   auto* show = node->add_subcommand(
@@ -153,7 +148,8 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
   auto* wipe = disk->add_subcommand("wipe-proof", "Record that a disk was wiped");
   wipe->add_option("--node", o->node, "Node id")->required();
   wipe->add_option("--nvme", o->nvme, "/dev/disk/by-id/... path")->required();
-  wipe->add_option("--method", o->method, "blkdiscard | nvme-format | wipefs")->required();
+  Suggest(wipe->add_option("--method", o->method, "blkdiscard | nvme-format | wipefs")->required(),
+          {"blkdiscard", "nvme-format", "wipefs"});
   wipe->add_option("--evidence", o->evidence, "What proves it (command output, ticket)")
       ->required();
 
@@ -165,18 +161,17 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
   auto* region_list = region->add_subcommand("list", "List regions and their pools");
   auto* region_set = region->add_subcommand("set", "Enable or disable a region");
   region_set->add_option("--name", o->name, "Region")->required();
-  region_set->add_option("--enabled", o->enabled, "true | false")
-      ->required()
-      ->check(CLI::IsMember({"true", "false"}));
+  OneOf(region_set->add_option("--enabled", o->enabled, "Enable (true) or disable (false)")
+            ->required(),
+        {"true", "false"});
 
-  // "scheduler" exists in main; add "slots" under it.
   CLI::App* sched = app.get_subcommand("scheduler");
   auto* sched_slots = sched->add_subcommand("slots", "Slots in the scheduler's projection");
   sched_slots->add_option("--node", o->node, "Only this node");
   sched_slots->add_option("--region", o->region, "Only this region");
 
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
-    const auto timeout = std::chrono::milliseconds(g.timeout_ms);
+    const auto timeout = g.Timeout();
     if (discover->parsed()) {
       v1::DiscoverNodeRequest req;
       req.set_node_id(o->node);
@@ -210,9 +205,9 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
         PrintApprovals(r->results());
       });
       for (const auto& a : r->results()) {
-        if (!a.approved()) return 2;  // something was rejected: scripts can tell
+        if (!a.approved()) return kExitOutcome;  // something was rejected: scripts can tell
       }
-      return 0;
+      return kExitOk;
     }
     if (disable->parsed()) {
       v1::DisableSlotRequest req;
@@ -239,7 +234,7 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
         *one.Add() = r->result();
         PrintApprovals(one);
       });
-      return r->result().approved() ? 0 : 2;
+      return r->result().approved() ? kExitOk : kExitOutcome;
     }
     if (wipe->parsed()) {
       v1::RecordWipeProofRequest req;
@@ -305,15 +300,15 @@ Action AddInventoryCommands(CLI::App& app, CLI::App* node) {
       return Print(g, *r, [&] {
         std::vector<std::vector<std::string>> rows;
         for (const auto& s : r->slots()) {
-          rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), s.admin_state(),
-                          s.health(), s.schedulable() ? "yes" : "no",
+          rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), Txt(s.admin_state()),
+                          Txt(s.health()), s.schedulable() ? "yes" : "no",
                           Join({s.node_blockers().begin(), s.node_blockers().end()}),
-                          s.occupancy().empty() ? "free" : s.occupancy(),
+                          Txt(s.lifecycle()),
                           s.allocation_id().empty() ? "-" : s.allocation_id().substr(0, 8),
                           std::to_string(s.generation())});
         }
         PrintTable({"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS",
-                    "OCCUPANCY", "ALLOC", "GEN"},
+                    "LIFECYCLE", "ALLOC", "GEN"},
                    rows);
       });
     }

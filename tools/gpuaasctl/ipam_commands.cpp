@@ -12,8 +12,6 @@ namespace gpuaas::ctl {
 
 namespace {
 
-std::string Or(const std::string& s, const std::string& dash = "-") { return s.empty() ? dash : s; }
-
 void PrintDocument(const v1::GetNodeNetworkResponse& r) {
   const auto& d = r.document();
   if (d.version() == 0) {
@@ -84,7 +82,7 @@ Action AddIpamCommands(CLI::App& app) {
   reprovision->add_option("--reason", o->reason, "Why");
 
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
-    const auto timeout = std::chrono::milliseconds(g.timeout_ms);
+    const auto timeout = g.Timeout();
     if (reservations->parsed()) {
       v1::ListReservationsRequest req;
       req.set_node_id(o->node);
@@ -121,7 +119,7 @@ Action AddIpamCommands(CLI::App& app) {
         for (const auto& l : r->leases()) {
           const auto& x = l.observation();
           rows.push_back({Or(x.slot_key()), x.mac(), Or(x.expected_ip()), Or(x.actual_ip()),
-                          x.lease_state(), Or(l.allocation_id())});
+                          Txt(x.lease_state()), Or(l.allocation_id())});
         }
         PrintTable({"SLOT", "MAC", "EXPECTED IP", "ACTUAL IP", "LEASE", "ALLOCATION"}, rows);
       });

@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# gpuaasctl without servers (ctest label unit): cli_test.sh <path to gpuaasctl> <case>
+#   version     --version prints "gpuaasctl <version>" and exits 0
+#   usage       usage errors exit 2; --help exits 0 and names the exit codes
+#   completion  `completion bash` is valid bash and completes commands, flags and enum values
+#   json        every command's parser takes -o json (before or after the command): against an
+#               unreachable NATS each gets as far as connecting and exits 3 with the Status as JSON
+set -uo pipefail
+CTL=$1
+CASE=$2
+# Nothing listens on port 1: connecting fails at once.
+NOWHERE=(--nats nats://127.0.0.1:1 --timeout-ms 2000)
+failures=0
+ERRFILE=$(mktemp)
+trap 'rm -f "$ERRFILE"' EXIT
+
+fail() {
+  echo "FAIL: $*" >&2
+  failures=$((failures + 1))
+}
+
+# expect_rc <rc> <args...>: runs gpuaasctl; OUT and ERR hold its stdout and stderr.
+expect_rc() {
+  local want=$1 got
+  shift
+  OUT=$("$CTL" "$@" 2>"$ERRFILE")
+  got=$?
+  ERR=$(<"$ERRFILE")
+  if [[ $got != "$want" ]]; then
+    fail "gpuaasctl $* exited $got, want $want; stdout: $OUT; stderr: $ERR"
+    return 1
+  fi
+}
+
+# Every leaf command with the arguments it requires.
+declare -A ARGS=(
+  ['node register']='--id n1 --region r --profile baremetal'
+  ['node list']=''
+  ['node discover']='--id n1'
+  ['node show']='--id n1'
+  ['scheduler nodes']=''
+  ['scheduler rebuild-projection']=''
+  ['scheduler slots']='--node n1'
+  ['slot approve']='--node n1'
+  ['slot disable']='--node n1 --slot s1'
+  ['slot repair']='--node n1 --slot s1'
+  ['disk wipe-proof']='--node n1 --nvme /dev/disk/by-id/x --method wipefs --evidence e'
+  ['availability']=''
+  ['region list']=''
+  ['region set']='--name r --enabled true'
+  ['alloc create']='--tenant t --request-id q --gpus 1 --region r --network-mode private-nat'
+  ['alloc get']='--id a'
+  ['alloc list']='--state failed'
+  ['alloc release']='--id a'
+  ['alloc timeline']='--id a'
+  ['ipam reservations']='--node n1'
+  ['ipam leases']='--node n1'
+  ['ipam drift']='--node n1 --all'
+  ['ipam network']='--node n1'
+  ['ipam subnet']='--region r --subnet 10.100.0.0/24'
+  ['ipam release']='--node n1 --slot s1'
+  ['ipam reprovision']='--node n1 --slot s1'
+  ['catalog']=''
+  ['catalog list']=''
+)
+
+case $CASE in
+  version)
+    expect_rc 0 --version
+    [[ $OUT =~ ^gpuaasctl\ [0-9]+\.[0-9]+\.[0-9]+(\+[^[:space:]]+)?$ ]] ||
+      fail "--version printed '$OUT'"
+    ;;
+
+  usage)
+    expect_rc 2                                    # a command is required
+    expect_rc 2 alloc                              # and a subcommand
+    expect_rc 2 alloc list --bogus                 # unknown flag
+    expect_rc 2 alloc get                          # missing required --id
+    if expect_rc 2 alloc list --state nope; then
+      [[ $ERR == *releasing* ]] || fail "--state nope does not name the valid states: $ERR"
+    fi
+    expect_rc 2 alloc create --tenant t --request-id q --gpus 1 --region r --network-mode nat
+    expect_rc 2 -o yaml node list                  # bad output format
+    expect_rc 2 region set --name r --enabled maybe
+    expect_rc 2 alloc create --tenant t --request-id q --gpus x --region r  # not a number
+    if expect_rc 0 --help; then
+      [[ $OUT == *"Exit codes:"* ]] || fail "--help names no exit codes"
+    fi
+    if expect_rc 0 alloc create --help; then
+      [[ $OUT == *private-nat* ]] || fail "alloc create --help does not list the network modes"
+    fi
+    ;;
+
+  completion)
+    expect_rc 0 completion bash
+    script=$OUT
+    bash -n <<<"$script" || fail "completion bash: syntax error"
+    # shellcheck disable=SC1090
+    source <(printf '%s\n' "$script")
+    complete_line() {
+      COMP_WORDS=("$@")
+      COMP_CWORD=$((${#COMP_WORDS[@]} - 1))
+      COMPREPLY=()
+      _gpuaasctl
+      echo "${COMPREPLY[*]}"
+    }
+    check() {
+      local want=$1 got
+      shift
+      got=$(complete_line gpuaasctl "$@")
+      [[ " $got " == *" $want "* ]] || fail "completing '$*': want '$want' in '$got'"
+    }
+    check catalog ''
+    check alloc al
+    check timeline alloc ''
+    check --network-mode alloc create --net
+    check private-nat alloc create --network-mode ''
+    check fabric-only alloc create --region r --network-mode f
+    check released alloc list --state ''
+    check json --nats nats://x:4222 alloc list -o ''
+    check json alloc list --output = j
+    check --output ipam drift --node n1 --out        # a parent's flag after the command
+    check bash completion ''
+    check slice-vm node register --profile ''
+    # The script knows every command the parser does (walked from the same tree).
+    for path in "${!ARGS[@]}"; do
+      parent=${path% *}
+      [[ $parent == "$path" ]] && parent=''
+      _gpuaasctl_subcommands "$parent"
+      [[ " $REPLY " == *" ${path##* } "* ]] || fail "completion misses '$path'"
+    done
+    ;;
+
+  json)
+    # Every leaf command of the tree (walked in the completion script) has a row in ARGS.
+    expect_rc 0 completion bash
+    # shellcheck disable=SC1090
+    source <(printf '%s\n' "$OUT")
+    walk() {
+      local p=$1 s
+      _gpuaasctl_subcommands "$p"
+      local subs=$REPLY
+      for s in $subs; do
+        local child=${p:+$p }$s
+        [[ $child == completion* ]] && continue
+        _gpuaasctl_subcommands "$child"
+        if [[ -z $REPLY ]]; then
+          [[ -v "ARGS[$child]" ]] || fail "no test arguments for '$child' (add it to ARGS)"
+        else
+          walk "$child"
+        fi
+      done
+    }
+    walk ''
+    for path in "${!ARGS[@]}"; do
+      read -r -a cmd <<<"$path"
+      read -r -a args <<<"${ARGS[$path]}"
+      for where in before after; do
+        if [[ $where == before ]]; then
+          expect_rc 3 "${NOWHERE[@]}" -o json "${cmd[@]}" "${args[@]}" || continue
+        else
+          expect_rc 3 "${NOWHERE[@]}" "${cmd[@]}" "${args[@]}" --output json || continue
+        fi
+        [[ $OUT == *'"code": "UNAVAILABLE"'* && $OUT == *'"reason": "nats_unavailable"'* ]] ||
+          fail "$path -o json ($where): not the Status as JSON: $OUT"
+      done
+    done
+    expect_rc 0 completion bash -o json
+    # Text: the error on stderr, nothing on stdout.
+    if expect_rc 3 "${NOWHERE[@]}" node list; then
+      [[ -z $OUT && $ERR == "error: UNAVAILABLE"* ]] ||
+        fail "text error output: stdout '$OUT' stderr '$ERR'"
+    fi
+    # --watch streams JSON Lines: the Status is one line.
+    if expect_rc 3 "${NOWHERE[@]}" alloc timeline --id a --watch -o json; then
+      [[ $(wc -l <<<"$OUT") == 1 && $OUT == '{"code":"UNAVAILABLE"'* ]] ||
+        fail "--watch -o json is not one JSON object per line: $OUT"
+    fi
+    ;;
+
+  *)
+    echo "unknown case $CASE" >&2
+    exit 2
+    ;;
+esac
+
+if ((failures > 0)); then
+  echo "$failures failure(s)" >&2
+  exit 1
+fi
+echo "ok: $CASE"
