@@ -9,6 +9,7 @@
 #include <google/protobuf/timestamp.pb.h>
 #include <google/protobuf/util/time_util.h>
 
+#include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/event.pb.h"
 
@@ -96,6 +97,7 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
                                                         log::Logger logger) {
   std::shared_ptr<Connection> c(new Connection());
   c->log_ = std::move(logger);
+  c->contract_ = std::make_shared<contract::Registry>();
   natsStatus s = natsOptions_Create(&c->opts_);
   if (s == NATS_OK) s = natsOptions_SetURL(c->opts_, o.url.c_str());
   if (s == NATS_OK && !o.name.empty()) s = natsOptions_SetName(c->opts_, o.name.c_str());
@@ -119,7 +121,7 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
   if (s != NATS_OK && !(o.retry_on_failed_connect && s == NATS_NOT_YET_CONNECTED)) {
     return NatsError(s, "connect to " + o.url);  // no connection: nats.c never calls back
   }
-  cb.release();  // owned by the connection from here; freed in OnClosed
+  (void)cb.release();  // owned by the connection from here; freed in OnClosed
   jsOptions jo;
   jsOptions_Init(&jo);
   jo.Wait = 5000;
@@ -143,16 +145,23 @@ bool Connection::Connected() const {
 
 Result<void> Connection::Publish(const std::string& subject, const std::string& data,
                                  const Headers& headers) {
-  auto m = ToNats(subject, "", data, headers);
+  contract_->RecordPublish(subject, data, "nats publish");
+  return Reply(subject, data, headers);
+}
+
+Result<void> Connection::Reply(const std::string& reply_to, const std::string& data,
+                               const Headers& headers) {
+  auto m = ToNats(reply_to, "", data, headers);
   if (!m.ok()) return m.error();
   natsStatus s = natsConnection_PublishMsg(nc_, *m);
   natsMsg_Destroy(*m);
-  if (s != NATS_OK) return NatsError(s, "publish " + subject);
+  if (s != NATS_OK) return NatsError(s, "publish " + reply_to);
   return Ok();
 }
 
 Result<Message> Connection::Request(const std::string& subject, const std::string& data,
                                     const Headers& headers, std::chrono::milliseconds timeout) {
+  contract_->Record({contract::Role::kRequest, subject, "", "", "nats request", 1});
   auto m = ToNats(subject, "", data, headers);
   if (!m.ok()) return m.error();
   natsMsg* reply = nullptr;
@@ -217,6 +226,9 @@ Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
 Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const std::string& data,
                              const std::string& msg_id, const Headers& headers,
                              int64_t timeout_ms) {
+  // Recorded before it is sent: a subject no stream takes fails here, and is still what the
+  // code publishes.
+  conn.contract().RecordPublish(subject, data, "jetstream publish");
   auto m = ToNats(subject, "", data, headers);
   if (!m.ok()) return m.error();
   jsPubOptions po;
@@ -295,7 +307,7 @@ struct Consumer::Metrics {
 };
 
 Consumer::Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
-                   log::Logger logger, prometheus::Registry* metrics)
+                   const log::Logger& logger, prometheus::Registry* metrics)
     : conn_(std::move(conn)),
       spec_(std::move(spec)),
       handler_(std::move(handler)),
@@ -353,8 +365,21 @@ Result<void> Consumer::Subscribe() {
   return Ok();
 }
 
+namespace {
+std::string DeadLetterSubject(const ConsumerSpec& spec) {
+  return fmt::format("gpuaas.v1.dlq.{stream}.{consumer}", fmt::arg("stream", spec.stream),
+                     fmt::arg("consumer", spec.durable));
+}
+}  // namespace
+
 Result<void> Consumer::Start() {
   if (auto r = Subscribe(); !r.ok()) return r;
+  // What this consumer takes, and where it puts what it gives up on (before any message: it
+  // is where every message may go).
+  const std::string via = "consumer " + spec_.stream + "/" + spec_.durable;
+  conn_->contract().Record({contract::Role::kConsume, spec_.filter_subject, "", "", via, 0});
+  conn_->contract().Record({contract::Role::kPublish, DeadLetterSubject(spec_),
+                            v1::DeadLetter::descriptor()->full_name(), "", via, 0});
   stop_ = false;
   thread_ = std::thread([this] { Loop(); });
   if (spec_.keepalive) keepalive_ = std::thread([this] { KeepAlive(); });
@@ -523,9 +548,7 @@ void Consumer::DeadLetter(const Delivery& d, const std::string& reason) {
   for (const auto& [k, v] : d.msg.headers) (*dl.mutable_headers())[k] = v;
   dl.set_reason(reason);
   *dl.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
-  const std::string subject =
-      fmt::format("gpuaas.v1.dlq.{stream}.{consumer}", fmt::arg("stream", spec_.stream),
-                  fmt::arg("consumer", spec_.durable));
+  const std::string subject = DeadLetterSubject(spec_);
   Headers h;
   if (auto tp = d.msg.Header(kHeaderTraceparent); !tp.empty()) h[kHeaderTraceparent] = tp;
   auto r = JsPublish(*conn_, subject, dl.SerializeAsString(),

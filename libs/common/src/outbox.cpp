@@ -83,8 +83,8 @@ class Receiver : public pqxx::notification_receiver {
 };
 }  // namespace
 
-Relay::Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn, log::Logger logger,
-             prometheus::Registry* metrics, RelayOptions opts)
+Relay::Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn,
+             const log::Logger& logger, prometheus::Registry* metrics, RelayOptions opts)
     : dsn_(std::move(dsn)),
       conn_(std::move(conn)),
       log_(logger.With({{"component", "outbox_relay"}})),

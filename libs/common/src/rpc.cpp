@@ -12,6 +12,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/status.pb.h"
 
@@ -51,6 +52,8 @@ struct Server::Impl {
   log::Logger log;
   ServerOptions opts;
   std::map<std::string, RawHandler> handlers;
+  // subject -> (request type, result type), for the contract registry.
+  std::map<std::string, std::pair<std::string, std::string>> types;
   natsSubscription* sub = nullptr;
 
   std::mutex mu;
@@ -64,10 +67,16 @@ struct Server::Impl {
   prometheus::Family<prometheus::Counter>* requests = nullptr;
   prometheus::Family<prometheus::Histogram>* duration = nullptr;
 
+  void RecordServed(const std::string& subject) {
+    const auto& [request_type, result_type] = types[subject];
+    conn->contract().Record({contract::Role::kServe, subject, request_type, result_type,
+                             "rpc server " + service + " on " + filter, 0});
+  }
+
   void Reply(const messaging::Message& m, const Context& ctx, const v1::Reply& reply) {
     if (m.reply.empty()) return;
     messaging::Headers h{{messaging::kHeaderTraceparent, ctx.traceparent}};
-    auto r = conn->Publish(m.reply, reply.SerializeAsString(), h);
+    auto r = conn->Reply(m.reply, reply.SerializeAsString(), h);
     if (!r.ok()) ctx.log.Warn("reply publish failed", {{"error", r.error().ToString()}});
   }
 
@@ -200,7 +209,7 @@ struct Server::Impl {
     reply.mutable_status()->set_reason("overloaded");
     reply.mutable_status()->set_message("server queue is full or draining; retry");
     reply.mutable_status()->set_retryable(true);
-    if (!m.reply.empty()) (void)self->conn->Publish(m.reply, reply.SerializeAsString());
+    if (!m.reply.empty()) (void)self->conn->Reply(m.reply, reply.SerializeAsString());
   }
 };
 
@@ -226,8 +235,11 @@ Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service,
 
 Server::~Server() { Drain(std::chrono::milliseconds(2000)); }
 
-void Server::Register(const std::string& subject, RawHandler handler) {
+void Server::Register(const std::string& subject, RawHandler handler, std::string request_type,
+                      std::string result_type) {
   impl_->handlers[subject] = std::move(handler);
+  impl_->types[subject] = {std::move(request_type), std::move(result_type)};
+  if (impl_->sub) impl_->RecordServed(subject);
 }
 
 Result<void> Server::Start() {
@@ -239,6 +251,7 @@ Result<void> Server::Start() {
                                     impl_->service.c_str(), &Impl::OnMsg, impl_.get());
   if (s != NATS_OK) return messaging::NatsError(s, "subscribe " + impl_->filter);
   natsSubscription_SetPendingLimits(impl_->sub, -1, -1);
+  for (const auto& [subject, handler] : impl_->handlers) impl_->RecordServed(subject);
   // The server has the subscription once the flush returns: a request sent right after Start()
   // (a restarted service, a test) finds a responder instead of no_responders.
   if (auto f = impl_->conn->Flush(std::chrono::seconds(5)); !f.ok()) {
@@ -280,7 +293,11 @@ size_t Server::InFlight() const {
 Result<std::string> Client::CallRaw(const std::string& subject, const std::string& data,
                                     std::chrono::milliseconds timeout,
                                     const std::string& traceparent,
-                                    const std::string& expected_type) {
+                                    const std::string& expected_type,
+                                    const std::string& request_type) {
+  // The types only; Connection::Request records (and counts) the request itself.
+  conn_->contract().Record(
+      {contract::Role::kRequest, subject, request_type, expected_type, "rpc client", 0});
   messaging::Headers h{
       {messaging::kHeaderTraceparent,
        traceparent.empty() ? ids::NewTraceparent() : ids::ChildTraceparent(traceparent)},

@@ -11,6 +11,7 @@
 #include <prometheus/text_serializer.h>
 #include <nlohmann/json.hpp>
 
+#include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 
 namespace gpuaas::runtime {
@@ -91,6 +92,13 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   http_->Route("/metrics", [this](const std::string&, const std::string&) {
     prometheus::TextSerializer ser;
     return http::Response{200, "text/plain; version=0.0.4", ser.Serialize(registry_->Collect())};
+  });
+  // What this service has served, consumed, published and requested so far (contract.hpp):
+  // tests/contract holds it against asyncapi/.
+  http_->Route("/contract", [this](const std::string&, const std::string&) {
+    return http::Response{
+        200, "application/json",
+        contract::ToJson(nats_->contract(), component_.name, cfg_.instance_id) + "\n"};
   });
   auto port = http_->Start();
   if (!port.ok()) return port.error();
@@ -179,7 +187,9 @@ int Service::Run() {
     stop_cv_.wait(lock, [this] { return stop_requested_; });
   }
   Shutdown();
-  // Wake the waiter if we stopped for another reason.
+  // Wake the waiter if we stopped for another reason. SIGTERM is blocked in every thread, so
+  // this only completes the waiter's sigwait(); it terminates nothing.
+  // NOLINTNEXTLINE(bugprone-bad-signal-to-kill-thread): a wake-up for sigwait(), see above
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   return 0;

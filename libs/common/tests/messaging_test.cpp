@@ -33,8 +33,8 @@ class MessagingTest : public ::testing::Test {
   prometheus::Registry registry_;
 };
 
-std::unique_ptr<rpc::Server> EchoServer(std::shared_ptr<messaging::Connection> conn,
-                                        log::Logger log, prometheus::Registry* reg,
+std::unique_ptr<rpc::Server> EchoServer(const std::shared_ptr<messaging::Connection>& conn,
+                                        const log::Logger& log, prometheus::Registry* reg,
                                         rpc::ServerOptions opts = {}) {
   auto s = std::make_unique<rpc::Server>(conn, "test", "gpuaas.*.test.>", log, reg, opts);
   s->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
@@ -57,7 +57,7 @@ std::unique_ptr<rpc::Server> EchoServer(std::shared_ptr<messaging::Connection> c
 }
 
 v1::Reply RawReply(messaging::Connection& c, const std::string& subject, const std::string& data,
-                   messaging::Headers h = {}) {
+                   const messaging::Headers& h = {}) {
   auto r = c.Request(subject, data, h, 2000ms);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().ToString());
   v1::Reply reply;
@@ -139,6 +139,7 @@ TEST_F(MessagingTest, QueueGroupSpreadsWorkAndDrainFinishesInFlight) {
   slow.set_node_id("slow");
   std::atomic<int> ok{0};
   std::vector<std::thread> callers;
+  callers.reserve(4);
   for (int i = 0; i < 4; ++i) {
     callers.emplace_back([&] {
       if (client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", slow, 3000ms).ok()) {

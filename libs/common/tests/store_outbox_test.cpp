@@ -38,6 +38,7 @@ TEST_F(StoreTest, MigrationsApplyOnceUnderConcurrentStarts) {
   std::vector<std::thread> ts;
   std::atomic<int> applied{0};
   std::atomic<int> failed{0};
+  ts.reserve(4);
   for (int i = 0; i < 4; ++i) {
     ts.emplace_back([&] {
       auto r = store::Migrate(*pool_, "svc", kTestMigrations);
@@ -73,6 +74,7 @@ TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
               }).ok());
   std::atomic<int> attempts{0};
   std::vector<std::thread> ts;
+  ts.reserve(8);
   for (int i = 0; i < 8; ++i) {
     ts.emplace_back([&] {
       for (int j = 0; j < 10; ++j) {
@@ -188,6 +190,7 @@ class OutboxTest : public StoreTest {
 
 TEST_F(OutboxTest, EventsCommittedWhileRelayIsDownArriveOnceInOrder) {
   std::vector<std::string> ids;
+  ids.reserve(20);
   for (int i = 0; i < 20; ++i) ids.push_back(Append(i));
   EXPECT_EQ(StreamCount(), 0u);
   outbox::Relay relay(dsn_, conn_, log_, nullptr);
@@ -244,6 +247,7 @@ TEST_F(OutboxTest, TwoRelaysPublishEachEventOnce) {
   a.Start();
   b.Start();
   std::vector<std::thread> writers;
+  writers.reserve(4);
   for (int w = 0; w < 4; ++w) {
     writers.emplace_back([&, w] {
       for (int i = 0; i < 25; ++i) Append(w * 100 + i);

@@ -24,6 +24,10 @@ namespace prometheus {
 class Registry;
 }
 
+namespace gpuaas::contract {
+class Registry;
+}
+
 namespace gpuaas::messaging {
 
 using Headers = std::map<std::string, std::string>;
@@ -64,9 +68,15 @@ class Connection {
   natsConnection* raw() const { return nc_; }
   jsCtx* js() const { return js_; }
   const log::Logger& logger() const { return log_; }
+  // What this connection's owner serves, consumes, publishes and requests (contract.hpp).
+  contract::Registry& contract() const { return *contract_; }
 
+  // Publish, Request and JsPublish record their subject in contract().
   Result<void> Publish(const std::string& subject, const std::string& data,
                        const Headers& headers = {});
+  // Answers a request on its reply subject (an inbox, not a contract subject: not recorded).
+  Result<void> Reply(const std::string& reply_to, const std::string& data,
+                     const Headers& headers = {});
   Result<Message> Request(const std::string& subject, const std::string& data,
                           const Headers& headers, std::chrono::milliseconds timeout);
   // Round trip to the server (PING/PONG): proves the connection is usable.
@@ -78,6 +88,7 @@ class Connection {
   natsOptions* opts_ = nullptr;
   jsCtx* js_ = nullptr;
   log::Logger log_;
+  std::shared_ptr<contract::Registry> contract_;
 };
 
 // Converts a natsMsg (not taking ownership) into a Message.
@@ -161,8 +172,8 @@ struct ConsumerSpec {
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&)>;
-  Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler, log::Logger logger,
-           prometheus::Registry* metrics = nullptr);
+  Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
+           const log::Logger& logger, prometheus::Registry* metrics = nullptr);
   ~Consumer();
 
   // Declares the durable consumer (idempotent) and starts the fetch loop.

@@ -64,7 +64,7 @@ struct RelayOptions {
 
 class Relay {
  public:
-  Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn, log::Logger logger,
+  Relay(std::string dsn, std::shared_ptr<messaging::Connection> conn, const log::Logger& logger,
         prometheus::Registry* metrics, RelayOptions opts = {});
   ~Relay();
   void Start();

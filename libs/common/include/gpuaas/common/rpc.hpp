@@ -35,8 +35,8 @@ struct Context {
 
 struct ServerOptions {
   int workers = 4;
-  size_t max_queue = 1024;          // beyond this: RESOURCE_EXHAUSTED "overloaded"
-  size_t max_payload = 256 * 1024;  // bytes; beyond this: INVALID_ARGUMENT "payload_too_large"
+  size_t max_queue = 1024;                  // beyond this: RESOURCE_EXHAUSTED "overloaded"
+  size_t max_payload = 256 * size_t{1024};  // bytes; beyond: INVALID_ARGUMENT payload_too_large
   int64_t default_deadline_ms = 10000;
 };
 
@@ -52,23 +52,29 @@ class Server {
 
   template <typename Req, typename Resp>
   void Handle(const std::string& subject, std::function<Result<Resp>(const Req&, Context&)> fn) {
-    Register(subject,
-             [fn = std::move(fn)](const std::string& data, Context& ctx,
-                                  google::protobuf::Any* out) -> Result<void> {
-               Req req;
-               if (!req.ParseFromString(data)) {
-                 return Error::InvalidArgument(
-                     "malformed_payload",
-                     "request body is not a valid " + Req::descriptor()->full_name() + " message");
-               }
-               Result<Resp> r = fn(req, ctx);
-               if (!r.ok()) return r.error();
-               out->PackFrom(*r);
-               return Ok();
-             });
+    Register(
+        subject,
+        [fn = std::move(fn)](const std::string& data, Context& ctx,
+                             google::protobuf::Any* out) -> Result<void> {
+          Req req;
+          if (!req.ParseFromString(data)) {
+            return Error::InvalidArgument(
+                "malformed_payload",
+                "request body is not a valid " + Req::descriptor()->full_name() + " message");
+          }
+          Result<Resp> r = fn(req, ctx);
+          if (!r.ok()) return r.error();
+          out->PackFrom(*r);
+          return Ok();
+        },
+        Req::descriptor()->full_name(), Resp::descriptor()->full_name());
   }
 
-  void Register(const std::string& subject, RawHandler handler);
+  // `request_type` and `result_type` (fully-qualified protobuf names, "" = not known) are what
+  // the subject's contract entry (contract.hpp) says it takes and answers; Handle fills them in.
+  // A subject is recorded as served once Start() subscribed.
+  void Register(const std::string& subject, RawHandler handler, std::string request_type = "",
+                std::string result_type = "");
   Result<void> Start();
   // Stops taking requests, answers what was already received, waits for in-flight work.
   void Drain(std::chrono::milliseconds timeout);
@@ -88,7 +94,7 @@ class Client {
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
                     const std::string& traceparent = "") {
     auto raw = CallRaw(subject, req.SerializeAsString(), timeout, traceparent,
-                       Resp::descriptor()->full_name());
+                       Resp::descriptor()->full_name(), Req::descriptor()->full_name());
     if (!raw.ok()) return raw.error();
     Resp resp;
     if (!resp.ParseFromString(*raw)) {
@@ -99,10 +105,12 @@ class Client {
   }
 
   // Sends raw bytes; returns the serialized result of type `expected_type` or the error
-  // carried in the reply's Status.
+  // carried in the reply's Status. `request_type` ("" = not known) is recorded with the
+  // subject in the connection's contract registry.
   Result<std::string> CallRaw(const std::string& subject, const std::string& data,
                               std::chrono::milliseconds timeout, const std::string& traceparent,
-                              const std::string& expected_type);
+                              const std::string& expected_type,
+                              const std::string& request_type = "");
 
  private:
   std::shared_ptr<messaging::Connection> conn_;

@@ -59,7 +59,8 @@ class Service {
   ~Service();
 
   // Connects NATS (and PostgreSQL, retrying until it is reachable or `start_timeout`),
-  // applies migrations, starts /healthz, /readyz and /metrics.
+  // applies migrations, starts /healthz, /readyz, /metrics and /contract (what the service
+  // serves, consumes, publishes and requests: contract.hpp).
   Result<void> Start(std::chrono::milliseconds start_timeout = std::chrono::seconds(30));
 
   const std::string& name() const { return component_.name; }
