@@ -80,13 +80,16 @@ int main(int argc, char** argv) {
   if (!host.ok() || host->candidates_size() < 1) Die("fixture host has no candidate");
   gpuaas::node_agent::testing::LoopDisk disk;
   if (auto why = disk.Attach(root, host->candidates(0).nvme_by_id(), work + "/slot-nvme.raw");
-      !why.empty())
+      !why.empty()) {
     Die(why);
+  }
   // qemu runs as another user: it must reach the disk node, the seed, kernel and initrd.
-  for (fs::path d = work; d != d.root_path(); d = d.parent_path())
+  for (fs::path d = work; d != d.root_path(); d = d.parent_path()) {
     fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
-  for (const auto& d : {root, root + "/dev", root + "/dev/disk", root + "/dev/disk/by-id"})
+  }
+  for (const auto& d : {root, root + "/dev", root + "/dev/disk", root + "/dev/disk/by-id"}) {
     fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
+  }
 
   fs::remove_all(work + "/state");
   auto store = LocalStore::Open(work + "/state");
@@ -136,9 +139,10 @@ int main(int argc, char** argv) {
       }
     };
     auto out = rt.Provision(b, progress);
-    if (out.ok() || out.error().reason != "lease_timeout")
+    if (out.ok() || out.error().reason != "lease_timeout") {
       Die("provision: expected lease_timeout, got " +
           (out.ok() ? std::string("success") : out.error().ToString()));
+    }
     if (!at.count("start")) Die("provision never reported the domain started");
 
     const std::string name = DomainName(id);
@@ -147,8 +151,9 @@ int main(int argc, char** argv) {
     auto started = Virsh({"start", name});
     const double v = Ms(Clock::now() - v0);
     if (started.exit_code != 0) Die("virsh start failed: " + started.err);
-    if (Virsh({"domstate", name}).out.find("running") == std::string::npos)
+    if (Virsh({"domstate", name}).out.find("running") == std::string::npos) {
       Die("virsh start returned but the domain is not running");
+    }
 
     gpuaas::v1::ReleaseParams rel;
     rel.set_allocation_id(id);
@@ -165,8 +170,9 @@ int main(int argc, char** argv) {
     virsh_ms.push_back(v);
   }
   std::printf("agent split (median ms per stage):");
-  for (const char* st : {"validate", "lease", "image", "seed", "define", "start"})
+  for (const char* st : {"validate", "lease", "image", "seed", "define", "start"}) {
     std::printf(" %s=%.1f", st, gpuaas::bench::Percentile(split[st], 0.5));
+  }
   std::printf("\n");
   const double a = gpuaas::bench::Percentile(agent_ms, 0.5),
                v = gpuaas::bench::Percentile(virsh_ms, 0.5);

@@ -56,8 +56,9 @@ int main(int argc, char** argv) {
     auto r =
         messaging::JsPublish(**conn, "gpuaas.v1.evt.bench.raw", payload, fmt::format("raw-{}", i));
     if (!r.ok()) return 1;
-    if (i >= 100)
+    if (i >= 100) {
       raw.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    }
   }
 
   // Outbox: commit an event, wait for the relay to get its JetStream ack, repeat.

@@ -166,6 +166,7 @@ int main(int argc, char** argv) {
   std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(std::max(clients, 0)));
   const auto t0 = Clock::now();
   for (int c = 0; c < clients; ++c) {
     threads.emplace_back([&, c] {
