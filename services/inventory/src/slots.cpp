@@ -636,9 +636,12 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
   if (!ids::IsUuid(res.task_id())) {
     return Error::InvalidArgument("malformed_event", "task result without a task id");
   }
-  std::string status = "failed";
-  if (res.status() == v1::TASK_STATUS_SUCCEEDED) status = "succeeded";
-  if (res.status() == v1::TASK_STATUS_REJECTED) status = "rejected";
+  // A result without a final status (none, queued, or one this inventory does not know) is
+  // recorded as failed.
+  std::string status = enums::Text(res.status());
+  if (status.empty() || res.status() == v1::TASK_STATUS_QUEUED) {
+    status = enums::Text(v1::TASK_STATUS_FAILED);
+  }
   const std::string error =
       res.has_error() ? res.error().reason() + ": " + res.error().message() : std::string();
   auto updated = tx.exec_params(

@@ -132,17 +132,6 @@ namespace {
 
 using google::protobuf::util::TimeUtil;
 
-const char* StatusWord(v1::TaskStatus s) {
-  switch (s) {
-    case v1::TASK_STATUS_SUCCEEDED:
-      return "succeeded";
-    case v1::TASK_STATUS_REJECTED:
-      return "rejected";
-    default:
-      return "failed";
-  }
-}
-
 }  // namespace
 
 Result<void> NodeAgent::Start() {
@@ -449,106 +438,118 @@ void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& sta
   }
 }
 
+namespace {
+
+// A VM runtime's answer as the task's result: its output in the result's oneof, or the failure
+// with its typed stage. The node scheduler refusing a bundle (host validation, or another
+// allocation's lease) is a rejection: nothing on the host was touched; later stages fail.
+template <typename Out>
+void RecordVmOutcome(const v1::NodeTask& task, Result<Out> r, Out* out, v1::NodeTaskResult& res) {
+  if (r.ok()) {
+    *out = std::move(*r);
+    res.set_status(v1::TASK_STATUS_SUCCEEDED);
+    return;
+  }
+  res.clear_output();  // a failed task has no output
+  const Error& e = r.error();
+  auto details = e.details;
+  v1::TaskStage stage = v1::TASK_STAGE_UNSPECIFIED;
+  if (auto it = details.find("stage"); it != details.end()) {
+    stage = enums::FromColumn<v1::TaskStage>(it->second);
+    details.erase(it);  // it travels as the typed `stage` field
+  }
+  const bool refused = task.type() == v1::TASK_TYPE_VM_PROVISION &&
+                       (stage == v1::TASK_STAGE_VALIDATE || stage == v1::TASK_STAGE_LEASE);
+  res.set_status(refused ? v1::TASK_STATUS_REJECTED : v1::TASK_STATUS_FAILED);
+  res.set_stage(stage);
+  auto* err = res.mutable_error();
+  err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
+  err->set_reason(e.reason);
+  err->set_message(e.message);
+  err->set_retryable(e.retryable);
+  for (const auto& [k, v] : details) (*err->mutable_details())[k] = v;
+}
+
+}  // namespace
+
 void NodeAgent::RegisterTasks() {
-  auto checks = [this](const v1::NodeTask& t, v1::NodeTaskResult& r) { return RunChecks(t, r); };
-  auto vm = [this](const v1::NodeTask& t, v1::NodeTaskResult& r) { return RunVmTask(t, r); };
+  using T = v1::NodeTask;
+  auto progress = [this](const T& t) -> ProgressFn {
+    return [this, &t](const std::string& stage, const std::string& detail, int percent) {
+      PublishProgress(t, stage, detail, percent);
+    };
+  };
   tasks_by_type_ = {
-      {v1::TASK_TYPE_TOPOLOGY_DISCOVER, {v1::NodeTask::kTopologyDiscover, false, checks}},
-      {v1::TASK_TYPE_PREREQ_CHECK, {v1::NodeTask::kPrereqCheck, false, checks}},
-      {v1::TASK_TYPE_NETWORK_BASELINE_CHECK, {v1::NodeTask::kNetworkBaselineCheck, false, checks}},
-      {v1::TASK_TYPE_VM_PROVISION, {v1::NodeTask::kVmProvision, true, vm}},
-      {v1::TASK_TYPE_VM_RELEASE, {v1::NodeTask::kVmRelease, true, vm}},
-      {v1::TASK_TYPE_SLOT_CLEANUP, {v1::NodeTask::kSlotCleanup, true, vm}},
+      {v1::TASK_TYPE_TOPOLOGY_DISCOVER,
+       {T::kTopologyDiscover, false,
+        [this](const T& t, v1::NodeTaskResult& r) { return RunDiscover(t, r); }}},
+      {v1::TASK_TYPE_PREREQ_CHECK,
+       {T::kPrereqCheck, false,
+        [this](const T&, v1::NodeTaskResult& r) {
+          return RunChecks(*r.mutable_prereq_check(), true, r);
+        }}},
+      {v1::TASK_TYPE_NETWORK_BASELINE_CHECK,
+       {T::kNetworkBaselineCheck, false,
+        [this](const T&, v1::NodeTaskResult& r) {
+          return RunChecks(*r.mutable_network_baseline_check(), false, r);
+        }}},
+      {v1::TASK_TYPE_VM_PROVISION,
+       {T::kVmProvision, true,
+        [this, progress](const T& t, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Provision(t.vm_provision(), progress(t)),
+                          r.mutable_vm_provision(), r);
+          return TaskRun{};
+        }}},
+      {v1::TASK_TYPE_VM_RELEASE,
+       {T::kVmRelease, true,
+        [this, progress](const T& t, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Release(t.vm_release(), progress(t)),
+                          r.mutable_vm_release(), r);
+          return TaskRun{};
+        }}},
+      {v1::TASK_TYPE_SLOT_CLEANUP,
+       {T::kSlotCleanup, true,
+        [this, progress](const T& t, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Cleanup(t.slot_cleanup(), progress(t)),
+                          r.mutable_slot_cleanup(), r);
+          return TaskRun{};
+        }}},
   };
 }
 
-NodeAgent::TaskRun NodeAgent::RunChecks(const v1::NodeTask& task, v1::NodeTaskResult& res) {
-  auto fail = [&](const std::string& message) {
-    res.set_status(v1::TASK_STATUS_FAILED);
-    res.mutable_error()->set_code(v1::INTERNAL);
-    res.mutable_error()->set_reason("discovery_failed");
-    res.mutable_error()->set_message(message);
-  };
-  if (task.type() == v1::TASK_TYPE_TOPOLOGY_DISCOVER) {
-    if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
-      if (r.error().retryable) return {r.error().ToString()};
-      fail(r.error().ToString());
-    } else {
-      res.set_status(v1::TASK_STATUS_SUCCEEDED);
-    }
-    return {};
+namespace {
+
+void FailDiscovery(const std::string& message, v1::NodeTaskResult& res) {
+  res.set_status(v1::TASK_STATUS_FAILED);
+  res.mutable_error()->set_code(v1::INTERNAL);
+  res.mutable_error()->set_reason("discovery_failed");
+  res.mutable_error()->set_message(message);
+}
+
+}  // namespace
+
+NodeAgent::TaskRun NodeAgent::RunDiscover(const v1::NodeTask& task, v1::NodeTaskResult& res) {
+  if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
+    if (r.error().retryable) return {r.error().ToString()};
+    FailDiscovery(r.error().ToString(), res);
+  } else {
+    res.set_status(v1::TASK_STATUS_SUCCEEDED);
   }
+  return {};
+}
+
+NodeAgent::TaskRun NodeAgent::RunChecks(v1::ChecksOutput& out, bool prereq,
+                                        v1::NodeTaskResult& res) {
   auto report = Discover(Options());
   if (!report.ok()) {
-    fail(report.error().ToString());
+    res.clear_output();
+    FailDiscovery(report.error().ToString(), res);
     return {};
   }
-  const bool prereq = task.type() == v1::TASK_TYPE_PREREQ_CHECK;
-  v1::ChecksOutput& out =
-      prereq ? *res.mutable_prereq_check() : *res.mutable_network_baseline_check();
   *out.mutable_checks() = prereq ? report->prereqs() : report->network_checks();
   if (!prereq) *out.mutable_network() = report->network();
   *out.mutable_node_blockers() = report->node_blockers();
   res.set_status(v1::TASK_STATUS_SUCCEEDED);
-  return {};
-}
-
-NodeAgent::TaskRun NodeAgent::RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res) {
-  auto progress = [&](const std::string& stage, const std::string& detail, int percent) {
-    PublishProgress(task, stage, detail, percent);
-  };
-  auto failed = [&](const Error& e) {
-    auto details = e.details;
-    v1::TaskStage stage = v1::TASK_STAGE_UNSPECIFIED;
-    if (auto it = details.find("stage"); it != details.end()) {
-      stage = enums::FromColumn<v1::TaskStage>(it->second);
-      details.erase(it);  // it travels as the typed `stage` field
-    }
-    // The node scheduler refusing a bundle (host validation, or another allocation's lease) is
-    // a rejection: nothing on the host was touched. Later stages fail.
-    const bool refused = task.type() == v1::TASK_TYPE_VM_PROVISION &&
-                         (stage == v1::TASK_STAGE_VALIDATE || stage == v1::TASK_STAGE_LEASE);
-    res.set_status(refused ? v1::TASK_STATUS_REJECTED : v1::TASK_STATUS_FAILED);
-    res.set_stage(stage);
-    auto* err = res.mutable_error();
-    err->set_code(static_cast<v1::Code>(static_cast<int>(e.code)));
-    err->set_reason(e.reason);
-    err->set_message(e.message);
-    err->set_retryable(e.retryable);
-    for (const auto& [k, v] : details) (*err->mutable_details())[k] = v;
-  };
-  switch (task.params_case()) {
-    case v1::NodeTask::kVmProvision: {
-      auto r = vm_runtime_->Provision(task.vm_provision(), progress);
-      if (!r.ok()) {
-        failed(r.error());
-      } else {
-        *res.mutable_vm_provision() = std::move(*r);
-        res.set_status(v1::TASK_STATUS_SUCCEEDED);
-      }
-      break;
-    }
-    case v1::NodeTask::kVmRelease: {
-      auto r = vm_runtime_->Release(task.vm_release(), progress);
-      if (!r.ok()) {
-        failed(r.error());
-      } else {
-        *res.mutable_vm_release() = std::move(*r);
-        res.set_status(v1::TASK_STATUS_SUCCEEDED);
-      }
-      break;
-    }
-    default: {
-      auto r = vm_runtime_->Cleanup(task.slot_cleanup(), progress);
-      if (!r.ok()) {
-        failed(r.error());
-      } else {
-        *res.mutable_slot_cleanup() = std::move(*r);
-        res.set_status(v1::TASK_STATUS_SUCCEEDED);
-      }
-      break;
-    }
-  }
   return {};
 }
 
@@ -826,21 +827,23 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     if (!run.retry.empty()) return messaging::HandlerResult::Retry(run.retry);
   }
   *res.mutable_finished_at() = TimeUtil::GetCurrentTime();
+  // Every handler answers succeeded, failed or rejected; its text is the subject's last token.
+  const std::string& status = enums::Text(res.status());
   const std::string subject =
       fmt::format("gpuaas.v1.evt.node.{node_id}.task.{status}", fmt::arg("node_id", cfg_.node_id),
-                  fmt::arg("status", StatusWord(res.status())));
+                  fmt::arg("status", status));
   const v1::Event out = NodeEvent(subject, task.correlation_id(), res);
   // Stored before it is published: a crash in between re-publishes the same event id.
   nlohmann::json rec = {{"subject", subject},
-                        {"status", StatusWord(res.status())},
+                        {"status", status},
                         {"event", nlohmann::json::parse(protojson::ToJson(out))}};
   if (auto w = store_->Put(key, rec); !w.ok()) {
     return messaging::HandlerResult::Retry("cannot persist task result: " + w.error().ToString());
   }
   auto ack = messaging::JsPublish(*svc_.nats(), subject, out.SerializeAsString(), out.id());
   if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
-  log.Info("task finished", {{"status", StatusWord(res.status())},
-                             {"reason", res.has_error() ? res.error().reason() : ""}});
+  log.Info("task finished",
+           {{"status", status}, {"reason", res.has_error() ? res.error().reason() : ""}});
   return messaging::HandlerResult::Ack();
 }
 

@@ -153,9 +153,10 @@ class NodeAgent {
     std::function<TaskRun(const v1::NodeTask&, v1::NodeTaskResult&)> run;
   };
   void RegisterTasks();
-  TaskRun RunChecks(const v1::NodeTask& task, v1::NodeTaskResult& res);
-  // vm.provision / vm.release / slot.cleanup: the runtime run, `res` filled.
-  TaskRun RunVmTask(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  // topology.discover: a new topology report event (the result carries no output).
+  TaskRun RunDiscover(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  // prereq.check / network.baseline.check: the checks into `out` (a case of res.output).
+  TaskRun RunChecks(v1::ChecksOutput& out, bool prereq, v1::NodeTaskResult& res);
   void PublishProgress(const v1::NodeTask& task, const std::string& stage,
                        const std::string& detail, int percent);
   void Isolate(const std::string& why);
