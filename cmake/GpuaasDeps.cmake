@@ -9,7 +9,10 @@ find_package(fmt REQUIRED)
 find_package(CLI11 REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(Boost 1.74 REQUIRED)
+find_package(OpenSSL REQUIRED)
 # nats.c's CMake config is broken on Debian; its pkg-config file works.
 pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 pkg_check_modules(PQXX REQUIRED IMPORTED_TARGET libpqxx)
 pkg_check_modules(LIBVIRT REQUIRED IMPORTED_TARGET libvirt)
+# Request tokens (gpuaas::auth): JWT ES256.
+pkg_check_modules(JWT REQUIRED IMPORTED_TARGET libjwt)

@@ -15,6 +15,19 @@
 
 namespace gpuaas::outbox {
 
+namespace {
+thread_local v1::Principal* t_actor = nullptr;
+}  // namespace
+
+ActorScope::ActorScope(v1::Principal actor) : previous_(t_actor), actor_(std::move(actor)) {
+  t_actor = &actor_;
+}
+ActorScope::~ActorScope() { t_actor = previous_; }
+const v1::Principal* CurrentActor() { return t_actor; }
+void SetActorReason(const std::string& reason) {
+  if (t_actor != nullptr) t_actor->set_reason(reason);
+}
+
 v1::Event MakeEvent(const EventSpec& spec) {
   v1::Event ev;
   ev.set_id(ids::NewUuidV7());
@@ -26,6 +39,16 @@ v1::Event MakeEvent(const EventSpec& spec) {
   ev.set_generation(spec.generation);
   ev.set_correlation_id(spec.correlation_id);
   if (spec.data) ev.mutable_data()->PackFrom(*spec.data);
+  if (spec.actor != nullptr) {
+    *ev.mutable_actor() = *spec.actor;
+  } else if (const v1::Principal* current = CurrentActor(); current != nullptr) {
+    *ev.mutable_actor() = *current;
+  } else {
+    const std::string sender = spec.source.substr(0, spec.source.find('/'));
+    ev.mutable_actor()->set_subject((sender == "node-agent"
+                                         ? "node:" + spec.entity.substr(0, spec.entity.find('/'))
+                                         : "service:" + sender));
+  }
   return ev;
 }
 

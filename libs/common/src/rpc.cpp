@@ -1,10 +1,13 @@
 #include "gpuaas/common/rpc.hpp"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <fmt/format.h>
@@ -12,8 +15,10 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/outbox.hpp"
 #include "gpuaas/v1/status.pb.h"
 
 namespace gpuaas::rpc {
@@ -157,6 +162,7 @@ struct Server::Impl {
                     {},
                     false}};
     }
+    if (auto a = Authenticate(m, ctx); !a.ok()) return a;
     if (std::chrono::system_clock::now() >= ctx.deadline) {
       return {Error{Code::kDeadlineExceeded,
                     "deadline_exceeded",
@@ -164,11 +170,89 @@ struct Server::Impl {
                     {},
                     false}};
     }
+    // Events the handler appends name this principal (outbox::ActorScope); a platform caller's
+    // requests leave them to the service's own identity.
+    std::optional<outbox::ActorScope> scope;
+    if (ctx.HasToken()) {
+      v1::Principal actor;
+      actor.set_subject(ctx.principal.subject);
+      actor.set_tenant(ctx.principal.tenant);
+      for (const auto& r : ctx.principal.roles) actor.add_roles(r);
+      actor.set_token_id(ctx.principal.token_id);
+      scope.emplace(std::move(actor));
+    }
     try {
       return it->second(m.data, ctx, out);
     } catch (const std::exception& e) {
       return Error::Internal("handler_exception", e.what());
     }
+  }
+
+  // The contract's access of a served subject, worked out once per subject (only subjects with
+  // a handler get here).
+  std::mutex access_mu;
+  std::map<std::string, access::RequestAccess> access_cache;
+  access::RequestAccess AccessOf(const std::string& subject) {
+    std::lock_guard lock(access_mu);
+    auto it = access_cache.find(subject);
+    if (it == access_cache.end()) {
+      it = access_cache
+               .emplace(subject, access::RequestAccessFor(access::EmbeddedContract(), subject))
+               .first;
+    }
+    return it->second;
+  }
+
+  // Who may call is the contract's (x-gpuaas-access callers); the transport already limited the
+  // subjects this connection may publish, this names the principal and checks its roles.
+  Result<void> Authenticate(const messaging::Message& m, Context& ctx) {
+    const access::RequestAccess a = AccessOf(m.subject);
+    const std::string bearer = auth::BearerToken(m.Header(auth::kHeaderAuthorization));
+    if (!a.declared || a.token_roles.empty()) {
+      // Only platform identities may publish this subject (the server enforces it; a subject
+      // no operation declares nobody may): a token adds nothing, the service's own identity
+      // records what it does.
+      ctx.principal.subject = "internal";
+      return Ok();
+    }
+    if (bearer.empty()) {
+      if (!m.Header(auth::kHeaderAuthorization).empty()) {
+        return Error{Code::kUnauthenticated,
+                     "token_malformed",
+                     "the Authorization header is not 'Bearer <token>'",
+                     {},
+                     false};
+      }
+      if (a.internal) {
+        ctx.principal.subject = "internal";
+        return Ok();
+      }
+      return Error{Code::kUnauthenticated,
+                   "token_missing",
+                   m.subject + " needs a request token (Authorization: Bearer)",
+                   {},
+                   false};
+    }
+    auto p = auth::VerifyToken(bearer, opts.token_public_keys);
+    if (!p.ok()) return p.error();
+    ctx.principal = *p;
+    ctx.log = ctx.log.With({{"principal", p->subject}});
+    bool allowed = false;
+    for (const auto& r : p->roles) {
+      if (std::find(a.token_roles.begin(), a.token_roles.end(), r) != a.token_roles.end()) {
+        allowed = true;
+      }
+    }
+    if (!allowed) {
+      std::string roles;
+      for (const auto& r : p->roles) roles += (roles.empty() ? "" : ",") + r;
+      return Error{Code::kPermissionDenied,
+                   "role_not_allowed",
+                   fmt::format("{} ({}) may not call {}", p->subject, roles, m.subject),
+                   {{"principal", p->subject}, {"roles", roles}},
+                   false};
+    }
+    return Ok();
   }
 
   void Worker() {
@@ -220,7 +304,7 @@ Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service,
   impl_->service = std::move(service);
   impl_->filter = std::move(filter);
   impl_->log = std::move(logger);
-  impl_->opts = options;
+  impl_->opts = std::move(options);
   if (metrics) {
     impl_->requests = &prometheus::BuildCounter()
                            .Name("gpuaas_rpc_requests_total")
@@ -254,7 +338,9 @@ Result<void> Server::Start() {
   for (const auto& [subject, handler] : impl_->handlers) impl_->RecordServed(subject);
   // The server has the subscription once the flush returns: a request sent right after Start()
   // (a restarted service, a test) finds a responder instead of no_responders.
-  if (auto f = impl_->conn->Flush(std::chrono::seconds(5)); !f.ok()) {
+  // A refused subscription is reported only asynchronously: check, and fail the start.
+  if (auto f = impl_->conn->CheckPermitted(impl_->filter, std::chrono::seconds(5)); !f.ok()) {
+    if (f.error().code == Code::kPermissionDenied) return f.error();
     impl_->log.Warn("rpc subscription not confirmed by the server yet",
                     {{"error", f.error().ToString()}});
   }
@@ -302,6 +388,7 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
       {messaging::kHeaderTraceparent,
        traceparent.empty() ? ids::NewTraceparent() : ids::ChildTraceparent(traceparent)},
       {messaging::kHeaderDeadline, std::to_string(NowMs() + timeout.count())}};
+  if (!token_.empty()) h[auth::kHeaderAuthorization] = "Bearer " + token_;
   auto resp = conn_->Request(subject, data, h, timeout);
   if (!resp.ok()) return resp.error();
   v1::Reply reply;

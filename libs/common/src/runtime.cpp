@@ -3,7 +3,9 @@
 #include <signal.h>
 
 #include <cstdio>
+#include <fstream>
 #include <iostream>
+#include <sstream>
 #include <thread>
 
 #include <fmt/format.h>
@@ -11,6 +13,7 @@
 #include <prometheus/text_serializer.h>
 #include <nlohmann/json.hpp>
 
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 
@@ -24,6 +27,23 @@ void CommonConfig::Register(config::Schema& s, bool with_postgres) {
   s.Add("nats.url", &nats_url, "NATS server URL", "nats://127.0.0.1:4222", config::NonEmpty());
   s.Add("nats.request_timeout_ms", &nats_request_timeout_ms,
         "Timeout of requests this service makes", 5000, config::Range(1, 600000));
+  s.Add("nats.seed_file", &nats_seed_file,
+        "File with this identity's NATS nkey seed (mode 0600; \"\" = anonymous, refused by a "
+        "server with authorization)",
+        "");
+  s.Add("nats.inbox_prefix", &nats_inbox_prefix,
+        "Reply subject prefix; the server lets this identity receive only there (\"\" = "
+        "_INBOX.<service>; a node-agent: _INBOX.<node id>)",
+        "");
+  s.Add("nats.tls_ca_file", &nats_tls_ca_file,
+        "CA bundle to verify the NATS server's TLS certificate (\"\" = plain TCP)", "");
+  s.Add("nats.stream_replicas", &nats_stream_replicas,
+        "JetStream replicas of the platform's streams (1 on one server, 3 on a cluster)", 1,
+        config::Range(1, 5));
+  s.Add("auth.token_public_keys", &token_public_keys,
+        "Comma-separated PEM public keys that verify request tokens (Authorization: Bearer); "
+        "\"\" = requests that need a token are refused",
+        "");
   if (with_postgres) {
     s.Add("postgres.dsn", &pg_dsn, "libpq connection string of this service's own database", "",
           config::NonEmpty());
@@ -54,6 +74,24 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   messaging::ConnectionOptions no;
   no.url = cfg_.nats_url;
   no.name = source();
+  no.seed_file = cfg_.nats_seed_file;
+  no.inbox_prefix =
+      cfg_.nats_inbox_prefix.empty() ? "_INBOX." + component_.name : cfg_.nats_inbox_prefix;
+  no.tls_ca_file = cfg_.nats_tls_ca_file;
+  messaging::SetStreamReplicas(static_cast<int>(cfg_.nats_stream_replicas));
+  token_keys_.clear();
+  std::stringstream paths(cfg_.token_public_keys);
+  for (std::string path; std::getline(paths, path, ',');) {
+    if (path.empty()) continue;
+    std::ifstream in(path);
+    std::stringstream pem;
+    pem << in.rdbuf();
+    if (!in || pem.str().empty()) {
+      return Error::InvalidArgument("token_public_key_unreadable",
+                                    "auth.token_public_keys: cannot read " + path);
+    }
+    token_keys_.push_back(pem.str());
+  }
   auto nc = messaging::Connection::Connect(no, log_);
   if (!nc.ok()) return nc.error();
   nats_ = *nc;
@@ -117,9 +155,15 @@ rpc::Server& Service::Rpc() {
   if (!rpc_) {
     rpc::ServerOptions o;
     o.workers = static_cast<int>(cfg_.rpc_workers);
-    rpc_ = std::make_unique<rpc::Server>(nats_, component_.name,
-                                         fmt::format("gpuaas.*.{}.>", component_.name), log_,
-                                         registry_.get(), o);
+    o.token_public_keys = token_keys_;
+    // The namespace the contract gives this service (roles.yaml), which its NATS user may
+    // subscribe to.
+    const auto& roles = access::EmbeddedContract().roles;
+    auto role = roles.find(component_.name);
+    const std::string filter = role != roles.end() && !role->second.ns.empty()
+                                   ? role->second.ns
+                                   : fmt::format("gpuaas.*.{}.>", component_.name);
+    rpc_ = std::make_unique<rpc::Server>(nats_, component_.name, filter, log_, registry_.get(), o);
   }
   return *rpc_;
 }

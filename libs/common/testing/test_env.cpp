@@ -12,12 +12,17 @@
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
 #include <stdexcept>
 #include <thread>
 
 #include <fmt/format.h>
 #include <pqxx/pqxx>
+
+#include "gpuaas/common/access.hpp"
+#include "gpuaas/common/auth.hpp"
 
 namespace gpuaas::testing {
 
@@ -145,7 +150,151 @@ bool PortOpen(uint16_t port) {
 }
 }  // namespace
 
-TestNats::TestNats() : port_(FreePort()), dir_(MakeTempDir("gpuaas-nats")) { Start(); }
+TestIdentities::TestIdentities(const std::string& dir) : dir_(dir), keys_(dir + "/keys") {
+  const auto& contract = access::EmbeddedContract();
+  if (auto r = access::InitKeys(contract, keys_); !r.ok()) {
+    throw std::runtime_error("test keys: " + r.error().ToString());
+  }
+  auto harness = auth::NewUserNKey();
+  if (!harness.ok()) throw std::runtime_error("harness key: " + harness.error().ToString());
+  (void)auth::WriteSecretFile(access::SeedPath(keys_, kHarness), harness->seed + "\n");
+  std::ofstream(keys_ + "/harness.pub.test") << harness->public_key << "\n";
+  WriteAuthConfig();
+}
+
+void TestIdentities::WriteAuthConfig() const {
+  const auto& contract = access::EmbeddedContract();
+  auto users = access::UsersFromKeys(contract, keys_);
+  if (!users.ok()) throw std::runtime_error("test users: " + users.error().ToString());
+  std::ifstream in(keys_ + "/harness.pub.test");
+  std::string harness;
+  in >> harness;
+  auto conf = access::RenderAuthorization(
+      contract, *users,
+      fmt::format("    # harness (tests only)\n    {{ nkey: \"{}\", permissions: {{ publish: "
+                  "{{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
+                  harness));
+  if (!conf.ok()) throw std::runtime_error("auth config: " + conf.error().ToString());
+  std::ofstream(dir_ + "/auth.conf.tmp") << *conf;
+  std::filesystem::rename(dir_ + "/auth.conf.tmp", AuthConfigFile());
+}
+
+std::string TestIdentities::SeedFile(const std::string& role, const std::string& node_id) const {
+  return node_id.empty() ? access::SeedPath(keys_, role) : keys_ + "/nodes/" + node_id + ".seed";
+}
+
+std::string TestIdentities::TokenPublicKeyFile() const { return access::TokenPublicKeyPath(keys_); }
+
+messaging::ConnectionOptions TestIdentities::Options(const std::string& url,
+                                                     const std::string& role,
+                                                     const std::string& node_id) const {
+  messaging::ConnectionOptions o;
+  o.url = url;
+  o.name = "test-" + role + (node_id.empty() ? "" : "-" + node_id);
+  o.connect_timeout_ms = 2000;
+  o.reconnect_wait_ms = 100;
+  o.seed_file = SeedFile(role, node_id);
+  o.inbox_prefix = access::InboxPrefix(role, node_id);
+  // A client role's requests carry a token of its kind (the harness: an operator's).
+  if (role == kHarness || role == "operator") o.token = Token(auth::kRoleOperator);
+  if (role == "auditor") o.token = Token(auth::kRoleAuditor);
+  return o;
+}
+
+std::map<std::string, std::string> TestIdentities::Env(const std::string& url,
+                                                       const std::string& role,
+                                                       const std::string& node_id) const {
+  return {{"GPUAAS_NATS_URL", url},
+          {"GPUAAS_NATS_SEED_FILE", SeedFile(role, node_id)},
+          {"GPUAAS_NATS_INBOX_PREFIX", access::InboxPrefix(role, node_id)},
+          {"GPUAAS_AUTH_TOKEN_PUBLIC_KEYS", TokenPublicKeyFile()}};
+}
+
+bool TestIdentities::Enroll(const std::string& node_id) {
+  const std::string seed_file = SeedFile("node-agent", node_id);
+  if (std::filesystem::exists(seed_file)) return false;
+  auto seed = access::EnrollNode(keys_, node_id);
+  if (!seed.ok()) throw std::runtime_error("enroll " + node_id + ": " + seed.error().ToString());
+  if (auto r = auth::WriteSecretFile(seed_file, *seed + "\n"); !r.ok()) {
+    throw std::runtime_error("node seed: " + r.error().ToString());
+  }
+  WriteAuthConfig();
+  return true;
+}
+
+void TestIdentities::Revoke(const std::string& node_id) {
+  if (auto r = access::RevokeNode(keys_, node_id); !r.ok()) {
+    throw std::runtime_error("revoke " + node_id + ": " + r.error().ToString());
+  }
+  std::filesystem::remove(SeedFile("node-agent", node_id));
+  WriteAuthConfig();
+}
+
+std::string TestIdentities::Token(const std::string& role, const std::string& tenant,
+                                  const std::string& subject, std::chrono::seconds ttl) const {
+  std::ifstream in(access::TokenSigningKeyPath(keys_));
+  std::stringstream pem;
+  pem << in.rdbuf();
+  auth::Principal p;
+  p.subject = subject.empty()
+                  ? (tenant.empty() ? "user:test-" + role : "tenant:" + tenant + "/test-user")
+                  : subject;
+  p.tenant = tenant;
+  p.roles = {role};
+  auto t = auth::IssueToken(pem.str(), p, ttl);
+  if (!t.ok()) throw std::runtime_error("token: " + t.error().ToString());
+  return *t;
+}
+
+TestNats::TestNats() : port_(FreePort()), dir_(MakeTempDir("gpuaas-nats")), ids_(dir_) {
+  std::ofstream(dir_ + "/nats.conf") << fmt::format(
+      "listen: 127.0.0.1:{}\njetstream {{ store_dir: \"{}/js\" }}\ninclude ./auth.conf\n", port_,
+      dir_);
+  Start();
+}
+
+void TestNats::Reload() {
+  ids_.WriteAuthConfig();
+  proc_.Signal(SIGHUP);
+}
+
+std::shared_ptr<messaging::Connection> TestNats::Connect(const std::string& role,
+                                                         const std::string& node_id) const {
+  auto c = messaging::Connection::Connect(Options(role, node_id),
+                                          log::Logger("test-" + role, "t", log::Level::kWarn));
+  if (!c.ok()) throw std::runtime_error("connect as " + role + ": " + c.error().ToString());
+  return *c;
+}
+
+namespace {
+// Whether `o` can connect now (a positive answer from the server, not a timeout).
+bool CanConnect(messaging::ConnectionOptions o) {
+  o.retry_on_failed_connect = false;
+  auto c = messaging::Connection::Connect(o, log::Logger("probe", "t", log::Level::kError));
+  return c.ok() && (*c)->Flush(std::chrono::seconds(2)).ok();
+}
+}  // namespace
+
+std::string TestNats::EnrollNode(const std::string& node_id) {
+  if (ids_.Enroll(node_id)) {
+    proc_.Signal(SIGHUP);
+    if (!WaitFor([&] { return CanConnect(Options("node-agent", node_id)); },
+                 std::chrono::seconds(10), std::chrono::milliseconds(20))) {
+      throw std::runtime_error("enrolled node " + node_id + " cannot connect after reload");
+    }
+  }
+  return SeedFile("node-agent", node_id);
+}
+
+void TestNats::RevokeNode(const std::string& node_id) {
+  auto opts = Options("node-agent", node_id);
+  ids_.Revoke(node_id);
+  proc_.Signal(SIGHUP);
+  if (!WaitFor([&] { return !CanConnect(opts); }, std::chrono::seconds(10),
+               std::chrono::milliseconds(20))) {
+    throw std::runtime_error("revoked node " + node_id + " can still connect");
+  }
+}
 
 TestNats::~TestNats() {
   Stop();
@@ -153,9 +302,7 @@ TestNats::~TestNats() {
 }
 
 void TestNats::Start() {
-  proc_.Spawn({"nats-server", "-a", "127.0.0.1", "-p", std::to_string(port_), "-js", "-sd",
-               dir_ + "/js", "--http_port", "0"},
-              dir_ + "/nats.log");
+  proc_.Spawn({"nats-server", "-c", dir_ + "/nats.conf"}, dir_ + "/nats.log");
   // 0 http port disables monitoring; wait for the client port.
   if (!WaitFor([&] { return PortOpen(port_); }, std::chrono::seconds(10))) {
     throw std::runtime_error("nats-server did not start; see " + dir_ + "/nats.log");

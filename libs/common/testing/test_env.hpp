@@ -5,8 +5,12 @@
 
 #include <chrono>
 #include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "gpuaas/common/messaging.hpp"
 
 namespace gpuaas::testing {
 
@@ -38,6 +42,53 @@ class Process {
   pid_t pid_ = -1;
 };
 
+// The identities of a test deployment, as `gpuaasctl auth init` makes them: a keys directory
+// with every role's nkey and the token signing key, the nats-server authorization block
+// generated from the contract (access.hpp) for them, connection options and service
+// environments per role, enrolled nodes and request tokens. The role "harness" (tests only,
+// never in the contract) may publish and subscribe to everything: the test's own eyes on
+// streams and its stand-ins for parties it does not start.
+class TestIdentities {
+ public:
+  static constexpr const char* kHarness = "harness";
+  // Keys under `dir`/keys; the authorization block in `dir`/auth.conf.
+  explicit TestIdentities(const std::string& dir);
+  // Connection options of `role` (a node: role "node-agent" and its id, enrolled first) for the
+  // server(s) at `url`: operator and harness connections send an operator token with every
+  // request, auditor ones an auditor token (tenant-api: none; add one per request).
+  messaging::ConnectionOptions Options(const std::string& url, const std::string& role,
+                                       const std::string& node_id = "") const;
+  // The environment a service (or node-agent) process of `role` needs: URL, seed file, inbox
+  // prefix, token public key.
+  std::map<std::string, std::string> Env(const std::string& url, const std::string& role,
+                                         const std::string& node_id = "") const;
+  // Issues node `node_id` a key (once; true when new) and rewrites auth.conf; the caller reloads
+  // the server(s).
+  bool Enroll(const std::string& node_id);
+  // Removes the node's key and rewrites auth.conf.
+  void Revoke(const std::string& node_id);
+  // A request token signed with the platform's token key (auth.hpp): `role` operator | tenant |
+  // auditor, `tenant` for tenant tokens.
+  std::string Token(const std::string& role, const std::string& tenant = "",
+                    const std::string& subject = "",
+                    std::chrono::seconds ttl = std::chrono::seconds(600)) const;
+  std::string SeedFile(const std::string& role, const std::string& node_id = "") const;
+  std::string TokenPublicKeyFile() const;
+  const std::string& keys_dir() const { return keys_; }
+  // The file to `include` in a nats-server config.
+  std::string AuthConfigFile() const { return dir_ + "/auth.conf"; }
+  void WriteAuthConfig() const;
+
+ private:
+  std::string dir_;
+  std::string keys_;
+};
+
+// A nats-server with JetStream and authorization on, as scripts/up runs it: the users and their
+// permissions are generated from the contract for the test's identities (TestIdentities), so
+// anonymous connections are refused and each service, node and client role gets only what the
+// contract gives it. Tests connect as a role (Options/Connect/Env), enroll nodes (EnrollNode)
+// and sign request tokens (Token).
 class TestNats {
  public:
   TestNats();
@@ -47,9 +98,41 @@ class TestNats {
   std::string url() const;
   uint16_t port() const { return port_; }
 
+  static constexpr const char* kHarness = TestIdentities::kHarness;
+  messaging::ConnectionOptions Options(const std::string& role,
+                                       const std::string& node_id = "") const {
+    return ids_.Options(url(), role, node_id);
+  }
+  // Connected as `role` (see Options).
+  std::shared_ptr<messaging::Connection> Connect(const std::string& role,
+                                                 const std::string& node_id = "") const;
+  std::map<std::string, std::string> Env(const std::string& role,
+                                         const std::string& node_id = "") const {
+    return ids_.Env(url(), role, node_id);
+  }
+  // Issues a key for node `node_id` (once), reloads the server and waits until the node can
+  // connect. Returns its seed file.
+  std::string EnrollNode(const std::string& node_id);
+  // Removes the node's key and reloads; waits until the server refuses it.
+  void RevokeNode(const std::string& node_id);
+  std::string Token(const std::string& role, const std::string& tenant = "",
+                    const std::string& subject = "",
+                    std::chrono::seconds ttl = std::chrono::seconds(600)) const {
+    return ids_.Token(role, tenant, subject, ttl);
+  }
+  const std::string& keys_dir() const { return ids_.keys_dir(); }
+  std::string SeedFile(const std::string& role, const std::string& node_id = "") const {
+    return ids_.SeedFile(role, node_id);
+  }
+  std::string TokenPublicKeyFile() const { return ids_.TokenPublicKeyFile(); }
+  const TestIdentities& identities() const { return ids_; }
+  // Rewrites the authorization config from the keys directory and reloads the server.
+  void Reload();
+
  private:
   uint16_t port_;
   std::string dir_;
+  TestIdentities ids_;
   Process proc_;
 };
 

@@ -23,7 +23,7 @@ class MessagingTest : public ::testing::Test {
  protected:
   void SetUp() override {
     log_ = log::Logger("test", "t1", log::Level::kWarn);
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     conn_ = *c;
   }
@@ -78,7 +78,7 @@ TEST_F(MessagingTest, TypedRequestReplyPropagatesTrace) {
 }
 
 TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
-  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000});
+  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000, {}});
   // Malformed protobuf.
   auto bad = RawReply(*conn_, "gpuaas.v1.test.node.echo", std::string("\xff\xff\xff\xff", 4));
   EXPECT_EQ(bad.status().code(), v1::INVALID_ARGUMENT);

@@ -154,7 +154,7 @@ class OutboxTest : public StoreTest {
   void SetUp() override {
     StoreTest::SetUp();
     ASSERT_TRUE(store::Migrate(*pool_, "common", store::CommonMigrations()).ok());
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
     ASSERT_TRUE(c.ok());
     conn_ = *c;
     ASSERT_TRUE(

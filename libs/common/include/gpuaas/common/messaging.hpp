@@ -54,6 +54,16 @@ struct ConnectionOptions {
   int64_t reconnect_wait_ms = 250;
   // Also start when the server is down at first; the connection comes up when it does.
   bool retry_on_failed_connect = true;
+  // The identity: a file holding this connection's NATS user nkey seed ("" = anonymous, which a
+  // server with authorization refuses).
+  std::string seed_file;
+  // Where replies come back: requests use <inbox_prefix>.<random> (default "_INBOX"); the
+  // server lets each identity subscribe only to its own prefix (access.hpp InboxPrefix).
+  std::string inbox_prefix;
+  // TLS: verify the server against this CA bundle ("" = plain TCP).
+  std::string tls_ca_file;
+  // A client's request token (SetRequestToken), "" = none.
+  std::string token;
 };
 
 class Connection {
@@ -79,8 +89,21 @@ class Connection {
                      const Headers& headers = {});
   Result<Message> Request(const std::string& subject, const std::string& data,
                           const Headers& headers, std::chrono::milliseconds timeout);
+  // Requests without an Authorization header get "Bearer <token>" (a client's request token,
+  // auth.hpp); "" = none.
+  void SetRequestToken(std::string token);
   // Round trip to the server (PING/PONG): proves the connection is usable.
   Result<void> Flush(std::chrono::milliseconds timeout);
+  // Permission violations the server reported on this connection (nats.c reports a refused
+  // subscription or publish only through the connection's error handler, which logs each at
+  // error level and counts it here).
+  uint64_t PermissionViolations() const;
+  // The last asynchronous error text the server sent ("" = none).
+  std::string LastAsyncError() const;
+  // Flushes, then fails with PERMISSION_DENIED when the server refused `subject` (a
+  // subscription just made, or a publish) since the connection started: nats.c gives no error
+  // at the call itself.
+  Result<void> CheckPermitted(const std::string& subject, std::chrono::milliseconds timeout);
 
  private:
   Connection() = default;
@@ -89,6 +112,14 @@ class Connection {
   jsCtx* js_ = nullptr;
   log::Logger log_;
   std::shared_ptr<contract::Registry> contract_;
+  std::string token_;
+  mutable std::mutex token_mu_;
+
+ public:
+  struct Async;  // what nats.c's error handler saw (shared with its callbacks)
+
+ private:
+  std::shared_ptr<Async> async_;
 };
 
 // Converts a natsMsg (not taking ownership) into a Message.
@@ -105,7 +136,14 @@ struct StreamSpec {
   std::vector<std::string> subjects;
   int64_t max_age_s = 0;  // 0 = keep forever (events are the audit log)
   int64_t duplicate_window_s = 600;
+  // Copies JetStream keeps (R1 on one server, R3 on a 3-server cluster). 0 = the process
+  // default (SetStreamReplicas; the services' nats.stream_replicas).
+  int replicas = 0;
 };
+
+// The replica count the platform's streams get where a StreamSpec says 0 (default 1).
+void SetStreamReplicas(int replicas);
+int StreamReplicas();
 
 // Creates the stream, or updates it when its subjects/limits differ. Safe to call from every
 // replica of every service at start.
@@ -167,7 +205,18 @@ struct ConsumerSpec {
   // in-progress ack every ack_wait/3, so they are not redelivered meanwhile; a consumer that
   // dies gets them redelivered within ack_wait.
   bool keepalive = false;
+  // Bind to a durable someone else manages (a node-agent may not create or change consumers):
+  // no create/update; it waits (retrying) until the durable exists, and takes its ack wait from
+  // the server.
+  bool bind_only = false;
 };
+
+// Creates the durable, or updates it to `spec` (it keeps its position).
+Result<void> EnsureConsumer(Connection& conn, const ConsumerSpec& spec);
+// A node's task consumer: durable node-<id> on GPUAAS_NODE_TASKS, one task at a time, a long
+// redelivery budget (a VM task waits while adoption or the first network apply is pending). The
+// node's agent binds to it; inventory creates it when the node registers.
+ConsumerSpec NodeTaskConsumerSpec(const std::string& node_id, int64_t ack_wait_ms = 30000);
 
 class Consumer {
  public:

@@ -37,7 +37,29 @@ struct EventSpec {
   std::string correlation_id;
   std::string traceparent;
   const google::protobuf::Message* data = nullptr;
+  // Who caused it; null = the request being handled on this thread (ActorScope), else the
+  // sender itself ("service:<name>" from `source`, a node-agent "node:<id>").
+  const v1::Principal* actor = nullptr;
 };
+
+// The principal of the request a thread is handling: rpc::Server opens one around each handler,
+// so every event the handler appends names who asked (the audit trail) without each handler
+// passing it down. Handlers add the request's reason with SetActorReason.
+class ActorScope {
+ public:
+  explicit ActorScope(v1::Principal actor);
+  ~ActorScope();
+  ActorScope(const ActorScope&) = delete;
+  ActorScope& operator=(const ActorScope&) = delete;
+
+ private:
+  v1::Principal* previous_;
+  v1::Principal actor_;
+};
+// The current request's principal, or null.
+const v1::Principal* CurrentActor();
+// Records why (the request's reason) on the current request's principal (no-op outside one).
+void SetActorReason(const std::string& reason);
 
 // The CloudEvents-style envelope for `spec` (new UUIDv7 id, time now, data packed). Used by
 // Append and by publishers without a database (node-agent), which send it with JsPublish and

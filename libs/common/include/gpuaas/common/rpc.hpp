@@ -12,6 +12,7 @@
 #include <memory>
 #include <string>
 
+#include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/result.hpp"
@@ -28,7 +29,16 @@ struct Context {
   std::string trace_id;
   std::chrono::system_clock::time_point deadline;
   messaging::Headers headers;
-  log::Logger log;  // carries trace_id and subject
+  log::Logger log;  // carries trace_id and subject, and the principal
+  // Who sent it: the verified request token's principal, or (a platform identity calling a
+  // subject the contract lets services and nodes call without a token) subject "internal".
+  auth::Principal principal;
+  bool HasToken() const { return !principal.token_id.empty(); }
+  // The tenant a tenant principal is confined to ("" for operators, auditors and internal
+  // callers, who see every tenant).
+  std::string TenantScope() const {
+    return principal.HasRole(auth::kRoleTenant) ? principal.tenant : std::string();
+  }
   // Milliseconds left before the caller gives up (at least 1).
   int64_t RemainingMs() const;
 };
@@ -38,6 +48,11 @@ struct ServerOptions {
   size_t max_queue = 1024;                  // beyond this: RESOURCE_EXHAUSTED "overloaded"
   size_t max_payload = 256 * size_t{1024};  // bytes; beyond: INVALID_ARGUMENT payload_too_large
   int64_t default_deadline_ms = 10000;
+  // PEM public keys that verify request tokens (Authorization: Bearer). Each served subject's
+  // callers come from the contract (access.hpp RequestAccessFor): a subject only client roles
+  // may call needs a valid token with one of their token roles; one platform identities may call
+  // takes a request without a token as theirs.
+  std::vector<std::string> token_public_keys;
 };
 
 class Server {
@@ -112,8 +127,15 @@ class Client {
                               const std::string& expected_type,
                               const std::string& request_type = "");
 
+  // Every request of this client carries `token` (a request token: Authorization: Bearer).
+  Client& WithToken(std::string token) {
+    token_ = std::move(token);
+    return *this;
+  }
+
  private:
   std::shared_ptr<messaging::Connection> conn_;
+  std::string token_;
 };
 
 // The page size of a paginated list request: 0 means `def`; outside 0..`max` is

@@ -37,6 +37,11 @@ struct CommonConfig {
   std::string log_level;
   std::string nats_url;
   int64_t nats_request_timeout_ms = 5000;
+  std::string nats_seed_file;     // this service's (or node's) NATS nkey seed
+  std::string nats_inbox_prefix;  // "" = _INBOX.<service name>
+  std::string nats_tls_ca_file;
+  int64_t nats_stream_replicas = 1;
+  std::string token_public_keys;  // comma-separated PEM files that verify request tokens
   std::string pg_dsn;
   int64_t pg_pool_size = 4;
   std::string http_host;
@@ -119,6 +124,7 @@ class Service {
   std::unique_ptr<rpc::Server> rpc_;
   std::vector<std::unique_ptr<messaging::Consumer>> consumers_;
   uint16_t http_port_ = 0;
+  std::vector<std::string> token_keys_;  // PEMs of auth.token_public_keys
   std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
   std::vector<std::pair<std::string, std::function<void()>>> drains_;
   std::atomic<bool> self_ready_{true};

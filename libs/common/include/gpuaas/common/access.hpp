@@ -1,0 +1,117 @@
+#pragma once
+// Who may do what on NATS, derived from the contract: asyncapi/roles.yaml (the roles) and each
+// operation's `x-gpuaas-access` in asyncapi/gpuaas.asyncapi.yaml (who performs it, who may call
+// it, which durable consumes it). From the two this renders the nats-server `authorization`
+// block: one user per role key and per enrolled node, each with exactly the publish/subscribe
+// subjects its operations need. The same code serves `gpuaasctl auth nats-config` (scripts/up,
+// deploy/k8s) and the tests, so what runs is what the contract says.
+//
+// A keys directory holds the identities: <role>.seed / <role>.pub per role, nodes/<id>.pub per
+// enrolled node (its seed goes to the host once and is not kept), token-signing.pem and
+// token-signing.pub.pem (request tokens).
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "gpuaas/common/result.hpp"
+
+namespace gpuaas::access {
+
+enum class Kind { kService, kNode, kClient };
+
+struct Role {
+  std::string name;
+  Kind kind = Kind::kClient;
+  std::string ns;                         // services: the subjects they serve
+  std::vector<std::string> read_streams;  // clients: streams they may read
+  std::vector<std::string> token_roles;   // clients: token roles they may present
+};
+
+struct Consumer {
+  std::string role;
+  std::string durable;     // may contain {node_id}
+  std::string managed_by;  // the service that creates it ("" = the role itself)
+  std::string stream;      // the stream holding the channel (derived)
+};
+
+struct Operation {
+  std::string name;
+  std::string action;   // send | receive
+  std::string address;  // the channel's address, with {params}
+  bool reply = false;   // a request served with a reply
+  std::vector<std::string> roles;
+  std::vector<std::string> callers;
+  std::vector<Consumer> consumers;
+};
+
+struct Contract {
+  std::map<std::string, Role> roles;
+  std::map<std::string, std::vector<std::string>> streams;  // name -> subjects
+  std::vector<Operation> operations;
+};
+
+// Reads <dir>/gpuaas.asyncapi.yaml and <dir>/roles.yaml. Every problem is a contract error
+// (FAILED_PRECONDITION contract_access, details: one entry per problem): an operation without
+// x-gpuaas-access, a role not declared, a served subject outside its service's namespace, a
+// consumed channel no stream holds, a consume operation without its durable.
+Result<Contract> LoadContract(const std::string& dir);
+// The same from the documents' text.
+Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::string& roles_yaml);
+// The contract this binary was built with (parsed once; aborts when it is invalid, which the
+// contract tests rule out before anything ships).
+const Contract& EmbeddedContract();
+
+// Who may send a request on a served subject, for the service's request check (rpc.hpp):
+// `token_roles` are the request-token roles of the client roles among its callers; `internal`
+// says a platform identity (a service, a node) may call it without a token.
+struct RequestAccess {
+  bool declared = false;  // some operation serves this subject
+  bool internal = false;
+  std::vector<std::string> token_roles;
+};
+RequestAccess RequestAccessFor(const Contract& c, const std::string& subject);
+
+struct Permissions {
+  std::set<std::string> publish;
+  std::set<std::string> subscribe;
+  bool allow_responses = false;  // may answer requests on their reply subjects
+};
+
+// `node_id` is required for (and only for) the node role.
+Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
+                                   const std::string& node_id = "");
+
+// The reply-subject prefix of an identity: _INBOX.<role>, a node's _INBOX.<node_id>.
+std::string InboxPrefix(const std::string& role, const std::string& node_id = "");
+
+struct User {
+  std::string nkey;  // public key "U..."
+  std::string role;
+  std::string node_id;  // node role only
+};
+
+// The nats-server config block `authorization { users = [...] }` (no anonymous users: a
+// connection without a listed key is refused). `extra` is appended verbatim inside the users list
+// (the tests' harness user).
+Result<std::string> RenderAuthorization(const Contract& c, const std::vector<User>& users,
+                                        const std::string& extra = "");
+
+// ---- keys directory ----
+// Creates the missing keys of every role of `c` and the token signing key; keeps existing ones.
+Result<void> InitKeys(const Contract& c, const std::string& dir);
+// The users of a keys directory: every role's <role>.pub and every nodes/<id>.pub.
+Result<std::vector<User>> UsersFromKeys(const Contract& c, const std::string& dir);
+// A new key for node `node_id` (nodes/<id>.pub written; ALREADY_EXISTS when enrolled): returns the
+// seed, which is not stored.
+Result<std::string> EnrollNode(const std::string& dir, const std::string& node_id);
+// Removes nodes/<id>.pub (NOT_FOUND when not enrolled).
+Result<void> RevokeNode(const std::string& dir, const std::string& node_id);
+std::string SeedPath(const std::string& dir, const std::string& role);
+std::string TokenSigningKeyPath(const std::string& dir);
+std::string TokenPublicKeyPath(const std::string& dir);
+
+// True when `subject` (no wildcards) matches the NATS pattern `pattern` (* and >).
+bool SubjectMatches(const std::string& pattern, const std::string& subject);
+
+}  // namespace gpuaas::access

@@ -1,0 +1,151 @@
+// The NATS permissions derived from the contract (access.hpp): the repo's contract is complete
+// and consistent, a node's permissions name only itself, and what makes a contract invalid (an
+// operation nobody may use, an undeclared role, a served subject outside the namespace) is said.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "gpuaas/common/access.hpp"
+#include "gpuaas/common/messaging.hpp"
+
+namespace gpuaas::access {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool Allows(const std::set<std::string>& allow, const std::string& subject) {
+  for (const auto& p : allow) {
+    if (SubjectMatches(p, subject)) return true;
+  }
+  return false;
+}
+
+TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
+  auto c = LoadContract(GPUAAS_CONTRACT_DIR);
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_GE(c->operations.size(), 50U);
+  // roles.yaml's streams are the ones the code declares.
+  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
+                           messaging::SchedulerEventsStream(), messaging::NodeEventsStream(),
+                           messaging::NodeTasksStream(), messaging::DeadLetterStream()}) {
+    ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
+    EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
+  }
+  EXPECT_EQ(c->streams.size(), 6U);
+  // The built-in copy is the same contract.
+  EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
+}
+
+TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
+  const Contract& c = EmbeddedContract();
+  auto p = PermissionsFor(c, "node-agent", "gpu-07");
+  ASSERT_TRUE(p.ok()) << p.error().ToString();
+  EXPECT_EQ(p->subscribe, std::set<std::string>{"_INBOX.gpu-07.>"});
+  EXPECT_FALSE(p->allow_responses);
+  for (const std::string s :
+       {"$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-gpu-07",
+        "$JS.API.CONSUMER.INFO.GPUAAS_NODE_TASKS.node-gpu-07",
+        "$JS.ACK.GPUAAS_NODE_TASKS.node-gpu-07.1.2.3.4.5", "gpuaas.v1.evt.node.gpu-07.topology",
+        "gpuaas.v1.evt.node.gpu-07.task.succeeded", "gpuaas.v1.evt.node.gpu-07.leases",
+        "gpuaas.v1.inventory.node.register", "gpuaas.v1.ipam.node.network.get",
+        "gpuaas.v1.dlq.GPUAAS_NODE_TASKS.node-gpu-07"}) {
+    EXPECT_TRUE(Allows(p->publish, s)) << s;
+  }
+  for (const std::string s :
+       {"$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-gpu-08",
+        "$JS.API.CONSUMER.CREATE.GPUAAS_NODE_TASKS.node-gpu-07",
+        "$JS.API.CONSUMER.DURABLE.CREATE.GPUAAS_NODE_TASKS.node-gpu-07",
+        "$JS.API.STREAM.MSG.GET.GPUAAS_NODE_TASKS", "$JS.API.DIRECT.GET.GPUAAS_NODE_TASKS",
+        "$JS.API.STREAM.CREATE.GPUAAS_NODE_TASKS", "gpuaas.v1.evt.node.gpu-08.topology",
+        "gpuaas.v1.node.gpu-07.task", "gpuaas.v1.inventory.slot.approve", "_INBOX.x.y"}) {
+    EXPECT_FALSE(Allows(p->publish, s)) << s;
+  }
+  // No pattern of a node names another node: every wildcard-free token is its own id.
+  for (const auto& s : p->publish) {
+    EXPECT_EQ(s.find("node-*"), std::string::npos) << s;
+    EXPECT_EQ(s.find(".*.task"), std::string::npos) << s;
+  }
+  EXPECT_FALSE(PermissionsFor(c, "node-agent").ok()) << "a node role needs its node id";
+}
+
+TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
+  const Contract& c = EmbeddedContract();
+  const std::vector<std::string> admin = {
+      "gpuaas.v1.inventory.slot.approve",       "gpuaas.v1.inventory.slot.disable",
+      "gpuaas.v1.inventory.slot.repair",        "gpuaas.v1.inventory.region.set",
+      "gpuaas.v1.scheduler.projection.rebuild", "gpuaas.v1.scheduler.allocation.force_release",
+      "gpuaas.v1.ipam.reservation.reprovision", "gpuaas.v1.ipam.subnet.set"};
+  for (const auto& [name, role] : c.roles) {
+    if (role.kind == Kind::kNode) continue;
+    auto p = PermissionsFor(c, name);
+    ASSERT_TRUE(p.ok()) << name;
+    for (const auto& s : admin) {
+      EXPECT_EQ(Allows(p->publish, s), name == "operator") << name << " " << s;
+    }
+  }
+  auto auditor = PermissionsFor(c, "auditor");
+  ASSERT_TRUE(auditor.ok());
+  EXPECT_FALSE(Allows(auditor->publish, "$JS.API.STREAM.MSG.GET.GPUAAS_NODE_TASKS"));
+  EXPECT_TRUE(Allows(auditor->publish, "$JS.API.STREAM.MSG.GET.GPUAAS_EVT_SCHEDULER"));
+  EXPECT_FALSE(Allows(auditor->publish, "gpuaas.v1.scheduler.allocation.create"));
+  // Request access: who needs a token.
+  auto create = RequestAccessFor(c, "gpuaas.v1.scheduler.allocation.create");
+  EXPECT_TRUE(create.declared);
+  EXPECT_FALSE(create.internal);
+  EXPECT_EQ(create.token_roles, (std::vector<std::string>{"tenant", "operator"}));
+  auto reserve = RequestAccessFor(c, "gpuaas.v1.ipam.reservation.reserve");
+  EXPECT_TRUE(reserve.internal);
+  EXPECT_TRUE(reserve.token_roles.empty());
+  EXPECT_FALSE(RequestAccessFor(c, "gpuaas.v1.nobody.x").declared);
+}
+
+TEST(AccessTest, AnIncompleteContractIsAContractError) {
+  const std::string doc = Read(std::string(GPUAAS_CONTRACT_DIR) + "/gpuaas.asyncapi.yaml");
+  const std::string roles = Read(std::string(GPUAAS_CONTRACT_DIR) + "/roles.yaml");
+  auto broken = [&](const std::string& from, const std::string& to) {
+    std::string d = doc;
+    const auto at = d.find(from);
+    EXPECT_NE(at, std::string::npos) << from;
+    if (at != std::string::npos) d.replace(at, from.size(), to);
+    auto c = ParseContract(d, roles);
+    EXPECT_FALSE(c.ok()) << "accepted: " << to;
+    return c.ok() ? std::string() : c.error().ToString();
+  };
+  // An operation nobody may use.
+  EXPECT_NE(broken("    x-gpuaas-access:\n      roles: [inventory]\n      callers: [node-agent, "
+                   "operator]\n",
+                   "")
+                .find("registerNode"),
+            std::string::npos);
+  // An undeclared role.
+  EXPECT_NE(broken("callers: [node-agent, operator]", "callers: [intern]").find("intern"),
+            std::string::npos);
+  // A subject served outside its service's namespace.
+  EXPECT_NE(broken("      roles: [inventory]\n      callers: [node-agent, operator]",
+                   "      roles: [ipam]\n      callers: [node-agent, operator]")
+                .find("namespace"),
+            std::string::npos);
+}
+
+TEST(AccessTest, TheRenderedConfigListsEveryUserWithItsPermissions) {
+  const Contract& c = EmbeddedContract();
+  std::vector<User> users = {
+      {"UCK5N7N66OBOINFXAYC2ACJQYFSOD4VYNU6APEJTAVFZB2SVHLKGEW7L", "operator", ""},
+      {"UCK5N7N66OBOINFXAYC2ACJQYFSOD4VYNU6APEJTAVFZB2SVHLKGEW7L", "node-agent", "gpu-01"}};
+  auto conf = RenderAuthorization(c, users);
+  ASSERT_TRUE(conf.ok()) << conf.error().ToString();
+  EXPECT_NE(conf->find("authorization {"), std::string::npos);
+  EXPECT_NE(conf->find("\"_INBOX.gpu-01.>\""), std::string::npos);
+  EXPECT_NE(conf->find("\"gpuaas.v1.inventory.slot.approve\""), std::string::npos);
+  users[0].nkey = "not-a-key";
+  EXPECT_FALSE(RenderAuthorization(c, users).ok());
+}
+
+}  // namespace
+}  // namespace gpuaas::access
