@@ -37,7 +37,7 @@ int main(int argc, char** argv) {
   testing::TestNats nats;
   testing::TestPostgres pg(/*fsync=*/true);
   const std::string dsn = pg.CreateDatabase("bench");
-  auto conn = messaging::Connection::Connect({nats.url(), "bench", 2000, 100, false}, logger);
+  auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
   if (!messaging::EnsureStream(**conn, {"BENCH", {"gpuaas.v1.evt.bench.>"}, 0, 600}).ok()) return 1;
   store::Pool pool({dsn, 2, 5000}, logger);

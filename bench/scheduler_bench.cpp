@@ -121,13 +121,12 @@ int main(int argc, char** argv) {
   scheduler::SchedulerConfig cfg;
   config::Schema schema;
   cfg.Register(schema);
-  if (!schema
-           .LoadFromString("", {{"GPUAAS_NATS_URL", nats.url()},
-                                {"GPUAAS_POSTGRES_DSN", dsn},
-                                {"GPUAAS_LOG_LEVEL", "error"},
-                                {"GPUAAS_RPC_WORKERS", std::to_string(clients)},
-                                {"GPUAAS_POSTGRES_POOL_SIZE", std::to_string(clients + 2)}})
-           .ok()) {
+  auto env = nats.Env("scheduler");
+  env["GPUAAS_POSTGRES_DSN"] = dsn;
+  env["GPUAAS_LOG_LEVEL"] = "error";
+  env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
+  env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
+  if (!schema.LoadFromString("", env).ok()) {
     return 1;
   }
   scheduler::SchedulerService svc(cfg);
@@ -137,7 +136,7 @@ int main(int argc, char** argv) {
   }
   store::Pool pool({dsn, 2, 5000}, logger);
   if (!Fill(pool, nodes)) return 1;
-  auto conn = messaging::Connection::Connect({nats.url(), "bench", 2000, 100, false}, logger);
+  auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
   rpc::Client client(*conn);
 
@@ -154,11 +153,11 @@ int main(int argc, char** argv) {
   // No node-agent answers tasks here: a normal release would stay `releasing` (vm.release sent)
   // and keep its claims, so releases are admin force-releases, which free the claims at once.
   auto release = [&](const std::string& id) {
-    v1::ReleaseAllocationRequest r;
+    v1::ForceReleaseAllocationRequest r;
     r.set_allocation_id(id);
-    r.set_force(true);
-    return client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r,
-                                                      std::chrono::seconds(10));
+    r.set_reason("bench");
+    return client.Call<v1::ReleaseAllocationResponse>(
+        "gpuaas.v1.scheduler.allocation.force_release", r, std::chrono::seconds(10));
   };
   const int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
 

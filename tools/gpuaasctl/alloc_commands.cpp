@@ -74,7 +74,7 @@ enum class Want {
 Action AddAllocCommands(CLI::App& app) {
   struct Opts {
     v1::CreateAllocationRequest create;
-    std::string id, tenant, state, network_mode;
+    std::string id, tenant, state, network_mode, reason;
     bool force = false, watch = false;
     int64_t watch_timeout_s = 900;
   };
@@ -128,7 +128,9 @@ Action AddAllocCommands(CLI::App& app) {
   OneOfEnum<v1::AllocationState>(list->add_option("--state", o->state, "Only this state"));
   auto* release = alloc->add_subcommand("release", "Release an allocation");
   release->add_option("--id", o->id, "Allocation id")->required();
-  release->add_flag("--force", o->force, "Admin force-release, whatever the state");
+  release->add_flag("--force", o->force,
+                    "Operator force-release, whatever the host state (needs --reason)");
+  release->add_option("--reason", o->reason, "Why (recorded with who released it)");
   release->add_flag("--watch", o->watch,
                     "Follow the allocation's timeline until it settles; exit 4 unless released");
   auto* timeline = alloc->add_subcommand("timeline", "An allocation's steps, tasks and results");
@@ -273,11 +275,21 @@ Action AddAllocCommands(CLI::App& app) {
       return Print(g, all, [&] { PrintAllocations(all.allocations()); });
     }
     if (release->parsed()) {
-      v1::ReleaseAllocationRequest req;
-      req.set_allocation_id(o->id);
-      req.set_force(o->force);
-      auto r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
-                                                          req, g.Timeout());
+      Result<v1::ReleaseAllocationResponse> r = Error::Internal("unreached", "");
+      if (o->force) {
+        // Its own subject, which only the operator role may publish.
+        v1::ForceReleaseAllocationRequest req;
+        req.set_allocation_id(o->id);
+        req.set_reason(o->reason);
+        r = client.Call<v1::ReleaseAllocationResponse>(
+            "gpuaas.v1.scheduler.allocation.force_release", req, g.Timeout());
+      } else {
+        v1::ReleaseAllocationRequest req;
+        req.set_allocation_id(o->id);
+        req.set_reason(o->reason);
+        r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
+                                                       req, g.Timeout());
+      }
       if (!r.ok()) return Fail(g, r.error());
       Print(g, *r, [&] { PrintAllocation(r->allocation()); });
       if (o->watch) return follow(client, g, o->id, true, Want::kReleased);

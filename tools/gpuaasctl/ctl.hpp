@@ -37,7 +37,10 @@ const std::string& ExitCodesHelp();
 
 struct Globals {
   std::string nats_url;
-  std::string output = "text";  // text | json ("table" is read as text)
+  std::string seed_file;          // this client's NATS nkey seed
+  std::string role = "operator";  // the client role the seed belongs to (its reply inbox)
+  std::string token;              // the request token (Authorization: Bearer)
+  std::string output = "text";    // text | json ("table" is read as text)
   int64_t timeout_ms = 10000;
   // Set while a --watch streams: JSON output is one compact object per line (JSON Lines).
   bool json_lines = false;
@@ -129,6 +132,10 @@ Action AddIpamCommands(CLI::App& app);
 Action AddAllocCommands(CLI::App& app);
 // catalog [list] (catalog_commands.cpp).
 Action AddCatalogCommands(CLI::App& app);
+
+// auth init/nats-config/login, node enroll/revoke (auth_commands.cpp): no NATS needed; after
+// AddNodeCommands (it adds to the node group).
+std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app);
 
 // `completion bash` (completion.cpp): the script completes every command, subcommand and flag
 // of `app` (walked at run time, so it cannot drift) and the values of enum-valued flags. The

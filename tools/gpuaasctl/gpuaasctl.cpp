@@ -2,6 +2,7 @@
 // client. Output: human text by default, `-o json` (protobuf's JSON printer) for scripts. Errors
 // print the structured status (code, reason, message, details). Exit codes: ctl.hpp / README.
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -37,10 +38,33 @@ int main(int argc, char** argv) {
               ->check(CLI::IsMember({"text", "json", "table"})),
           {"text", "json"});
   app.add_option("--timeout-ms", g.timeout_ms, "Request timeout")->capture_default_str();
+  auto env = [](const char* name, const char* def = "") {
+    const char* v = std::getenv(name);
+    return std::string(v != nullptr ? v : def);
+  };
+  g.seed_file = env("GPUAAS_NATS_SEED_FILE");
+  app.add_option("--nats-seed-file", g.seed_file,
+                 "This client's NATS nkey seed file (env GPUAAS_NATS_SEED_FILE)");
+  std::string tls_ca = env("GPUAAS_NATS_TLS_CA_FILE");
+  app.add_option("--nats-tls-ca-file", tls_ca,
+                 "Verify the NATS server's TLS certificate against this CA (env "
+                 "GPUAAS_NATS_TLS_CA_FILE)");
+  g.role = env("GPUAAS_ROLE", "operator");
+  Suggest(app.add_option("--role", g.role,
+                         "The client role of the seed: operator | tenant-api | auditor (env "
+                         "GPUAAS_ROLE)")
+              ->capture_default_str(),
+          {"operator", "tenant-api", "auditor"});
+  std::string token_file = env("GPUAAS_TOKEN_FILE");
+  g.token = env("GPUAAS_TOKEN");
+  app.add_option("--token", g.token, "Request token (env GPUAAS_TOKEN; `auth login` issues one)");
+  app.add_option("--token-file", token_file,
+                 "File holding the request token (env GPUAAS_TOKEN_FILE)");
 
   const std::vector<Action> actions = {AddNodeCommands(app), AddInventoryCommands(app),
                                        AddAllocCommands(app), AddIpamCommands(app),
                                        AddCatalogCommands(app)};
+  const auto auth_action = AddAuthCommands(app);
   const auto completion = AddCompletionCommand(app);
 
   try {
@@ -58,15 +82,27 @@ int main(int argc, char** argv) {
   }
 
   if (auto rc = completion()) return *rc;
+  if (auto rc = auth_action(g)) return *rc;
+  if (g.token.empty() && !token_file.empty()) {
+    std::ifstream in(token_file);
+    in >> g.token;
+    if (!in && g.token.empty()) {
+      return Usage(g, Error::InvalidArgument("token_file", "cannot read " + token_file));
+    }
+  }
 
   log::Logger quiet("gpuaasctl", "cli", log::Level::kError);
   messaging::ConnectionOptions co;
   co.url = g.nats_url;
   co.name = "gpuaasctl";
   co.retry_on_failed_connect = false;
+  co.seed_file = g.seed_file;
+  co.inbox_prefix = "_INBOX." + g.role;
+  co.tls_ca_file = tls_ca;
   auto conn = messaging::Connection::Connect(co, quiet);
   if (!conn.ok()) return Fail(g, conn.error());
   rpc::Client client(*conn);
+  client.WithToken(g.token);
 
   for (const auto& action : actions) {
     if (auto rc = action(client, g)) return *rc;

@@ -111,6 +111,11 @@ void InventoryConfig::Register(config::Schema& s) {
   s.Add("inventory.ipam_timeout_ms", &ipam_timeout_ms,
         "Timeout of the MAC/IP reservation asked from ipam when a slot is approved", 5000,
         config::Range(1, 600000));
+  s.Add("inventory.node_task_ack_wait_ms", &node_task_ack_wait_ms,
+        "Ack wait of each node's task consumer, made when the node registers: a task not acked "
+        "within this is redelivered (a running task is kept alive by its agent; after an agent "
+        "crash it comes back within this)",
+        30000, config::Range(1000, 3600000));
   s.Add("inventory.task_deadline_s", &task_deadline_s,
         "Deadline of typed tasks sent to node-agents (a task received later fails)", 300,
         config::Range(1, 86400));
@@ -131,11 +136,19 @@ Result<void> InventoryService::Start() {
 
   svc_.Rpc().Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
       "gpuaas.v1.inventory.node.register",
-      [pool, source](const v1::RegisterNodeRequest& req,
-                     rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
+      [pool, source, nats, ack_wait = cfg_.node_task_ack_wait_ms](
+          const v1::RegisterNodeRequest& req,
+          rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
         if (auto v = ValidateRegister(req); !v.ok()) return v.error();
         const std::string labels = LabelsJson(req);
         const std::string profile = ProfileText(req.capacity_profile());
+        // The node's task consumer: the node's own identity may only bind to it, so inventory
+        // makes it (idempotent; an agent retries registration until this succeeds).
+        if (auto c = messaging::EnsureConsumer(
+                *nats, messaging::NodeTaskConsumerSpec(req.node_id(), ack_wait));
+            !c.ok()) {
+          return c.error();
+        }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::RegisterNodeResponse> {
           v1::RegisterNodeResponse resp;
           auto inserted = tx.exec_params(

@@ -914,9 +914,8 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
         }
         return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::RecordWipeProofResponse> {
           if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
-          const std::string actor = ctx.headers.count("Gpuaas-Actor")
-                                        ? ctx.headers.at("Gpuaas-Actor")
-                                        : "trace:" + ctx.trace_id;
+          // Who: the request token's principal (an operator's subject is always there).
+          const std::string actor = ctx.principal.subject;
           auto r = tx.exec_params(
               "INSERT INTO wipe_proofs (node_id, nvme_by_id, method, evidence, recorded_by) "
               "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id, nvme_by_id) DO UPDATE SET "

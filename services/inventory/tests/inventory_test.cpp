@@ -58,11 +58,12 @@ class InventoryTest : public ::testing::Test {
         {"GPUAAS_NATS_URL", nats_.url()},
         {"GPUAAS_POSTGRES_DSN", testing::SharedPostgres().CreateDatabase("inv")},
         {"GPUAAS_LOG_LEVEL", "warn"}};
+    for (const auto& [k, v] : nats_.Env("inventory")) env[k] = v;
     ASSERT_TRUE(schema.LoadFromString("", env).ok());
     svc_ = std::make_unique<InventoryService>(cfg);
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
                                             log::Logger("test", "t", log::Level::kWarn));
     ASSERT_TRUE(c.ok());
     conn_ = *c;

@@ -86,15 +86,17 @@ class SlotsTest : public ::testing::Test {
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_LOG_LEVEL", "warn"}};
     env["GPUAAS_POSTGRES_DSN"] = testing::SharedPostgres().CreateDatabase("ipam");
+    for (const auto& [k, v] : nats_.Env("ipam")) env[k] = v;
     ipam_ = std::make_unique<ipam::IpamService>(LoadConfig<ipam::IpamConfig>(env));
     auto ri = ipam_->Start();
     ASSERT_TRUE(ri.ok()) << ri.error().ToString();
     inv_dsn_ = testing::SharedPostgres().CreateDatabase("inv");
     env["GPUAAS_POSTGRES_DSN"] = inv_dsn_;
+    for (const auto& [k, v] : nats_.Env("inventory")) env[k] = v;
     svc_ = std::make_unique<InventoryService>(LoadConfig<InventoryConfig>(env));
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
                                             log::Logger("test", "t", log::Level::kWarn));
     ASSERT_TRUE(c.ok());
     conn_ = *c;

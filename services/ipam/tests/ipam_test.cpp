@@ -40,6 +40,7 @@ class IpamTest : public ::testing::Test {
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_POSTGRES_DSN", dsn_},
                                               {"GPUAAS_LOG_LEVEL", "error"}};
+    for (const auto& [k, v] : nats_.Env("ipam")) env[k] = v;
     for (auto& [k, v] : extra) env[k] = v;
     svc_ = std::make_unique<IpamService>(LoadConfig<IpamConfig>(env));
     auto r = svc_->Start();
@@ -48,7 +49,7 @@ class IpamTest : public ::testing::Test {
     // before the first request of a test that restarted the service.
     ASSERT_TRUE(svc_->runtime().nats()->Flush(2000ms).ok());
     if (!conn_) {
-      auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},
+      auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
                                               log::Logger("test", "t", log::Level::kError));
       ASSERT_TRUE(c.ok());
       conn_ = *c;
@@ -254,6 +255,7 @@ TEST_F(IpamTest, ExhaustedSubnetAndBadInputAreStructured) {
   EXPECT_TRUE(pool_only.error().details.count("region"));
   // A config the service cannot run with is refused at start, every problem listed.
   IpamService broken(LoadConfig<IpamConfig>({{"GPUAAS_NATS_URL", nats_.url()},
+                                             {"GPUAAS_NATS_SEED_FILE", nats_.SeedFile("ipam")},
                                              {"GPUAAS_POSTGRES_DSN", dsn_},
                                              {"GPUAAS_IPAM_DEFAULT_SUBNET", "10.100.0.0/29"},
                                              {"GPUAAS_IPAM_BRIDGE", "bridge-name-too-long"}}));

@@ -96,10 +96,6 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Runtime profile: memory (MiB) per GPU of a slice VM", 65536, config::Range(64, 16777216));
   s.Add("vm.hugepages_1g_per_gpu", &vm_hugepages_1g_per_gpu,
         "Runtime profile: 1 GiB hugepages backing per GPU (0 = none)", 0, config::Range(0, 16384));
-  s.Add("node.task_ack_wait_ms", &task_ack_wait_ms,
-        "A task not acked within this is redelivered (running tasks are kept alive; after a "
-        "crash a task comes back within this)",
-        30000, config::Range(1000, 3600000));
   s.Add("network.apply", &net_apply,
         "Manage slice networking from ipam's node network document: off | netns (inside "
         "network.netns) | host",
@@ -116,8 +112,17 @@ void NodeAgentConfig::Register(config::Schema& s) {
         20, config::Range(0, 60000));
 }
 
+namespace {
+// A node receives replies only on its own prefix (the server allows it nothing else).
+runtime::CommonConfig NodeCommon(runtime::CommonConfig c, const std::string& node_id) {
+  if (c.nats_inbox_prefix.empty()) c.nats_inbox_prefix = "_INBOX." + node_id;
+  return c;
+}
+}  // namespace
+
 NodeAgent::NodeAgent(NodeAgentConfig cfg)
-    : cfg_(std::move(cfg)), svc_(runtime::Component{"node-agent", nullptr}, cfg_.common) {
+    : cfg_(std::move(cfg)),
+      svc_(runtime::Component{"node-agent", nullptr}, NodeCommon(cfg_.common, cfg_.node_id)) {
   if (cfg_.hostname.empty()) {
     std::array<char, 256> host{};
     gethostname(host.data(), host.size() - 1);
@@ -194,10 +199,9 @@ Result<void> NodeAgent::Start() {
     applied_version_ = (**v).value("version", int64_t{0});
   }
   svc_.SetReady(false);
+  // The node's identity reaches only its own tasks, events and inbox; the streams and its task
+  // consumer are the control plane's (inventory creates the consumer when the node registers).
   if (auto r = svc_.Start(); !r.ok()) return r;
-  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
-    if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
-  }
   svc_.OnDrain("control loop", [this] {
     stop_ = true;
     cv_.notify_all();
@@ -297,20 +301,9 @@ void NodeAgent::OnRegistered() {
     last_error_.clear();
   }
   if (!tasks_) {
-    messaging::ConsumerSpec spec;
-    spec.stream = messaging::NodeTasksStream().name;
-    spec.durable = "node-" + cfg_.node_id;
-    spec.filter_subject =
-        fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", cfg_.node_id));
-    // One task at a time: a fetched task waits for nothing but itself, and the consumer keeps
-    // it alive while it runs (image writes and wipes take longer than any ack wait).
-    spec.batch = 1;
-    spec.ack_wait_ms = cfg_.task_ack_wait_ms;
-    spec.keepalive = true;
-    // A VM task waits (redelivered) while adoption or the first network apply is pending: up to
-    // about 8 minutes before it is dead-lettered, inside the scheduler's provision deadline.
-    spec.max_deliver = 50;
-    spec.backoff_ms = {100, 500, 2000, 5000, 10000};
+    // Made by inventory at registration (its ack wait included); the agent binds to it.
+    messaging::ConsumerSpec spec = messaging::NodeTaskConsumerSpec(cfg_.node_id);
+    spec.bind_only = true;
     auto c =
         svc_.StartConsumer(spec, [this](const messaging::Delivery& d) { return HandleTask(d); });
     if (!c.ok()) {

@@ -86,7 +86,6 @@ struct NodeAgentConfig {
   int64_t vm_hugepages_1g_per_gpu = 0;
   // A task not acked within this is delivered again (the agent keeps a task it is still running
   // alive; after a crash the task comes back within this).
-  int64_t task_ack_wait_ms = 30000;
   std::string net_apply = "off";
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net

@@ -32,19 +32,30 @@ const std::string kAlloc = "0190a6f1-1c2d-7e3f-8a4b-5c6d7e8f9a0b";
 class NodeAgentVmTaskTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    messaging::ConnectionOptions opts;
-    opts.url = nats_.url();
-    opts.name = "test";
-    auto c = messaging::Connection::Connect(opts, log::Logger("test", "t", log::Level::kError));
+    // The test's stand-ins (inventory, the task sender) on the harness identity; the agent on
+    // its own node identity.
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
+                                            log::Logger("test", "t", log::Level::kError));
     ASSERT_TRUE(c.ok());
     conn_ = *c;
-    // A fake inventory: accepts the registration, has no desired set.
+    for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
+      ASSERT_TRUE(messaging::EnsureStream(*conn_, spec).ok());
+    }
+    nats_.EnrollNode(kNode);
+    // A fake inventory: accepts the registration (making the node's task consumer, as inventory
+    // does), has no desired set.
     inventory_ =
         std::make_unique<rpc::Server>(conn_, "inventory", "gpuaas.*.inventory.>",
                                       log::Logger("inventory", "t", log::Level::kError), nullptr);
     inventory_->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
         "gpuaas.v1.inventory.node.register",
-        [](const v1::RegisterNodeRequest& r, rpc::Context&) -> Result<v1::RegisterNodeResponse> {
+        [conn = conn_](const v1::RegisterNodeRequest& r,
+                       rpc::Context&) -> Result<v1::RegisterNodeResponse> {
+          if (auto e =
+                  messaging::EnsureConsumer(*conn, messaging::NodeTaskConsumerSpec(r.node_id()));
+              !e.ok()) {
+            return e.error();
+          }
           v1::RegisterNodeResponse resp;
           resp.mutable_node()->set_node_id(r.node_id());
           resp.mutable_node()->set_region(r.region());
@@ -84,6 +95,7 @@ class NodeAgentVmTaskTest : public ::testing::Test {
         {"GPUAAS_LIBVIRT_URI", ""},
         {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
         {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "1"}};
+    for (const auto& [k, v] : nats_.Env("node-agent", kNode)) env[k] = v;
     for (const auto& [k, v] : extra) env[k] = v;
     agent_ = std::make_unique<NodeAgent>(LoadConfig<NodeAgentConfig>(env));
     ASSERT_TRUE(agent_->Start().ok());

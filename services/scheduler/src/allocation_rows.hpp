@@ -17,8 +17,11 @@ inline constexpr const char* kLiveStates = "('reserved','provisioning','active',
 void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPhase phase);
 
 // The allocation `id` with its claims; FOR UPDATE when `lock`. invalid_allocation_id for a
-// non-UUID, allocation_not_found when there is none.
-Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock);
+// non-UUID, allocation_not_found when there is none — or when `tenant_scope` (a tenant
+// principal's tenant, rpc::Context::TenantScope) is set and it is another tenant's: a tenant
+// never learns another tenant's allocation exists.
+Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock,
+                                      const std::string& tenant_scope = "");
 // The allocation row matching (tenant, request_id), if any.
 std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
                                             const std::string& request_id);

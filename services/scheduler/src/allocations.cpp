@@ -38,7 +38,8 @@ constexpr const char* kAllocColumns =
     "allocation_id::text, tenant, request_id, sku, shape, gpu_count, region, pool, network_mode, "
     "state, node_id, failure_stage, failure_code, failure_detail, generation, "
     "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
-    "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state";
+    "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state, release_actor, "
+    "release_actor_tenant, release_reason";
 
 v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   v1::Allocation a;
@@ -72,6 +73,12 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     n->set_actual_ip(r[22].as<std::string>());
     n->set_lease_state(enums::FromColumn<v1::LeaseState>(r[23].as<std::string>()));
   }
+  if (!r[24].as<std::string>().empty()) {
+    auto* by = a.mutable_release_requested_by();
+    by->set_subject(r[24].as<std::string>());
+    by->set_tenant(r[25].as<std::string>());
+    by->set_reason(r[26].as<std::string>());
+  }
   for (const auto& c : tx.exec_params(
            "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
            "extract(epoch from released_at)::float8, phase FROM allocation_resource_claims "
@@ -92,7 +99,8 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
 
 }  // namespace
 
-Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock) {
+Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock,
+                                      const std::string& tenant_scope) {
   if (!ids::IsUuid(id)) {
     return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
                                   {{"allocation_id", "must be a UUID"}});
@@ -100,7 +108,7 @@ Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, boo
   auto r = tx.exec_params(fmt::format("SELECT {} FROM allocations WHERE allocation_id = $1{}",
                                       kAllocColumns, lock ? " FOR UPDATE" : ""),
                           id);
-  if (r.empty()) {
+  if (r.empty() || (!tenant_scope.empty() && r[0][1].as<std::string>() != tenant_scope)) {
     return Error{Code::kNotFound,
                  "allocation_not_found",
                  "no allocation " + id,
@@ -141,6 +149,16 @@ void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s
 }
 
 namespace {
+
+// A tenant principal asked for another tenant.
+Error TenantDenied(const rpc::Context& ctx, const std::string& tenant) {
+  return Error{
+      Code::kPermissionDenied,
+      "tenant_not_allowed",
+      ctx.principal.subject + " acts for tenant " + ctx.principal.tenant + ", not " + tenant,
+      {{"tenant", tenant}, {"principal_tenant", ctx.principal.tenant}},
+      false};
+}
 
 Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
   std::map<std::string, std::string> problems;
@@ -381,6 +399,9 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
       [pool, saga, catalog](const v1::CreateAllocationRequest& req,
                             rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
         if (auto v = ValidateCreate(req); !v.ok()) return v.error();
+        if (const std::string scope = ctx.TenantScope(); !scope.empty() && req.tenant() != scope) {
+          return TenantDenied(ctx, req.tenant());
+        }
         auto checked = catalog.Validate(req.sku(), req.gpu_count(), req.network_mode());
         if (!checked.ok()) return checked.error();
         const Sku& sku = *checked->first;
@@ -479,11 +500,11 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   rpc.Handle<v1::GetAllocationRequest, v1::GetAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.get",
       [pool](const v1::GetAllocationRequest& req,
-             rpc::Context&) -> Result<v1::GetAllocationResponse> {
+             rpc::Context& ctx) -> Result<v1::GetAllocationResponse> {
         return store::WithTx(
             *pool,
             [&](pqxx::work& tx) -> Result<v1::GetAllocationResponse> {
-              auto a = LoadAllocation(tx, req.allocation_id(), false);
+              auto a = LoadAllocation(tx, req.allocation_id(), false, ctx.TenantScope());
               if (!a.ok()) return a.error();
               v1::GetAllocationResponse resp;
               *resp.mutable_allocation() = *a;
@@ -495,7 +516,13 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   rpc.Handle<v1::ListAllocationsRequest, v1::ListAllocationsResponse>(
       "gpuaas.v1.scheduler.allocation.list",
       [pool](const v1::ListAllocationsRequest& req,
-             rpc::Context&) -> Result<v1::ListAllocationsResponse> {
+             rpc::Context& ctx) -> Result<v1::ListAllocationsResponse> {
+        // A tenant principal lists its own tenant's, whatever it asked for.
+        const std::string scope = ctx.TenantScope();
+        if (!scope.empty() && !req.tenant().empty() && req.tenant() != scope) {
+          return TenantDenied(ctx, req.tenant());
+        }
+        const std::string tenant = scope.empty() ? req.tenant() : scope;
         auto page = rpc::PageLimit(req.page_size());
         if (!page.ok()) return page.error();
         if (!req.page_token().empty() && !ids::IsUuid(req.page_token())) {
@@ -515,7 +542,7 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
                               "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
                               "ORDER BY allocation_id LIMIT $4",
                               kAllocColumns),
-                  req.tenant(), enums::Text(req.state()), req.page_token(), limit + 1);
+                  tenant, enums::Text(req.state()), req.page_token(), limit + 1);
               v1::ListAllocationsResponse resp;
               for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
                 *resp.add_allocations() = FromRow(tx, rows[i]);
@@ -532,13 +559,44 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
       "gpuaas.v1.scheduler.allocation.release",
       [pool, saga](const v1::ReleaseAllocationRequest& req,
                    rpc::Context& ctx) -> Result<v1::ReleaseAllocationResponse> {
+        if (req.force()) {
+          return Error{Code::kPermissionDenied,
+                       "force_moved",
+                       "force-release is gpuaas.v1.scheduler.allocation.force_release, which "
+                       "only the operator role may call",
+                       {{"subject", "gpuaas.v1.scheduler.allocation.force_release"}},
+                       false};
+        }
+        outbox::SetActorReason(req.reason());
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ReleaseAllocationResponse> {
-          auto after =
-              ReleaseAllocation(tx, req.allocation_id(), req.force(), saga, ctx.traceparent);
+          auto after = ReleaseAllocation(tx, req.allocation_id(), false, saga, ctx.traceparent,
+                                         ctx.TenantScope());
           if (!after.ok()) return after.error();
           ctx.log.Info("allocation release", {{"allocation_id", req.allocation_id()},
                                               {"state", enums::Text(after->state())},
-                                              {"force", req.force() ? "true" : "false"}});
+                                              {"reason", req.reason()}});
+          v1::ReleaseAllocationResponse resp;
+          *resp.mutable_allocation() = *after;
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::ForceReleaseAllocationRequest, v1::ReleaseAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.force_release",
+      [pool, saga](const v1::ForceReleaseAllocationRequest& req,
+                   rpc::Context& ctx) -> Result<v1::ReleaseAllocationResponse> {
+        if (req.reason().empty()) {
+          return Error::InvalidArgument("reason_required",
+                                        "a force-release skips the cleanup proof: say why",
+                                        {{"reason", "required"}});
+        }
+        outbox::SetActorReason(req.reason());
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ReleaseAllocationResponse> {
+          auto after = ReleaseAllocation(tx, req.allocation_id(), true, saga, ctx.traceparent);
+          if (!after.ok()) return after.error();
+          ctx.log.Warn("allocation force-released", {{"allocation_id", req.allocation_id()},
+                                                     {"state", enums::Text(after->state())},
+                                                     {"reason", req.reason()}});
           v1::ReleaseAllocationResponse resp;
           *resp.mutable_allocation() = *after;
           return resp;

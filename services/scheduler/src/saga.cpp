@@ -491,8 +491,9 @@ Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
 
 Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allocation_id,
                                          bool force, const SagaOptions& opts,
-                                         const std::string& traceparent) {
-  auto a = LoadAllocation(tx, allocation_id, true);
+                                         const std::string& traceparent,
+                                         const std::string& tenant_scope) {
+  auto a = LoadAllocation(tx, allocation_id, true, tenant_scope);
   if (!a.ok()) return a.error();
   lifecycle::Context ctx;
   ctx.baremetal = a->shape() == v1::CAPACITY_SHAPE_BAREMETAL;
@@ -501,11 +502,25 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
   auto fx =
       lifecycle::Next(a->state(), force ? Event::kForceRelease : Event::kReleaseRequested, ctx);
   if (!fx.ok()) return fx.error();
+  // Who asked, and why: kept on the allocation (every later snapshot shows it).
+  const v1::Principal* actor = outbox::CurrentActor();
+  tx.exec_params(
+      "UPDATE allocations SET release_actor = $2, release_actor_tenant = $3, release_reason = $4 "
+      "WHERE allocation_id = $1",
+      allocation_id, actor != nullptr ? actor->subject() : std::string("internal"),
+      actor != nullptr ? actor->tenant() : std::string(),
+      actor != nullptr ? actor->reason() : std::string());
   Applied in;
   in.a = &*a;
   if (force) {
     in.cause = {"force_released",
-                "force-released by an admin from state " + enums::Text(a->state())};
+                "force-released by " +
+                    (outbox::CurrentActor() != nullptr ? outbox::CurrentActor()->subject()
+                                                       : std::string("an operator")) +
+                    " from state " + enums::Text(a->state()) +
+                    (outbox::CurrentActor() != nullptr && !outbox::CurrentActor()->reason().empty()
+                         ? ": " + outbox::CurrentActor()->reason()
+                         : "")};
   } else if (fx->step == v1::TIMELINE_STEP_CLAIMS_FREED) {
     in.step_detail = "claim(s) freed: no host task was involved";
   }
@@ -688,7 +703,7 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
   svc.Rpc().Handle<v1::GetAllocationTimelineRequest, v1::GetAllocationTimelineResponse>(
       "gpuaas.v1.scheduler.allocation.timeline",
       [pool](const v1::GetAllocationTimelineRequest& req,
-             rpc::Context&) -> Result<v1::GetAllocationTimelineResponse> {
+             rpc::Context& ctx) -> Result<v1::GetAllocationTimelineResponse> {
         auto page = rpc::PageLimit(req.page_size());
         if (!page.ok()) return page.error();
         int64_t after = 0;
@@ -707,7 +722,7 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
         return store::WithTx(
             *pool,
             [&](pqxx::work& tx) -> Result<v1::GetAllocationTimelineResponse> {
-              auto a = LoadAllocation(tx, req.allocation_id(), false);
+              auto a = LoadAllocation(tx, req.allocation_id(), false, ctx.TenantScope());
               if (!a.ok()) return a.error();
               v1::GetAllocationTimelineResponse resp;
               resp.set_state(a->state());

@@ -57,7 +57,8 @@ Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& rese
 // The release request (see the header comment); `force` frees the claims now.
 Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allocation_id,
                                          bool force, const SagaOptions& opts,
-                                         const std::string& traceparent);
+                                         const std::string& traceparent,
+                                         const std::string& tenant_scope = "");
 
 // Consumer of gpuaas.v1.evt.node.*.task.>: results and progress of the tasks this scheduler
 // sent (others are ignored). Redelivery is filtered by the inbox; a result for a task that is no

@@ -31,7 +31,7 @@ class AllocationTest : public ::testing::Test {
   void SetUp() override {
     dsn_ = testing::SharedPostgres().CreateDatabase("sched");
     for (int i = 0; i < replicas_wanted_; ++i) StartReplica();
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false},
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
                                             log::Logger("test", "t", log::Level::kWarn));
     ASSERT_TRUE(c.ok());
     conn_ = *c;
@@ -46,6 +46,7 @@ class AllocationTest : public ::testing::Test {
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_POSTGRES_DSN", dsn_},
                                               {"GPUAAS_LOG_LEVEL", "error"}};
+    for (const auto& [k, v] : nats_.Env("scheduler")) env[k] = v;
     for (const auto& [k, v] : extra_env_) env[k] = v;
     replicas_.push_back(std::make_unique<SchedulerService>(LoadConfig<SchedulerConfig>(env)));
     auto r = replicas_.back()->Start();
@@ -127,10 +128,17 @@ class AllocationTest : public ::testing::Test {
     return rpc::Client(conn_).Call<v1::CreateAllocationResponse>(
         "gpuaas.v1.scheduler.allocation.create", r, 10000ms);
   }
+  // `force`: the operator's force-release (its own subject; an operator token).
   Result<v1::ReleaseAllocationResponse> Release(const std::string& id, bool force = false) {
+    if (force) {
+      v1::ForceReleaseAllocationRequest r;
+      r.set_allocation_id(id);
+      r.set_reason("test force-release");
+      return rpc::Client(conn_).Call<v1::ReleaseAllocationResponse>(
+          "gpuaas.v1.scheduler.allocation.force_release", r, 10000ms);
+    }
     v1::ReleaseAllocationRequest r;
     r.set_allocation_id(id);
-    r.set_force(force);
     return rpc::Client(conn_).Call<v1::ReleaseAllocationResponse>(
         "gpuaas.v1.scheduler.allocation.release", r, 10000ms);
   }

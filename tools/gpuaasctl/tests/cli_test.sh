@@ -63,6 +63,10 @@ declare -A ARGS=(
   ['catalog']=''
   ['catalog list']=''
 )
+# Commands that work on a keys directory and need no NATS (the `auth` case runs them).
+declare -A OFFLINE=(
+  ['auth init']=1 ['auth nats-config']=1 ['auth login']=1 ['node enroll']=1 ['node revoke']=1
+)
 
 case $CASE in
   version)
@@ -145,7 +149,8 @@ case $CASE in
         [[ $child == completion* ]] && continue
         _gpuaasctl_subcommands "$child"
         if [[ -z $REPLY ]]; then
-          [[ -v "ARGS[$child]" ]] || fail "no test arguments for '$child' (add it to ARGS)"
+          [[ -v "ARGS[$child]" || -v "OFFLINE[$child]" ]] ||
+            fail "no test arguments for '$child' (add it to ARGS, or OFFLINE and the auth case)"
         else
           walk "$child"
         fi
@@ -176,6 +181,43 @@ case $CASE in
       [[ $(wc -l <<<"$OUT") == 1 && $OUT == '{"code":"UNAVAILABLE"'* ]] ||
         fail "--watch -o json is not one JSON object per line: $OUT"
     fi
+    ;;
+
+  auth)
+    # The identities of a deployment, offline: keys, the server's users, enrollment, tokens.
+    keys=$(mktemp -d)
+    trap 'rm -rf "$keys"' EXIT
+    expect_rc 0 auth init --keys "$keys/k"
+    for role in inventory scheduler ipam ingress console-gw operator tenant-api auditor; do
+      [[ $(stat -c %a "$keys/k/$role.seed") == 600 ]] || fail "$role.seed is not 0600"
+      [[ $(cat "$keys/k/$role.pub") == U* ]] || fail "$role.pub is not a user nkey"
+    done
+    [[ -f $keys/k/token-signing.pem && -f $keys/k/token-signing.pub.pem ]] || fail "no token key"
+    before=$(cat "$keys/k/operator.seed")
+    expect_rc 0 auth init --keys "$keys/k"
+    [[ $(cat "$keys/k/operator.seed") == "$before" ]] || fail "auth init replaced a key"
+    expect_rc 0 node enroll n1 --keys "$keys/k"
+    [[ $OUT == SU* && -f $keys/k/nodes/n1.pub ]] || fail "enroll printed '$OUT'"
+    expect_rc 1 node enroll n1 --keys "$keys/k"
+    [[ $ERR == *ALREADY_EXISTS* ]] || fail "a second enroll: $ERR"
+    expect_rc 0 auth nats-config --keys "$keys/k" --out "$keys/auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 9 ]] || fail "not 8 roles + 1 node in auth.conf"
+    grep -q '"\$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-n1"' "$keys/auth.conf" ||
+      fail "node n1 cannot fetch its own tasks"
+    printf 'listen: 127.0.0.1:-1\njetstream { store_dir: "%s/js" }\ninclude ./auth.conf\n' \
+      "$keys" >"$keys/nats.conf"
+    if command -v nats-server >/dev/null; then
+      nats-server -c "$keys/nats.conf" -t >/dev/null 2>&1 || fail "nats-server refuses the config"
+    fi
+    expect_rc 0 node revoke n1 --keys "$keys/k" --nats-config "$keys/auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 8 ]] || fail "revoked node still in auth.conf"
+    expect_rc 1 node revoke n1 --keys "$keys/k"
+    expect_rc 1 node enroll Bad_Id --keys "$keys/k"
+    [[ $ERR == *node_id_invalid* ]] || fail "a bad node id: $ERR"
+    expect_rc 0 auth login --keys "$keys/k" --user alice --role tenant --tenant acme --ttl 5m
+    [[ $(tr -cd . <<<"$OUT" | wc -c) == 2 ]] || fail "auth login printed no JWT: $OUT"
+    expect_rc 2 auth login --keys "$keys/k" --user alice --role root
+    expect_rc 2 auth login --keys "$keys/k" --user alice --role tenant --ttl 48h
     ;;
 
   *)

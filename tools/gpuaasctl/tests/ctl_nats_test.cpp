@@ -34,11 +34,16 @@ class CtlTest : public ::testing::Test {
  protected:
   void SetUp() override {
     log_ = log::Logger("test", "t1", log::Level::kWarn);
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, false}, log_);
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
     ASSERT_TRUE(c.ok()) << c.error().ToString();
     conn_ = *c;
-    server_ =
-        std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_, nullptr);
+    // The fake scheduler checks request tokens with the test's token key, as the real one does.
+    rpc::ServerOptions so;
+    std::ifstream key(nats_.TokenPublicKeyFile());
+    so.token_public_keys.emplace_back(std::istreambuf_iterator<char>(key),
+                                      std::istreambuf_iterator<char>());
+    server_ = std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_,
+                                            nullptr, so);
     FakeScheduler();
     ASSERT_TRUE(server_->Start().ok());
     dir_ = testing::MakeTempDir("gpuaasctl");
@@ -46,7 +51,10 @@ class CtlTest : public ::testing::Test {
 
   // gpuaasctl --nats <test server> args...
   CtlRun Ctl(const std::vector<std::string>& args) {
-    std::string cmd = Quote(GPUAASCTL_BIN) + " --nats " + Quote(nats_.url());
+    // As an operator: its NATS key and a request token.
+    std::string cmd = Quote(GPUAASCTL_BIN) + " --nats " + Quote(nats_.url()) +
+                      " --nats-seed-file " + Quote(nats_.SeedFile("operator")) + " --token " +
+                      Quote(nats_.Token("operator"));
     for (const auto& a : args) cmd += " " + Quote(a);
     const std::string err_path = dir_ + "/stderr";
     cmd += " 2>" + Quote(err_path);
