@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 
@@ -131,6 +132,13 @@ TEST_F(ContractClientTest, IndependentClientPlacesFollowsAndReleasesASlice) {
   const std::string tenant = "contract-js-" + std::to_string(::getpid());
   std::string cmd = Quote(node_) + " client.mjs";
   cmd += " --nats " + Quote(p_.nats.url());
+  // It reads the task stream (step 4) as well as calling tenant subjects: no single platform
+  // role may do both (the task stream holds tenants' cloud-init), so it runs as the test's
+  // harness identity, with an operator token.
+  const std::string token_file = testing::MakeTempDir("gpuaas-js") + "/token";
+  std::ofstream(token_file) << p_.nats.Token("operator");
+  cmd += " --seed-file " + Quote(p_.nats.SeedFile(testing::TestNats::kHarness));
+  cmd += " --inbox-prefix _INBOX.harness --token-file " + Quote(token_file);
   cmd += " --region us-east-1 --pool contract --timeout-s 60";
   cmd += " --tenant " + Quote(tenant);
   cmd += " --proto-dir " + Quote((fs::path(GPUAAS_SOURCE_DIR) / "proto").string());

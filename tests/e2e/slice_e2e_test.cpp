@@ -109,6 +109,9 @@ class SliceE2eTest : public ::testing::Test {
         "    fabric_type: infiniband\n    network_modes: [private-nat]\n"
         "images:\n  e2e-guest:\n    url: file://{}\n    sha256: {}\ndefault_image: e2e-guest\n",
         image, sha);
+    // A task not acked within 3 s comes back (the agent restart test): the consumer inventory
+    // makes for the node.
+    w->p.inventory_env["GPUAAS_INVENTORY_NODE_TASK_ACK_WAIT_MS"] = "3000";
     w->p.Start({{"GPUAAS_SCHEDULER_CATALOG_FILE", catalog},
                 {"GPUAAS_SCHEDULER_PROVISION_DEADLINE_S", "300"},
                 {"GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS", "200"}});
@@ -179,8 +182,8 @@ class SliceE2eTest : public ::testing::Test {
 
   static void StartAgent() {
     w->agent = std::make_unique<testing::Process>();
-    const std::vector<std::string> env = {
-        "GPUAAS_NATS_URL=" + w->p.nats.url(),
+    w->p.nats.EnrollNode(kNode);
+    std::vector<std::string> env = {
         "GPUAAS_LOG_LEVEL=info",
         "GPUAAS_HTTP_PORT=" + std::to_string(w->http_port),
         std::string("GPUAAS_NODE_ID=") + kNode,
@@ -190,7 +193,6 @@ class SliceE2eTest : public ::testing::Test {
         "GPUAAS_NODE_HOST_ROOT=" + w->root,
         "GPUAAS_NODE_REGISTER_RETRY_MS=100",
         "GPUAAS_NODE_DESIRED_POLL_MS=200",
-        "GPUAAS_NODE_TASK_ACK_WAIT_MS=3000",
         "GPUAAS_LIBVIRT_URI=qemu:///system",
         "GPUAAS_VM_RUNTIME=libvirt",
         "GPUAAS_VM_DOMAIN_TYPE=qemu",
@@ -207,6 +209,8 @@ class SliceE2eTest : public ::testing::Test {
         "GPUAAS_NETWORK_STATE_DIR=" + w->net_dir,
         "GPUAAS_NETWORK_REPORT_MS=1000",
     };
+    // Its own node identity (enrolled above), as a host's bootstrap would deliver it.
+    for (const auto& [k, v] : w->p.nats.Env("node-agent", kNode)) env.push_back(k + "=" + v);
     w->agent->Spawn({w->agent_bin}, w->work + fmt::format("/agent-{}.log", ++w->agent_starts), env);
     ASSERT_TRUE(testing::WaitFor(
         [] {
@@ -233,7 +237,14 @@ class SliceE2eTest : public ::testing::Test {
 
   // gpuaasctl: the tenant's and the admin's tool.
   static node_agent::ToolResult Ctl(std::vector<std::string> args, bool echo = true) {
-    std::vector<std::string> argv = {w->ctl, "--nats", w->p.nats.url()};
+    // As an operator: its NATS key and a request token (what `gpuaasctl auth login` issues).
+    std::vector<std::string> argv = {w->ctl,
+                                     "--nats",
+                                     w->p.nats.url(),
+                                     "--nats-seed-file",
+                                     w->p.nats.SeedFile("operator"),
+                                     "--token",
+                                     w->p.nats.Token("operator")};
     argv.insert(argv.end(), args.begin(), args.end());
     std::cout << "$ gpuaasctl " << fmt::format("{}", fmt::join(args, " ")) << "\n";
     return Exec(argv, 300s, echo);

@@ -33,7 +33,7 @@ class FlowTest : public ::testing::Test {
     sched_dsn_ = testing::SharedPostgres().CreateDatabase("sched");
     StartInventory();
     StartScheduler();
-    auto c = messaging::Connection::Connect({nats_.url(), "test", 2000, 100, true},
+    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
                                             log::Logger("test", "t", log::Level::kWarn));
     ASSERT_TRUE(c.ok());
     conn_ = *c;
@@ -44,20 +44,23 @@ class FlowTest : public ::testing::Test {
   }
   void StartInventory() {
     inventory_ = std::make_unique<inventory::InventoryService>(
-        LoadConfig<inventory::InventoryConfig>(Env(inv_dsn_)));
+        LoadConfig<inventory::InventoryConfig>(Env(inv_dsn_, "inventory")));
     auto r = inventory_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
   void StartScheduler() {
     scheduler_ = std::make_unique<scheduler::SchedulerService>(
-        LoadConfig<scheduler::SchedulerConfig>(Env(sched_dsn_)));
+        LoadConfig<scheduler::SchedulerConfig>(Env(sched_dsn_, "scheduler")));
     auto r = scheduler_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
-  std::map<std::string, std::string> Env(const std::string& dsn) {
-    return {{"GPUAAS_NATS_URL", nats_.url()},
-            {"GPUAAS_POSTGRES_DSN", dsn},
-            {"GPUAAS_LOG_LEVEL", "error"}};
+  // A service's (or an enrolled node's) environment: its identity and database.
+  std::map<std::string, std::string> Env(const std::string& dsn, const std::string& role,
+                                         const std::string& node_id = "") {
+    auto env = nats_.Env(role, node_id);
+    env["GPUAAS_POSTGRES_DSN"] = dsn;
+    env["GPUAAS_LOG_LEVEL"] = "error";
+    return env;
   }
   v1::RegisterNodeRequest Req(const std::string& id, const std::string& pool = "h200") {
     v1::RegisterNodeRequest r;
@@ -107,7 +110,10 @@ TEST_F(FlowTest, RegisteredNodeReachesTheSchedulerProjection) {
 }
 
 TEST_F(FlowTest, DuplicateAndStaleDeliveriesHaveNoEffect) {
-  ASSERT_TRUE(Register(Req("gpu-01")).ok());
+  {
+    auto r = Register(Req("gpu-01"));
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
   ASSERT_TRUE(Register(Req("gpu-01", "h200-b")).ok());
   ASSERT_TRUE(testing::WaitFor([&] {
     auto p = Projection();
@@ -242,7 +248,8 @@ TEST_F(FlowTest, NatsRestartMidRunLosesNothing) {
 
 TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
   auto make_agent = [&](const std::string& id, const std::string& region) {
-    auto env = Env("");
+    nats_.EnrollNode(id);
+    auto env = Env("", "node-agent", id);
     env.erase("GPUAAS_POSTGRES_DSN");
     env["GPUAAS_NODE_ID"] = id;
     env["GPUAAS_NODE_REGION"] = region;
@@ -276,7 +283,8 @@ TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
 TEST_F(FlowTest, AgentStartedBeforeInventoryRegistersOnceItAppears) {
   inventory_->Shutdown();
   inventory_.reset();
-  auto env = Env("");
+  nats_.EnrollNode("sim-early");
+  auto env = Env("", "node-agent", "sim-early");
   env.erase("GPUAAS_POSTGRES_DSN");
   env["GPUAAS_NODE_ID"] = "sim-early";
   env["GPUAAS_NODE_REGION"] = "us-east-1";

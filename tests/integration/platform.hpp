@@ -31,22 +31,24 @@ class Platform {
   // `scheduler_env` on top of the common environment), then connects a client.
   void Start(const EnvMap& scheduler_env = {}, const std::string& inventory_dsn = "") {
     ipam = std::make_unique<ipam::IpamService>(
-        LoadConfig<ipam::IpamConfig>(Env(SharedPostgres().CreateDatabase("ipam"))));
+        LoadConfig<ipam::IpamConfig>(Env(SharedPostgres().CreateDatabase("ipam"), "ipam")));
     ASSERT_TRUE(ipam->Start().ok());
     StartInventory(inventory_dsn.empty() ? SharedPostgres().CreateDatabase("inv") : inventory_dsn);
-    auto env = Env(SharedPostgres().CreateDatabase("sched"));
+    auto env = Env(SharedPostgres().CreateDatabase("sched"), "scheduler");
     for (const auto& [k, v] : scheduler_env) env[k] = v;
     scheduler =
         std::make_unique<scheduler::SchedulerService>(LoadConfig<scheduler::SchedulerConfig>(env));
     ASSERT_TRUE(scheduler->Start().ok());
-    auto c = messaging::Connection::Connect({nats.url(), "test", 2000, 100, true},
+    auto c = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness),
                                             log::Logger("test", "t", log::Level::kWarn));
     ASSERT_TRUE(c.ok());
     conn = *c;
   }
   void StartInventory(const std::string& dsn) {
-    inventory = std::make_unique<inventory::InventoryService>(
-        LoadConfig<inventory::InventoryConfig>(Env(dsn)));
+    auto env = Env(dsn, "inventory");
+    for (const auto& [k, v] : inventory_env) env[k] = v;
+    inventory =
+        std::make_unique<inventory::InventoryService>(LoadConfig<inventory::InventoryConfig>(env));
     auto r = inventory->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
@@ -58,9 +60,12 @@ class Platform {
     if (ipam) ipam->Shutdown();
   }
 
-  // The environment every service of the test shares (`dsn` "" = none).
-  EnvMap Env(const std::string& dsn) const {
-    EnvMap env = {{"GPUAAS_NATS_URL", nats.url()}, {"GPUAAS_LOG_LEVEL", "error"}};
+  // The environment of a service of the test: its identity (`role`, a node's id), its database
+  // (`dsn` "" = none).
+  EnvMap Env(const std::string& dsn, const std::string& role,
+             const std::string& node_id = "") const {
+    EnvMap env = nats.Env(role, node_id);
+    env["GPUAAS_LOG_LEVEL"] = "error";
     if (!dsn.empty()) env["GPUAAS_POSTGRES_DSN"] = dsn;
     return env;
   }
@@ -75,7 +80,8 @@ class Platform {
     fo.hostname = id;
     auto built = node_agent::BuildFixtureHost(root, fo);
     EXPECT_TRUE(built.ok()) << built.error().ToString();
-    auto env = Env("");
+    nats.EnrollNode(id);
+    auto env = Env("", "node-agent", id);
     env["GPUAAS_NODE_ID"] = id;
     env["GPUAAS_NODE_REGION"] = "us-east-1";
     env["GPUAAS_NODE_POOL"] = pool;
@@ -99,6 +105,7 @@ class Platform {
   }
 
   TestNats nats;
+  EnvMap inventory_env;  // on top of inventory's environment (set before Start)
   std::unique_ptr<ipam::IpamService> ipam;
   std::unique_ptr<inventory::InventoryService> inventory;
   std::unique_ptr<scheduler::SchedulerService> scheduler;

@@ -96,11 +96,19 @@ class SagaFlowTest : public ::testing::Test {
         << id << " is " << enums::Text(a.state()) << ", wanted " << state;
     return a;
   }
+  // `force`: the operator's force-release (its own subject).
   Result<v1::Allocation> Release(const std::string& id, bool force = false) {
-    v1::ReleaseAllocationRequest r;
-    r.set_allocation_id(id);
-    r.set_force(force);
-    auto x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r);
+    Result<v1::ReleaseAllocationResponse> x = Error::Internal("unreached", "");
+    if (force) {
+      v1::ForceReleaseAllocationRequest r;
+      r.set_allocation_id(id);
+      r.set_reason("test force-release");
+      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.force_release", r);
+    } else {
+      v1::ReleaseAllocationRequest r;
+      r.set_allocation_id(id);
+      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r);
+    }
     if (!x.ok()) return x.error();
     return x->allocation();
   }

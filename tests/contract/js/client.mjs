@@ -7,13 +7,18 @@
 // releases it and follows it to RELEASED. One line per step; exit 0 only when every check held,
 // 1 on a failed check, 2 on the overall timeout.
 //
-// Usage: node client.mjs [--nats URL] [--region R] [--pool P] [--tenant T] [--timeout-s N]
-//                        [--proto-dir DIR]
-// Environment: GPUAAS_NATS_URL, GPUAAS_REGION, GPUAAS_POOL, GPUAAS_TENANT,
+// Usage: node client.mjs [--nats URL] [--seed-file F] [--inbox-prefix P] [--token-file F]
+//                        [--region R] [--pool P] [--tenant T] [--timeout-s N] [--proto-dir DIR]
+// Environment: GPUAAS_NATS_URL, GPUAAS_NATS_SEED_FILE, GPUAAS_NATS_INBOX_PREFIX,
+//              GPUAAS_TOKEN_FILE, GPUAAS_REGION, GPUAAS_POOL, GPUAAS_TENANT,
 //              GPUAAS_CLIENT_TIMEOUT_S, GPUAAS_PROTO_DIR (the flags win).
+// Identity (asyncapi/roles.yaml, "Security" in the AsyncAPI document): the connection
+// authenticates with the NATS nkey in the seed file and receives replies on its inbox prefix;
+// every request carries the request token (Authorization: Bearer).
 import crypto from "node:crypto";
 import { parseArgs } from "node:util";
-import { connect, headers as natsHeaders, DeliverPolicy } from "nats";
+import fs from "node:fs";
+import { connect, headers as natsHeaders, DeliverPolicy, nkeyAuthenticator } from "nats";
 import { defaultProtoDir, loadContracts } from "./proto.mjs";
 
 // ---- From asyncapi/gpuaas.asyncapi.yaml ----
@@ -34,6 +39,9 @@ const STREAM = { scheduler: "GPUAAS_EVT_SCHEDULER", nodeTasks: "GPUAAS_NODE_TASK
 const { values: args } = parseArgs({
   options: {
     nats: { type: "string" },
+    "seed-file": { type: "string" },
+    "inbox-prefix": { type: "string" },
+    "token-file": { type: "string" },
     region: { type: "string" },
     pool: { type: "string" },
     tenant: { type: "string" },
@@ -43,6 +51,9 @@ const { values: args } = parseArgs({
 });
 const opt = {
   nats: args.nats ?? process.env.GPUAAS_NATS_URL ?? "nats://127.0.0.1:4222",
+  seedFile: args["seed-file"] ?? process.env.GPUAAS_NATS_SEED_FILE ?? "",
+  inboxPrefix: args["inbox-prefix"] ?? process.env.GPUAAS_NATS_INBOX_PREFIX ?? "",
+  tokenFile: args["token-file"] ?? process.env.GPUAAS_TOKEN_FILE ?? "",
   region: args.region ?? process.env.GPUAAS_REGION ?? "",
   pool: args.pool ?? process.env.GPUAAS_POOL ?? "",
   tenant: args.tenant ?? process.env.GPUAAS_TENANT ?? "contract-js",
@@ -71,6 +82,7 @@ const timer = setTimeout(() => {
 // ---- NATS helpers ----
 let c; // the contracts
 let nc; // the connection
+let token = ""; // the request token
 
 function traceparent() {
   return `00-${crypto.randomBytes(16).toString("hex")}-${crypto.randomBytes(8).toString("hex")}-01`;
@@ -82,6 +94,7 @@ async function call(subject, reqType, req, resultType) {
   const h = natsHeaders();
   h.set("traceparent", traceparent());
   h.set("Gpuaas-Deadline-Ms", String(Date.now() + REQUEST_TIMEOUT_MS));
+  if (token) h.set("Authorization", `Bearer ${token}`);
   let msg;
   try {
     msg = await nc.request(subject, c.encode(reqType, req), { timeout: REQUEST_TIMEOUT_MS, headers: h });
@@ -237,7 +250,13 @@ async function main() {
   expect(opt.timeoutS > 0, `bad timeout ${opt.timeoutS}`);
   c = loadContracts(opt.protoDir);
   try {
-    nc = await connect({ servers: opt.nats, name: "gpuaas-contract-js", timeout: 5000 });
+    const o = { servers: opt.nats, name: "gpuaas-contract-js", timeout: 5000 };
+    if (opt.seedFile) {
+      o.authenticator = nkeyAuthenticator(new TextEncoder().encode(fs.readFileSync(opt.seedFile, "utf8").trim()));
+    }
+    if (opt.inboxPrefix) o.inboxPrefix = opt.inboxPrefix;
+    if (opt.tokenFile) token = fs.readFileSync(opt.tokenFile, "utf8").trim();
+    nc = await connect(o);
   } catch (e) {
     fail(`cannot connect to NATS at ${opt.nats}: ${e.message}`);
   }

@@ -1,0 +1,457 @@
+// Who may do what, and who did it, against a real nats-server whose users are generated from the
+// contract (access.hpp) and the real services: anonymous and unknown keys are refused; a node's
+// key reaches only its own tasks (every route to another node's tasks is tried); a tenant
+// gateway cannot call admin subjects nor see another tenant's allocations; expired, forged and
+// wrong-role tokens are refused; the events name the principal.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "gpuaas/common/access.hpp"
+#include "gpuaas/common/auth.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/ipam.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "platform.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+log::Logger Quiet() { return log::Logger("identity-test", "t", log::Level::kError); }
+
+class IdentityTest : public ::testing::Test {
+ protected:
+  // A simulated agent whose VM tasks succeed, its slots approved by an operator.
+  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus) {
+    p_.StartAgent(id, gpus, pool,
+                  {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+                   {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
+                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
+    ASSERT_TRUE(testing::WaitFor([&] {
+      v1::ShowNodeRequest r;
+      r.set_node_id(id);
+      auto s = p_.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+      return s.ok() && s->snapshot_version() >= 1;
+    }));
+    v1::ApproveSlotsRequest approve;
+    approve.set_node_id(id);
+    auto a = p_.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
+    ASSERT_TRUE(a.ok()) << a.error().ToString();
+    ASSERT_TRUE(testing::WaitFor([&] {
+      v1::ListProjectedSlotsRequest lr;
+      lr.set_node_id(id);
+      auto l = p_.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+      int ok = 0;
+      if (l.ok()) {
+        for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
+      }
+      return ok == gpus;
+    }));
+  }
+
+  // A client connection as `role` whose requests carry `token` (none when "").
+  std::shared_ptr<messaging::Connection> As(const std::string& role, const std::string& token) {
+    auto o = p_.nats.Options(role);
+    o.token = token;
+    auto c = messaging::Connection::Connect(o, Quiet());
+    EXPECT_TRUE(c.ok()) << c.error().ToString();
+    return c.ok() ? *c : nullptr;
+  }
+
+  static v1::CreateAllocationRequest Order(const std::string& tenant, const std::string& id) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant(tenant);
+    r.set_request_id(id);
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(1);
+    r.set_region("us-east-1");
+    r.set_pool("ident");
+    return r;
+  }
+
+  // The server refused `subject` for `conn` (a publish or a subscription): the connection's
+  // error handler saw the permission violation.
+  static bool Refused(messaging::Connection& conn, const std::string& subject) {
+    auto r = conn.CheckPermitted(subject, 5s);
+    return !r.ok() && r.error().code == Code::kPermissionDenied;
+  }
+
+  // A signed token with any claims (expired, other key) for the forgery cases.
+  std::string SignedToken(const std::string& key_pem, const std::string& role,
+                          std::chrono::system_clock::time_point now,
+                          std::chrono::seconds ttl = 600s) {
+    auth::Principal p;
+    p.subject = "user:mallory";
+    p.roles = {role};
+    auto t = auth::IssueToken(key_pem, p, ttl, now);
+    EXPECT_TRUE(t.ok()) << t.error().ToString();
+    return t.ok() ? *t : "";
+  }
+  std::string PlatformSigningKey() {
+    std::ifstream in(access::TokenSigningKeyPath(p_.nats.keys_dir()));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  }
+
+  testing::Platform p_;
+};
+
+TEST_F(IdentityTest, AnonymousUnknownAndRevokedKeysAreRefused) {
+  p_.Start();
+  messaging::ConnectionOptions anonymous;
+  anonymous.url = p_.nats.url();
+  anonymous.retry_on_failed_connect = false;
+  auto a = messaging::Connection::Connect(anonymous, Quiet());
+  ASSERT_FALSE(a.ok()) << "an anonymous connection was accepted";
+
+  // A well-formed key the server does not list.
+  auto stranger = auth::NewUserNKey();
+  ASSERT_TRUE(stranger.ok());
+  const std::string seed_file = testing::MakeTempDir("gpuaas-stranger") + "/stranger.seed";
+  ASSERT_TRUE(auth::WriteSecretFile(seed_file, stranger->seed + "\n").ok());
+  auto o = anonymous;
+  o.seed_file = seed_file;
+  EXPECT_FALSE(messaging::Connection::Connect(o, Quiet()).ok()) << "an unknown key was accepted";
+
+  // Enrolled, then revoked: the same key is refused after the reload.
+  p_.nats.EnrollNode("ident-revoked");
+  auto node = p_.nats.Options("node-agent", "ident-revoked");
+  node.retry_on_failed_connect = false;
+  ASSERT_TRUE(messaging::Connection::Connect(node, Quiet()).ok());
+  p_.nats.RevokeNode("ident-revoked");  // waits until the server refuses it
+  const std::string revoked_seed = testing::MakeTempDir("gpuaas-revoked") + "/n.seed";
+  EXPECT_FALSE(messaging::Connection::Connect(node, Quiet()).ok());
+}
+
+TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
+  p_.Start();
+  p_.StartAgent("ident-a", 1, "ident");
+  p_.StartAgent("ident-b", 1, "ident");
+  // A task waiting for node B (as inventory would send it), which B must get intact.
+  ASSERT_TRUE(testing::WaitFor([&] {
+    v1::ShowNodeRequest r;
+    r.set_node_id("ident-b");
+    auto s = p_.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+    return s.ok() && s->snapshot_version() >= 1;
+  }));
+  v1::DiscoverNodeRequest discover;  // inventory sends B a topology.discover task
+  discover.set_node_id("ident-b");
+  ASSERT_TRUE(
+      p_.Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", discover).ok());
+  uint64_t before = 0;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto n =
+        messaging::StreamSubjectCount(*p_.conn, "GPUAAS_NODE_TASKS", "gpuaas.v1.node.ident-b.task");
+    before = n.ok() ? *n : 0;
+    return before >= 1;
+  })) << "no task was ever sent to node B";
+
+  // Node A's own identity, as its agent has it.
+  auto a = p_.nats.Connect("node-agent", "ident-a");
+  const std::string tasks = "GPUAAS_NODE_TASKS";
+  // Every route to B's tasks: pull from B's durable, its info, ack B's deliveries, make a
+  // consumer (ephemeral, durable, or B's name), read the stream directly, subscribe to B's
+  // subject, all task subjects, another inbox, every inbox; and publish B's events.
+  const std::vector<std::string> publishes = {
+      "$JS.API.CONSUMER.MSG.NEXT." + tasks + ".node-ident-b",
+      "$JS.API.CONSUMER.INFO." + tasks + ".node-ident-b",
+      "$JS.ACK." + tasks + ".node-ident-b.1.1.1.0.0",
+      "$JS.API.CONSUMER.CREATE." + tasks,
+      "$JS.API.CONSUMER.CREATE." + tasks + ".peek.gpuaas.v1.node.ident-b.task",
+      "$JS.API.CONSUMER.DURABLE.CREATE." + tasks + ".node-ident-b",
+      "$JS.API.CONSUMER.DURABLE.CREATE." + tasks + ".node-ident-a",
+      "$JS.API.CONSUMER.DELETE." + tasks + ".node-ident-b",
+      "$JS.API.STREAM.MSG.GET." + tasks,
+      "$JS.API.DIRECT.GET." + tasks,
+      "$JS.API.DIRECT.GET." + tasks + ".gpuaas.v1.node.ident-b.task",
+      "$JS.API.STREAM.INFO." + tasks,
+      "$JS.API.STREAM.UPDATE." + tasks,
+      "$JS.API.STREAM.PURGE." + tasks,
+      "gpuaas.v1.node.ident-b.task",
+      "gpuaas.v1.evt.node.ident-b.topology",
+      "gpuaas.v1.evt.node.ident-b.task.succeeded",
+      "gpuaas.v1.inventory.slot.approve",
+  };
+  for (const auto& subject : publishes) {
+    (void)a->Publish(subject, "{}", {});
+    EXPECT_TRUE(Refused(*a, subject)) << "node A may publish " << subject;
+  }
+  const std::vector<std::string> subscriptions = {"gpuaas.v1.node.ident-b.task",
+                                                  "gpuaas.v1.node.*.task",
+                                                  "gpuaas.v1.node.>",
+                                                  "_INBOX.ident-b.>",
+                                                  "_INBOX.>",
+                                                  "gpuaas.v1.evt.node.ident-b.>",
+                                                  ">"};
+  for (const auto& subject : subscriptions) {
+    natsSubscription* sub = nullptr;
+    ASSERT_EQ(natsConnection_SubscribeSync(&sub, a->raw(), subject.c_str()), NATS_OK);
+    EXPECT_TRUE(Refused(*a, subject)) << "node A may subscribe to " << subject;
+    natsSubscription_Destroy(sub);
+  }
+  // The same calls through JetStream's own client: refused, so nothing comes back.
+  natsMsg* m = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  EXPECT_NE(
+      js_GetLastMsg(&m, a->js(), tasks.c_str(), "gpuaas.v1.node.ident-b.task", nullptr, &jerr),
+      NATS_OK);
+  if (m != nullptr) natsMsg_Destroy(m);
+  // Binding to B's durable is only local to A's client; every fetch through it is refused, so
+  // no task of B's ever reaches A.
+  natsSubscription* pull = nullptr;
+  jsSubOptions so;
+  jsSubOptions_Init(&so);
+  so.Stream = tasks.c_str();
+  so.Consumer = "node-ident-b";
+  if (js_PullSubscribe(&pull, a->js(), "gpuaas.v1.node.ident-b.task", "node-ident-b", nullptr, &so,
+                       &jerr) == NATS_OK) {
+    natsMsgList list{nullptr, 0};
+    EXPECT_NE(natsSubscription_Fetch(&list, pull, 1, 1000, &jerr), NATS_OK);
+    EXPECT_EQ(list.Count, 0) << "node A fetched node B's task";
+    natsMsgList_Destroy(&list);
+    EXPECT_TRUE(Refused(*a, "$JS.API.CONSUMER.MSG.NEXT." + tasks + ".node-ident-b"));
+    natsSubscription_Destroy(pull);
+  }
+
+  // The control: what node A's own work needs is allowed (so the checks above can fail).
+  auto own = p_.nats.Connect("node-agent", "ident-a");
+  const std::string own_info = "$JS.API.CONSUMER.INFO." + tasks + ".node-ident-a";
+  (void)own->Publish(own_info, "", {});
+  EXPECT_TRUE(own->CheckPermitted(own_info, 5s).ok()) << "node A may not read its consumer";
+  natsSubscription* inbox = nullptr;
+  ASSERT_EQ(natsConnection_SubscribeSync(&inbox, own->raw(), "_INBOX.ident-a.probe"), NATS_OK);
+  EXPECT_TRUE(own->CheckPermitted("_INBOX.ident-a.probe", 5s).ok());
+  natsSubscription_Destroy(inbox);
+  EXPECT_EQ(own->PermissionViolations(), 0U);
+  // B's tasks are untouched: still all there, and B's agent still runs them (its consumer
+  // acked them).
+  auto after = messaging::StreamSubjectCount(*p_.conn, tasks, "gpuaas.v1.node.ident-b.task");
+  ASSERT_TRUE(after.ok());
+  EXPECT_GE(*after, before);
+}
+
+TEST_F(IdentityTest, ATenantGatewayCannotCallAdminSubjectsNorSeeAnotherTenant) {
+  p_.Start();
+  StartApprovedAgent("ident-t", "ident", 4);
+  auto op = As("operator", p_.nats.Token(auth::kRoleOperator));
+  auto acme = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
+  rpc::Client operator_client(op);
+  rpc::Client acme_client(acme);
+
+  // The operator places one for globex; acme places its own.
+  auto theirs = operator_client.Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("globex", "g-1"), 10s);
+  ASSERT_TRUE(theirs.ok()) << theirs.error().ToString();
+  auto mine = acme_client.Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("acme", "a-1"), 10s);
+  ASSERT_TRUE(mine.ok()) << mine.error().ToString();
+
+  // Admin subjects: the transport refuses them (the permission is the subject).
+  const std::vector<std::string> admin = {
+      "gpuaas.v1.inventory.slot.approve",       "gpuaas.v1.inventory.slot.disable",
+      "gpuaas.v1.inventory.slot.repair",        "gpuaas.v1.inventory.region.set",
+      "gpuaas.v1.scheduler.projection.rebuild", "gpuaas.v1.scheduler.allocation.force_release",
+      "gpuaas.v1.ipam.reservation.reprovision", "gpuaas.v1.ipam.subnet.set",
+      "gpuaas.v1.inventory.node.list",          "gpuaas.v1.scheduler.slot.list"};
+  for (const auto& subject : admin) {
+    auto r = acme->Request(subject, "", {}, 1s);
+    EXPECT_FALSE(r.ok()) << "tenant-api reached " << subject;
+    EXPECT_TRUE(Refused(*acme, subject)) << subject << " was not refused by the server";
+  }
+
+  // Another tenant's allocation does not exist for acme; its list is only its own.
+  const std::string other = theirs->allocation().allocation_id();
+  v1::GetAllocationRequest get;
+  get.set_allocation_id(other);
+  auto g = acme_client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", get);
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.error().code, Code::kNotFound) << g.error().ToString();
+  v1::GetAllocationTimelineRequest tl;
+  tl.set_allocation_id(other);
+  auto t = acme_client.Call<v1::GetAllocationTimelineResponse>(
+      "gpuaas.v1.scheduler.allocation.timeline", tl);
+  ASSERT_FALSE(t.ok());
+  EXPECT_EQ(t.error().code, Code::kNotFound);
+  v1::ReleaseAllocationRequest rel;
+  rel.set_allocation_id(other);
+  auto r = acme_client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
+                                                           rel);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Code::kNotFound);
+  v1::ListAllocationsRequest all;  // no tenant asked: only acme's come back
+  auto l =
+      acme_client.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", all);
+  ASSERT_TRUE(l.ok()) << l.error().ToString();
+  ASSERT_EQ(l->allocations_size(), 1);
+  EXPECT_EQ(l->allocations(0).tenant(), "acme");
+  all.set_tenant("globex");
+  l = acme_client.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", all);
+  ASSERT_FALSE(l.ok());
+  EXPECT_EQ(l.error().code, Code::kPermissionDenied);
+  auto order = acme_client.Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("globex", "a-2"), 10s);
+  ASSERT_FALSE(order.ok());
+  EXPECT_EQ(order.error().code, Code::kPermissionDenied);
+  EXPECT_EQ(order.error().reason, "tenant_not_allowed");
+  // The operator sees both.
+  all.clear_tenant();
+  l = operator_client.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", all);
+  ASSERT_TRUE(l.ok());
+  EXPECT_EQ(l->allocations_size(), 2);
+  // The deprecated force flag is refused on the tenant subject.
+  rel.set_allocation_id(mine->allocation().allocation_id());
+  rel.set_force(true);
+  r = acme_client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
+                                                      rel);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().reason, "force_moved");
+}
+
+TEST_F(IdentityTest, MissingExpiredForgedAndWrongRoleTokensAreRefused) {
+  p_.Start();
+  const auto now = std::chrono::system_clock::now();
+  auto other_key = auth::NewSigningKey();
+  ASSERT_TRUE(other_key.ok());
+  struct Case {
+    std::string name;
+    std::string token;
+    Code code;
+    std::string reason;
+  };
+  const std::vector<Case> cases = {
+      {"none", "", Code::kUnauthenticated, "token_missing"},
+      {"expired", SignedToken(PlatformSigningKey(), auth::kRoleOperator, now - 2h, 3600s),
+       Code::kUnauthenticated, "token_expired"},
+      {"forged", SignedToken(other_key->private_pem, auth::kRoleOperator, now),
+       Code::kUnauthenticated, "token_signature"},
+      {"garbage", "not.a.token", Code::kUnauthenticated, "token_malformed"},
+      {"auditor on an admin subject", SignedToken(PlatformSigningKey(), auth::kRoleAuditor, now),
+       Code::kPermissionDenied, "role_not_allowed"},
+  };
+  v1::SetRegionRequest set;
+  set.set_name("us-east-1");
+  set.set_enabled(true);
+  for (const auto& c : cases) {
+    auto op = As("operator", c.token);
+    auto r = rpc::Client(op).Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", set);
+    ASSERT_FALSE(r.ok()) << c.name << " was accepted";
+    EXPECT_EQ(r.error().code, c.code) << c.name << ": " << r.error().ToString();
+    EXPECT_EQ(r.error().reason, c.reason) << c.name << ": " << r.error().ToString();
+  }
+  // A tenant token on an operator connection: the token's role decides, not the transport's.
+  auto op = As("operator", p_.nats.Token(auth::kRoleTenant, "acme"));
+  auto r = rpc::Client(op).Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", set);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Code::kPermissionDenied);
+  // The control: a valid operator token passes.
+  op = As("operator", p_.nats.Token(auth::kRoleOperator));
+  r = rpc::Client(op).Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", set);
+  EXPECT_TRUE(r.ok()) << r.error().ToString();
+}
+
+TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
+  p_.Start();
+  StartApprovedAgent("ident-e", "ident", 2);
+  auto acme = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
+  auto op = As("operator", p_.nats.Token(auth::kRoleOperator, "", "user:olga"));
+  auto created = rpc::Client(acme).Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("acme", "e-1"), 10s);
+  ASSERT_TRUE(created.ok()) << created.error().ToString();
+  const std::string id = created->allocation().allocation_id();
+  auto forced = rpc::Client(acme).Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("acme", "e-2"), 10s);
+  ASSERT_TRUE(forced.ok());
+
+  // Events of `allocation` on `subject`, newest last.
+  auto events = [&](const std::string& subject, const std::string& allocation) {
+    std::vector<v1::Event> out;
+    auto n = messaging::StreamLastSequence(*p_.conn, "GPUAAS_EVT_SCHEDULER");
+    for (uint64_t seq = 1; n.ok() && seq <= *n; ++seq) {
+      natsMsg* m = nullptr;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      if (js_GetMsg(&m, p_.conn->js(), "GPUAAS_EVT_SCHEDULER", seq, nullptr, &jerr) != NATS_OK) {
+        continue;
+      }
+      v1::Event ev;
+      if (natsMsg_GetSubject(m) == subject &&
+          ev.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m)) &&
+          ev.subject() == allocation) {
+        out.push_back(ev);
+      }
+      natsMsg_Destroy(m);
+    }
+    return out;
+  };
+  // Events of `allocation` on `subject` once the outbox relay has published one.
+  auto published = [&](const std::string& subject, const std::string& allocation) {
+    std::vector<v1::Event> out;
+    testing::WaitFor([&] {
+      out = events(subject, allocation);
+      return !out.empty();
+    });
+    return out;
+  };
+  // Placed at acme's request: the reserved event names alice.
+  auto reserved = published("gpuaas.v1.evt.scheduler.allocation.reserved", id);
+  ASSERT_FALSE(reserved.empty());
+  EXPECT_EQ(reserved.back().actor().subject(), "tenant:acme/alice");
+  EXPECT_EQ(reserved.back().actor().tenant(), "acme");
+  EXPECT_FALSE(reserved.back().actor().token_id().empty());
+
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        v1::GetAllocationRequest g;
+        g.set_allocation_id(id);
+        auto a = rpc::Client(acme).Call<v1::GetAllocationResponse>(
+            "gpuaas.v1.scheduler.allocation.get", g);
+        return a.ok() && a->allocation().state() == v1::ALLOCATION_STATE_ACTIVE;
+      },
+      30s));
+  // Driven by the node's result, not by a request: the scheduler itself.
+  auto active = published("gpuaas.v1.evt.scheduler.allocation.active", id);
+  ASSERT_FALSE(active.empty());
+  EXPECT_EQ(active.back().actor().subject(), "service:scheduler");
+
+  v1::ReleaseAllocationRequest rel;
+  rel.set_allocation_id(id);
+  rel.set_reason("training run finished");
+  ASSERT_TRUE(
+      rpc::Client(acme)
+          .Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel)
+          .ok());
+  auto releasing = published("gpuaas.v1.evt.scheduler.allocation.releasing", id);
+  ASSERT_FALSE(releasing.empty());
+  EXPECT_EQ(releasing.back().actor().subject(), "tenant:acme/alice");
+  EXPECT_EQ(releasing.back().actor().reason(), "training run finished");
+  // Released after the node's cleanup proof (the scheduler's doing), and the snapshot still says
+  // who asked for it and why.
+  auto done = published("gpuaas.v1.evt.scheduler.allocation.released", id);
+  ASSERT_FALSE(done.empty());
+  EXPECT_EQ(done.back().actor().subject(), "service:scheduler");
+  v1::AllocationSnapshot snap;
+  ASSERT_TRUE(done.back().data().UnpackTo(&snap));
+  EXPECT_EQ(snap.allocation().release_requested_by().subject(), "tenant:acme/alice");
+  EXPECT_EQ(snap.allocation().release_requested_by().tenant(), "acme");
+  EXPECT_EQ(snap.allocation().release_requested_by().reason(), "training run finished");
+
+  v1::ForceReleaseAllocationRequest force;
+  force.set_allocation_id(forced->allocation().allocation_id());
+  force.set_reason("host lost power");
+  auto f = rpc::Client(op).Call<v1::ReleaseAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.force_release", force);
+  ASSERT_TRUE(f.ok()) << f.error().ToString();
+  auto released = published("gpuaas.v1.evt.scheduler.allocation.released",
+                            forced->allocation().allocation_id());
+  ASSERT_FALSE(released.empty());
+  EXPECT_EQ(released.back().actor().subject(), "user:olga");
+  EXPECT_EQ(released.back().actor().reason(), "host lost power");
+  EXPECT_EQ(released.back().actor().roles(0), "operator");
+}
+
+}  // namespace
+}  // namespace gpuaas
