@@ -1,0 +1,115 @@
+// P7: what identity costs a request. On one authenticated nats-server (TestNats: generated
+// authorization, per-role keys), a sequential request/reply round trip of
+//   raw     a bare nats.c responder on a core subject (the baseline),
+//   rpc     the rpc::Server on a subject only platform identities call (no token),
+//   token   the rpc::Server on a client subject: an ES256 request token verified per request,
+// reported as p50/p99 and the ratio of each to the raw round trip measured in the same run.
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "bench_util.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "test_env.hpp"
+
+using namespace gpuaas;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
+
+void Echo(natsConnection* nc, natsSubscription*, natsMsg* m, void*) {
+  natsConnection_Publish(nc, natsMsg_GetReply(m), natsMsg_GetData(m), natsMsg_GetDataLength(m));
+  natsMsg_Destroy(m);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int n = argc > 1 ? std::atoi(argv[1]) : 3000;
+  testing::TestNats nats;
+  log::Logger logger("bench", "auth", log::Level::kError);
+  auto server = nats.Connect(testing::TestNats::kHarness);
+  auto client = nats.Connect(testing::TestNats::kHarness);
+
+  // raw: a core responder.
+  natsSubscription* raw = nullptr;
+  natsConnection_Subscribe(&raw, server->raw(), "bench.raw", Echo, nullptr);
+  (void)server->Flush(std::chrono::seconds(2));
+
+  // rpc: the service runtime's server, with the platform's token key.
+  rpc::ServerOptions so;
+  {
+    std::ifstream key(nats.TokenPublicKeyFile());
+    so.token_public_keys.emplace_back(std::istreambuf_iterator<char>(key),
+                                      std::istreambuf_iterator<char>());
+  }
+  rpc::Server rpc_server(server, "scheduler", "gpuaas.*.scheduler.>", logger, nullptr, so);
+  rpc_server.Handle<v1::ListCatalogRequest, v1::ListCatalogResponse>(
+      "gpuaas.v1.scheduler.catalog.list",
+      [](const v1::ListCatalogRequest&, rpc::Context&) -> Result<v1::ListCatalogResponse> {
+        return v1::ListCatalogResponse{};
+      });
+  rpc::Server inv_server(server, "inventory", "gpuaas.*.inventory.>", logger, nullptr, so);
+  inv_server.Handle<v1::GetDesiredSlotsRequest, v1::GetDesiredSlotsResponse>(
+      "gpuaas.v1.inventory.node.desired.ack",  // callers: node-agent only (no token)
+      [](const v1::GetDesiredSlotsRequest&, rpc::Context&) -> Result<v1::GetDesiredSlotsResponse> {
+        return v1::GetDesiredSlotsResponse{};
+      });
+  if (!rpc_server.Start().ok() || !inv_server.Start().ok()) return 1;
+
+  auto run = [&](const char* name, const std::function<bool()>& once) {
+    for (int i = 0; i < 200; ++i) once();  // warm up
+    std::vector<double> ms;
+    ms.reserve(n);
+    for (int i = 0; i < n; ++i) {
+      const auto t = Clock::now();
+      if (!once()) {
+        std::fprintf(stderr, "%s failed\n", name);
+        return std::vector<double>{};
+      }
+      ms.push_back(Ms(Clock::now() - t));
+    }
+    bench::Report(name, ms);
+    return ms;
+  };
+  auto base = run("raw", [&] {
+    natsMsg* reply = nullptr;
+    const bool ok =
+        natsConnection_RequestString(&reply, client->raw(), "bench.raw", "x", 2000) == NATS_OK;
+    if (reply) natsMsg_Destroy(reply);
+    return ok;
+  });
+  rpc::Client plain(client);
+  plain.WithToken("");
+  auto internal = run("rpc (no token)", [&] {
+    return plain
+        .Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack",
+                                           v1::GetDesiredSlotsRequest())
+        .ok();
+  });
+  rpc::Client tokened(client);
+  tokened.WithToken(nats.Token("operator"));
+  auto token = run("rpc + ES256 token", [&] {
+    return tokened
+        .Call<v1::ListCatalogResponse>("gpuaas.v1.scheduler.catalog.list", v1::ListCatalogRequest())
+        .ok();
+  });
+  const double b = bench::Percentile(base, 0.5);
+  if (b <= 0 || internal.empty() || token.empty()) return 1;
+  std::printf("ratio p50 rpc/raw %.2f  token/raw %.2f  token-rpc %.3fms\n",
+              bench::Percentile(internal, 0.5) / b, bench::Percentile(token, 0.5) / b,
+              bench::Percentile(token, 0.5) - bench::Percentile(internal, 0.5));
+  natsSubscription_Destroy(raw);
+  rpc_server.Drain(std::chrono::seconds(1));
+  inv_server.Drain(std::chrono::seconds(1));
+  return 0;
+}
