@@ -393,6 +393,25 @@ Result<std::string> NKeyPublicFromSeed(const std::string& seed) {
   return PublicFromRawSeed(b.data() + 2);
 }
 
+Result<std::string> SignWithSeed(const std::string& seed, std::string_view data) {
+  if (auto pub = NKeyPublicFromSeed(seed); !pub.ok()) return pub.error();  // validates it
+  SecretBytes raw;
+  if (!DecodeChecked(seed, raw.get())) return SeedInvalid("bad checksum");
+  PkeyPtr pkey(
+      EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, raw.get().data() + 2, kKeyLen));
+  if (!pkey) return SeedInvalid("not an Ed25519 key");
+  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  std::string sig(64, '\0');
+  size_t len = sig.size();
+  if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1 ||
+      EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
+                     reinterpret_cast<const unsigned char*>(data.data()), data.size()) != 1) {
+    return Error::Internal("nkey_sign_failed", "Ed25519 signing failed");
+  }
+  sig.resize(len);
+  return sig;
+}
+
 bool IsUserPublicKey(const std::string& key) {
   std::vector<uint8_t> raw;
   return key.size() == kPublicChars && DecodeChecked(key, raw) && raw.size() == 1 + kKeyLen &&

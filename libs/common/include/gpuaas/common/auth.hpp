@@ -9,6 +9,7 @@
 // Everything here is pure except the seed/secret file helpers.
 #include <chrono>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
@@ -30,6 +31,9 @@ Result<NKeyPair> NewUserNKey();
 Result<std::string> NKeyPublicFromSeed(const std::string& seed);
 // A well-formed user public key ("U...", valid CRC).
 bool IsUserPublicKey(const std::string& key);
+// The Ed25519 signature (64 bytes) of `data` by the user seed `seed` (OpenSSL): what a NATS
+// client sends for the server's nonce. INVALID_ARGUMENT nkey_seed_invalid on a bad seed.
+Result<std::string> SignWithSeed(const std::string& seed, std::string_view data);
 // Reads a seed file, surrounding whitespace trimmed. NOT_FOUND seed_file_missing when it is
 // missing or unreadable, FAILED_PRECONDITION seed_file_mode when group or others may read it (a
 // secret must be 0600 or 0400), INVALID_ARGUMENT nkey_seed_invalid when it holds no user seed.

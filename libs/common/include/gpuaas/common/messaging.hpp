@@ -114,6 +114,9 @@ class Connection {
   std::shared_ptr<contract::Registry> contract_;
   std::string token_;
   mutable std::mutex token_mu_;
+  std::string seed_file_;  // signs the server's nonce at every (re)connect
+  static natsStatus SignNonce(char** custom_err, unsigned char** signature, int* length,
+                              const char* nonce, void* closure);
 
  public:
   struct Async;  // what nats.c's error handler saw (shared with its callbacks)
