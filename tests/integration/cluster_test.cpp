@@ -536,7 +536,7 @@ class ClusterTest : public ::testing::Test {
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
   }
   static std::string IdentityDir() {
-    const std::string dir = testing::MakeTempDir("gpuaas-cluster-ids");
+    std::string dir = testing::MakeTempDir("gpuaas-cluster-ids");
     testing::TestIdentities ids(dir);
     for (int n = 0; n < kNodes; ++n) ids.Enroll(fmt::format("gpu-{:02}", n));
     return dir;
