@@ -107,8 +107,10 @@ int main(int argc, char** argv) {
   });
   // A new token every request: the first verification of a token (not cached yet).
   std::vector<std::string> fresh;
-  for (int i = 0; i < n + 200; ++i)
+  fresh.reserve(static_cast<size_t>(n) + 200);
+  for (int i = 0; i < n + 200; ++i) {
     fresh.push_back(nats.Token("operator", "", "user:u" + std::to_string(i)));
+  }
   size_t next = 0;
   auto first = run("rpc + new token", [&] {
     rpc::Client once(client);

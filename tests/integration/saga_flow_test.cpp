@@ -170,9 +170,10 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   ASSERT_TRUE(f.has_failure());
   EXPECT_EQ(f.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   EXPECT_EQ(f.failure().code(), "lease_timeout");
-  for (const auto& c : f.claims())
+  for (const auto& c : f.claims()) {
     EXPECT_TRUE(c.has_released_at())
         << c.DebugString() << Timeline(f.allocation_id()).DebugString();
+  }
   auto ft = Timeline(f.allocation_id());
   bool saw_stage = false;
   for (const auto& e : ft.entries()) {
