@@ -170,10 +170,22 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   ASSERT_TRUE(f.has_failure());
   EXPECT_EQ(f.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   EXPECT_EQ(f.failure().code(), "lease_timeout");
-  for (const auto& c : f.claims()) {
-    EXPECT_TRUE(c.has_released_at())
-        << c.DebugString() << Timeline(f.allocation_id()).DebugString();
-  }
+  // The cleanup follows the failure (it may be sent a moment after the failure is recorded, when
+  // nothing is in flight): wait for the proof to free every claim.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        v1::GetAllocationRequest g;
+        g.set_allocation_id(f.allocation_id());
+        auto now = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
+        if (!now.ok()) return false;
+        f = now->allocation();
+        for (const auto& c : f.claims()) {
+          if (!c.has_released_at()) return false;
+        }
+        return true;
+      },
+      20s))
+      << f.DebugString() << Timeline(f.allocation_id()).DebugString();
   auto ft = Timeline(f.allocation_id());
   bool saw_stage = false;
   for (const auto& e : ft.entries()) {
