@@ -31,6 +31,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -56,14 +57,6 @@ const std::map<std::string, std::string> kOutsideParties = {
 
 // ---- the document ----
 
-std::vector<std::string> Tokens(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, '.')) out.push_back(t);
-  return out;
-}
-
 bool IsParam(const std::string& t) { return t.size() >= 2 && t.front() == '{' && t.back() == '}'; }
 
 using ParamValues = std::map<std::string, std::set<std::string>>;  // param -> its `enum`
@@ -72,8 +65,8 @@ using ParamValues = std::map<std::string, std::set<std::string>>;  // param -> i
 // token) match `address`, whose {name} tokens match any token, or only the values of the
 // parameter's `enum` when it has one?
 bool Matches(const std::string& pat, const std::string& address, const ParamValues& enums = {}) {
-  auto p = Tokens(pat);
-  auto a = Tokens(address);
+  auto p = access::SubjectTokens(pat);
+  auto a = access::SubjectTokens(address);
   for (size_t i = 0; i < p.size(); ++i) {
     if (p[i] == ">") return a.size() > i;
     if (i >= a.size()) return false;

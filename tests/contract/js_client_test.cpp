@@ -81,36 +81,6 @@ class ContractClientTest : public ::testing::Test {
     }
   }
 
-  // A simulated agent in `pool` whose VM tasks succeed; its slots approved as an operator does.
-  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus) {
-    p_.StartAgent(id, gpus, pool,
-                  {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
-                   {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
-                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
-    ASSERT_TRUE(testing::WaitFor([&] {
-      v1::ShowNodeRequest r;
-      r.set_node_id(id);
-      auto s = p_.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
-      return s.ok() && s->snapshot_version() >= 1;
-    }));
-    v1::ApproveSlotsRequest approve;
-    approve.set_node_id(id);
-    auto a = p_.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
-    ASSERT_TRUE(a.ok()) << a.error().ToString();
-    for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
-  }
-  void WaitSchedulable(const std::string& node, int n) {
-    ASSERT_TRUE(testing::WaitFor([&] {
-      v1::ListProjectedSlotsRequest lr;
-      lr.set_node_id(node);
-      auto l = p_.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
-      if (!l.ok()) return false;
-      int ok = 0;
-      for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
-      return ok == n;
-    }));
-  }
-
   std::string node_;
   testing::Platform p_;
 };
@@ -126,8 +96,7 @@ TEST_F(ContractClientTest, ProtosLoadAndRoundTrip) {
 
 TEST_F(ContractClientTest, IndependentClientPlacesFollowsAndReleasesASlice) {
   p_.Start();
-  StartApprovedAgent("js-node-1", "contract", 4);
-  WaitSchedulable("js-node-1", 4);
+  p_.StartApprovedAgent("js-node-1", "contract", 4);
 
   const std::string tenant = "contract-js-" + std::to_string(::getpid());
   std::string cmd = Quote(node_) + " client.mjs";

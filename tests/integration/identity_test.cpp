@@ -25,34 +25,6 @@ log::Logger Quiet() { return log::Logger("identity-test", "t", log::Level::kErro
 
 class IdentityTest : public ::testing::Test {
  protected:
-  // A simulated agent whose VM tasks succeed, its slots approved by an operator.
-  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus) {
-    p_.StartAgent(id, gpus, pool,
-                  {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
-                   {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
-                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
-    ASSERT_TRUE(testing::WaitFor([&] {
-      v1::ShowNodeRequest r;
-      r.set_node_id(id);
-      auto s = p_.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
-      return s.ok() && s->snapshot_version() >= 1;
-    }));
-    v1::ApproveSlotsRequest approve;
-    approve.set_node_id(id);
-    auto a = p_.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
-    ASSERT_TRUE(a.ok()) << a.error().ToString();
-    ASSERT_TRUE(testing::WaitFor([&] {
-      v1::ListProjectedSlotsRequest lr;
-      lr.set_node_id(id);
-      auto l = p_.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
-      int ok = 0;
-      if (l.ok()) {
-        for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
-      }
-      return ok == gpus;
-    }));
-  }
-
   // A client connection as `role` whose requests carry `token` (none when "").
   std::shared_ptr<messaging::Connection> As(const std::string& role, const std::string& token) {
     auto o = p_.nats.Options(role);
@@ -237,7 +209,7 @@ TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
 
 TEST_F(IdentityTest, ATenantGatewayCannotCallAdminSubjectsNorSeeAnotherTenant) {
   p_.Start();
-  StartApprovedAgent("ident-t", "ident", 4);
+  p_.StartApprovedAgent("ident-t", "ident", 4);
   auto op = As("operator", p_.nats.Token(auth::kRoleOperator));
   auto acme = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
   rpc::Client operator_client(op);
@@ -356,7 +328,7 @@ TEST_F(IdentityTest, MissingExpiredForgedAndWrongRoleTokensAreRefused) {
 
 TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   p_.Start();
-  StartApprovedAgent("ident-e", "ident", 2);
+  p_.StartApprovedAgent("ident-e", "ident", 2);
   auto acme = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
   auto op = As("operator", p_.nats.Token(auth::kRoleOperator, "", "user:olga"));
   auto created = rpc::Client(acme).Call<v1::CreateAllocationResponse>(

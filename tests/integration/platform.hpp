@@ -12,6 +12,8 @@
 #include "fixture_host.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
 #include "inventory_service.hpp"
 #include "ipam_service.hpp"
 #include "load_config.hpp"
@@ -97,6 +99,36 @@ class Platform {
     EXPECT_TRUE(agent->Start().ok());
     EXPECT_TRUE(WaitFor([&] { return agent->Registered(); }));
     return agent;
+  }
+
+  // A simulated agent in `pool` whose VM tasks succeed, its slots approved as an operator does
+  // and schedulable in the scheduler's projection.
+  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus) {
+    StartAgent(id, gpus, pool,
+               {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+                {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
+                {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
+    ASSERT_TRUE(WaitFor([&] {
+      v1::ShowNodeRequest r;
+      r.set_node_id(id);
+      auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+      return s.ok() && s->snapshot_version() >= 1;
+    }));
+    v1::ApproveSlotsRequest approve;
+    approve.set_node_id(id);
+    auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
+    ASSERT_TRUE(a.ok()) << a.error().ToString();
+    for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
+    ASSERT_TRUE(WaitFor([&] {
+      v1::ListProjectedSlotsRequest lr;
+      lr.set_node_id(id);
+      auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+      int ok = 0;
+      if (l.ok()) {
+        for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
+      }
+      return ok == gpus;
+    }));
   }
 
   template <typename Resp, typename Req>

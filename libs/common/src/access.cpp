@@ -27,19 +27,11 @@ std::vector<std::string> Strings(const YAML::Node& n) {
   return out;
 }
 
-std::vector<std::string> Tokens(const std::string& s) {
-  std::vector<std::string> out;
-  std::stringstream ss(s);
-  std::string t;
-  while (std::getline(ss, t, '.')) out.push_back(t);
-  return out;
-}
-
 // A token with a `{param}` becomes `*` (NATS wildcards are whole tokens: `node-{node_id}` is
 // `*` too), except that `{node_id}` takes the node's id when one is given.
 std::string Bind(const std::string& address, const std::string& node_id) {
   std::string out;
-  for (auto t : Tokens(address)) {
+  for (auto t : SubjectTokens(address)) {
     if (!out.empty()) out += '.';
     const std::string param = "{node_id}";
     if (!node_id.empty()) {
@@ -54,8 +46,8 @@ std::string Bind(const std::string& address, const std::string& node_id) {
 
 // Whether every subject `inner` (a pattern) can match is matched by `outer`.
 bool Covers(const std::string& outer, const std::string& inner) {
-  auto o = Tokens(outer);
-  auto i = Tokens(inner);
+  auto o = SubjectTokens(outer);
+  auto i = SubjectTokens(inner);
   for (size_t k = 0; k < o.size(); ++k) {
     if (o[k] == ">") return k < i.size();
     if (k >= i.size()) return false;
@@ -79,6 +71,14 @@ Result<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+std::vector<std::string> SubjectTokens(const std::string& subject) {
+  std::vector<std::string> out;
+  std::stringstream ss(subject);
+  std::string t;
+  while (std::getline(ss, t, '.')) out.push_back(t);
+  return out;
+}
 
 bool SubjectMatches(const std::string& pattern, const std::string& subject) {
   return Covers(pattern, subject);

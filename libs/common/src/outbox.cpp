@@ -44,10 +44,7 @@ v1::Event MakeEvent(const EventSpec& spec) {
   } else if (const v1::Principal* current = CurrentActor(); current != nullptr) {
     *ev.mutable_actor() = *current;
   } else {
-    const std::string sender = spec.source.substr(0, spec.source.find('/'));
-    ev.mutable_actor()->set_subject((sender == "node-agent"
-                                         ? "node:" + spec.entity.substr(0, spec.entity.find('/'))
-                                         : "service:" + sender));
+    ev.mutable_actor()->set_subject("service:" + spec.source.substr(0, spec.source.find('/')));
   }
   return ev;
 }

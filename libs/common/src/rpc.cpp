@@ -31,17 +31,6 @@ int64_t NowMs() {
       .count();
 }
 
-std::vector<std::string> Tokens(const std::string& subject) {
-  std::vector<std::string> out;
-  size_t start = 0;
-  while (true) {
-    size_t dot = subject.find('.', start);
-    out.push_back(subject.substr(start, dot - start));
-    if (dot == std::string::npos) break;
-    start = dot + 1;
-  }
-  return out;
-}
 }  // namespace
 
 int64_t Context::RemainingMs() const {
@@ -145,7 +134,7 @@ struct Server::Impl {
           fmt::format("request is {} bytes; the limit is {}", m.data.size(), opts.max_payload),
           {{"size", std::to_string(m.data.size())}, {"limit", std::to_string(opts.max_payload)}});
     }
-    auto tokens = Tokens(m.subject);
+    auto tokens = access::SubjectTokens(m.subject);
     if (tokens.size() < 3 || tokens[0] != "gpuaas") {
       return Error::InvalidArgument("unknown_subject", "not a gpuaas subject: " + m.subject);
     }

@@ -332,6 +332,9 @@ v1::Event NodeAgent::NodeEvent(const std::string& subject, const std::string& co
   spec.entity = cfg_.node_id;
   spec.correlation_id = correlation_id;
   spec.data = &data;
+  v1::Principal actor;  // the node's own identity (its key is the node's)
+  actor.set_subject("node:" + cfg_.node_id);
+  spec.actor = &actor;
   return outbox::MakeEvent(spec);
 }
 

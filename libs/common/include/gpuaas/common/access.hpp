@@ -111,6 +111,8 @@ std::string SeedPath(const std::string& dir, const std::string& role);
 std::string TokenSigningKeyPath(const std::string& dir);
 std::string TokenPublicKeyPath(const std::string& dir);
 
+// The dot-separated tokens of a subject or pattern.
+std::vector<std::string> SubjectTokens(const std::string& subject);
 // True when `subject` (no wildcards) matches the NATS pattern `pattern` (* and >).
 bool SubjectMatches(const std::string& pattern, const std::string& subject);
 

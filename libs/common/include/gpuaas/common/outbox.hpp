@@ -38,7 +38,7 @@ struct EventSpec {
   std::string traceparent;
   const google::protobuf::Message* data = nullptr;
   // Who caused it; null = the request being handled on this thread (ActorScope), else the
-  // sender itself ("service:<name>" from `source`, a node-agent "node:<id>").
+  // sending service ("service:<name>" from `source`). A node-agent names itself ("node:<id>").
   const v1::Principal* actor = nullptr;
 };
 
