@@ -12,6 +12,14 @@ bool MarkProcessed(pqxx::work& tx, const std::string& consumer, const std::strin
   return r.affected_rows() == 1;
 }
 
+namespace {
+// Codes that say "not now" rather than "never": the event is kept and retried.
+bool RetryableCode(Code c) {
+  return c == Code::kUnavailable || c == Code::kAborted || c == Code::kDeadlineExceeded ||
+         c == Code::kResourceExhausted || c == Code::kCancelled;
+}
+}  // namespace
+
 messaging::Consumer::Handler ProjectionHandler(std::shared_ptr<store::Pool> pool,
                                                std::string consumer, ApplyFn apply,
                                                log::Logger logger,
@@ -21,10 +29,12 @@ messaging::Consumer::Handler ProjectionHandler(std::shared_ptr<store::Pool> pool
           stats = std::move(stats)](const messaging::Delivery& d) -> messaging::HandlerResult {
     v1::Event ev;
     if (!ev.ParseFromString(d.msg.data)) {
-      return messaging::HandlerResult::Reject("payload is not a gpuaas.v1.Event");
+      return messaging::HandlerResult::Reject("payload is not a gpuaas.v1.Event",
+                                              messaging::kRejectUndecodable);
     }
     if (!ids::IsUuid(ev.id())) {
-      return messaging::HandlerResult::Reject("event id is not a UUID: '" + ev.id() + "'");
+      return messaging::HandlerResult::Reject("event id is not a UUID: '" + ev.id() + "'",
+                                              messaging::kRejectInvalid);
     }
     bool duplicate = false;
     auto r = store::WithTx(*pool, [&](pqxx::work& tx) -> Result<void> {
@@ -42,8 +52,12 @@ messaging::Consumer::Handler ProjectionHandler(std::shared_ptr<store::Pool> pool
                    {"type", ev.type()},
                    {"error", e.ToString()},
                    {"trace_id", ids::TraceId(d.msg.Header(messaging::kHeaderTraceparent))}});
-      if (e.retryable) return messaging::HandlerResult::Retry(e.ToString());
-      return messaging::HandlerResult::Reject(e.ToString());
+      if (e.retryable || RetryableCode(e.code)) {
+        return messaging::HandlerResult::Retry(e.ToString());
+      }
+      return messaging::HandlerResult::Reject(e.ToString(), e.code == Code::kInvalidArgument
+                                                                ? messaging::kRejectInvalid
+                                                                : messaging::kRejectPermanent);
     }
     if (stats) (duplicate ? stats->duplicates : stats->applied)++;
     if (duplicate) {

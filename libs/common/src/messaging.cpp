@@ -3,9 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <random>
 
 #include <fmt/format.h>
 #include <prometheus/counter.h>
+#include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
 #include <google/protobuf/timestamp.pb.h>
@@ -471,6 +473,8 @@ struct Consumer::Metrics {
   prometheus::Counter* acked = nullptr;
   prometheus::Counter* retried = nullptr;
   prometheus::Counter* dead = nullptr;
+  prometheus::Family<prometheus::Counter>* dead_family = nullptr;
+  prometheus::Gauge* lag = nullptr;
 };
 
 Consumer::Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
@@ -489,6 +493,23 @@ Consumer::Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler 
     metrics_->retried = &metrics_->family->Add({{"consumer", spec_.durable}, {"result", "retry"}});
     metrics_->dead =
         &metrics_->family->Add({{"consumer", spec_.durable}, {"result", "dead_letter"}});
+    metrics_->dead_family = &prometheus::BuildCounter()
+                                 .Name("gpuaas_dead_letters_total")
+                                 .Help(
+                                     "Messages a durable consumer dead-lettered, by kind "
+                                     "(undecodable, invalid, permanent)")
+                                 .Register(*metrics);
+    // Present at 0 from the start, so an alert on increase() sees the first one.
+    for (const char* kind : {kRejectUndecodable, kRejectInvalid, kRejectPermanent}) {
+      metrics_->dead_family->Add({{"consumer", spec_.durable}, {"reason_kind", kind}});
+    }
+    metrics_->lag = &prometheus::BuildGauge()
+                         .Name("gpuaas_consumer_lag")
+                         .Help(
+                             "Messages the server holds for a durable consumer: not yet "
+                             "delivered + delivered and not yet acked (sampled every 5 s)")
+                         .Register(*metrics)
+                         .Add({{"stream", spec_.stream}, {"consumer", spec_.durable}});
   }
 }
 
@@ -500,7 +521,9 @@ Result<void> EnsureConsumer(Connection& conn, const ConsumerSpec& spec) {
   cc.Durable = spec.durable.c_str();
   cc.AckPolicy = js_AckExplicit;
   cc.DeliverPolicy = js_DeliverAll;
-  cc.MaxDeliver = spec.max_deliver;
+  // Unlimited: a retryable failure is redelivered until it succeeds; what can never succeed is
+  // dead-lettered by the consumer itself (Dispose).
+  cc.MaxDeliver = -1;
   cc.AckWait = spec.ack_wait_ms * int64_t{1000000};
   cc.FilterSubject = spec.filter_subject.c_str();
   cc.MaxAckPending = 10000;
@@ -524,9 +547,8 @@ ConsumerSpec NodeTaskConsumerSpec(const std::string& node_id, int64_t ack_wait_m
   spec.batch = 1;
   spec.ack_wait_ms = ack_wait_ms;
   spec.keepalive = true;
-  // A VM task waits (redelivered) while adoption or the first network apply is pending: up to
-  // about 8 minutes before it is dead-lettered, inside the scheduler's provision deadline.
-  spec.max_deliver = 50;
+  // A VM task waits (redelivered) while adoption or the first network apply is pending, until
+  // its deadline passes (then the agent answers it failed, deadline_exceeded).
   spec.backoff_ms = {100, 500, 2000, 5000, 10000};
   return spec;
 }
@@ -641,6 +663,47 @@ void Consumer::KeepAlive() {
   }
 }
 
+int64_t RetryDelayMs(const std::vector<int64_t>& backoff_ms, uint64_t num_delivered) {
+  if (backoff_ms.empty()) return 0;
+  const size_t idx =
+      std::min<size_t>(num_delivered == 0 ? 0 : num_delivered - 1, backoff_ms.size() - 1);
+  const int64_t base = backoff_ms[idx];
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::uniform_int_distribution<int64_t> jitter(-base / 4, base / 4);
+  return std::max<int64_t>(1, base + jitter(rng));
+}
+
+namespace {
+Delivery ToDelivery(natsMsg* m) {
+  Delivery d;
+  d.msg = FromNats(m);
+  jsMsgMetaData* meta = nullptr;
+  if (natsMsg_GetMetaData(&meta, m) == NATS_OK) {
+    d.stream_sequence = meta->Sequence.Stream;
+    d.num_delivered = meta->NumDelivered;
+    jsMsgMetaData_Destroy(meta);
+  }
+  return d;
+}
+}  // namespace
+
+HandlerResult Consumer::Replay(const Delivery& d) {
+  std::lock_guard lock(handler_mu_);
+  try {
+    return handler_(d);
+  } catch (const std::exception& e) {
+    return HandlerResult::Retry(std::string("handler threw: ") + e.what());
+  }
+}
+
+void Consumer::SampleLag() {
+  if (!metrics_->lag) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (now - lag_sampled_ < std::chrono::seconds(5)) return;
+  lag_sampled_ = now;
+  if (auto n = Backlog(); n.ok()) metrics_->lag->Set(static_cast<double>(*n));
+}
+
 void Consumer::Loop() {
   int64_t error_backoff_ms = 100;
   while (!stop_) {
@@ -657,6 +720,7 @@ void Consumer::Loop() {
       }
       continue;
     }
+    SampleLag();
     natsMsgList list{nullptr, 0};
     jsErrCode jerr = static_cast<jsErrCode>(0);
     natsStatus s = natsSubscription_Fetch(&list, sub, spec_.batch, spec_.fetch_timeout_ms, &jerr);
@@ -682,27 +746,80 @@ void Consumer::Loop() {
     }
     for (int i = 0; i < list.Count; ++i) {
       natsMsg* m = list.Msgs[i];
-      Delivery d;
-      d.msg = FromNats(m);
-      jsMsgMetaData* meta = nullptr;
-      if (natsMsg_GetMetaData(&meta, m) == NATS_OK) {
-        d.stream_sequence = meta->Sequence.Stream;
-        d.num_delivered = meta->NumDelivered;
-        jsMsgMetaData_Destroy(meta);
+      const Delivery d = ToDelivery(m);
+      if (stop_) {
+        // Stopping: what is not handled yet goes back to the server now, for the next consumer.
+        natsMsg_Nak(m, nullptr);
+        continue;
       }
       HandlerResult r;
-      try {
-        r = handler_(d);
-      } catch (const std::exception& e) {
-        r = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+      // A retryable failure keeps the message in hand: retried here with a jittered backoff
+      // (in-progress acks keep the server from redelivering it meanwhile), so nothing fetched
+      // after it is handled before it and it is never dead-lettered. A consumer that dies
+      // mid-retry gets it redelivered after the ack wait.
+      for (uint64_t attempt = 1;; ++attempt) {
+        {
+          std::lock_guard lock(handler_mu_);
+          try {
+            r = handler_(d);
+          } catch (const std::exception& e) {
+            r = HandlerResult::Retry(std::string("handler threw: ") + e.what());
+          }
+        }
+        if (r.disposition != Disposition::kRetry || stop_) break;
+        const int64_t delay = RetryDelayMs(spec_.backoff_ms, attempt);
+        LogRetry(d, r, attempt, delay);
+        if (metrics_->retried) metrics_->retried->Increment();
+        WaitHoldingBatch(list, i, delay);
       }
       if (spec_.keepalive) {
         std::lock_guard lock(ka_mu_);
         inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), m), inflight_.end());
       }
+      if (r.disposition == Disposition::kRetry) {
+        natsMsg_Nak(m, nullptr);  // stopping mid-retry: another consumer takes it
+        continue;
+      }
       Dispose(m, d, r);
     }
+    if (spec_.keepalive) {
+      std::lock_guard lock(ka_mu_);
+      inflight_.clear();
+    }
     natsMsgList_Destroy(&list);
+  }
+}
+
+void Consumer::LogRetry(const Delivery& d, const HandlerResult& r, uint64_t attempt,
+                        int64_t delay_ms) {
+  auto fields = log::Fields{{"subject", d.msg.subject},
+                            {"stream_seq", std::to_string(d.stream_sequence)},
+                            {"deliveries", std::to_string(d.num_delivered)},
+                            {"attempt", std::to_string(attempt)},
+                            {"retry_in_ms", std::to_string(delay_ms)},
+                            {"reason", r.reason},
+                            {"trace_id", ids::TraceId(d.msg.Header(kHeaderTraceparent))}};
+  // The first failures are routine (a restart, a moment of contention); a message that keeps
+  // failing is what an operator should see.
+  if (attempt >= 5) {
+    log_.Error("event handling still failing, kept and retried", fields);
+  } else {
+    log_.Warn("event handling failed, will retry", fields);
+  }
+}
+
+void Consumer::WaitHoldingBatch(const natsMsgList& list, int from, int64_t delay_ms) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
+  const auto every = std::chrono::milliseconds(std::max<int64_t>(spec_.ack_wait_ms / 3, 10));
+  std::unique_lock lock(ka_mu_);
+  while (!stop_) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= until) break;
+    if (delay_ms >= spec_.ack_wait_ms / 3) {
+      for (int j = from; j < list.Count; ++j) natsMsg_InProgress(list.Msgs[j], nullptr);
+    }
+    ka_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(until - now, every),
+                    [&] { return stop_.load(); });
   }
 }
 
@@ -718,29 +835,24 @@ void Consumer::Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r) {
     if (metrics_->acked) metrics_->acked->Increment();
     return;
   }
-  const bool exhausted = static_cast<int64_t>(d.num_delivered) >= spec_.max_deliver;
-  if (r.disposition == Disposition::kRetry && !exhausted) {
-    const size_t idx = std::min<size_t>(d.num_delivered == 0 ? 0 : d.num_delivered - 1,
-                                        spec_.backoff_ms.size() - 1);
-    const int64_t delay = spec_.backoff_ms.empty() ? 0 : spec_.backoff_ms[idx];
-    fields.emplace_back("reason", r.reason);
-    log_.Warn("event handling failed, will retry", fields);
-    natsMsg_NakWithDelay(m, delay, nullptr);
-    if (metrics_->retried) metrics_->retried->Increment();
+  const std::string kind = r.kind.empty() ? kRejectPermanent : r.kind;
+  fields.emplace_back("reason", r.reason);
+  fields.emplace_back("kind", kind);
+  if (!DeadLetter(d, r)) {
+    // Not stored in the dead-letter stream: the message stays where it is, to be tried again.
+    natsMsg_NakWithDelay(m, 1000, nullptr);
     return;
   }
-  const std::string why = exhausted && r.disposition == Disposition::kRetry
-                              ? "max deliveries exceeded: " + r.reason
-                              : r.reason;
-  fields.emplace_back("reason", why);
   log_.Error("event dead-lettered", fields);
-  DeadLetter(d, why);
   natsMsg_Term(m, nullptr);
   last_acked_ = d.stream_sequence;
   if (metrics_->dead) metrics_->dead->Increment();
+  if (metrics_->dead_family) {
+    metrics_->dead_family->Add({{"consumer", spec_.durable}, {"reason_kind", kind}}).Increment();
+  }
 }
 
-void Consumer::DeadLetter(const Delivery& d, const std::string& reason) {
+bool Consumer::DeadLetter(const Delivery& d, const HandlerResult& r) {
   v1::DeadLetter dl;
   dl.set_stream(spec_.stream);
   dl.set_consumer(spec_.durable);
@@ -749,14 +861,19 @@ void Consumer::DeadLetter(const Delivery& d, const std::string& reason) {
   dl.set_deliveries(d.num_delivered);
   dl.set_payload(d.msg.data);
   for (const auto& [k, v] : d.msg.headers) (*dl.mutable_headers())[k] = v;
-  dl.set_reason(reason);
+  dl.set_reason(r.reason);
+  dl.set_kind(r.kind.empty() ? kRejectPermanent : r.kind);
   *dl.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
   const std::string subject = DeadLetterSubject(spec_);
   Headers h;
   if (auto tp = d.msg.Header(kHeaderTraceparent); !tp.empty()) h[kHeaderTraceparent] = tp;
-  auto r = JsPublish(*conn_, subject, dl.SerializeAsString(),
-                     fmt::format("{}:{}:{}", spec_.stream, spec_.durable, d.stream_sequence), h);
-  if (!r.ok()) log_.Error("dead-letter publish failed", {{"error", r.error().ToString()}});
+  auto res = JsPublish(*conn_, subject, dl.SerializeAsString(),
+                       fmt::format("{}:{}:{}", spec_.stream, spec_.durable, d.stream_sequence), h);
+  if (!res.ok()) {
+    log_.Error("dead-letter publish failed; the message is kept",
+               {{"error", res.error().ToString()}});
+  }
+  return res.ok();
 }
 
 }  // namespace gpuaas::messaging

@@ -94,6 +94,12 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
     err.details["sqlstate"] = state;
     return err;
   }
+  if (dynamic_cast<const pqxx::failure*>(&e)) {
+    // Any other libpq-level failure (a connection lost mid-statement, a server gone away):
+    // the database, not the request, is the problem.
+    *broken = true;
+    return Error::Unavailable("db_unavailable", e.what());
+  }
   return Error::Internal("internal", e.what());
 }
 

@@ -2,10 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <thread>
+#include <vector>
 
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
@@ -168,53 +171,98 @@ TEST_F(MessagingTest, EnsureStreamIsIdempotentAndDeduplicates) {
   EXPECT_EQ(*messaging::StreamSubjectCount(*conn_, "TEST_EVT", "gpuaas.v1.evt.test.x"), 1u);
 }
 
-TEST_F(MessagingTest, ConsumerRetriesWithBackoffThenDeadLetters) {
+TEST_F(MessagingTest, RetryableFailuresAreKeptInOrderOnlyWhatCanNeverSucceedIsDeadLettered) {
   ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
   ASSERT_TRUE(messaging::EnsureStream(*conn_, messaging::DeadLetterStream()).ok());
-  std::atomic<int> ok_seen{0};
-  std::atomic<int> flaky_attempts{0};
-  std::atomic<int> poison_attempts{0};
+  std::mutex mu;
+  std::vector<std::string> handled;  // in the order they succeeded
+  std::atomic<int> outage_attempts{0};
+  std::atomic<bool> store_down{true};
   messaging::ConsumerSpec spec;
   spec.stream = "TEST_EVT";
   spec.durable = "test-consumer";
   spec.filter_subject = "gpuaas.v1.evt.test.>";
-  spec.max_deliver = 3;
-  spec.backoff_ms = {20, 40};
+  spec.backoff_ms = {20, 40, 80};
   messaging::Consumer consumer(
       conn_, spec,
       [&](const messaging::Delivery& d) {
-        if (d.msg.data == "ok") {
-          ok_seen++;
-          return messaging::HandlerResult::Ack();
+        if (d.msg.data == "garbage") {
+          return messaging::HandlerResult::Reject("malformed", messaging::kRejectUndecodable);
         }
-        if (d.msg.data == "flaky") {
-          // Fails twice, then succeeds on the third delivery.
-          return ++flaky_attempts < 3 ? messaging::HandlerResult::Retry("transient")
-                                      : messaging::HandlerResult::Ack();
+        if (d.msg.data == "during-outage") {
+          // The store is down for many more deliveries than the old 5-delivery limit.
+          outage_attempts++;
+          if (store_down) return messaging::HandlerResult::Retry("UNAVAILABLE db_unavailable");
         }
-        if (d.msg.data == "poison") {
-          poison_attempts++;
-          return messaging::HandlerResult::Retry("always fails");
-        }
-        return messaging::HandlerResult::Reject("malformed");
+        std::lock_guard lock(mu);
+        handled.push_back(d.msg.data);
+        return messaging::HandlerResult::Ack();
       },
       log_, &registry_);
   ASSERT_TRUE(consumer.Start().ok());
-  for (const char* p : {"ok", "flaky", "poison", "garbage"}) {
+  for (const char* p : {"first", "during-outage", "after-1", "garbage", "after-2"}) {
     ASSERT_TRUE(
         messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.e", p, std::string("m-") + p).ok());
   }
+  ASSERT_TRUE(testing::WaitFor([&] { return outage_attempts >= 12; }, 20s));
+  {
+    std::lock_guard lock(mu);
+    // Nothing after the failing message overtook it while it was retried.
+    EXPECT_EQ(handled, std::vector<std::string>{"first"});
+  }
+  auto dlq = messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.>");
+  ASSERT_TRUE(dlq.ok());
+  EXPECT_EQ(*dlq, 0u) << "a retryable failure was dead-lettered";
+  store_down = false;  // the store is back
   ASSERT_TRUE(testing::WaitFor([&] {
-    auto n =
-        messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.TEST_EVT.test-consumer");
-    return n.ok() && *n == 2;
+    std::lock_guard lock(mu);
+    return handled.size() == 4;
   }));
-  EXPECT_EQ(ok_seen.load(), 1);
-  EXPECT_EQ(flaky_attempts.load(), 3);
-  EXPECT_EQ(poison_attempts.load(), 3);  // max_deliver, then dead-lettered, not redelivered
-  std::this_thread::sleep_for(200ms);
-  EXPECT_EQ(poison_attempts.load(), 3);
+  {
+    std::lock_guard lock(mu);
+    EXPECT_EQ(handled, (std::vector<std::string>{"first", "during-outage", "after-1", "after-2"}));
+  }
+  // Only the undecodable one is a dead letter, with its reason and kind.
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.>");
+    return n.ok() && *n == 1;
+  }));
+  auto last =
+      messaging::StreamLastMessage(*conn_, "GPUAAS_DLQ", "gpuaas.v1.dlq.TEST_EVT.test-consumer");
+  ASSERT_TRUE(last.ok());
+  v1::DeadLetter dl;
+  ASSERT_TRUE(dl.ParseFromString(last->data));
+  EXPECT_EQ(dl.payload(), "garbage");
+  EXPECT_EQ(dl.reason(), "malformed");
+  EXPECT_EQ(dl.kind(), "undecodable");
+  EXPECT_EQ(dl.consumer(), "test-consumer");
+  // Replaying it runs the same handler (here: rejected again).
+  messaging::Delivery again;
+  again.msg.subject = dl.subject();
+  again.msg.data = dl.payload();
+  EXPECT_EQ(consumer.Replay(again).disposition, messaging::Disposition::kReject);
+  // The metrics say the same.
+  prometheus::TextSerializer ser;
+  const std::string text = ser.Serialize(registry_.Collect());
+  EXPECT_NE(text.find("gpuaas_dead_letters_total{consumer=\"test-consumer\",reason_kind="
+                      "\"undecodable\"} 1"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("gpuaas_consumer_lag{"), std::string::npos);
   consumer.Stop();
+}
+
+TEST(RetryDelay, JitteredWithinAQuarterAndTheLastStepRepeats) {
+  const std::vector<int64_t> steps = {100, 1000};
+  for (int i = 0; i < 200; ++i) {
+    const int64_t first = messaging::RetryDelayMs(steps, 1);
+    EXPECT_GE(first, 75);
+    EXPECT_LE(first, 125);
+    const int64_t later = messaging::RetryDelayMs(steps, 40);
+    EXPECT_GE(later, 750);
+    EXPECT_LE(later, 1250);
+  }
+  EXPECT_EQ(messaging::RetryDelayMs({}, 3), 0);
 }
 
 TEST_F(MessagingTest, KeepaliveHoldsALongHandlersMessageWithoutKeepaliveItIsRedelivered) {
@@ -272,7 +320,6 @@ TEST_F(MessagingTest, ADurableStartsAgainWithChangedSettings) {
     c.Stop();
   }
   spec.ack_wait_ms = 30000;
-  spec.max_deliver = 7;
   messaging::Consumer c(conn_, spec, handler, log_);
   auto started = c.Start();
   ASSERT_TRUE(started.ok()) << started.error().ToString();

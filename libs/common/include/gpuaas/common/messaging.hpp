@@ -1,8 +1,9 @@
 #pragma once
 // NATS (nats.c) adapter: one connection per process with reconnect-forever and low-latency
 // sends, core publish/request, JetStream streams declared idempotently, synchronous publish
-// with Nats-Msg-Id de-duplication, and durable pull consumers with ack / nak-with-backoff /
-// dead-letter after max deliveries. nats.c status codes become Error values here.
+// with Nats-Msg-Id de-duplication, and durable pull consumers with ack / nak-with-backoff for
+// retryable failures (never dead-lettered) / dead-letter for what can never succeed. nats.c
+// status codes become Error values here.
 #include <nats/nats.h>
 
 #include <atomic>
@@ -182,28 +183,43 @@ struct Delivery {
 
 enum class Disposition {
   kAck,     // done (or a duplicate)
-  kRetry,   // transient failure: nak with backoff; dead-letter after max deliveries
-  kReject,  // permanent failure (malformed, invalid): dead-letter now
+  kRetry,   // retryable failure: kept, redelivered with a bounded jittered backoff, never
+            // dead-lettered
+  kReject,  // can never succeed (undecodable, invalid, permanent): dead-lettered now
 };
+
+// What a dead letter's `kind` says (gpuaas.v1.DeadLetter.kind).
+inline constexpr const char* kRejectUndecodable = "undecodable";
+inline constexpr const char* kRejectInvalid = "invalid";
+inline constexpr const char* kRejectPermanent = "permanent";
 
 struct HandlerResult {
   Disposition disposition = Disposition::kAck;
   std::string reason;
+  std::string kind;  // a rejection's kind (kReject*)
   static HandlerResult Ack() { return {}; }
-  static HandlerResult Retry(std::string why) { return {Disposition::kRetry, std::move(why)}; }
-  static HandlerResult Reject(std::string why) { return {Disposition::kReject, std::move(why)}; }
+  static HandlerResult Retry(std::string why) { return {Disposition::kRetry, std::move(why), ""}; }
+  static HandlerResult Reject(std::string why, std::string kind = kRejectPermanent) {
+    return {Disposition::kReject, std::move(why), std::move(kind)};
+  }
 };
 
+// Delivery policy: a handler's kRetry is never dead-lettered. The consumer keeps the message in
+// hand and runs the handler again after a jittered delay from `backoff_ms` (its batch held with
+// in-progress acks, so nothing fetched after it overtakes it), for as long as it takes: an
+// outage of the store costs a retry every few seconds, not a lost message. A consumer that dies
+// meanwhile gets the message redelivered (the server's redelivery is unlimited). Only kReject
+// goes to the dead-letter subject gpuaas.v1.dlq.<stream>.<durable>, with its reason and kind.
 struct ConsumerSpec {
   std::string stream;
   std::string durable;
   std::string filter_subject;
-  int64_t max_deliver = 5;
   int64_t ack_wait_ms = 30000;
   int batch = 64;
   int64_t fetch_timeout_ms = 500;
-  // Delay before redelivery n (1-based); the last value repeats.
-  std::vector<int64_t> backoff_ms = {100, 500, 2000, 5000};
+  // Delay before retry n (1-based); the last value repeats. Each delay is jittered by
+  // -25%..+25%.
+  std::vector<int64_t> backoff_ms = {100, 500, 2000, 5000, 10000};
   // Long handlers: while the handler runs, the fetched messages not yet disposed get an
   // in-progress ack every ack_wait/3, so they are not redelivered meanwhile; a consumer that
   // dies gets them redelivered within ack_wait.
@@ -213,6 +229,9 @@ struct ConsumerSpec {
   // the server.
   bool bind_only = false;
 };
+
+// The delay before redelivery `num_delivered` (1-based) under `backoff_ms`, jittered.
+int64_t RetryDelayMs(const std::vector<int64_t>& backoff_ms, uint64_t num_delivered);
 
 // Creates the durable, or updates it to `spec` (it keeps its position).
 Result<void> EnsureConsumer(Connection& conn, const ConsumerSpec& spec);
@@ -239,12 +258,22 @@ class Consumer {
   uint64_t Processed() const { return processed_.load(); }
   // Messages the server still has for this consumer: not yet delivered + delivered unacked.
   Result<uint64_t> Backlog();
+  // Runs this consumer's handler on a message outside the stream (a dead letter being
+  // replayed): the handler's idempotency (inbox by event id) makes a replay of something already
+  // applied an ack.
+  HandlerResult Replay(const Delivery& d);
+  const ConsumerSpec& spec() const { return spec_; }
 
  private:
   void Loop();
   Result<void> Subscribe();
+  // Acks or dead-letters a handled message.
   void Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r);
-  void DeadLetter(const Delivery& d, const std::string& reason);
+  void LogRetry(const Delivery& d, const HandlerResult& r, uint64_t attempt, int64_t delay_ms);
+  // Waits `delay_ms` (or until Stop), keeping the batch's messages from `from` on in progress.
+  void WaitHoldingBatch(const natsMsgList& list, int from, int64_t delay_ms);
+  bool DeadLetter(const Delivery& d, const HandlerResult& r);
+  void SampleLag();
   void KeepAlive();
 
   std::shared_ptr<Connection> conn_;
@@ -263,6 +292,8 @@ class Consumer {
   std::atomic<bool> stop_{false};
   std::atomic<uint64_t> last_acked_{0};
   std::atomic<uint64_t> processed_{0};
+  std::chrono::steady_clock::time_point lag_sampled_{};
+  std::mutex handler_mu_;  // the fetch loop and a replay never run the handler at once
 };
 
 // Stream's last sequence (0 when empty).
