@@ -109,6 +109,31 @@ TEST_F(FlowTest, RegisteredNodeReachesTheSchedulerProjection) {
   EXPECT_EQ(Projection().at("gpu-01").pool(), "h200-b");
 }
 
+// A NUL byte would be cut off when stored ("fuzz-ok\0nul-x" became "fuzz-ok"): every served
+// request is refused at decode, before any handler writes anything.
+TEST_F(FlowTest, StringWithNulIsRefusedAndNothingIsStored) {
+  auto req = Req("gpu-nul");
+  req.set_hostname(std::string("fuzz-ok\0nul-x", 13));
+  auto r = Register(req);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+  EXPECT_EQ(r.error().reason, "string_has_nul");
+  EXPECT_EQ(r.error().details.count("hostname"), 1u) << r.error().ToString();
+  v1::ShowNodeRequest show;
+  show.set_node_id("gpu-nul");
+  auto shown = rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show",
+                                                             show, 3000ms);
+  ASSERT_FALSE(shown.ok());
+  EXPECT_EQ(shown.error().code, Code::kNotFound) << shown.error().ToString();
+  // The same node without the NUL is stored as sent.
+  req.set_hostname("fuzz-ok-nul-x");
+  ASSERT_TRUE(Register(req).ok());
+  shown = rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show,
+                                                        3000ms);
+  ASSERT_TRUE(shown.ok()) << shown.error().ToString();
+  EXPECT_EQ(shown->node().hostname(), "fuzz-ok-nul-x");
+}
+
 TEST_F(FlowTest, DuplicateAndStaleDeliveriesHaveNoEffect) {
   {
     auto r = Register(Req("gpu-01"));

@@ -20,6 +20,7 @@
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/validate.hpp"
 #include "gpuaas/v1/status.pb.h"
 
 namespace gpuaas::rpc {
@@ -383,6 +384,17 @@ void Server::Drain(std::chrono::milliseconds timeout) {
     if (t.joinable()) t.join();
   }
   impl_->workers.clear();
+}
+
+Result<void> DecodeRequest(const std::string& data, google::protobuf::Message& req) {
+  if (!req.ParseFromString(data)) {
+    return Error::InvalidArgument(
+        "malformed_payload",
+        "request body is not a valid " + req.GetDescriptor()->full_name() + " message");
+  }
+  // Protobuf strings may hold NUL, but PostgreSQL text and C strings end at it: what would be
+  // stored is not what was sent. Refused at the edge, for every served request.
+  return validate::RefuseNulStrings(req);
 }
 
 size_t Server::InFlight() const {

@@ -55,6 +55,10 @@ struct ServerOptions {
   std::vector<std::string> token_public_keys;
 };
 
+// Parses a served request and refuses what no handler should see: INVALID_ARGUMENT
+// malformed_payload (not a valid message of its type) or string_has_nul (validate.hpp).
+Result<void> DecodeRequest(const std::string& data, google::protobuf::Message& req);
+
 class Server {
  public:
   using RawHandler =
@@ -72,11 +76,7 @@ class Server {
         [fn = std::move(fn)](const std::string& data, Context& ctx,
                              google::protobuf::Any* out) -> Result<void> {
           Req req;
-          if (!req.ParseFromString(data)) {
-            return Error::InvalidArgument(
-                "malformed_payload",
-                "request body is not a valid " + Req::descriptor()->full_name() + " message");
-          }
+          if (auto d = DecodeRequest(data, req); !d.ok()) return d.error();
           Result<Resp> r = fn(req, ctx);
           if (!r.ok()) return r.error();
           out->PackFrom(*r);

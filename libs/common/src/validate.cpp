@@ -1,0 +1,112 @@
+#include "gpuaas/common/validate.hpp"
+
+#include <google/protobuf/descriptor.h>
+#include <google/protobuf/message.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+namespace gpuaas::validate {
+
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+bool HasNul(const std::string& s) { return s.find('\0') != std::string::npos; }
+
+// A map key as it appears in a path: quoted, with a NUL written as \0.
+std::string QuoteKey(const std::string& key) {
+  std::string out = "\"";
+  for (char c : key) {
+    if (c == '\0') {
+      out += "\\0";
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+// The key of a map entry as text (keys are strings or integers or bools).
+std::string MapKey(const Message& entry) {
+  const auto* key = entry.GetDescriptor()->map_key();
+  const auto* r = entry.GetReflection();
+  switch (key->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      return QuoteKey(r->GetString(entry, key));
+    case FieldDescriptor::CPPTYPE_INT32:
+      return std::to_string(r->GetInt32(entry, key));
+    case FieldDescriptor::CPPTYPE_INT64:
+      return std::to_string(r->GetInt64(entry, key));
+    case FieldDescriptor::CPPTYPE_UINT32:
+      return std::to_string(r->GetUInt32(entry, key));
+    case FieldDescriptor::CPPTYPE_UINT64:
+      return std::to_string(r->GetUInt64(entry, key));
+    case FieldDescriptor::CPPTYPE_BOOL:
+      return r->GetBool(entry, key) ? "true" : "false";
+    default:
+      return "?";
+  }
+}
+
+bool IsString(const FieldDescriptor* f) { return f->type() == FieldDescriptor::TYPE_STRING; }
+
+void Walk(const Message& m, const std::string& prefix, std::vector<std::string>& out) {
+  const auto* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);  // set fields only: an empty string cannot hold a NUL
+  for (const auto* f : fields) {
+    const std::string path = prefix.empty() ? f->name() : prefix + "." + f->name();
+    if (f->is_map()) {
+      const auto* value = f->message_type()->map_value();
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const Message& entry = r->GetRepeatedMessage(m, f, i);
+        const std::string at = fmt::format("{}[{}]", path, MapKey(entry));
+        const auto* key = entry.GetDescriptor()->map_key();
+        if (IsString(key) && HasNul(entry.GetReflection()->GetString(entry, key))) {
+          out.push_back(at + " (key)");
+        }
+        if (IsString(value) && HasNul(entry.GetReflection()->GetString(entry, value))) {
+          out.push_back(at);
+        } else if (value->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          Walk(entry.GetReflection()->GetMessage(entry, value), at, out);
+        }
+      }
+    } else if (f->is_repeated()) {
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        const std::string at = fmt::format("{}[{}]", path, i);
+        if (IsString(f) && HasNul(r->GetRepeatedString(m, f, i))) {
+          out.push_back(at);
+        } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          Walk(r->GetRepeatedMessage(m, f, i), at, out);
+        }
+      }
+    } else if (IsString(f)) {
+      if (HasNul(r->GetString(m, f))) out.push_back(path);
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      Walk(r->GetMessage(m, f), path, out);
+    }
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> NulStringFields(const google::protobuf::Message& m) {
+  std::vector<std::string> out;
+  Walk(m, "", out);
+  return out;
+}
+
+Result<void> RefuseNulStrings(const google::protobuf::Message& m) {
+  const auto bad = NulStringFields(m);
+  if (bad.empty()) return Ok();
+  std::map<std::string, std::string> details;
+  for (const auto& path : bad) details[path] = "contains a NUL byte";
+  return Error::InvalidArgument(
+      "string_has_nul",
+      fmt::format("{} has a NUL byte; text fields may not contain NUL", fmt::join(bad, ", ")),
+      std::move(details));
+}
+
+}  // namespace gpuaas::validate
