@@ -196,8 +196,17 @@ TEST_F(FlowTest, ProjectionRebuildsFromTheStream) {
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(Register(Req(fmt::format("gpu-{:02}", i))).ok());
   ASSERT_TRUE(Register(Req("gpu-00", "h200-b")).ok());
   ASSERT_TRUE(testing::WaitFor([&] { return Projection().size() == 5; }));
-  auto r = rpc::Client(conn_).Call<v1::RebuildProjectionResponse>(
+  // An empty request is refused and leaves the projection as it was.
+  auto refused = rpc::Client(conn_).Call<v1::RebuildProjectionResponse>(
       "gpuaas.v1.scheduler.projection.rebuild", v1::RebuildProjectionRequest(), 10000ms);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, Code::kInvalidArgument);
+  EXPECT_EQ(refused.error().reason, "confirm_required");
+  EXPECT_EQ(Projection().size(), 5u);
+  v1::RebuildProjectionRequest confirmed;
+  confirmed.set_confirm(true);
+  auto r = rpc::Client(conn_).Call<v1::RebuildProjectionResponse>(
+      "gpuaas.v1.scheduler.projection.rebuild", confirmed, 10000ms);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->nodes(), 5);
   EXPECT_EQ(r->events_replayed(), 6);

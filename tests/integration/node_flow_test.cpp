@@ -146,8 +146,10 @@ TEST_F(NodeFlowTest, DiscoveredCandidatesBecomeSchedulableSlotsOnceApproved) {
   }));
 
   // A rebuilt scheduler projection has the same slots.
-  auto rebuilt = Call<v1::RebuildProjectionResponse>("gpuaas.v1.scheduler.projection.rebuild",
-                                                     v1::RebuildProjectionRequest());
+  v1::RebuildProjectionRequest rebuild;
+  rebuild.set_confirm(true);
+  auto rebuilt =
+      Call<v1::RebuildProjectionResponse>("gpuaas.v1.scheduler.projection.rebuild", rebuild);
   ASSERT_TRUE(rebuilt.ok()) << rebuilt.error().ToString();
   EXPECT_EQ(rebuilt->slots(), 4);
   EXPECT_EQ(rebuilt->nodes(), 1);

@@ -103,8 +103,10 @@ Action AddNodeCommands(CLI::App& app) {
       });
     }
     if (rebuild->parsed()) {
-      auto r = client.Call<v1::RebuildProjectionResponse>(
-          "gpuaas.v1.scheduler.projection.rebuild", v1::RebuildProjectionRequest(), g.Timeout());
+      v1::RebuildProjectionRequest req;
+      req.set_confirm(true);  // naming the command is the operator's confirmation
+      auto r = client.Call<v1::RebuildProjectionResponse>("gpuaas.v1.scheduler.projection.rebuild",
+                                                          req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
         std::cout << fmt::format("projection rebuilt: {} events replayed, {} nodes, {} slots\n",

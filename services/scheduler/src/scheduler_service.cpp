@@ -242,8 +242,16 @@ Result<void> SchedulerService::Start() {
 
   svc_.Rpc().Handle<v1::RebuildProjectionRequest, v1::RebuildProjectionResponse>(
       "gpuaas.v1.scheduler.projection.rebuild",
-      [this](const v1::RebuildProjectionRequest&,
+      [this](const v1::RebuildProjectionRequest& req,
              rpc::Context& ctx) -> Result<v1::RebuildProjectionResponse> {
+        // The rebuild empties the projection first: never on an empty or accidental request.
+        if (!req.confirm()) {
+          return Error::InvalidArgument(
+              "confirm_required",
+              "projection.rebuild empties the node and slot projections before replaying; "
+              "send confirm = true",
+              {{"confirm", "must be true"}});
+        }
         auto r = RebuildProjection(std::chrono::milliseconds(ctx.RemainingMs()));
         if (!r.ok()) return r.error();
         v1::RebuildProjectionResponse resp;
