@@ -35,6 +35,7 @@
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -361,7 +362,7 @@ class ContractTest : public ::testing::Test {
   // One short lifecycle, so that every publish path runs: a node registers and reports its
   // topology, its slots are approved (ipam reserves addresses, node tasks run), a slice is
   // placed, provisioned and released, a lease report shows drift and then none, an operator
-  // releases a reservation and registers a node twice with a change.
+  // releases a reservation, removes an orphan MAC row and registers a node twice with a change.
   void RunFlow() {
     p_.Start();
     if (HasFatalFailure()) return;
@@ -474,6 +475,27 @@ class ContractTest : public ::testing::Test {
         Call<v1::ReleaseSlotAddressResponse>("gpuaas.v1.ipam.reservation.release", give_back);
     ASSERT_TRUE(gone.ok()) << gone.error().ToString();
     EXPECT_TRUE(gone->released());
+    // A MAC row of a slot inventory never announced (as a failed approval leaves): the operator
+    // lists and removes orphans.
+    auto stray = store::WithTx(*p_.ipam->runtime().pg(), [&](pqxx::work& tx) -> Result<void> {
+      tx.exec_params(
+          "INSERT INTO mac_assignments (node_id, slot_key, mac, source) VALUES ($1, 'stray', "
+          "'52:54:01:ff:00:01', 'pool')",
+          node);
+      return Ok();
+    });
+    ASSERT_TRUE(stray.ok()) << stray.error().ToString();
+    v1::ListOrphansRequest orphans;
+    orphans.set_min_age_seconds(0);
+    auto listed = Call<v1::ListOrphansResponse>("gpuaas.v1.ipam.orphan.list", orphans);
+    ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+    EXPECT_EQ(listed->orphans_size(), 1);
+    v1::RemoveOrphansRequest prune;
+    prune.set_min_age_seconds(0);
+    prune.set_reason("contract test");
+    auto pruned = Call<v1::RemoveOrphansResponse>("gpuaas.v1.ipam.orphan.remove", prune);
+    ASSERT_TRUE(pruned.ok()) << pruned.error().ToString();
+    EXPECT_EQ(pruned->removed_size(), 1);
     for (const char* host : {"bare-1", "bare-1b"}) {
       v1::RegisterNodeRequest reg;
       reg.set_node_id("contract-bare");

@@ -1,5 +1,5 @@
 // gpuaasctl ipam: reservations, leases, drift and the network document of a node; subnet rules;
-// release and admin re-provision of a slot's address.
+// release and admin re-provision of a slot's address; rows no inventory node or slot backs.
 #include <iostream>
 #include <memory>
 
@@ -41,10 +41,12 @@ void PrintDocument(const v1::GetNodeNetworkResponse& r) {
 
 Action AddIpamCommands(CLI::App& app) {
   struct Opts {
-    std::string node, slot, mac, reason, region, pool, subnet, gateway;
+    std::string node, slot, reason, region, pool, subnet, gateway;
     std::vector<std::string> host_cidrs;
     int64_t version = 0;
+    int64_t min_age = -1;  // -1: the service's default
     bool all = false;
+    bool remove = false;
   };
   auto o = std::make_shared<Opts>();
 
@@ -78,8 +80,14 @@ Action AddIpamCommands(CLI::App& app) {
       ipam->add_subcommand("reprovision", "Give a slot a new MAC (admin; not while bound)");
   reprovision->add_option("--node", o->node, "Node id")->required();
   reprovision->add_option("--slot", o->slot, "Slot key")->required();
-  reprovision->add_option("--mac", o->mac, "This unicast MAC (default: next derived/pool MAC)");
   reprovision->add_option("--reason", o->reason, "Why");
+  auto* orphans = ipam->add_subcommand(
+      "orphans", "Rows of nodes/slots inventory does not know (--remove deletes them: admin)");
+  orphans->add_flag("--remove", o->remove, "Delete them (each announced as orphan.removed)");
+  orphans->add_option("--min-age", o->min_age,
+                      "Only slot orphans unchanged for this many seconds (default 600)");
+  orphans->add_option("--node", o->node, "Only this node's (with --remove)");
+  orphans->add_option("--reason", o->reason, "Why (with --remove)");
 
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
     const auto timeout = g.Timeout();
@@ -192,7 +200,6 @@ Action AddIpamCommands(CLI::App& app) {
       v1::ReprovisionSlotAddressRequest req;
       req.set_node_id(o->node);
       req.set_slot_key(o->slot);
-      req.set_mac(o->mac);
       req.set_reason(o->reason);
       auto r = client.Call<v1::ReprovisionSlotAddressResponse>(
           "gpuaas.v1.ipam.reservation.reprovision", req, timeout);
@@ -202,6 +209,37 @@ Action AddIpamCommands(CLI::App& app) {
                                  r->previous_mac(), Or(r->reservation().mac(), "(no reservation)"),
                                  r->document_version());
       });
+    }
+    if (orphans->parsed()) {
+      const auto rows_of = [](const auto& list) {
+        std::vector<std::vector<std::string>> rows;
+        for (const auto& x : list) {
+          rows.push_back({x.node_id(), Or(x.slot_key()), Txt(x.reason()), Or(x.mac()), Or(x.ip()),
+                          Or(x.subnet()), std::to_string(x.reservations()),
+                          x.has_updated_at() ? Time(x.updated_at()) : "-"});
+        }
+        return rows;
+      };
+      const std::vector<std::string> header = {"NODE", "SLOT",   "REASON",   "MAC",
+                                               "IP",   "SUBNET", "RESERVED", "CHANGED"};
+      if (o->remove) {
+        v1::RemoveOrphansRequest req;
+        if (o->min_age >= 0) req.set_min_age_seconds(o->min_age);
+        req.set_node_id(o->node);
+        req.set_reason(o->reason);
+        auto r =
+            client.Call<v1::RemoveOrphansResponse>("gpuaas.v1.ipam.orphan.remove", req, timeout);
+        if (!r.ok()) return Fail(g, r.error());
+        return Print(g, *r, [&] {
+          std::cout << r->removed_size() << " orphan(s) removed\n";
+          if (r->removed_size() > 0) PrintTable(header, rows_of(r->removed()));
+        });
+      }
+      v1::ListOrphansRequest req;
+      if (o->min_age >= 0) req.set_min_age_seconds(o->min_age);
+      auto r = client.Call<v1::ListOrphansResponse>("gpuaas.v1.ipam.orphan.list", req, timeout);
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] { PrintTable(header, rows_of(r->orphans())); });
     }
     return std::nullopt;
   };

@@ -1,5 +1,6 @@
 // ipam's consumers: allocation events bind/unbind reservations; node-agent lease reports become
-// observations and drift. Both run inside inbox::ProjectionHandler's transaction, so a
+// observations and drift; inventory's node and slot events become the projection requests and
+// orphan judgement are checked against. All run inside inbox::ProjectionHandler's transaction, so a
 // redelivered event is a no-op, and both order by the entity's own clock (allocation
 // generation, report observed_at) because the inbox does not order anything.
 #include <google/protobuf/util/time_util.h>
@@ -13,6 +14,7 @@
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ipam_domain.hpp"
@@ -119,6 +121,41 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
       if (auto d = UpdateDocument(tx, node, cfg); !d.ok()) return d.error();
     }
   }
+  return Ok();
+}
+
+Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
+  v1::NodeSnapshot snap;
+  if (!ev.data().UnpackTo(&snap)) {
+    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.NodeSnapshot");
+  }
+  if (!ids::IsNodeId(snap.node().node_id())) {
+    return Error::InvalidArgument("malformed_event", "node event without a valid node id");
+  }
+  const int64_t generation = ev.generation() > 0 ? ev.generation() : snap.node().generation();
+  tx.exec_params(
+      "INSERT INTO inventory_nodes (node_id, generation) VALUES ($1, $2) ON CONFLICT (node_id) "
+      "DO UPDATE SET generation = GREATEST(inventory_nodes.generation, EXCLUDED.generation), "
+      "updated_at = now()",
+      snap.node().node_id(), generation);
+  return Ok();
+}
+
+Result<void> ApplyInventorySlotEvent(pqxx::work& tx, const v1::Event& ev) {
+  v1::SlotSnapshot snap;
+  if (!ev.data().UnpackTo(&snap)) {
+    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.SlotSnapshot");
+  }
+  const auto& s = snap.slot();
+  if (!ids::IsNodeId(s.node_id()) || s.slot_key().empty()) {
+    return Error::InvalidArgument("malformed_event", "slot event without a node id or slot key");
+  }
+  const int64_t generation = ev.generation() > 0 ? ev.generation() : s.generation();
+  tx.exec_params(
+      "INSERT INTO inventory_slots (node_id, slot_key, generation) VALUES ($1, $2, $3) "
+      "ON CONFLICT (node_id, slot_key) DO UPDATE SET generation = "
+      "GREATEST(inventory_slots.generation, EXCLUDED.generation), updated_at = now()",
+      s.node_id(), s.slot_key(), generation);
   return Ok();
 }
 

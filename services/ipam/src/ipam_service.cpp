@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/proto_json.hpp"
@@ -14,6 +15,7 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "ipam_domain.hpp"
+#include "ipam_orphans.hpp"
 #include "ipam_store.hpp"
 
 namespace gpuaas::ipam {
@@ -98,6 +100,24 @@ std::optional<RuleRow> LoadRule(pqxx::work& tx, const std::string& scope, const 
       scope, region, pool, node_id);
   if (r.empty()) return std::nullopt;
   return RuleRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(), TextArray(r[0][2])};
+}
+
+// How long a request may wait for ipam's projection of inventory to catch up: at most this, and
+// never past the caller's deadline.
+std::chrono::steady_clock::time_point ProjectionDeadline(const rpc::Context& ctx) {
+  constexpr int64_t kMaxWaitMs = 5000;
+  const int64_t ms = std::min<int64_t>(kMaxWaitMs, std::max<int64_t>(ctx.RemainingMs() - 200, 0));
+  return std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+}
+
+constexpr int64_t kDefaultOrphanMinAgeS = 600;
+
+// The deprecated ReprovisionSlotAddressRequest.mac, read only to refuse it.
+std::string DeprecatedMac(const v1::ReprovisionSlotAddressRequest& req) {
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+  return req.mac();
+#pragma GCC diagnostic pop
 }
 
 // The subnet a node gets: node rule, then pool rule, then region rule, then the default.
@@ -209,7 +229,8 @@ Result<void> IpamService::Start() {
   if (auto v = cfg_.Validate(); !v.ok()) return v;
   if (auto r = svc_.Start(); !r.ok()) return r;
   for (const auto& spec : {messaging::IpamEventsStream(), messaging::DeadLetterStream(),
-                           messaging::SchedulerEventsStream(), messaging::NodeEventsStream()}) {
+                           messaging::SchedulerEventsStream(), messaging::NodeEventsStream(),
+                           messaging::InventoryEventsStream()}) {
     if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();
@@ -218,10 +239,25 @@ Result<void> IpamService::Start() {
   const IpamConfig cfg = cfg_;
   auto& rpc = svc_.Rpc();
 
+  // The projection of inventory first: the handlers below check against it.
+  InventoryView inv;
+  auto nodes = svc_.StartProjection(
+      messaging::InventoryEventsStream().name, kInventoryNodeConsumer,
+      "gpuaas.v1.evt.inventory.node.>",
+      [](pqxx::work& tx, const v1::Event& ev) { return ApplyInventoryNodeEvent(tx, ev); });
+  if (!nodes.ok()) return nodes.error();
+  inv.nodes = *nodes;
+  auto slots = svc_.StartProjection(
+      messaging::InventoryEventsStream().name, kInventorySlotConsumer,
+      "gpuaas.v1.evt.inventory.slot.>",
+      [](pqxx::work& tx, const v1::Event& ev) { return ApplyInventorySlotEvent(tx, ev); });
+  if (!slots.ok()) return slots.error();
+  inv.slots = *slots;
+
   rpc.Handle<v1::ReserveSlotAddressRequest, v1::ReserveSlotAddressResponse>(
       "gpuaas.v1.ipam.reservation.reserve",
-      [pool, source, cfg](const v1::ReserveSlotAddressRequest& req,
-                          rpc::Context& ctx) -> Result<v1::ReserveSlotAddressResponse> {
+      [pool, source, cfg, inv](const v1::ReserveSlotAddressRequest& req,
+                               rpc::Context& ctx) -> Result<v1::ReserveSlotAddressResponse> {
         if (auto v = ValidateKeys(req.node_id(), req.slot_key(), "invalid_reservation_request");
             !v.ok()) {
           return v.error();
@@ -235,6 +271,13 @@ Result<void> IpamService::Start() {
         if (!problems.empty()) {
           return Error::InvalidArgument("invalid_reservation_request", "invalid field(s)",
                                         problems);
+        }
+        // Only nodes inventory registered get addresses. The slot is not checked: inventory
+        // reserves while it approves a candidate, before it announces the slot.
+        if (auto k = RequireKnown(*pool, inv, req.node_id(), "", {Code::kFailedPrecondition, true},
+                                  ProjectionDeadline(ctx));
+            !k.ok()) {
+          return k.error();
         }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ReserveSlotAddressResponse> {
           v1::ReserveSlotAddressResponse resp;
@@ -388,21 +431,24 @@ Result<void> IpamService::Start() {
 
   rpc.Handle<v1::ReprovisionSlotAddressRequest, v1::ReprovisionSlotAddressResponse>(
       "gpuaas.v1.ipam.reservation.reprovision",
-      [pool, source, cfg](const v1::ReprovisionSlotAddressRequest& req,
-                          rpc::Context& ctx) -> Result<v1::ReprovisionSlotAddressResponse> {
+      [pool, source, cfg, inv](const v1::ReprovisionSlotAddressRequest& req,
+                               rpc::Context& ctx) -> Result<v1::ReprovisionSlotAddressResponse> {
         if (auto v = ValidateKeys(req.node_id(), req.slot_key(), "invalid_reprovision_request");
             !v.ok()) {
           return v.error();
         }
-        std::optional<uint64_t> pinned;
-        if (!req.mac().empty()) {
-          pinned = ParseMac(req.mac());
-          if (!pinned || !IsUnicastMac(*pinned)) {
-            return Error::InvalidArgument(
-                "invalid_mac",
-                "mac must be a unicast MAC like 52:54:00:ab:cd:ef: '" + req.mac() + "'",
-                {{"mac", "not a unicast MAC"}});
-          }
+        // A MAC is derived or taken from the pool, never chosen by a caller: a chosen one could
+        // be any other host's on the L2 domain.
+        if (!DeprecatedMac(req).empty()) {
+          return Error::InvalidArgument(
+              "mac_not_allowed",
+              "a slot's MAC is derived or taken from ipam's pool; leave mac empty",
+              {{"mac", "must be empty (deprecated)"}});
+        }
+        if (auto k = RequireKnown(*pool, inv, req.node_id(), req.slot_key(),
+                                  {Code::kNotFound, false}, ProjectionDeadline(ctx));
+            !k.ok()) {
+          return k.error();
         }
         return store::WithTx(
             *pool, [&](pqxx::work& tx) -> Result<v1::ReprovisionSlotAddressResponse> {
@@ -433,39 +479,20 @@ Result<void> IpamService::Start() {
               }
               v1::ReprovisionSlotAddressResponse resp;
               resp.set_previous_mac(old);
-              if (pinned && FormatMac(*pinned) == old) {
-                // Already the slot's MAC: nothing changes.
-                if (r) *resp.mutable_reservation() = *r;
-                auto d = UpdateDocument(tx, req.node_id(), cfg);
-                if (!d.ok()) return d.error();
-                resp.set_document_version(*d);
-                return resp;
-              }
               tx.exec_params("DELETE FROM mac_assignments WHERE node_id = $1 AND slot_key = $2",
                              req.node_id(), req.slot_key());
               std::string mac;
-              if (pinned) {
-                mac = FormatMac(*pinned);
-                if (!ClaimMac(tx, req.node_id(), req.slot_key(), mac, "admin", epoch + 1)) {
-                  return Error{Code::kAlreadyExists,
-                               "mac_in_use",
-                               "another slot owns MAC " + mac,
-                               {{"mac", mac}},
-                               false};
+              for (int e = epoch + 1; e <= epoch + 8 && mac.empty(); ++e) {
+                const auto candidate = DeterministicMac(req.node_id(), req.slot_key(), e);
+                if (candidate != old &&
+                    ClaimMac(tx, req.node_id(), req.slot_key(), candidate, "derived", e)) {
+                  mac = candidate;
                 }
-              } else {
-                for (int e = epoch + 1; e <= epoch + 8 && mac.empty(); ++e) {
-                  const auto candidate = DeterministicMac(req.node_id(), req.slot_key(), e);
-                  if (candidate != old &&
-                      ClaimMac(tx, req.node_id(), req.slot_key(), candidate, "derived", e)) {
-                    mac = candidate;
-                  }
-                }
-                if (mac.empty()) {
-                  auto p = ClaimPoolMac(tx, req.node_id(), req.slot_key(), epoch + 1);
-                  if (!p.ok()) return p.error();
-                  mac = *p;
-                }
+              }
+              if (mac.empty()) {
+                auto p = ClaimPoolMac(tx, req.node_id(), req.slot_key(), epoch + 1);
+                if (!p.ok()) return p.error();
+                mac = *p;
               }
               // The re-inserted ownership row keeps the slot's event order.
               tx.exec_params(
@@ -494,6 +521,75 @@ Result<void> IpamService::Start() {
                                                        {"reason", req.reason()}});
               return resp;
             });
+      });
+
+  rpc.Handle<v1::ListOrphansRequest, v1::ListOrphansResponse>(
+      "gpuaas.v1.ipam.orphan.list",
+      [pool, inv](const v1::ListOrphansRequest& req,
+                  rpc::Context&) -> Result<v1::ListOrphansResponse> {
+        const int64_t min_age =
+            req.has_min_age_seconds() ? req.min_age_seconds() : kDefaultOrphanMinAgeS;
+        if (min_age < 0) {
+          return Error::InvalidArgument("invalid_min_age", "min_age_seconds must be >= 0",
+                                        {{"min_age_seconds", "must be >= 0"}});
+        }
+        if (auto c = RequireCaughtUp(inv); !c.ok()) return c.error();
+        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListOrphansResponse> {
+          v1::ListOrphansResponse resp;
+          for (auto& o : FindOrphans(tx, min_age, "")) *resp.add_orphans() = std::move(o);
+          return resp;
+        });
+      });
+
+  rpc.Handle<v1::RemoveOrphansRequest, v1::RemoveOrphansResponse>(
+      "gpuaas.v1.ipam.orphan.remove",
+      [pool, source, cfg, inv](const v1::RemoveOrphansRequest& req,
+                               rpc::Context& ctx) -> Result<v1::RemoveOrphansResponse> {
+        const int64_t min_age =
+            req.has_min_age_seconds() ? req.min_age_seconds() : kDefaultOrphanMinAgeS;
+        std::map<std::string, std::string> problems;
+        if (min_age < 0) problems["min_age_seconds"] = "must be >= 0";
+        if (!req.node_id().empty() && !ids::IsNodeId(req.node_id())) {
+          problems["node_id"] = "must be a lowercase DNS label";
+        }
+        if (!problems.empty()) {
+          return Error::InvalidArgument("invalid_orphan_request", "invalid field(s)", problems);
+        }
+        if (auto c = RequireCaughtUp(inv); !c.ok()) return c.error();
+        // Nodes one at a time, each judged again under its lock: a reservation made or bound
+        // meanwhile is not an orphan any more.
+        auto candidates =
+            store::WithTx(*pool, [&](pqxx::work& tx) -> Result<std::set<std::string>> {
+              std::set<std::string> out;
+              for (const auto& o : FindOrphans(tx, min_age, req.node_id())) out.insert(o.node_id());
+              return out;
+            });
+        if (!candidates.ok()) return candidates.error();
+        v1::RemoveOrphansResponse resp;
+        for (const auto& node : *candidates) {
+          auto removed =
+              store::WithTx(*pool, [&](pqxx::work& tx) -> Result<std::vector<v1::IpamOrphan>> {
+                LockNode(tx, node);
+                auto found = FindOrphans(tx, min_age, node);
+                for (const auto& o : found) {
+                  if (auto r = RemoveOrphan(tx, o, cfg, source, ctx.traceparent); !r.ok()) {
+                    return r.error();
+                  }
+                }
+                return found;
+              });
+          if (!removed.ok()) return removed.error();
+          for (auto& o : *removed) {
+            ctx.log.Info("ipam orphan removed", {{"node_id", o.node_id()},
+                                                 {"slot_key", o.slot_key()},
+                                                 {"orphan_reason", enums::Text(o.reason())},
+                                                 {"mac", o.mac()},
+                                                 {"ip", o.ip()},
+                                                 {"reason", req.reason()}});
+            *resp.add_removed() = std::move(o);
+          }
+        }
+        return resp;
       });
 
   rpc.Handle<v1::SetSubnetRequest, v1::SetSubnetResponse>(

@@ -3,8 +3,9 @@
 // per-slot private-IP reservations bound to allocations while they live, each node's versioned
 // network document and its acks, lease observations and IPAM drift. Serves gpuaas.v1.ipam.*;
 // consumes allocation events (GPUAAS_EVT_SCHEDULER) and node-agent lease reports
-// (GPUAAS_EVT_NODE); announces reservation and drift changes through its outbox
-// (GPUAAS_EVT_IPAM). Pure rules live in ipam_domain.hpp.
+// (GPUAAS_EVT_NODE), and inventory's node and slot events (GPUAAS_EVT_INVENTORY) as the
+// projection reserve/reprovision and orphan judgement check against; announces reservation and
+// drift changes through its outbox (GPUAAS_EVT_IPAM). Pure rules live in ipam_domain.hpp.
 #include <pqxx/pqxx>
 
 #include <string>
@@ -23,6 +24,8 @@ const std::vector<store::Migration>& Migrations();
 
 inline constexpr const char* kAllocationConsumer = "ipam-scheduler-allocations";
 inline constexpr const char* kLeaseConsumer = "ipam-node-leases";
+inline constexpr const char* kInventoryNodeConsumer = "ipam-inventory-nodes";
+inline constexpr const char* kInventorySlotConsumer = "ipam-inventory-slots";
 
 struct IpamConfig {
   runtime::CommonConfig common;
@@ -55,6 +58,10 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
                                   const std::string& source);
 Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
                              const std::string& source);
+// Inventory's NodeSnapshot / SlotSnapshot events: the nodes and slots inventory knows (ipam's
+// projection; nothing is ever removed from it, inventory deletes neither).
+Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev);
+Result<void> ApplyInventorySlotEvent(pqxx::work& tx, const v1::Event& ev);
 
 class IpamService {
  public:

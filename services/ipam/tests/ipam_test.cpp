@@ -1,12 +1,15 @@
 // ipam in-process against real NATS JetStream and PostgreSQL: reservations, MAC collisions under
 // concurrency, release and re-provision, subnet rules and their errors, the versioned node
 // network document and its ack, allocation binding from scheduler events (with redelivery and
-// stale events), lease reports becoming drift and being resolved.
+// stale events), lease reports becoming drift and being resolved, reserve/reprovision checked
+// against ipam's projection of inventory, and orphan rows listed and removed.
 #include <gtest/gtest.h>
+#include <pqxx/pqxx>
 
 #include <google/protobuf/util/time_util.h>
 
 #include <atomic>
+#include <mutex>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -19,6 +22,7 @@
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ipam_domain.hpp"
@@ -65,9 +69,62 @@ class IpamTest : public ::testing::Test {
   Result<Resp> Call(const std::string& subject, const Req& req) {
     return rpc::Client(conn_).Call<Resp>(subject, req, 10000ms);
   }
+  // Whether ipam's projection of inventory has the node (and the slot, when not "").
+  bool Projected(const std::string& node, const std::string& slot = "") {
+    pqxx::connection c(dsn_);
+    pqxx::nontransaction tx(c);
+    if (slot.empty()) {
+      return !tx.exec_params("SELECT 1 FROM inventory_nodes WHERE node_id = $1", node).empty();
+    }
+    return !tx.exec_params("SELECT 1 FROM inventory_slots WHERE node_id = $1 AND slot_key = $2",
+                           node, slot)
+                .empty();
+  }
+  // What inventory's outbox relay publishes when it registers a node / announces a slot.
+  void PublishNode(const std::string& node) {
+    v1::NodeSnapshot snap;
+    snap.mutable_node()->set_node_id(node);
+    snap.mutable_node()->set_generation(1);
+    const std::string subject = "gpuaas.v1.evt.inventory.node.registered";
+    auto ev = outbox::MakeEvent({subject, "", "inventory/test", node, 1, node, "", &snap});
+    Republish(subject, ev, ev.id());
+  }
+  void PublishSlot(const std::string& node, const std::string& slot) {
+    v1::SlotSnapshot snap;
+    snap.mutable_slot()->set_node_id(node);
+    snap.mutable_slot()->set_slot_key(slot);
+    snap.mutable_slot()->set_generation(1);
+    const std::string subject = "gpuaas.v1.evt.inventory.slot.updated";
+    auto ev =
+        outbox::MakeEvent({subject, "", "inventory/test", node + "/" + slot, 1, node, "", &snap});
+    Republish(subject, ev, ev.id());
+  }
+  // Inventory knows the node (and the slot), as ipam's projection says.
+  void Know(const std::string& node, const std::string& slot = "") {
+    if (!ids::IsNodeId(node)) return;  // requests for it are refused before the lookup
+    const std::string key = node + "/" + slot;
+    {
+      std::lock_guard lock(known_mu_);
+      if (!known_.insert(key).second) return;
+    }
+    if (slot.empty()) {
+      PublishNode(node);
+    } else {
+      Know(node);
+      PublishSlot(node, slot);
+    }
+    EXPECT_TRUE(testing::WaitFor([&] { return Projected(node, slot); })) << key;
+  }
   Result<v1::ReserveSlotAddressResponse> Reserve(const std::string& node, const std::string& slot,
                                                  const std::string& region = "",
                                                  const std::string& pool = "") {
+    Know(node);
+    return ReserveUnchecked(node, slot, region, pool);
+  }
+  Result<v1::ReserveSlotAddressResponse> ReserveUnchecked(const std::string& node,
+                                                          const std::string& slot,
+                                                          const std::string& region = "",
+                                                          const std::string& pool = "") {
     v1::ReserveSlotAddressRequest req;
     req.set_node_id(node);
     req.set_slot_key(slot);
@@ -85,10 +142,19 @@ class IpamTest : public ::testing::Test {
   Result<v1::ReprovisionSlotAddressResponse> Reprovision(const std::string& node,
                                                          const std::string& slot,
                                                          const std::string& mac = "") {
+    if (!slot.empty()) Know(node, slot);
+    return ReprovisionUnchecked(node, slot, mac);
+  }
+  Result<v1::ReprovisionSlotAddressResponse> ReprovisionUnchecked(const std::string& node,
+                                                                  const std::string& slot,
+                                                                  const std::string& mac = "") {
     v1::ReprovisionSlotAddressRequest req;
     req.set_node_id(node);
     req.set_slot_key(slot);
-    req.set_mac(mac);
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    req.set_mac(mac);  // deprecated: set only to prove it is refused
+#pragma GCC diagnostic pop
     return Call<v1::ReprovisionSlotAddressResponse>("gpuaas.v1.ipam.reservation.reprovision", req);
   }
   Result<v1::SetSubnetResponse> SetSubnet(const std::string& region, const std::string& pool,
@@ -190,6 +256,8 @@ class IpamTest : public ::testing::Test {
   std::string dsn_;
   std::unique_ptr<IpamService> svc_;
   std::shared_ptr<messaging::Connection> conn_;
+  std::mutex known_mu_;
+  std::set<std::string> known_;  // "<node>/<slot>" already in ipam's projection
 };
 
 TEST_F(IpamTest, ReserveIsIdempotentAndAnnouncedOnce) {
@@ -351,22 +419,17 @@ TEST_F(IpamTest, MacIsStableAcrossReleaseAndChangesOnlyOnReprovision) {
     listed = listed || (r.slot_key() == "gpu-a" && r.mac() == re->reservation().mac());
   }
   EXPECT_TRUE(listed) << "the document carries the new MAC";
-  auto pinned = Reprovision("gpu-01", "gpu-a", "52:54:0a:00:00:01");
-  ASSERT_TRUE(pinned.ok());
-  EXPECT_EQ(pinned->reservation().mac_source(), "admin");
-  // Bad input.
-  auto bad_mac = Reprovision("gpu-01", "gpu-a", "52:54:00:zz:00:01");
-  ASSERT_FALSE(bad_mac.ok());
-  EXPECT_EQ(bad_mac.error().reason, "invalid_mac");
-  auto multicast = Reprovision("gpu-01", "gpu-a", "01:00:5e:00:00:01");
-  ASSERT_FALSE(multicast.ok());
-  EXPECT_EQ(multicast.error().reason, "invalid_mac");
-  auto taken = Reprovision("gpu-01", "gpu-a", Find("gpu-01", "gpu-b")->mac());
-  ASSERT_FALSE(taken.ok());
-  EXPECT_EQ(taken.error().code, Code::kAlreadyExists);
-  EXPECT_EQ(taken.error().reason, "mac_in_use");
-  EXPECT_EQ(Find("gpu-01", "gpu-a")->mac(), "52:54:0a:00:00:01")
-      << "a failed change changes nothing";
+  // A MAC chosen by the caller is refused, whatever it is, and changes nothing.
+  for (const std::string& chosen :
+       {std::string("52:54:0a:00:00:01"), std::string("52:54:00:zz:00:01"),
+        Find("gpu-01", "gpu-b")->mac()}) {
+    auto pinned = Reprovision("gpu-01", "gpu-a", chosen);
+    ASSERT_FALSE(pinned.ok()) << chosen;
+    EXPECT_EQ(pinned.error().code, Code::kInvalidArgument);
+    EXPECT_EQ(pinned.error().reason, "mac_not_allowed");
+  }
+  EXPECT_EQ(Find("gpu-01", "gpu-a")->mac(), re->reservation().mac())
+      << "a refused change changes nothing";
   auto none = Reprovision("gpu-01", "gpu-zz");
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.error().reason, "slot_not_found");
@@ -375,7 +438,7 @@ TEST_F(IpamTest, MacIsStableAcrossReleaseAndChangesOnlyOnReprovision) {
   EXPECT_EQ(bad_release.error().reason, "invalid_release_request");
   ASSERT_TRUE(testing::WaitFor([&] {
     return Count("GPUAAS_EVT_IPAM", "gpuaas.v1.evt.ipam.reservation.released") == 1 &&
-           Count("GPUAAS_EVT_IPAM", "gpuaas.v1.evt.ipam.reservation.updated") == 2;
+           Count("GPUAAS_EVT_IPAM", "gpuaas.v1.evt.ipam.reservation.updated") == 1;
   }));
 }
 
@@ -690,6 +753,131 @@ TEST_F(IpamTest, LeaseReportsBecomeDriftAndAreResolved) {
   auto bad_list = Leases("");
   ASSERT_FALSE(bad_list.ok());
   EXPECT_EQ(bad_list.error().reason, "invalid_node_id");
+}
+
+// Found by a fault probe: reserve handed out an address for a node inventory never heard of,
+// and reprovision set a MAC the caller chose. Both are checked against ipam's projection of
+// inventory now, and a MAC is only ever derived or taken from the pool.
+TEST_F(IpamTest, UnknownNodesAndSlotsGetNoAddressAndCallersChooseNoMac) {
+  auto ghost = ReserveUnchecked("ghost-01", "slot-0");
+  ASSERT_FALSE(ghost.ok());
+  EXPECT_EQ(ghost.error().code, Code::kFailedPrecondition) << ghost.error().ToString();
+  EXPECT_EQ(ghost.error().reason, "node_unknown");
+  EXPECT_TRUE(Reservations("ghost-01").empty());
+  auto doc = Network("ghost-01");
+  ASSERT_TRUE(doc.ok());
+  EXPECT_EQ(doc->latest_version(), 0) << "no subnet, no document for an unknown node";
+
+  // Inventory registers a node and approves a slot at once: ipam's projection may be a moment
+  // behind, and reserve waits for it rather than refusing.
+  PublishNode("gpu-new");
+  auto fresh = ReserveUnchecked("gpu-new", "slot-0");
+  ASSERT_TRUE(fresh.ok()) << fresh.error().ToString();
+  EXPECT_TRUE(fresh->created());
+
+  // Reprovision: the node and the slot must be inventory's.
+  auto node = ReprovisionUnchecked("ghost-01", "slot-0");
+  ASSERT_FALSE(node.ok());
+  EXPECT_EQ(node.error().code, Code::kNotFound);
+  EXPECT_EQ(node.error().reason, "node_unknown");
+  auto slot = ReprovisionUnchecked("gpu-new", "slot-0");
+  ASSERT_FALSE(slot.ok());
+  EXPECT_EQ(slot.error().code, Code::kNotFound);
+  EXPECT_EQ(slot.error().reason, "slot_unknown");
+  EXPECT_EQ(Find("gpu-new", "slot-0")->mac(), fresh->reservation().mac());
+  auto chosen = Reprovision("gpu-new", "slot-0", "52:54:0a:00:00:01");
+  ASSERT_FALSE(chosen.ok());
+  EXPECT_EQ(chosen.error().reason, "mac_not_allowed");
+  auto derived = Reprovision("gpu-new", "slot-0");
+  ASSERT_TRUE(derived.ok()) << derived.error().ToString();
+  EXPECT_EQ(derived->reservation().mac(), DeterministicMac("gpu-new", "slot-0", 1));
+}
+
+TEST_F(IpamTest, OrphansAreListedAndRemovedWithAnEvent) {
+  // Rows of a node inventory never registered, as reserve made them before it checked.
+  {
+    pqxx::connection c(dsn_);
+    pqxx::work tx(c);
+    tx.exec0(
+        "INSERT INTO node_subnets (node_id, subnet, gateway) VALUES ('ghost-01', "
+        "'10.100.0.0/24', '10.100.0.1')");
+    tx.exec0(
+        "INSERT INTO mac_assignments (node_id, slot_key, mac, source) VALUES "
+        "('ghost-01', 'slot-0', '52:54:0a:00:00:01', 'admin')");
+    tx.exec0(
+        "INSERT INTO slot_reservations (node_id, slot_key, mac, ip) VALUES "
+        "('ghost-01', 'slot-0', '52:54:0a:00:00:01', '10.100.0.10')");
+    tx.commit();
+  }
+  // A known node: an announced slot, a slot inventory never announced (its approval failed
+  // after the reservation), and an unannounced slot bound to an allocation.
+  ASSERT_TRUE(Reserve("gpu-01", "known").ok());
+  Know("gpu-01", "known");
+  auto stray = Reserve("gpu-01", "stray");
+  ASSERT_TRUE(stray.ok());
+  ASSERT_TRUE(Reserve("gpu-01", "bound").ok());
+  const std::string alloc = ids::NewUuidV7();
+  PublishAllocation(alloc, "gpu-01", "active", 1, {"bound"});
+  ASSERT_TRUE(WaitAllocation("gpu-01", "bound", alloc));
+
+  auto list = [&](std::optional<int64_t> min_age) {
+    v1::ListOrphansRequest req;
+    if (min_age) req.set_min_age_seconds(*min_age);
+    auto r = Call<v1::ListOrphansResponse>("gpuaas.v1.ipam.orphan.list", req);
+    EXPECT_TRUE(r.ok()) << r.error().ToString();
+    std::vector<std::string> out;
+    if (!r.ok()) return out;
+    for (const auto& o : r->orphans()) {
+      out.push_back(o.node_id() + "/" + o.slot_key() + " " + enums::Text(o.reason()));
+    }
+    return out;
+  };
+  EXPECT_EQ(list(std::nullopt), std::vector<std::string>{"ghost-01/ node_unknown"})
+      << "a young slot may be one inventory is approving right now";
+  EXPECT_EQ(list(0),
+            (std::vector<std::string>{"ghost-01/ node_unknown", "gpu-01/stray slot_unknown"}));
+
+  v1::RemoveOrphansRequest bad;
+  bad.set_node_id("Bad.Node");
+  auto refused = Call<v1::RemoveOrphansResponse>("gpuaas.v1.ipam.orphan.remove", bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason, "invalid_orphan_request");
+
+  v1::RemoveOrphansRequest req;
+  req.set_min_age_seconds(0);
+  req.set_reason("probe cleanup");
+  auto removed = Call<v1::RemoveOrphansResponse>("gpuaas.v1.ipam.orphan.remove", req);
+  ASSERT_TRUE(removed.ok()) << removed.error().ToString();
+  ASSERT_EQ(removed->removed_size(), 2);
+  EXPECT_EQ(removed->removed(0).node_id(), "ghost-01");
+  EXPECT_EQ(removed->removed(0).subnet(), "10.100.0.0/24");
+  EXPECT_EQ(removed->removed(0).reservations(), 1);
+  EXPECT_EQ(removed->removed(1).slot_key(), "stray");
+  EXPECT_EQ(removed->removed(1).mac(), stray->reservation().mac());
+  EXPECT_EQ(removed->removed(1).ip(), stray->reservation().ip());
+
+  EXPECT_TRUE(list(0).empty());
+  EXPECT_TRUE(Reservations("ghost-01").empty());
+  EXPECT_FALSE(Find("gpu-01", "stray"));
+  EXPECT_TRUE(Find("gpu-01", "known"));
+  EXPECT_EQ(Find("gpu-01", "bound")->allocation_id(), alloc) << "a bound slot is never removed";
+  auto doc = Network("gpu-01");
+  ASSERT_TRUE(doc.ok());
+  EXPECT_EQ(doc->document().reservations_size(), 2) << "the node's document lost the stray";
+  {
+    pqxx::connection c(dsn_);
+    pqxx::nontransaction tx(c);
+    EXPECT_TRUE(
+        tx.exec("SELECT 1 FROM mac_assignments WHERE node_id = 'ghost-01' OR slot_key = 'stray'")
+            .empty())
+        << "MAC rows are gone too";
+  }
+  // Audited: one event per orphan, and a second run finds nothing.
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return Count("GPUAAS_EVT_IPAM", "gpuaas.v1.evt.ipam.orphan.removed") == 2; }));
+  auto again = Call<v1::RemoveOrphansResponse>("gpuaas.v1.ipam.orphan.remove", req);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->removed_size(), 0);
 }
 
 }  // namespace
