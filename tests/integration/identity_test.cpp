@@ -417,12 +417,20 @@ TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   auto f = rpc::Client(op).Call<v1::ReleaseAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.force_release", force);
   ASSERT_TRUE(f.ok()) << f.error().ToString();
-  auto released = published("gpuaas.v1.evt.scheduler.allocation.released",
-                            forced->allocation().allocation_id());
-  ASSERT_FALSE(released.empty());
-  EXPECT_EQ(released.back().actor().subject(), "user:olga");
-  EXPECT_EQ(released.back().actor().reason(), "host lost power");
-  EXPECT_EQ(released.back().actor().roles(0), "operator");
+  // The host is torn down first (the claims go with the cleanup proof): the operator's step is
+  // the move to releasing.
+  auto f_releasing = published("gpuaas.v1.evt.scheduler.allocation.releasing",
+                               forced->allocation().allocation_id());
+  ASSERT_FALSE(f_releasing.empty());
+  EXPECT_EQ(f_releasing.back().actor().subject(), "user:olga");
+  EXPECT_EQ(f_releasing.back().actor().reason(), "host lost power");
+  EXPECT_EQ(f_releasing.back().actor().roles(0), "operator");
+  auto f_released = published("gpuaas.v1.evt.scheduler.allocation.released",
+                              forced->allocation().allocation_id());
+  ASSERT_FALSE(f_released.empty());
+  v1::AllocationSnapshot f_snap;
+  ASSERT_TRUE(f_released.back().data().UnpackTo(&f_snap));
+  EXPECT_EQ(f_snap.allocation().release_requested_by().subject(), "user:olga");
 }
 
 }  // namespace

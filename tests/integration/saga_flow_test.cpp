@@ -200,7 +200,8 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   ASSERT_TRUE(again.ok()) << again.error().ToString();
 
   // Silence: node_unresponsive after the deadline; its cleanup is unanswered, so the slot stays
-  // cleanup_blocked and unplaceable until an admin force-releases it.
+  // cleanup_blocked and unplaceable — a force-release too only sends the cleanup again: the slot
+  // is freed by a proof, never without one.
   auto q = WaitSettled(quiet->allocation_id(), "failed");
   EXPECT_EQ(q.failure().code(), "node_unresponsive");
   for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
@@ -211,7 +212,10 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   EXPECT_EQ(blocked, 1);
   auto forced = Release(q.allocation_id(), true);
   ASSERT_TRUE(forced.ok());
-  for (const auto& c : forced->claims()) EXPECT_TRUE(c.has_released_at());
+  for (const auto& c : forced->claims()) EXPECT_FALSE(c.has_released_at());
+  q = WaitSettled(quiet->allocation_id(), "failed");
+  for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
+  EXPECT_EQ(Count(Timeline(q.allocation_id()), "task_timed_out", "slot.cleanup"), 2);
 
   // Inventory saw the VM tasks' outcomes too (node show, recent tasks).
   v1::ShowNodeRequest sr;

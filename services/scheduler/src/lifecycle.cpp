@@ -160,11 +160,28 @@ Result<Effects> Next(v1::AllocationState s, Event e, const Context& c) {
     }
     case Event::kForceRelease: {
       if (released || (failed && !c.has_live_claims)) return Noop(s);
-      Effects fx =
-          Freed(failed ? s : v1::ALLOCATION_STATE_RELEASED, v1::TIMELINE_STEP_FORCE_RELEASED);
+      if (s == v1::ALLOCATION_STATE_PENDING || s == v1::ALLOCATION_STATE_RESERVED || c.baremetal) {
+        // Nothing was created on a host for it: its claims are free now.
+        Effects fx = Freed(v1::ALLOCATION_STATE_RELEASED, v1::TIMELINE_STEP_FORCE_RELEASED);
+        fx.cancel_open_tasks = true;
+        return Failing(fx, v1::LIFECYCLE_STAGE_RELEASE);
+      }
+      // The host may still run a VM and hold its slots' lease: the claims are freed only by a
+      // cleanup proof, like a release's, or the next allocation placed there would meet the
+      // lease. Whatever was in flight is cancelled (its result arrives late) and the teardown
+      // starts again from the step the host needs.
+      if (failed) {
+        Effects fx = To(s, v1::CLAIM_PHASE_CLEANUP);
+        fx.cancel_open_tasks = true;
+        fx.step = v1::TIMELINE_STEP_FORCE_RELEASED;
+        return Sending(fx, v1::TASK_TYPE_SLOT_CLEANUP);
+      }
+      // provisioning, active or releasing
+      Effects fx = To(v1::ALLOCATION_STATE_RELEASING, v1::CLAIM_PHASE_RELEASING);
       fx.cancel_open_tasks = true;
-      if (!failed) fx = Failing(fx, v1::LIFECYCLE_STAGE_RELEASE);
-      return fx;
+      fx.step = v1::TIMELINE_STEP_FORCE_RELEASED;
+      fx.failure = FailureChange::kClear;
+      return Sending(fx, v1::TASK_TYPE_VM_RELEASE);
     }
     case Event::kProvisionSucceeded:
       if (!provisioning || !c.current_attempt) return Late(s);

@@ -238,11 +238,16 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
     if (detail.empty() && fx.step == v1::TIMELINE_STEP_CLAIMS_FREED) {
       detail = fmt::format("{} claim(s) freed", freed);
     }
-    if (fx.step == v1::TIMELINE_STEP_FORCE_RELEASED) {
+    if (fx.step == v1::TIMELINE_STEP_FORCE_RELEASED && fx.claims == lifecycle::Claims::kFree) {
       detail = fmt::format(
-          "an admin force-released {} claim(s) from state {}; the host state was not proven "
-          "clean",
-          freed, enums::Text(a.state()));
+          "an admin force-released {} claim(s) from state {}; no host task had been sent", freed,
+          enums::Text(a.state()));
+    } else if (fx.step == v1::TIMELINE_STEP_FORCE_RELEASED) {
+      detail = fmt::format(
+          "an admin force-released it from state {}: tasks in flight cancelled, {} sent; the "
+          "claims are freed by the cleanup proof (a node that does not answer leaves them "
+          "cleanup_blocked until `gpuaasctl slot repair` once it answers)",
+          enums::Text(a.state()), fx.send.empty() ? "nothing" : enums::Text(fx.send.front()));
     }
     AddTimeline(tx, id,
                 {fx.step, fx.state, in.task_id, in.task_type, v1::TASK_STAGE_UNSPECIFIED,

@@ -14,6 +14,11 @@
 //                    releasing -> released (a failed allocation stays failed)
 //   release/cleanup  claims cleanup_blocked, failure recorded; releasing again retries
 //   failed           (a new attempt); an admin may force-release
+//   force-release    (operator) cancels what is in flight and tears the host down now:
+//                    provisioning/active/releasing -> releasing, vm.release sent; failed with
+//                    live claims: slot.cleanup sent. The claims are still freed only by the
+//                    cleanup proof (the node's lease goes with it), so the next placement on
+//                    those slots succeeds; pending/reserved (no host task yet) -> released.
 //
 // Baremetal allocations have no host task in this product slice (bare-metal imaging is out of
 // scope): they become active when placed and their claim is freed on release.
@@ -54,7 +59,7 @@ Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& rese
                                       const Image* image, const SagaOptions& opts,
                                       const std::string& traceparent);
 
-// The release request (see the header comment); `force` frees the claims now.
+// The release request (see the header comment); `force` is the operator's force-release.
 Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allocation_id,
                                          bool force, const SagaOptions& opts,
                                          const std::string& traceparent,

@@ -92,7 +92,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"provisioning", "release_requested"},
        "releasing claims releasing send vm.release announce"},
       {{"provisioning", "force_release"},
-       "released freed failure release announce step force_released cancel"},
+       "releasing claims releasing send vm.release failure clear announce step force_released "
+       "cancel"},
       {{"provisioning", "provision_succeeded"}, "active claims active announce"},
       {{"provisioning", "provision_failed"},
        "failed claims cleanup_blocked send slot.cleanup failure provisioning announce"},
@@ -104,7 +105,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"active", "start"}, "illegal"},
       {{"active", "release_requested"}, "releasing claims releasing send vm.release announce"},
       {{"active", "force_release"},
-       "released freed failure release announce step force_released cancel"},
+       "releasing claims releasing send vm.release failure clear announce step force_released "
+       "cancel"},
       {{"active", "provision_succeeded"}, "active late"},
       {{"active", "provision_failed"}, "active late"},
       {{"active", "release_succeeded"}, "active late"},
@@ -116,7 +118,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"releasing", "release_requested"},
        "releasing claims releasing send vm.release failure clear announce"},
       {{"releasing", "force_release"},
-       "released freed failure release announce step force_released cancel"},
+       "releasing claims releasing send vm.release failure clear announce step force_released "
+       "cancel"},
       {{"releasing", "provision_succeeded"}, "releasing late"},
       {{"releasing", "provision_failed"}, "releasing late"},
       {{"releasing", "release_succeeded"}, "releasing claims cleanup send slot.cleanup"},
@@ -138,7 +141,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
 
       {{"failed", "start"}, "illegal"},
       {{"failed", "release_requested"}, "failed claims cleanup send slot.cleanup"},
-      {{"failed", "force_release"}, "failed freed announce step force_released cancel"},
+      {{"failed", "force_release"},
+       "failed claims cleanup send slot.cleanup announce step force_released cancel"},
       {{"failed", "provision_succeeded"}, "failed late"},
       {{"failed", "provision_failed"}, "failed late"},
       {{"failed", "release_succeeded"}, "failed late"},
@@ -186,6 +190,12 @@ TEST(LifecycleTest, ContextChangesOnlyWhatItShould) {
   EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_FAILED, Event::kReleaseRequested, none)),
             "failed noop");
   EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_FAILED, Event::kForceRelease, none)), "failed noop");
+  // A force-release replaces what is in flight instead of waiting for it.
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_FAILED, Event::kForceRelease, open)),
+            "failed claims cleanup send slot.cleanup announce step force_released cancel");
+  // Bare metal has no host task: its claim is freed at once.
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_ACTIVE, Event::kForceRelease, bm)),
+            "released freed failure release announce step force_released cancel");
   Context old;
   old.current_attempt = false;
   // A result of an earlier attempt decides nothing.
@@ -257,6 +267,13 @@ TEST(LifecycleTest, EveryTransitionInEveryContextKeepsTheInvariants) {
         for (auto t : fx.send) EXPECT_TRUE(vm_tasks.count(t)) << enums::Text(t);
         if (fx.failure == FailureChange::kSet) {
           EXPECT_NE(fx.failure_stage, v1::LIFECYCLE_STAGE_UNSPECIFIED);
+        }
+        // Claims of an allocation a host may have worked on are freed only by a cleanup proof
+        // (or a release with no host work), never by a force-release: the node's lease on those
+        // slots goes only with the proven cleanup.
+        if (e == Event::kForceRelease && fx.claims == Claims::kFree) {
+          EXPECT_TRUE(ctx.baremetal || s == v1::ALLOCATION_STATE_PENDING ||
+                      s == v1::ALLOCATION_STATE_RESERVED);
         }
         // Bare metal never gets host tasks.
         if (ctx.baremetal &&

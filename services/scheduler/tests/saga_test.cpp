@@ -2,6 +2,7 @@
 // level (a durable consumer on the node task stream that answers the way a node-agent does), so
 // every edge can be forced: failures, silence, incomplete proofs, duplicate and late results.
 // The same flows with real node-agents are in tests/integration/saga_flow_test.cpp.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <google/protobuf/util/time_util.h>
@@ -297,13 +298,20 @@ TEST_F(SagaTest, RetriedCreateAndRepeatedReleaseHaveNoDoubleEffect) {
   ASSERT_TRUE(testing::WaitFor([&] { return Tasks("vm.release").size() == 1; }));
   std::this_thread::sleep_for(300ms);
   EXPECT_EQ(Tasks("vm.release").size(), 1u) << "a release in flight is not sent twice";
-  // Admin force-release ends it; releasing again changes nothing.
+  // Admin force-release does not wait for the release in flight: it is cancelled and a new
+  // vm.release goes out; the claims are freed by the cleanup proof that follows, not before.
+  SetAnswer("vm.release", Answer::kSucceed);
   auto f = Release(id, true);
   ASSERT_TRUE(f.ok());
-  EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_RELEASED);
+  EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_RELEASING);
+  for (const auto& cl : f->allocation().claims()) EXPECT_FALSE(cl.has_released_at());
+  auto done = WaitSettled(id, "released");
+  for (const auto& cl : done.claims()) EXPECT_TRUE(cl.has_released_at());
+  EXPECT_EQ(Tasks("vm.release").size(), 2u);
+  EXPECT_EQ(Tasks("slot.cleanup").size(), 1u);
   auto r3 = Release(id);
   ASSERT_TRUE(r3.ok());
-  EXPECT_EQ(r3->allocation().generation(), f->allocation().generation());
+  EXPECT_EQ(r3->allocation().generation(), done.generation());
   ASSERT_TRUE(Create("full", 8).ok());
   EXPECT_TRUE(Invariants().empty());
 }
@@ -426,12 +434,24 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
   EXPECT_EQ(std::count(steps.begin(), steps.end(), "task_timed_out vm.provision"), 1);
   EXPECT_EQ(std::count(steps.begin(), steps.end(), "task_timed_out slot.cleanup"), 1);
   EXPECT_TRUE(Invariants().empty());
-  // An admin takes responsibility for the host.
+  // An admin force-releases it while the node is still quiet: a new cleanup goes out, and the
+  // slots stay blocked (never freed without proof) until the node answers.
   auto f = Release(id, true);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_FAILED);
-  for (const auto& cl : f->allocation().claims()) EXPECT_TRUE(cl.has_released_at());
-  EXPECT_EQ(Steps(id).back(), "force_released");
+  for (const auto& cl : f->allocation().claims()) EXPECT_FALSE(cl.has_released_at());
+  EXPECT_THAT(Steps(id), ::testing::Contains("force_released"));
+  a = WaitSettled(id, "failed");
+  EXPECT_TRUE(AllPhases(a, "cleanup_blocked"));
+  steps = Steps(id);
+  EXPECT_EQ(std::count(steps.begin(), steps.end(), "task_timed_out slot.cleanup"), 2);
+  EXPECT_TRUE(Invariants().empty());
+  // The node answers again: one more release (what `gpuaasctl slot repair` sends) proves the
+  // cleanup and frees the slots.
+  SetAnswer("slot.cleanup", Answer::kSucceed);
+  ASSERT_TRUE(Release(id).ok());
+  a = WaitSettled(id, "failed");
+  for (const auto& cl : a.claims()) EXPECT_TRUE(cl.has_released_at());
   EXPECT_TRUE(Invariants().empty());
   // The replicas counted the timeouts (one each per overdue task, whichever handled it).
   // (The counter moves right after the sweep's commit, so it is polled.)
@@ -451,8 +471,8 @@ TEST_F(SilentNodeTest, SilentNodeFailsTheAllocationAndAnAdminForceReleases) {
     }
     return sum;
   };
-  EXPECT_TRUE(testing::WaitFor([&] { return timed_out() == 2; }))
-      << timed_out() << " timed out; want vm.provision and slot.cleanup";
+  EXPECT_TRUE(testing::WaitFor([&] { return timed_out() == 3; }))
+      << timed_out() << " timed out; want vm.provision and slot.cleanup (twice)";
 
   // An active allocation whose node goes quiet on release stays releasing, blocked.
   SetAnswer("vm.provision", Answer::kSucceed);
