@@ -242,7 +242,8 @@ std::string DomainState(virDomainPtr d) {
   return StateName(state);
 }
 
-// PCI addresses ("0000:18:00.0") of every <hostdev type='pci'> source in a domain's XML.
+}  // namespace
+
 std::vector<std::string> HostdevPciAddresses(const std::string& xml) {
   std::vector<std::string> out;
   auto attr = [](const std::string& tag, const std::string& name) -> std::optional<unsigned> {
@@ -273,6 +274,8 @@ std::vector<std::string> HostdevPciAddresses(const std::string& xml) {
   }
   return out;
 }
+
+namespace {
 
 // Refuses (device_attached, stage validate) a GPU or fabric VF of the bundle that another
 // libvirt domain (running or only defined) already passes through: a second VM must never get

@@ -140,6 +140,10 @@ class LibvirtRuntime : public VmRuntime {
 // ("<expiry> <mac> <ip> <hostname> <client-id>", expired entries ignored); nullopt when none.
 std::optional<std::string> LeasedIp(const std::string& lease_file, const std::string& mac);
 
+// PCI addresses ("0000:18:00.0") of every <hostdev type='pci'> source in a domain's XML (as
+// libvirt returns it): which devices another domain already passes through.
+std::vector<std::string> HostdevPciAddresses(const std::string& xml);
+
 // TCP connect to ip:port and read until the banner starts with "SSH-"; false on refusal,
 // timeout or another banner.
 bool ProbeSshBanner(const std::string& ip, int port, std::chrono::milliseconds timeout);
