@@ -16,6 +16,7 @@
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/process_metrics.hpp"
 
 namespace gpuaas::runtime {
 
@@ -65,6 +66,7 @@ Service::Service(Component component, CommonConfig cfg)
       registry_(std::make_shared<prometheus::Registry>()) {
   if (cfg_.instance_id.empty()) cfg_.instance_id = ids::NewInstanceId();
   log_ = log::Logger(component_.name, cfg_.instance_id, log::ParseLevel(cfg_.log_level));
+  metrics::AddProcessMetrics(*registry_, component_.name);  // process_*, gpuaas_build_info
 }
 
 Service::~Service() { Shutdown(); }
@@ -129,6 +131,7 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   });
   http_->Route("/metrics", [this](const std::string&, const std::string&) {
     prometheus::TextSerializer ser;
+    metrics::RefreshProcessMetrics(*registry_);
     return http::Response{200, "text/plain; version=0.0.4", ser.Serialize(registry_->Collect())};
   });
   // What this service has served, consumed, published and requested so far (contract.hpp):
@@ -148,6 +151,8 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
 outbox::Relay& Service::StartOutboxRelay(outbox::RelayOptions opts) {
   relay_ = std::make_unique<outbox::Relay>(cfg_.pg_dsn, nats_, log_, registry_.get(), opts);
   relay_->Start();
+  auto backlog = metrics::StartOutboxBacklog(pool_, component_.name, *registry_, log_);
+  OnDrain("outbox backlog sampler", [backlog] { backlog->Stop(); });
   return *relay_;
 }
 

@@ -10,6 +10,7 @@
 #include <fmt/ranges.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
 
 #include "discovery.hpp"
 #include "gpuaas/common/enums.hpp"
@@ -129,6 +130,12 @@ NodeAgent::NodeAgent(NodeAgentConfig cfg)
     cfg_.hostname = host.data();
   }
   RegisterTasks();
+  task_seconds_ = &prometheus::BuildHistogram()
+                       .Name("gpuaas_node_task_seconds")
+                       .Help(
+                           "Node task durations by type and stage (stage \"total\": the whole "
+                           "task) and result (succeeded | failed | rejected)")
+                       .Register(svc_.metrics());
 }
 
 NodeAgent::~NodeAgent() { Shutdown(); }
@@ -313,7 +320,7 @@ void NodeAgent::OnRegistered() {
     }
   }
   if (cfg_.discover_on_start && !discovered_) {
-    if (auto r = PublishTopology(""); r.ok()) {
+    if (auto r = PublishTopology("", svc_.log().With({{"node_id", cfg_.node_id}})); r.ok()) {
       discovered_ = true;
     } else {
       svc_.log().Warn("topology not reported; will retry after the next registration",
@@ -355,7 +362,7 @@ DiscoveryOptions NodeAgent::Options() const {
   return opts;
 }
 
-Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
+Result<void> NodeAgent::PublishTopology(const std::string& correlation_id, const log::Logger& log) {
   auto report = Discover(Options());
   if (!report.ok()) return report.error();
   const std::string subject =
@@ -363,11 +370,9 @@ Result<void> NodeAgent::PublishTopology(const std::string& correlation_id) {
   const v1::Event ev = NodeEvent(subject, correlation_id, *report);
   auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
   if (!ack.ok()) return ack.error();
-  svc_.log().Info("topology reported",
-                  {{"node_id", cfg_.node_id},
-                   {"gpus", std::to_string(report->gpus_size())},
-                   {"candidates", std::to_string(report->candidates_size())},
-                   {"blockers", std::to_string(report->node_blockers_size())}});
+  log.Info("topology reported", {{"gpus", std::to_string(report->gpus_size())},
+                                 {"candidates", std::to_string(report->candidates_size())},
+                                 {"blockers", std::to_string(report->node_blockers_size())}});
   return Ok();
 }
 
@@ -413,8 +418,69 @@ void NodeAgent::PollDesired() {
                                                {"slots", std::to_string(want.slots_size())}});
 }
 
-void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& stage,
-                                const std::string& detail, int percent) {
+struct NodeAgent::TaskScope {
+  using Clock = std::chrono::steady_clock;
+  log::Logger log;
+  std::string type;         // the task type's text ("unknown" for a type without one)
+  std::string traceparent;  // a child of the task's: on the events published about it
+  Clock::time_point started = Clock::now();
+  // The stage clock: a stage runs from the end of the one before (or the task's start) to its
+  // own last progress report; runtimes report a stage when it has done its work.
+  std::string stage;
+  Clock::time_point boundary = started;
+  Clock::time_point last_report = started;
+};
+
+namespace {
+
+using TaskScopeClock = std::chrono::steady_clock;
+
+// The allocation a task is about, from its payload ("" for a host task such as discovery).
+const std::string& TaskAllocationId(const v1::NodeTask& t) {
+  static const std::string kNone;
+  switch (t.params_case()) {
+    case v1::NodeTask::kVmProvision:
+      return t.vm_provision().allocation_id();
+    case v1::NodeTask::kVmRelease:
+      return t.vm_release().allocation_id();
+    case v1::NodeTask::kSlotCleanup:
+      return t.slot_cleanup().allocation_id();
+    default:
+      return kNone;
+  }
+}
+
+double Seconds(TaskScopeClock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+const prometheus::Histogram::BucketBoundaries& TaskBuckets() {
+  static const prometheus::Histogram::BucketBoundaries kBuckets = {
+      0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800};
+  return kBuckets;
+}
+
+void ObserveStage(prometheus::Family<prometheus::Histogram>& family, const std::string& type,
+                  const std::string& stage, const std::string& result, double seconds,
+                  const log::Logger& log) {
+  family.Add({{"type", type}, {"stage", stage}, {"result", result}}, TaskBuckets())
+      .Observe(seconds);
+  log.Debug("task stage done",
+            {{"stage", stage}, {"result", result}, {"seconds", fmt::format("{:.3f}", seconds)}});
+}
+
+}  // namespace
+
+void NodeAgent::PublishProgress(const v1::NodeTask& task, TaskScope& scope,
+                                const std::string& stage, const std::string& detail, int percent) {
+  const auto now = TaskScopeClock::now();
+  if (stage != scope.stage) {
+    if (!scope.stage.empty()) {
+      ObserveStage(*task_seconds_, scope.type, scope.stage, "succeeded",
+                   Seconds(scope.last_report - scope.boundary), scope.log);
+      scope.boundary = scope.last_report;
+    }
+    scope.stage = stage;
+  }
+  scope.last_report = now;
   v1::NodeTaskProgress p;
   p.set_task_id(task.task_id());
   p.set_node_id(cfg_.node_id);
@@ -426,11 +492,12 @@ void NodeAgent::PublishProgress(const v1::NodeTask& task, const std::string& sta
       fmt::format("gpuaas.v1.evt.node.{node_id}.task.progress", fmt::arg("node_id", cfg_.node_id));
   // Progress is advisory: a fresh event id each time, nothing stored, a lost one is only logged.
   const v1::Event ev = NodeEvent(subject, task.correlation_id(), p);
-  if (auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id());
+  messaging::Headers h;
+  if (!scope.traceparent.empty()) h[messaging::kHeaderTraceparent] = scope.traceparent;
+  if (auto ack = messaging::JsPublish(*svc_.nats(), subject, ev.SerializeAsString(), ev.id(), h);
       !ack.ok()) {
-    svc_.log().Warn(
-        "task progress not published",
-        {{"task_id", task.task_id()}, {"stage", stage}, {"error", ack.error().ToString()}});
+    scope.log.Warn("task progress not published",
+                   {{"stage", stage}, {"error", ack.error().ToString()}});
   }
 }
 
@@ -470,43 +537,43 @@ void RecordVmOutcome(const v1::NodeTask& task, Result<Out> r, Out* out, v1::Node
 
 void NodeAgent::RegisterTasks() {
   using T = v1::NodeTask;
-  auto progress = [this](const T& t) -> ProgressFn {
-    return [this, &t](const std::string& stage, const std::string& detail, int percent) {
-      PublishProgress(t, stage, detail, percent);
+  auto progress = [this](const T& t, TaskScope& scope) -> ProgressFn {
+    return [this, &t, &scope](const std::string& stage, const std::string& detail, int percent) {
+      PublishProgress(t, scope, stage, detail, percent);
     };
   };
   tasks_by_type_ = {
       {v1::TASK_TYPE_TOPOLOGY_DISCOVER,
        {T::kTopologyDiscover, false,
-        [this](const T& t, v1::NodeTaskResult& r) { return RunDiscover(t, r); }}},
+        [this](const T& t, TaskScope& s, v1::NodeTaskResult& r) { return RunDiscover(t, s, r); }}},
       {v1::TASK_TYPE_PREREQ_CHECK,
        {T::kPrereqCheck, false,
-        [this](const T&, v1::NodeTaskResult& r) {
+        [this](const T&, TaskScope&, v1::NodeTaskResult& r) {
           return RunChecks(*r.mutable_prereq_check(), true, r);
         }}},
       {v1::TASK_TYPE_NETWORK_BASELINE_CHECK,
        {T::kNetworkBaselineCheck, false,
-        [this](const T&, v1::NodeTaskResult& r) {
+        [this](const T&, TaskScope&, v1::NodeTaskResult& r) {
           return RunChecks(*r.mutable_network_baseline_check(), false, r);
         }}},
       {v1::TASK_TYPE_VM_PROVISION,
        {T::kVmProvision, true,
-        [this, progress](const T& t, v1::NodeTaskResult& r) {
-          RecordVmOutcome(t, vm_runtime_->Provision(t.vm_provision(), progress(t)),
+        [this, progress](const T& t, TaskScope& s, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Provision(t.vm_provision(), progress(t, s)),
                           r.mutable_vm_provision(), r);
           return TaskRun{};
         }}},
       {v1::TASK_TYPE_VM_RELEASE,
        {T::kVmRelease, true,
-        [this, progress](const T& t, v1::NodeTaskResult& r) {
-          RecordVmOutcome(t, vm_runtime_->Release(t.vm_release(), progress(t)),
+        [this, progress](const T& t, TaskScope& s, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Release(t.vm_release(), progress(t, s)),
                           r.mutable_vm_release(), r);
           return TaskRun{};
         }}},
       {v1::TASK_TYPE_SLOT_CLEANUP,
        {T::kSlotCleanup, true,
-        [this, progress](const T& t, v1::NodeTaskResult& r) {
-          RecordVmOutcome(t, vm_runtime_->Cleanup(t.slot_cleanup(), progress(t)),
+        [this, progress](const T& t, TaskScope& s, v1::NodeTaskResult& r) {
+          RecordVmOutcome(t, vm_runtime_->Cleanup(t.slot_cleanup(), progress(t, s)),
                           r.mutable_slot_cleanup(), r);
           return TaskRun{};
         }}},
@@ -524,8 +591,9 @@ void FailDiscovery(const std::string& message, v1::NodeTaskResult& res) {
 
 }  // namespace
 
-NodeAgent::TaskRun NodeAgent::RunDiscover(const v1::NodeTask& task, v1::NodeTaskResult& res) {
-  if (auto r = PublishTopology(task.correlation_id()); !r.ok()) {
+NodeAgent::TaskRun NodeAgent::RunDiscover(const v1::NodeTask& task, TaskScope& scope,
+                                          v1::NodeTaskResult& res) {
+  if (auto r = PublishTopology(task.correlation_id(), scope.log); !r.ok()) {
     if (r.error().retryable) return {r.error().ToString()};
     FailDiscovery(r.error().ToString(), res);
   } else {
@@ -736,6 +804,33 @@ void NodeAgent::ReconcileNetwork() {
   net_published_at_ = now;
 }
 
+void NodeAgent::ObserveTask(TaskScope& scope, const v1::NodeTaskResult& res,
+                            std::chrono::steady_clock::time_point finished) {
+  const std::string& status = enums::Text(res.status());
+  // The stage a failure names ends at the failure; the stage reported last before it completed.
+  std::string failed =
+      res.status() != v1::TASK_STATUS_SUCCEEDED && res.stage() != v1::TASK_STAGE_UNSPECIFIED
+          ? enums::Text(res.stage())
+          : "";
+  if (!scope.stage.empty()) {
+    if (scope.stage == failed) {
+      ObserveStage(*task_seconds_, scope.type, scope.stage, status,
+                   Seconds(finished - scope.boundary), scope.log);
+      failed.clear();
+    } else {
+      ObserveStage(*task_seconds_, scope.type, scope.stage, "succeeded",
+                   Seconds(scope.last_report - scope.boundary), scope.log);
+      scope.boundary = scope.last_report;
+    }
+  }
+  if (!failed.empty()) {
+    ObserveStage(*task_seconds_, scope.type, failed, status, Seconds(finished - scope.boundary),
+                 scope.log);
+  }
+  task_seconds_->Add({{"type", scope.type}, {"stage", "total"}, {"result", status}}, TaskBuckets())
+      .Observe(Seconds(finished - scope.started));
+}
+
 messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   v1::Event ev;
   v1::NodeTask task;
@@ -745,9 +840,18 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   if (!ids::IsUuid(task.task_id())) {
     return messaging::HandlerResult::Reject("task id is not a UUID: '" + task.task_id() + "'");
   }
-  const auto log = svc_.log().With({{"task_id", task.task_id()},
-                                    {"type", enums::Text(task.type())},
-                                    {"allocation_id", task.correlation_id()}});
+  // Every line about the task names it, its allocation and its trace (the scheduler's request).
+  const std::string traceparent = d.msg.Header(messaging::kHeaderTraceparent);
+  TaskScope scope;
+  scope.type = enums::Text(task.type()).empty() ? "unknown" : enums::Text(task.type());
+  scope.traceparent = traceparent.empty() ? "" : ids::ChildTraceparent(traceparent);
+  scope.log = svc_.log().With({{"task_id", task.task_id()},
+                               {"type", scope.type},
+                               {"allocation_id", TaskAllocationId(task)},
+                               {"correlation_id", task.correlation_id()},
+                               {"trace_id", ids::TraceId(traceparent)},
+                               {"node_id", cfg_.node_id}});
+  const log::Logger& log = scope.log;
   auto entry_it = tasks_by_type_.find(task.type());
   const TaskEntry* entry = entry_it == tasks_by_type_.end() ? nullptr : &entry_it->second;
   const bool vm_task = entry && entry->vm_task;
@@ -819,10 +923,12 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     res.mutable_error()->set_code(v1::INVALID_ARGUMENT);
   } else {
     tasks_run_++;
-    auto run = entry->run(task, res);
+    log.Info("task started", {{"deliveries", std::to_string(d.num_delivered)}});
+    auto run = entry->run(task, scope, res);
     if (!run.retry.empty()) return messaging::HandlerResult::Retry(run.retry);
   }
   *res.mutable_finished_at() = TimeUtil::GetCurrentTime();
+  const auto finished = TaskScopeClock::now();
   // Every handler answers succeeded, failed or rejected; its text is the subject's last token.
   const std::string& status = enums::Text(res.status());
   const std::string subject =
@@ -836,10 +942,15 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   if (auto w = store_->Put(key, rec); !w.ok()) {
     return messaging::HandlerResult::Retry("cannot persist task result: " + w.error().ToString());
   }
-  auto ack = messaging::JsPublish(*svc_.nats(), subject, out.SerializeAsString(), out.id());
+  messaging::Headers h;
+  if (!scope.traceparent.empty()) h[messaging::kHeaderTraceparent] = scope.traceparent;
+  auto ack = messaging::JsPublish(*svc_.nats(), subject, out.SerializeAsString(), out.id(), h);
   if (!ack.ok()) return messaging::HandlerResult::Retry(ack.error().ToString());
+  ObserveTask(scope, res, finished);
   log.Info("task finished",
-           {{"status", status}, {"reason", res.has_error() ? res.error().reason() : ""}});
+           {{"status", status},
+            {"reason", res.has_error() ? res.error().reason() : ""},
+            {"seconds", fmt::format("{:.3f}", Seconds(finished - scope.started))}});
   return messaging::HandlerResult::Ack();
 }
 

@@ -35,6 +35,12 @@ namespace google::protobuf {
 class Message;
 }  // namespace google::protobuf
 
+namespace prometheus {
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
 namespace gpuaas::v1 {
 class Event;
 class NodeTask;
@@ -132,7 +138,7 @@ class NodeAgent {
   // slot.cleanup with the network applied: releases each slot MAC's DHCP lease and restores the
   // document's reservations. "" when clean, else what failed.
   std::string CleanNetworkState(const v1::CleanupParams& params);
-  Result<void> PublishTopology(const std::string& correlation_id);
+  Result<void> PublishTopology(const std::string& correlation_id, const log::Logger& log);
   DiscoveryOptions Options() const;
   // An event about this node (entity = node id), with a new event id.
   v1::Event NodeEvent(const std::string& subject, const std::string& correlation_id,
@@ -146,22 +152,31 @@ class NodeAgent {
   // One entry per task type: the params case it needs, whether it is a VM task (it then waits
   // for restart adoption and the network document), and its handler. HandleTask dispatches
   // through this table only; a type without an entry is rejected (unknown_task_type).
+  // One task being run: its logger (task_id, type, allocation_id, trace_id, node_id on every
+  // line) and the clock of its stages (gpuaas_node_task_seconds), defined in node_agent.cpp.
+  struct TaskScope;
   struct TaskEntry {
     v1::NodeTask::ParamsCase params = v1::NodeTask::PARAMS_NOT_SET;
     bool vm_task = false;
-    std::function<TaskRun(const v1::NodeTask&, v1::NodeTaskResult&)> run;
+    std::function<TaskRun(const v1::NodeTask&, TaskScope&, v1::NodeTaskResult&)> run;
   };
   void RegisterTasks();
   // topology.discover: a new topology report event (the result carries no output).
-  TaskRun RunDiscover(const v1::NodeTask& task, v1::NodeTaskResult& res);
+  TaskRun RunDiscover(const v1::NodeTask& task, TaskScope& scope, v1::NodeTaskResult& res);
   // prereq.check / network.baseline.check: the checks into `out` (a case of res.output).
   TaskRun RunChecks(v1::ChecksOutput& out, bool prereq, v1::NodeTaskResult& res);
-  void PublishProgress(const v1::NodeTask& task, const std::string& stage,
+  // Publishes a progress event and starts or extends `stage` on the task's stage clock.
+  void PublishProgress(const v1::NodeTask& task, TaskScope& scope, const std::string& stage,
                        const std::string& detail, int percent);
+  // A finished task into gpuaas_node_task_seconds: its last stage (or the one its failure
+  // names) and the whole task (stage "total").
+  void ObserveTask(TaskScope& scope, const v1::NodeTaskResult& res,
+                   std::chrono::steady_clock::time_point finished);
   void Isolate(const std::string& why);
   NodeAgentConfig cfg_;
   runtime::Service svc_;
   std::map<v1::TaskType, TaskEntry> tasks_by_type_;
+  prometheus::Family<prometheus::Histogram>* task_seconds_ = nullptr;
   std::optional<LocalStore> store_;
   std::unique_ptr<VmRuntime> vm_runtime_;
   std::thread register_thread_;

@@ -4,12 +4,22 @@
 
 #include <google/protobuf/util/time_util.h>
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <fstream>
 #include <memory>
+#include <set>
+#include <sstream>
 #include <thread>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "fixture_host.hpp"
 #include "gpuaas/common/config.hpp"
+#include "gpuaas/common/http.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
@@ -104,7 +114,7 @@ class NodeAgentVmTaskTest : public ::testing::Test {
   // A task of `type` whose params oneof holds `params` (the case whose message type it is; none
   // when null), as the scheduler or inventory would send it.
   std::string Send(v1::TaskType type, const google::protobuf::Message* params,
-                   const std::string& task_id = "") {
+                   const std::string& task_id = "", const messaging::Headers& headers = {}) {
     v1::NodeTask t;
     t.set_task_id(task_id.empty() ? ids::NewUuidV7() : task_id);
     t.set_node_id(kNode);
@@ -127,7 +137,8 @@ class NodeAgentVmTaskTest : public ::testing::Test {
     spec.entity = kNode;
     spec.data = &t;
     const auto ev = outbox::MakeEvent(spec);
-    EXPECT_TRUE(messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), ev.id()).ok());
+    EXPECT_TRUE(
+        messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), ev.id(), headers).ok());
     return t.task_id();
   }
   Result<v1::NodeTaskResult> Wait(const std::string& status, const std::string& task_id,
@@ -223,6 +234,134 @@ TEST_F(NodeAgentVmTaskTest, ProvisionReleaseCleanupWithProgress) {
   const auto& co = cr->slot_cleanup();
   ASSERT_EQ(co.proofs_size(), 1);
   EXPECT_EQ(co.proofs(0).method(), v1::WIPE_METHOD_SIMULATED);
+}
+
+// This process's stderr (where the JSON log lines go) into a file while it lives.
+class StderrCapture {
+ public:
+  StderrCapture() : path_(testing::MakeTempDir("gpuaas-stderr") + "/stderr.log") {
+    std::fflush(stderr);
+    saved_ = dup(STDERR_FILENO);
+    const int fd = open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, STDERR_FILENO);
+    close(fd);
+  }
+  ~StderrCapture() {
+    std::fflush(stderr);
+    dup2(saved_, STDERR_FILENO);
+    close(saved_);
+  }
+  StderrCapture(const StderrCapture&) = delete;
+  StderrCapture& operator=(const StderrCapture&) = delete;
+  // The JSON log lines written so far whose task_id is `task_id`.
+  std::vector<nlohmann::json> TaskLines(const std::string& task_id) const {
+    std::fflush(stderr);
+    std::ifstream in(path_);
+    std::vector<nlohmann::json> out;
+    for (std::string line; std::getline(in, line);) {
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.value("task_id", "") == task_id) out.push_back(std::move(j));
+    }
+    return out;
+  }
+
+ private:
+  std::string path_;
+  int saved_ = -1;
+};
+
+// The value of the sample `name{labels}` in a Prometheus text exposition (labels in the
+// serializer's order: sorted by name); -1 when absent.
+double Sample(const std::string& exposition, const std::string& series) {
+  std::istringstream in(exposition);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(series + " ", 0) == 0) return std::stod(line.substr(series.size() + 1));
+  }
+  return -1;
+}
+
+TEST_F(NodeAgentVmTaskTest, TaskLogLinesCarryTraceAndAllocationAndStagesAreTimed) {
+  StderrCapture captured;
+  StartAgent("succeed", {{"GPUAAS_LOG_LEVEL", "debug"}});
+  const std::string traceparent = ids::NewTraceparent();
+  const std::string trace_id = ids::TraceId(traceparent);
+  const auto bundle = Bundle();
+  const auto id =
+      Send(v1::TASK_TYPE_VM_PROVISION, &bundle, "", {{messaging::kHeaderTraceparent, traceparent}});
+  ASSERT_TRUE(Wait("succeeded", id).ok());
+
+  // Every line about the task: started, one per stage, finished (written after the result).
+  std::vector<nlohmann::json> lines;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    lines = captured.TaskLines(id);
+    return !lines.empty() && lines.back().value("msg", "") == "task finished";
+  })) << lines.size()
+      << " line(s) for the task";
+  std::set<std::string> msgs;
+  std::set<std::string> stages;
+  for (const auto& j : lines) {
+    EXPECT_EQ(j.value("trace_id", ""), trace_id) << j.dump();
+    EXPECT_EQ(j.value("allocation_id", ""), kAlloc) << j.dump();
+    EXPECT_EQ(j.value("node_id", ""), kNode) << j.dump();
+    EXPECT_EQ(j.value("type", ""), "vm.provision") << j.dump();
+    msgs.insert(j.value("msg", ""));
+    if (j.value("msg", "") == "task stage done") stages.insert(j.value("stage", ""));
+  }
+  EXPECT_TRUE(msgs.count("task started"));
+  EXPECT_EQ(stages, (std::set<std::string>{"validate", "lease", "image", "seed", "define", "start",
+                                           "readiness"}));
+
+  // The result continues the scheduler's trace.
+  auto last = messaging::StreamLastMessage(*conn_, "GPUAAS_EVT_NODE",
+                                           "gpuaas.v1.evt.node." + kNode + ".task.succeeded");
+  ASSERT_TRUE(last.ok());
+  EXPECT_EQ(ids::TraceId(last->Header(messaging::kHeaderTraceparent)), trace_id);
+
+  // /metrics: the task and each of its stages, and the process and build families.
+  auto m = http::Get("127.0.0.1", agent_->runtime().http_port(), "/metrics");
+  ASSERT_TRUE(m.ok() && m->first == 200);
+  const std::string& body = m->second;
+  EXPECT_EQ(Sample(body,
+                   "gpuaas_node_task_seconds_count{result=\"succeeded\",stage=\"total\","
+                   "type=\"vm.provision\"}"),
+            1)
+      << body;
+  for (const char* stage : {"validate", "image", "readiness"}) {
+    EXPECT_EQ(Sample(body, std::string("gpuaas_node_task_seconds_count{result=\"succeeded\","
+                                       "stage=\"") +
+                               stage + "\",type=\"vm.provision\"}"),
+              1)
+        << stage;
+  }
+  EXPECT_GT(Sample(body, "process_resident_memory_bytes"), 0);
+  EXPECT_GT(Sample(body, "process_open_fds"), 0);
+  EXPECT_GT(Sample(body, "process_start_time_seconds"), 1.6e9);
+  EXPECT_NE(body.find("gpuaas_build_info{commit=\""), std::string::npos);
+  EXPECT_NE(body.find("service=\"node-agent\""), std::string::npos);
+}
+
+TEST_F(NodeAgentVmTaskTest, AFailedTaskIsTimedAtTheStageItFailed) {
+  StartAgent("fail");  // vm.provision fails at readiness (lease_timeout)
+  const auto bundle = Bundle();
+  auto r = Wait("failed", Send(v1::TASK_TYPE_VM_PROVISION, &bundle));
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(r->stage(), v1::TASK_STAGE_READINESS);
+  std::string body;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto m = http::Get("127.0.0.1", agent_->runtime().http_port(), "/metrics");
+    body = m.ok() ? m->second : "";
+    return Sample(body,
+                  "gpuaas_node_task_seconds_count{result=\"failed\",stage=\"total\","
+                  "type=\"vm.provision\"}") == 1;
+  })) << body;
+  EXPECT_EQ(Sample(body,
+                   "gpuaas_node_task_seconds_count{result=\"failed\",stage=\"readiness\","
+                   "type=\"vm.provision\"}"),
+            1);
+  EXPECT_EQ(Sample(body,
+                   "gpuaas_node_task_seconds_count{result=\"succeeded\",stage=\"start\","
+                   "type=\"vm.provision\"}"),
+            1);
 }
 
 TEST_F(NodeAgentVmTaskTest, LibvirtRuntimeAdoptsFirstThenRunsTasks) {

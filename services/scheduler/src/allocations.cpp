@@ -20,6 +20,7 @@
 #include "lifecycle.hpp"
 #include "placement.hpp"
 #include "saga.hpp"
+#include "scheduler_metrics.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -394,7 +395,9 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   auto pool = svc.pg();
   auto& rpc = svc.Rpc();
 
-  rpc.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
+  // Every answer counted: gpuaas_placements_total, gpuaas_no_placement_total.
+  CountedRpc counted(rpc, saga.metrics);
+  counted.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.create",
       [pool, saga, catalog](const v1::CreateAllocationRequest& req,
                             rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {

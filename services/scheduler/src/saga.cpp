@@ -21,6 +21,7 @@
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "lifecycle.hpp"
+#include "scheduler_metrics.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -272,6 +273,7 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
     if (!loaded.ok()) return loaded.error();
     if (auto e = Announce(tx, *loaded, opts.source, traceparent); !e.ok()) return e.error();
     after = std::move(*loaded);
+    if (opts.metrics && fx.state == v1::ALLOCATION_STATE_ACTIVE) opts.metrics->Activated(after);
   }
   for (auto type : fx.send) {
     Result<std::string> sent = std::string();

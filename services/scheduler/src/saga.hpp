@@ -42,6 +42,8 @@ class Event;
 
 namespace gpuaas::scheduler {
 
+class SchedulerMetrics;
+
 inline constexpr const char* kTaskConsumer = "scheduler-node-tasks";
 
 struct SagaOptions {
@@ -50,6 +52,7 @@ struct SagaOptions {
   int64_t release_deadline_s = 300;
   int64_t cleanup_deadline_s = 1800;
   int64_t sweep_interval_ms = 1000;
+  std::shared_ptr<SchedulerMetrics> metrics;  // null: nothing observed (scheduler_metrics.hpp)
 };
 
 // In the create transaction, right after the allocation row and its claims were inserted as

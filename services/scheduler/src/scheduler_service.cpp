@@ -5,6 +5,7 @@
 
 #include "allocations.hpp"
 #include "catalog.hpp"
+#include "scheduler_metrics.hpp"
 
 #include <google/protobuf/util/time_util.h>
 
@@ -192,6 +193,9 @@ Result<void> SchedulerService::Start() {
   saga.release_deadline_s = cfg_.release_deadline_s;
   saga.cleanup_deadline_s = cfg_.cleanup_deadline_s;
   saga.sweep_interval_ms = cfg_.sweep_interval_ms;
+  saga.metrics = std::make_shared<SchedulerMetrics>(svc_.metrics());
+  auto gauges = StartAllocationGauges(svc_.pg(), svc_.metrics(), svc_.log());
+  svc_.OnDrain("allocation gauges", [gauges] { gauges->Stop(); });
   if (auto r = StartAllocations(svc_, *catalog, saga); !r.ok()) return r;
   if (auto r = StartSaga(svc_, saga); !r.ok()) return r;
 

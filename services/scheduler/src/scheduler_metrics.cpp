@@ -1,0 +1,145 @@
+#include "scheduler_metrics.hpp"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <map>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+#include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/store.hpp"
+
+namespace gpuaas::scheduler {
+
+namespace {
+
+int64_t Detail(const Error& e, const std::string& key) {
+  auto it = e.details.find(key);
+  if (it == e.details.end()) return -1;
+  try {
+    return std::stoll(it->second);
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+}  // namespace
+
+std::string NoPlacementReason(const Error& e) {
+  if (e.reason == "region_disabled") return "region_disabled";
+  if (e.reason != "no_placement") return "";
+  if (auto it = e.details.find("requested");
+      it != e.details.end() && it->second == "node_exclusive") {
+    return "no_free_node";
+  }
+  const int64_t requested = Detail(e, "requested_gpus");
+  if (Detail(e, "free_gpus_of_sku") == 0) return "no_free_gpus";
+  const int64_t matching = Detail(e, "free_gpus_matching_fabric");
+  if (matching == 0) return "fabric_mismatch";
+  if (Detail(e, "nodes_with_enough_free_slots") > 0) return "contended";
+  if (requested > 0 && matching >= requested) return "fragmented";
+  return "not_enough_free_gpus";
+}
+
+SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
+    : placements_(&prometheus::BuildCounter()
+                       .Name("gpuaas_placements_total")
+                       .Help("Allocation create requests by outcome: placed, duplicate (a retried "
+                             "request_id), no_placement, rejected (invalid or not allowed), error")
+                       .Register(registry)),
+      no_placement_(&prometheus::BuildCounter()
+                         .Name("gpuaas_no_placement_total")
+                         .Help("Create requests that found no capacity, by reason")
+                         .Register(registry)),
+      create_seconds_(&prometheus::BuildHistogram()
+                           .Name("gpuaas_allocation_create_seconds")
+                           .Help("Time from an allocation's create request to active")
+                           .Register(registry)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{0.05, 0.1, 0.25, 0.5, 1,
+                                                                            2.5, 5, 10, 30, 60, 120,
+                                                                            300, 600, 900, 1800})) {
+  // Present from the start, so rate() and alerts see a 0 before the first increment.
+  for (const char* r : {"placed", "duplicate", "no_placement", "rejected", "error"}) {
+    placements_->Add({{"result", r}});
+  }
+}
+
+void SchedulerMetrics::CreateAnswered(const Result<v1::CreateAllocationResponse>& r) {
+  if (r.ok()) {
+    placements_->Add({{"result", r->created() ? "placed" : "duplicate"}}).Increment();
+    return;
+  }
+  const Error& e = r.error();
+  if (const std::string reason = NoPlacementReason(e); !reason.empty()) {
+    placements_->Add({{"result", "no_placement"}}).Increment();
+    no_placement_->Add({{"reason", reason}}).Increment();
+    return;
+  }
+  switch (e.code) {
+    case Code::kInvalidArgument:
+    case Code::kNotFound:
+    case Code::kPermissionDenied:
+    case Code::kUnauthenticated:
+    case Code::kFailedPrecondition:
+      placements_->Add({{"result", "rejected"}}).Increment();
+      return;
+    default:
+      placements_->Add({{"result", "error"}}).Increment();
+  }
+}
+
+void SchedulerMetrics::Activated(const v1::Allocation& a) {
+  using google::protobuf::util::TimeUtil;
+  if (!a.has_created_at()) return;
+  const auto took = TimeUtil::GetCurrentTime() - a.created_at();
+  create_seconds_->Observe(
+      std::max(0.0, static_cast<double>(TimeUtil::DurationToMilliseconds(took)) / 1000.0));
+}
+
+std::shared_ptr<metrics::Sampler> StartAllocationGauges(std::shared_ptr<store::Pool> pool,
+                                                        prometheus::Registry& registry,
+                                                        log::Logger logger,
+                                                        std::chrono::milliseconds interval) {
+  auto* count = &prometheus::BuildGauge()
+                     .Name("gpuaas_allocations")
+                     .Help("Allocations per state (all replicas; sampled from the database)")
+                     .Register(registry);
+  auto* oldest = &prometheus::BuildGauge()
+                      .Name("gpuaas_allocation_oldest_seconds")
+                      .Help(
+                          "Time the oldest allocation in each state has been in it (0: none; "
+                          "sampled)")
+                      .Register(registry);
+  return std::make_shared<metrics::Sampler>(
+      interval, [pool = std::move(pool), count, oldest, log = std::move(logger)] {
+        auto r = store::WithTx(
+            *pool,
+            [](pqxx::work& tx) -> Result<std::map<std::string, std::pair<double, double>>> {
+              std::map<std::string, std::pair<double, double>> by_state;
+              for (const auto& s : enums::Texts<v1::AllocationState>()) by_state[s] = {0, 0};
+              // updated_at moves with every announced change (the saga's UPDATE of the state).
+              for (const auto& row :
+                   tx.exec("SELECT state, count(*)::float8, "
+                           "COALESCE(extract(epoch from now() - min(updated_at)), 0)::float8 "
+                           "FROM allocations GROUP BY state")) {
+                by_state[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<double>()};
+              }
+              return by_state;
+            },
+            store::ReadSnapshot());
+        if (!r.ok()) {
+          log.Debug("allocation gauges not sampled", {{"error", r.error().ToString()}});
+          return;
+        }
+        for (const auto& [state, v] : *r) {
+          count->Add({{"state", state}}).Set(v.first);
+          oldest->Add({{"state", state}}).Set(v.second);
+        }
+      });
+}
+
+}  // namespace gpuaas::scheduler

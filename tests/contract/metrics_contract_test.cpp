@@ -1,0 +1,171 @@
+// Every metric the alert rules (deploy/prometheus/alerts.yaml) and the dashboard
+// (deploy/grafana/gpuaas-dashboard.json) name is exported by some service of a running platform:
+// ipam, inventory, the scheduler and a node-agent go through a slice's lifecycle and one create
+// that finds no capacity, then each one's /metrics is scraped. A renamed or dropped metric
+// fails here instead of leaving an alert that can never fire.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
+
+#include "gpuaas/common/http.hpp"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "platform.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+// gpuaas_* and process_* names in a PromQL expression (label values are quoted, so "gpuaas_x"
+// inside a string would be caught too: none of the rules has one).
+void NamesIn(const std::string& expr, std::set<std::string>& out) {
+  static const std::regex kName(R"(\b(gpuaas|process)_[a-z0-9_]+\b)");
+  for (auto it = std::sregex_iterator(expr.begin(), expr.end(), kName);
+       it != std::sregex_iterator(); ++it) {
+    out.insert(it->str());
+  }
+}
+
+std::set<std::string> AlertMetricNames() {
+  std::set<std::string> names;
+  const YAML::Node doc =
+      YAML::LoadFile(std::string(GPUAAS_SOURCE_DIR) + "/deploy/prometheus/alerts.yaml");
+  for (const auto& group : doc["groups"]) {
+    for (const auto& rule : group["rules"]) NamesIn(rule["expr"].as<std::string>(), names);
+  }
+  return names;
+}
+
+void PanelNames(const nlohmann::json& panels, std::set<std::string>& out) {
+  for (const auto& p : panels) {
+    for (const auto& t : p.value("targets", nlohmann::json::array())) {
+      NamesIn(t.value("expr", ""), out);
+    }
+    PanelNames(p.value("panels", nlohmann::json::array()), out);
+  }
+}
+
+std::set<std::string> DashboardMetricNames() {
+  std::ifstream in(std::string(GPUAAS_SOURCE_DIR) + "/deploy/grafana/gpuaas-dashboard.json");
+  const auto dash = nlohmann::json::parse(in);
+  std::set<std::string> names;
+  PanelNames(dash.at("panels"), names);
+  for (const auto& v : dash.at("templating").at("list")) {
+    if (v.contains("definition")) NamesIn(v.value("definition", ""), names);
+  }
+  return names;
+}
+
+// Sample names (with _bucket/_sum/_count) and family names (# TYPE) of an exposition.
+void Exported(const std::string& exposition, std::set<std::string>& out) {
+  std::istringstream in(exposition);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream f(line.substr(7));
+      std::string name;
+      f >> name;
+      out.insert(name);
+    } else if (!line.empty() && line[0] != '#') {
+      out.insert(line.substr(0, line.find_first_of("{ ")));
+    }
+  }
+}
+
+TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
+  const auto alert_names = AlertMetricNames();
+  const auto dashboard_names = DashboardMetricNames();
+  ASSERT_GE(alert_names.size(), 10u);
+  ASSERT_GE(dashboard_names.size(), 15u);
+
+  testing::Platform p;
+  p.Start();
+  ASSERT_FALSE(HasFatalFailure());
+  p.StartApprovedAgent("metrics-node", "metrics", 2);
+  ASSERT_FALSE(HasFatalFailure());
+  // An agent on the libvirt runtime (libvirt's test driver): its restart adoption is measured.
+  p.StartAgent("metrics-libvirt", 1, "metrics-libvirt",
+               {{"GPUAAS_VM_RUNTIME", "libvirt"},
+                {"GPUAAS_VM_DOMAIN_TYPE", "qemu"},
+                {"GPUAAS_VM_PASSTHROUGH", "false"}});
+
+  auto create = [&](const std::string& request_id, int gpus) {
+    v1::CreateAllocationRequest c;
+    c.set_tenant("metrics");
+    c.set_request_id(request_id);
+    c.set_sku("h200-sxm-slice");
+    c.set_gpu_count(gpus);
+    c.set_region("us-east-1");
+    c.set_pool("metrics");
+    c.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA test");
+    return p.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", c);
+  };
+  auto alloc = create("metrics-1", 1);
+  ASSERT_TRUE(alloc.ok()) << alloc.error().ToString();
+  const std::string id = alloc->allocation().allocation_id();
+  auto state_is = [&](v1::AllocationState want) {
+    return testing::WaitFor(
+        [&] {
+          v1::GetAllocationRequest g;
+          g.set_allocation_id(id);
+          auto a = p.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
+          return a.ok() && a->allocation().state() == want;
+        },
+        20s);
+  };
+  ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_ACTIVE));
+  // More GPUs than the fleet has free: a no_placement with its reason.
+  auto none = create("metrics-2", 2);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.error().reason, "no_placement");
+  v1::ReleaseAllocationRequest rel;
+  rel.set_allocation_id(id);
+  ASSERT_TRUE(
+      p.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel).ok());
+  ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_RELEASED));
+
+  std::vector<runtime::Service*> services = {&p.ipam->runtime(), &p.inventory->runtime(),
+                                             &p.scheduler->runtime()};
+  for (auto& a : p.agents) services.push_back(&a->runtime());
+  std::set<std::string> exported;
+  auto scrape = [&] {
+    exported.clear();
+    for (auto* svc : services) {
+      auto m = http::Get("127.0.0.1", svc->http_port(), "/metrics");
+      if (m.ok() && m->first == 200) Exported(m->second, exported);
+    }
+  };
+  auto missing = [&](const std::set<std::string>& wanted) {
+    std::vector<std::string> out;
+    for (const auto& n : wanted) {
+      if (!exported.count(n)) out.push_back(n);
+    }
+    return out;
+  };
+  // The sampled gauges (allocations, outbox backlog) and the slot.cleanup task's result come
+  // moments after the allocation reads released.
+  testing::WaitFor(
+      [&] {
+        scrape();
+        return missing(alert_names).empty() && missing(dashboard_names).empty();
+      },
+      15s);
+  for (const auto& n : missing(alert_names)) {
+    ADD_FAILURE() << "deploy/prometheus/alerts.yaml uses " << n << ", which no service exports";
+  }
+  for (const auto& n : missing(dashboard_names)) {
+    ADD_FAILURE() << "deploy/grafana/gpuaas-dashboard.json uses " << n
+                  << ", which no service exports";
+  }
+  // The test can fail: a name no service has is reported missing.
+  EXPECT_EQ(missing({"gpuaas_no_such_metric_total"}).size(), 1u);
+}
+
+}  // namespace
+}  // namespace gpuaas
