@@ -1,8 +1,11 @@
 // gpuaasctl: node discover/show, slot approve/disable/repair, disk wipe-proof, availability,
 // region list/set, scheduler slots.
 #include <cctype>
+#include <chrono>
 #include <iostream>
 #include <memory>
+#include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -110,12 +113,110 @@ void PrintApprovals(const google::protobuf::RepeatedPtrField<v1::SlotApproval>& 
   PrintTable({"SLOT", "RESULT", "ADMIN", "MAC", "IP", "REASONS"}, rows);
 }
 
+// The scheduler's view of one slot, or nullopt (the error already printed in *rc).
+std::optional<v1::ProjectedSlot> SchedulerSlot(rpc::Client& client, const Globals& g,
+                                               const std::string& node, const std::string& slot,
+                                               int* rc) {
+  v1::ListProjectedSlotsRequest req;
+  req.set_node_id(node);
+  auto r = client.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
+                                                       g.Timeout());
+  if (!r.ok()) {
+    *rc = Fail(g, r.error());
+    return std::nullopt;
+  }
+  for (const auto& s : r->slots()) {
+    if (s.slot_key() == slot) return s;
+  }
+  *rc = kExitOk;
+  return v1::ProjectedSlot();  // not projected (yet): nothing of the scheduler's to repair
+}
+
+// slot repair, the scheduler's half: a claim left cleanup_blocked (a release or cleanup that
+// failed or went unanswered, e.g. after a force-release on a node that was down) is released
+// again by the operator, which sends the host's teardown once more; the slot is freed only by
+// the cleanup proof, never here. Waits up to `wait_s` for the outcome. kExitOk when the slot
+// holds no blocked claim any more (or never did).
+int RepairClaim(rpc::Client& client, const Globals& g, const std::string& node,
+                const std::string& slot, int wait_s) {
+  int rc = kExitOk;
+  auto s = SchedulerSlot(client, g, node, slot, &rc);
+  if (!s) return rc;
+  if (s->allocation_id().empty()) return kExitOk;
+  const std::string id = s->allocation_id();
+  const bool blocked = s->lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP_BLOCKED;
+  const bool cleaning = s->lifecycle() == v1::SLOT_LIFECYCLE_STATE_RELEASING ||
+                        s->lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP;
+  if (!blocked && !cleaning) {
+    if (!g.Json()) {
+      std::cout << fmt::format(
+          "slot {} is held by allocation {} ({}); not a repair: release the allocation to free "
+          "it\n",
+          slot, id, Txt(s->lifecycle()));
+    }
+    return kExitOk;
+  }
+  if (blocked) {
+    v1::ReleaseAllocationRequest req;
+    req.set_allocation_id(id);
+    req.set_reason(fmt::format("slot repair {} {}", node, slot));
+    auto r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release",
+                                                        req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    if (!g.Json()) {
+      std::cout << fmt::format(
+          "slot {} cleanup_blocked by allocation {} ({}): host teardown sent again; waiting for "
+          "its cleanup proof\n",
+          slot, id, Txt(r->allocation().state()));
+    }
+  }
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(wait_s);
+  v1::GetAllocationTimelineRequest t;
+  t.set_allocation_id(id);
+  t.set_page_size(1);
+  while (true) {
+    auto r = client.Call<v1::GetAllocationTimelineResponse>(
+        "gpuaas.v1.scheduler.allocation.timeline", t, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    if (!r->in_flight()) break;
+    if (std::chrono::steady_clock::now() > until) {
+      std::cerr << fmt::format(
+          "the teardown of allocation {} is still in flight after {}s (is node {} answering?); "
+          "the slot stays blocked until its cleanup proof\n",
+          id, wait_s, node);
+      return kExitUnreachable;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  s = SchedulerSlot(client, g, node, slot, &rc);
+  if (!s) return rc;
+  if (s->allocation_id() == id) {
+    v1::GetAllocationRequest one;
+    one.set_allocation_id(id);
+    auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", one,
+                                                    g.Timeout());
+    std::string why = "no failure recorded";
+    if (a.ok() && a->allocation().has_failure()) {
+      why = a->allocation().failure().code() + ": " + a->allocation().failure().detail();
+    }
+    std::cerr << fmt::format(
+        "slot {} is still {} by allocation {} ({}); see gpuaasctl alloc timeline --id {}\n", slot,
+        Txt(s->lifecycle()), id, why, id);
+    return kExitOutcome;
+  }
+  if (!g.Json()) {
+    std::cout << fmt::format("slot {}: cleanup proven, allocation {}'s claim freed\n", slot, id);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 Action AddInventoryCommands(CLI::App& app) {
   struct Opts {
     std::string node, slot, reason, nvme, method, evidence, region, name, enabled;
     int64_t snapshot = 0;
+    int wait_s = 120;
     std::vector<std::string> slots;
   };
   auto o = std::make_shared<Opts>();
@@ -139,9 +240,12 @@ Action AddInventoryCommands(CLI::App& app) {
   disable->add_option("--slot", o->slot, "Slot key")->required();
   disable->add_option("--reason", o->reason, "Why (shown in node show)");
   auto* repair = slot->add_subcommand(
-      "repair", "Re-validate a slot against the latest evidence; clears drift when it passes");
+      "repair",
+      "Bring a slot back: a cleanup_blocked claim is cleaned again (the host's cleanup proof "
+      "frees it), then the slot is re-validated against the latest evidence (clears drift)");
   repair->add_option("--node", o->node, "Node id")->required();
   repair->add_option("--slot", o->slot, "Slot key")->required();
+  repair->add_option("--wait-s", o->wait_s, "How long to wait for the cleanup proof (default 120)");
 
   auto* disk = app.add_subcommand("disk", "Slot disks");
   disk->require_subcommand(1);
@@ -224,6 +328,7 @@ Action AddInventoryCommands(CLI::App& app) {
       });
     }
     if (repair->parsed()) {
+      if (int rc = RepairClaim(client, g, o->node, o->slot, o->wait_s); rc != kExitOk) return rc;
       v1::RepairSlotRequest req;
       req.set_node_id(o->node);
       req.set_slot_key(o->slot);
