@@ -110,9 +110,20 @@ bool Process::Running() {
   pid_t r = waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
     pid_ = -1;
+    last_status_ = status;
     return false;
   }
   return true;
+}
+
+void Process::Kill() {
+  if (pid_ <= 0) return;
+  kill(-pid_, SIGKILL);
+  kill(pid_, SIGKILL);
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  last_status_ = status;
+  pid_ = -1;
 }
 
 void Process::Signal(int sig) {
@@ -127,6 +138,7 @@ void Process::Stop(std::chrono::milliseconds grace) {
     int status = 0;
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
+      last_status_ = status;
       return;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -311,6 +323,8 @@ void TestNats::Start() {
 
 void TestNats::Stop() { proc_.Stop(); }
 
+void TestNats::Kill() { proc_.Kill(); }
+
 std::string TestNats::url() const { return fmt::format("nats://127.0.0.1:{}", port_); }
 
 std::string PostgresBinDir() {
@@ -381,6 +395,12 @@ void TestPostgres::Stop() {
     WaitFor([&] { return !proc_.Running(); }, std::chrono::seconds(20));
   }
   proc_.Stop();
+}
+
+void TestPostgres::Kill() {
+  // The postmaster leads its process group: its backends go with it, or the restart would find
+  // their shared memory still in use.
+  proc_.Kill();
 }
 
 std::string TestPostgres::Dsn(const std::string& db) const {

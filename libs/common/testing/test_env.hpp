@@ -35,11 +35,16 @@ class Process {
   void Signal(int sig);
   // SIGTERM, wait, then SIGKILL.
   void Stop(std::chrono::milliseconds grace = std::chrono::seconds(10));
+  // SIGKILL to its whole process group (a PostgreSQL postmaster and its backends), reaped.
+  void Kill();
   bool Running();
   pid_t pid() const { return pid_; }
+  // The wait status of the last exit Running() or Stop() reaped (-1: none yet).
+  int last_status() const { return last_status_; }
 
  private:
   pid_t pid_ = -1;
+  int last_status_ = -1;
 };
 
 // The identities of a test deployment, as `gpuaasctl auth init` makes them: a keys directory
@@ -95,6 +100,8 @@ class TestNats {
   ~TestNats();
   void Start();  // same port and store directory as before: JetStream state survives
   void Stop();
+  void Kill();  // kill -9 (the chaos campaign); Start() brings it back with its state
+  bool Running() { return proc_.Running(); }
   std::string url() const;
   uint16_t port() const { return port_; }
 
@@ -143,6 +150,8 @@ class TestPostgres {
   ~TestPostgres();
   void Start();
   void Stop();
+  void Kill();  // kill -9 of the postmaster and its backends; Start() recovers
+  bool Running() { return proc_.Running(); }
   // Creates a fresh database and returns its libpq connection string.
   std::string CreateDatabase(const std::string& prefix = "t");
   std::string AdminDsn() const;

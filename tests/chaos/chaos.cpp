@@ -1,0 +1,700 @@
+// gpuaas-chaos: the chaos campaign. Runs the whole platform as real processes (nats-server,
+// PostgreSQL with fsync on, every service, simulated node-agents on fixture hosts), churns
+// allocations through it while `kill -9` hits every part at random (a service, which is also its
+// outbox relay, a node-agent, nats-server, PostgreSQL; outages of 1 s up to --max-outage-s),
+// then lets it settle and checks what a user would:
+//   double_booked  no two claims ever overlapped on a slot (the claims' whole history)
+//   lost           every committed event (each service's outbox) is in its stream, every task
+//                  result a node published was applied by the scheduler, every acknowledged
+//                  create exists
+//   stuck          every allocation ended active or terminal, and all of them terminal after
+//                  the final release, within the deadlines
+//   duplicated     no event id twice in a stream; per entity, generations in stream order
+//   dead_lettered_retryable  nothing in GPUAAS_DLQ (the campaign sends only valid traffic)
+//   projection     the scheduler's projection equals a rebuild by replay
+//   crashed        no process died on its own by a signal
+// and prints `R1 faults=... placements=... double_booked=0 lost=0 stuck=0
+// dead_lettered_retryable=0 ...`, exiting 1 when any check fails. scripts/chaos runs it.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <google/protobuf/util/time_util.h>
+#include <CLI/CLI.hpp>
+#include <pqxx/pqxx>
+
+#include "fixture_host.hpp"
+#include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rpc.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
+#include "test_env.hpp"
+
+namespace gpuaas::chaos {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using testing::Process;
+using testing::WaitFor;
+
+struct Options {
+  std::string bin_dir;
+  int duration_s = 60;
+  int nodes = 3;
+  int workers = 4;
+  int fault_gap_ms = 2000;
+  int max_outage_s = 10;
+  int max_pg_outage_s = 15;
+  int min_faults = 0;
+  uint64_t seed = 0;
+  std::string out_dir;
+};
+
+void Say(const std::string& s) {
+  const auto t = std::time(nullptr);
+  char buf[16];
+  std::strftime(buf, sizeof buf, "%H:%M:%S", std::localtime(&t));
+  std::cout << "[" << buf << "] " << s << std::endl;
+}
+
+// One supervised process of the platform.
+struct Member {
+  std::string name;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;
+  std::string log;
+  int http_port = 0;
+  std::unique_ptr<Process> proc = std::make_unique<Process>();
+  bool down = false;  // taken down on purpose (not to be restarted by the supervisor)
+};
+
+std::vector<std::string> EnvList(const std::map<std::string, std::string>& m) {
+  std::vector<std::string> out;
+  out.reserve(m.size());
+  for (const auto& [k, v] : m) out.push_back(fmt::format("{}={}", k, v));
+  return out;
+}
+
+bool HttpOk(int port, const std::string& path) {
+  return testing::Shell(
+             fmt::format("curl -fsS -m 2 http://127.0.0.1:{}{} >/dev/null 2>&1", port, path)) == 0;
+}
+
+class Campaign {
+ public:
+  explicit Campaign(Options o) : o_(std::move(o)), rng_(o_.seed) {}
+
+  int Run();
+
+ private:
+  void StartPlatform();
+  void Spawn(Member& m);
+  void Supervise();
+  void Faults(bool servers);
+  void Churn(int worker);
+  void Settle();
+  void Check();
+  template <typename Resp, typename Req>
+  Result<Resp> Call(const std::string& subject, const Req& req,
+                    std::chrono::milliseconds timeout = 10s) {
+    return rpc::Client(conn_).Call<Resp>(subject, req, timeout);
+  }
+  // Retries a request while the platform answers with a retryable error (or not at all).
+  template <typename Resp, typename Req>
+  Result<Resp> Insist(const std::string& subject, const Req& req,
+                      std::chrono::seconds patience = 180s) {
+    const auto until = Clock::now() + patience;
+    while (true) {
+      auto r = Call<Resp>(subject, req, 5s);
+      if (r.ok() || !r.error().retryable || r.error().reason == "no_placement" ||
+          Clock::now() > until) {
+        return r;
+      }
+      std::this_thread::sleep_for(200ms);
+    }
+  }
+  std::vector<std::string> StreamEvents(const std::string& stream, std::vector<v1::Event>* events);
+  std::string Dsn(const std::string& service) const { return dsn_.at(service); }
+
+  Options o_;
+  std::mt19937_64 rng_;
+  std::mutex rng_mu_;
+  std::unique_ptr<testing::TestNats> nats_;
+  std::unique_ptr<testing::TestPostgres> pg_;
+  std::map<std::string, std::string> dsn_;
+  std::vector<std::unique_ptr<Member>> members_;
+  std::mutex members_mu_;
+  std::shared_ptr<messaging::Connection> conn_;
+  std::atomic<bool> churning_{true};
+  std::atomic<bool> faulting_{true};
+  std::atomic<int> faults_{0};
+  std::atomic<int> pg_faults_{0};
+  std::atomic<int> nats_faults_{0};
+  std::atomic<int> crashed_{0};
+  std::atomic<int> start_failures_{0};
+  std::atomic<int> placements_{0};
+  std::atomic<int> no_placement_{0};
+  std::atomic<int> create_errors_{0};
+  std::mutex allocs_mu_;
+  std::set<std::string> acknowledged_;  // allocation ids a create answered with
+  std::map<std::string, int> failed_by_reason_;
+  int failures_ = 0;
+  std::string report_;
+};
+
+void Campaign::Spawn(Member& m) {
+  m.proc = std::make_unique<Process>();
+  m.proc->Spawn(m.argv, m.log, m.env);
+}
+
+void Campaign::StartPlatform() {
+  nats_ = std::make_unique<testing::TestNats>();
+  pg_ = std::make_unique<testing::TestPostgres>(/*fsync=*/true);
+  const std::string svc_bin = o_.bin_dir + "/services";
+  const std::vector<std::string> services = {"inventory", "scheduler", "ipam", "ingress",
+                                             "console-gw"};
+  for (const auto& s : services) {
+    dsn_[s] = pg_->CreateDatabase(s == "console-gw" ? "console_gw" : s);
+    auto env = nats_->Env(s);
+    env["GPUAAS_POSTGRES_DSN"] = dsn_[s];
+    auto m = std::make_unique<Member>();
+    m->name = s;
+    m->http_port = testing::FreePort();
+    env["GPUAAS_HTTP_PORT"] = std::to_string(m->http_port);
+    env["GPUAAS_SERVICE_INSTANCE_ID"] = s + "-1";
+    env["GPUAAS_LOG_LEVEL"] = "info";
+    if (s == "scheduler") env["GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS"] = "1000";
+    m->env = EnvList(env);
+    m->argv = {fmt::format("{}/{}/gpuaas-{}", svc_bin, s, s)};
+    m->log = o_.out_dir + "/" + s + ".log";
+    members_.push_back(std::move(m));
+  }
+  for (int i = 1; i <= o_.nodes; ++i) {
+    const std::string id = fmt::format("chaos-node-{:02d}", i);
+    const std::string root = o_.out_dir + "/hosts/" + id;
+    node_agent::FixtureOptions fo;
+    fo.gpus = 8;
+    fo.hostname = id;
+    auto built = node_agent::BuildFixtureHost(root, fo);
+    if (!built.ok()) throw std::runtime_error(built.error().ToString());
+    nats_->EnrollNode(id);
+    auto env = nats_->Env("node-agent", id);
+    env["GPUAAS_NODE_ID"] = id;
+    env["GPUAAS_NODE_REGION"] = "us-east-1";
+    env["GPUAAS_NODE_POOL"] = "h200";
+    env["GPUAAS_NODE_STATE_DIR"] = o_.out_dir + "/agents/" + id;
+    env["GPUAAS_NODE_REGISTER_RETRY_MS"] = "200";
+    env["GPUAAS_NODE_DESIRED_POLL_MS"] = "500";
+    env["GPUAAS_NODE_HOST_ROOT"] = root;
+    env["GPUAAS_LIBVIRT_URI"] = "test:///default";
+    env["GPUAAS_NODE_AGENT_SIM_BEHAVIOR"] = "succeed";
+    env["GPUAAS_NODE_AGENT_SIM_STEP_MS"] = "20";
+    env["GPUAAS_LOG_LEVEL"] = "info";
+    auto m = std::make_unique<Member>();
+    m->name = id;
+    m->http_port = testing::FreePort();
+    env["GPUAAS_HTTP_PORT"] = std::to_string(m->http_port);
+    m->env = EnvList(env);
+    m->argv = {svc_bin + "/node-agent/gpuaas-node-agent"};
+    m->log = o_.out_dir + "/" + id + ".log";
+    members_.push_back(std::move(m));
+  }
+  for (auto& m : members_) Spawn(*m);
+  for (auto& m : members_) {
+    if (!WaitFor([&] { return HttpOk(m->http_port, "/readyz"); }, 120s, 100ms)) {
+      throw std::runtime_error(m->name + " not ready; see " + m->log);
+    }
+  }
+  auto c = messaging::Connection::Connect(nats_->Options(testing::TestNats::kHarness),
+                                          log::Logger("chaos", "c", log::Level::kError));
+  if (!c.ok()) throw std::runtime_error(c.error().ToString());
+  conn_ = *c;
+  // Every node's slots approved, as an operator does, and schedulable.
+  for (int i = 1; i <= o_.nodes; ++i) {
+    const std::string id = fmt::format("chaos-node-{:02d}", i);
+    if (!WaitFor(
+            [&] {
+              v1::ShowNodeRequest r;
+              r.set_node_id(id);
+              auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+              return s.ok() && s->snapshot_version() >= 1;
+            },
+            60s, 100ms)) {
+      throw std::runtime_error(id + " reported no topology");
+    }
+    v1::ApproveSlotsRequest approve;
+    approve.set_node_id(id);
+    auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
+    if (!a.ok()) throw std::runtime_error("approve " + id + ": " + a.error().ToString());
+  }
+  if (!WaitFor(
+          [&] {
+            v1::ListProjectedSlotsRequest lr;
+            auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+            int ok = 0;
+            if (l.ok()) {
+              for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
+            }
+            return ok == 8 * o_.nodes;
+          },
+          60s, 100ms)) {
+    throw std::runtime_error("the scheduler never saw every slot schedulable");
+  }
+  Say(fmt::format("platform up: {} services, {} node-agents, {} schedulable slots", 5, o_.nodes,
+                  8 * o_.nodes));
+}
+
+// Restarts whatever died without being taken down on purpose; a death by a signal we did not
+// send is a crash.
+void Campaign::Supervise() {
+  while (faulting_ || churning_) {
+    {
+      std::lock_guard lock(members_mu_);
+      for (auto& m : members_) {
+        if (m->down || m->proc->Running()) continue;
+        const int st = m->proc->last_status();
+        if (st >= 0 && WIFSIGNALED(st)) {
+          crashed_++;
+          Say(fmt::format("CRASH {} died by signal {}; see {}", m->name, WTERMSIG(st), m->log));
+        } else {
+          // A service started while the database was down exits after its start timeout; an
+          // orchestrator restarts it, and so do we.
+          start_failures_++;
+          Say(fmt::format("{} exited (status {}); restarting", m->name,
+                          st >= 0 && WIFEXITED(st) ? WEXITSTATUS(st) : -1));
+        }
+        Spawn(*m);
+      }
+    }
+    std::this_thread::sleep_for(200ms);
+  }
+}
+
+// Two fault streams run at once: `servers` takes PostgreSQL (2 of 3) or nats-server down, the
+// other kills the services and node-agents; so a service may be killed during a database outage.
+void Campaign::Faults(bool servers) {
+  auto pick = [&](int lo, int hi) {
+    std::lock_guard lock(rng_mu_);
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  };
+  while (churning_ || faults_ < o_.min_faults) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
+    if (servers && pick(0, 2) < 2) {
+      // PostgreSQL: outages from 1 s to the longest asked for (a failover, a restart).
+      const int outage = pick(1, o_.max_pg_outage_s);
+      Say(fmt::format("fault {}: kill -9 postgres, {} s outage", faults_ + 1, outage));
+      pg_->Kill();
+      faults_++;
+      pg_faults_++;
+      std::this_thread::sleep_for(std::chrono::seconds(outage));
+      pg_->Start();
+    } else if (servers) {
+      const int outage = pick(1, o_.max_outage_s);
+      Say(fmt::format("fault {}: kill -9 nats-server, {} s outage", faults_ + 1, outage));
+      nats_->Kill();
+      faults_++;
+      nats_faults_++;
+      std::this_thread::sleep_for(std::chrono::seconds(outage));
+      nats_->Start();
+    } else {
+      Member* m =
+          members_[static_cast<size_t>(pick(0, static_cast<int>(members_.size()) - 1))].get();
+      const int outage = pick(1, o_.max_outage_s);
+      Say(fmt::format("fault {}: kill -9 {}, {} s outage", faults_ + 1, m->name, outage));
+      {
+        std::lock_guard lock(members_mu_);
+        m->down = true;
+        m->proc->Kill();
+      }
+      faults_++;
+      std::this_thread::sleep_for(std::chrono::seconds(outage));
+      std::lock_guard lock(members_mu_);
+      Spawn(*m);
+      m->down = false;
+    }
+  }
+}
+
+void Campaign::Churn(int worker) {
+  std::mt19937_64 rng(o_.seed * 7919 + static_cast<uint64_t>(worker));
+  const int sizes[] = {1, 2, 4, 8};
+  for (int i = 0; churning_; ++i) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant(fmt::format("tenant-{}", worker));
+    r.set_request_id(fmt::format("chaos-{}-{}-{}", o_.seed, worker, i));
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(sizes[std::uniform_int_distribution<int>(0, 3)(rng)]);
+    r.set_region("us-east-1");
+    r.set_pool("h200");
+    r.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA chaos");
+    // The same request id until it is answered: a create is idempotent by (tenant, request id).
+    auto c = Insist<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
+    if (!c.ok()) {
+      if (c.error().reason == "no_placement" || c.error().code == Code::kResourceExhausted) {
+        no_placement_++;
+        std::this_thread::sleep_for(300ms);
+      } else {
+        create_errors_++;
+        Say("create failed: " + c.error().ToString());
+      }
+      continue;
+    }
+    const std::string id = c->allocation().allocation_id();
+    {
+      std::lock_guard lock(allocs_mu_);
+      acknowledged_.insert(id);
+    }
+    placements_++;
+    // Held for a moment once active (or until it failed), then released.
+    v1::GetAllocationRequest g;
+    g.set_allocation_id(id);
+    const auto until = Clock::now() + 120s;
+    while (churning_ && Clock::now() < until) {
+      auto now = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g, 5s);
+      if (now.ok()) {
+        const std::string st = enums::Text(now->allocation().state());
+        if (st == "active" || st == "failed" || st == "released") break;
+      }
+      std::this_thread::sleep_for(200ms);
+    }
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 1500)(rng)));
+    v1::ReleaseAllocationRequest rel;
+    rel.set_allocation_id(id);
+    auto x = Insist<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel);
+    if (!x.ok() && x.error().code != Code::kFailedPrecondition) {
+      Say("release " + id + " failed: " + x.error().ToString());
+    }
+  }
+}
+
+// Reads every message of `stream` (as the harness); returns their subjects and fills `events`.
+std::vector<std::string> Campaign::StreamEvents(const std::string& stream,
+                                                std::vector<v1::Event>* events) {
+  std::vector<std::string> subjects;
+  auto last = messaging::StreamLastSequence(*conn_, stream);
+  if (!last.ok()) throw std::runtime_error(last.error().ToString());
+  for (uint64_t seq = 1; seq <= *last; ++seq) {
+    natsMsg* m = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetMsg(&m, conn_->js(), stream.c_str(), seq, nullptr, &jerr);
+    if (s != NATS_OK) continue;  // deleted (a discarded dead letter)
+    v1::Event ev;
+    const int len = natsMsg_GetDataLength(m);
+    if (!ev.ParseFromArray(natsMsg_GetData(m), len)) ev.Clear();
+    events->push_back(ev);  // aligned with `subjects`
+    subjects.emplace_back(natsMsg_GetSubject(m));
+    natsMsg_Destroy(m);
+  }
+  return subjects;
+}
+
+// After the churn: every allocation released, and everything quiet.
+void Campaign::Settle() {
+  Say("settling: releasing what is left");
+  pqxx::connection db(Dsn("scheduler"));
+  auto open = [&] {
+    pqxx::nontransaction tx(db);
+    std::vector<std::string> ids;
+    for (const auto& row : tx.exec("SELECT allocation_id::text FROM allocations WHERE state NOT IN "
+                                   "('released', 'failed')")) {
+      ids.push_back(row[0].as<std::string>());
+    }
+    return ids;
+  };
+  const auto deadline = Clock::now() + 300s;
+  while (Clock::now() < deadline) {
+    auto ids = open();
+    if (ids.empty()) break;
+    for (const auto& id : ids) {
+      v1::ReleaseAllocationRequest rel;
+      rel.set_allocation_id(id);
+      (void)Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel, 5s);
+    }
+    std::this_thread::sleep_for(2s);
+  }
+  // Quiet: every outbox published, every consumer caught up.
+  WaitFor(
+      [&] {
+        for (const auto& s : {"inventory", "scheduler", "ipam"}) {
+          pqxx::connection c(Dsn(s));
+          pqxx::nontransaction tx(c);
+          if (tx.exec1("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].as<int>() > 0) {
+            return false;
+          }
+        }
+        return true;
+      },
+      120s, 500ms);
+  std::this_thread::sleep_for(3s);
+}
+
+void Campaign::Check() {
+  int double_booked = 0;
+  int lost = 0;
+  int stuck = 0;
+  int duplicated = 0;
+  int out_of_order = 0;
+  int projection_diff = 0;
+  // --- double booking: no two claims on a slot ever overlapped in time ---
+  {
+    pqxx::connection db(Dsn("scheduler"));
+    pqxx::nontransaction tx(db);
+    auto r = tx.exec(
+        "SELECT a.node_id, a.slot_key, a.allocation_id::text, b.allocation_id::text "
+        "FROM allocation_resource_claims a JOIN allocation_resource_claims b "
+        "ON a.node_id = b.node_id AND a.slot_key = b.slot_key AND a.kind = 'slot' AND "
+        "b.kind = 'slot' AND a.allocation_id < b.allocation_id "
+        "AND a.claimed_at < coalesce(b.released_at, 'infinity') "
+        "AND b.claimed_at < coalesce(a.released_at, 'infinity')");
+    for (const auto& row : r) {
+      double_booked++;
+      Say(fmt::format("DOUBLE BOOKED {}/{}: {} and {}", row[0].c_str(), row[1].c_str(),
+                      row[2].c_str(), row[3].c_str()));
+    }
+    // --- stuck: everything terminal after the final release ---
+    for (const auto& row :
+         tx.exec("SELECT allocation_id::text, state FROM allocations WHERE state NOT IN "
+                 "('released', 'failed')")) {
+      stuck++;
+      Say(fmt::format("STUCK {} in {}", row[0].c_str(), row[1].c_str()));
+    }
+    for (const auto& row :
+         tx.exec("SELECT failure_code, count(*) FROM allocations WHERE state = 'failed' "
+                 "GROUP BY 1")) {
+      failed_by_reason_[row[0].as<std::string>()] = row[1].as<int>();
+    }
+    // Acknowledged creates exist.
+    std::lock_guard lock(allocs_mu_);
+    for (const auto& id : acknowledged_) {
+      if (tx.exec_params("SELECT 1 FROM allocations WHERE allocation_id = $1::uuid", id).empty()) {
+        lost++;
+        Say("LOST acknowledged allocation " + id);
+      }
+    }
+  }
+  // --- exactly once, in order, nothing lost between outbox and stream ---
+  std::vector<v1::Event> node_events;
+  const auto node_subjects = StreamEvents("GPUAAS_EVT_NODE", &node_events);
+  std::set<std::string> in_streams;  // every event id the streams hold
+  for (const std::string stream : {"GPUAAS_EVT_INVENTORY", "GPUAAS_EVT_SCHEDULER",
+                                   "GPUAAS_EVT_IPAM", "GPUAAS_NODE_TASKS", "GPUAAS_EVT_NODE"}) {
+    std::vector<v1::Event> events;
+    if (stream == "GPUAAS_EVT_NODE") {
+      events = node_events;
+    } else {
+      StreamEvents(stream, &events);
+    }
+    std::map<std::string, int> seen;
+    std::map<std::string, int64_t> generation;
+    for (const auto& ev : events) {
+      in_streams.insert(ev.id());
+      if (++seen[ev.id()] == 2) {
+        duplicated++;
+        Say(fmt::format("DUPLICATE event {} ({}) in {}", ev.id(), ev.type(), stream));
+      }
+      if (ev.generation() > 0) {
+        auto& g = generation[ev.subject()];
+        if (ev.generation() <= g && seen[ev.id()] == 1) {
+          out_of_order++;
+          Say(fmt::format("OUT OF ORDER {} {} {}: generation {} after {}", stream, ev.type(),
+                          ev.subject(), ev.generation(), g));
+        }
+        g = std::max(g, ev.generation());
+      }
+    }
+  }
+  for (const std::string service : {"inventory", "scheduler", "ipam"}) {
+    pqxx::connection db(Dsn(service));
+    pqxx::nontransaction tx(db);
+    for (const auto& row : tx.exec("SELECT event_id::text, subject, published_at IS NULL "
+                                   "FROM outbox ORDER BY seq")) {
+      const std::string id = row[0].as<std::string>();
+      if (!in_streams.count(id)) {
+        lost++;
+        Say(fmt::format("LOST {} event {} ({}){}", service, id, row[1].c_str(),
+                        row[2].as<bool>() ? ", never published" : ""));
+      }
+    }
+  }
+  // Every task result a node published was applied by the scheduler (its inbox has it).
+  {
+    pqxx::connection db(Dsn("scheduler"));
+    pqxx::nontransaction tx(db);
+    std::set<std::string> applied;
+    for (const auto& row : tx.exec("SELECT event_id::text FROM inbox")) {
+      applied.insert(row[0].as<std::string>());
+    }
+    for (size_t i = 0; i < node_events.size(); ++i) {
+      const auto& ev = node_events[i];
+      if (ev.type().find(".task.") == std::string::npos &&
+          node_subjects[i].find(".task.") == std::string::npos) {
+        continue;
+      }
+      if (node_subjects[i].find(".task.progress") != std::string::npos) continue;
+      if (!applied.count(ev.id())) {
+        lost++;
+        Say(fmt::format("LOST task result {} on {} (never applied by the scheduler)", ev.id(),
+                        node_subjects[i]));
+      }
+    }
+  }
+  // --- dead letters ---
+  std::vector<v1::Event> unused;
+  int dead = 0;
+  int dead_retryable = 0;
+  {
+    auto last = messaging::StreamLastSequence(*conn_, "GPUAAS_DLQ");
+    for (uint64_t seq = 1; last.ok() && seq <= *last; ++seq) {
+      natsMsg* m = nullptr;
+      jsErrCode jerr = static_cast<jsErrCode>(0);
+      if (js_GetMsg(&m, conn_->js(), "GPUAAS_DLQ", seq, nullptr, &jerr) != NATS_OK) continue;
+      v1::DeadLetter dl;
+      dl.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m));
+      natsMsg_Destroy(m);
+      dead++;
+      // The campaign sends only valid traffic: any dead letter is a message that should have
+      // been retried.
+      dead_retryable++;
+      Say(fmt::format("DEAD LETTER {}/{} {}: {} ({})", dl.stream(), dl.consumer(), dl.subject(),
+                      dl.reason(), dl.kind()));
+    }
+  }
+  // --- projection equals a rebuild by replay ---
+  {
+    auto snapshot = [&] {
+      std::map<std::string, std::string> out;
+      v1::ListProjectedSlotsRequest lr;
+      auto l = Insist<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr, 60s);
+      if (!l.ok()) throw std::runtime_error("slot list: " + l.error().ToString());
+      for (const auto& s : l->slots()) {
+        out[s.node_id() + "/" + s.slot_key()] = s.ShortDebugString();
+      }
+      return out;
+    };
+    const auto before = snapshot();
+    v1::RebuildProjectionRequest rr;
+    // The rebuild asks for confirmation where the contract has the field.
+    if (const auto* f = rr.GetDescriptor()->FindFieldByName("confirm");
+        f && f->type() == google::protobuf::FieldDescriptor::TYPE_BOOL) {
+      rr.GetReflection()->SetBool(&rr, f, true);
+    }
+    auto rb =
+        Call<v1::RebuildProjectionResponse>("gpuaas.v1.scheduler.projection.rebuild", rr, 120s);
+    if (!rb.ok()) {
+      projection_diff++;
+      Say("REBUILD failed: " + rb.error().ToString());
+    } else {
+      const auto after = snapshot();
+      for (const auto& [k, v] : before) {
+        auto it = after.find(k);
+        if (it == after.end() || it->second != v) {
+          projection_diff++;
+          Say(fmt::format("PROJECTION {}: live {} / rebuilt {}", k, v,
+                          it == after.end() ? "missing" : it->second));
+        }
+      }
+      if (after.size() != before.size()) projection_diff++;
+    }
+  }
+  std::string failed;
+  for (const auto& [reason, n] : failed_by_reason_) failed += fmt::format(" {}:{}", reason, n);
+  report_ = fmt::format(
+      "R1 faults={} (postgres={} nats={}) placements={} no_placement={} failed=[{} ] "
+      "double_booked={} lost={} stuck={} duplicated={} out_of_order={} "
+      "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
+      "restarts_after_start_failure={}",
+      faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
+      no_placement_.load(), failed, double_booked, lost, stuck, duplicated, out_of_order,
+      dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load());
+  failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
+              projection_diff + crashed_.load() + create_errors_.load();
+  if (placements_ == 0) failures_++;
+  if (faults_ < o_.min_faults) failures_++;
+}
+
+int Campaign::Run() {
+  std::filesystem::create_directories(o_.out_dir);
+  Say(fmt::format("chaos: {} s of churn, {} node-agents, {} workers, seed {}, logs in {}",
+                  o_.duration_s, o_.nodes, o_.workers, o_.seed, o_.out_dir));
+  StartPlatform();
+  std::thread supervisor([&] { Supervise(); });
+  std::thread server_faults([&] { Faults(true); });
+  std::thread process_faults([&] { Faults(false); });
+  std::vector<std::thread> workers;
+  workers.reserve(static_cast<size_t>(o_.workers));
+  for (int w = 0; w < o_.workers; ++w) workers.emplace_back([this, w] { Churn(w); });
+  std::this_thread::sleep_for(std::chrono::seconds(o_.duration_s));
+  Say("churn over; waiting for the last fault to end");
+  churning_ = false;
+  server_faults.join();
+  process_faults.join();
+  faulting_ = false;
+  for (auto& w : workers) w.join();
+  Settle();
+  Check();
+  supervisor.join();
+  {
+    // Stopped gracefully; a service that does not stop within its drain timeout is a finding.
+    std::lock_guard lock(members_mu_);
+    for (auto& m : members_) m->proc->Stop(15s);
+  }
+  std::cout << report_ << std::endl;
+  if (create_errors_ > 0) Say(fmt::format("{} creates failed for good", create_errors_.load()));
+  Say(failures_ == 0 ? "PASS" : "FAIL");
+  return failures_ == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace gpuaas::chaos
+
+int main(int argc, char** argv) {
+  gpuaas::chaos::Options o;
+  CLI::App app{"gpuaas-chaos: the chaos campaign (see scripts/chaos)"};
+  app.add_option("--bin-dir", o.bin_dir, "Build directory with services/*/gpuaas-*")->required();
+  app.add_option("--duration-s", o.duration_s, "Seconds of churn under faults")
+      ->capture_default_str();
+  app.add_option("--nodes", o.nodes, "Simulated node-agents (8 GPUs each)")->capture_default_str();
+  app.add_option("--workers", o.workers, "Concurrent tenants creating and releasing")
+      ->capture_default_str();
+  app.add_option("--fault-gap-ms", o.fault_gap_ms, "Mean pause between faults")
+      ->capture_default_str();
+  app.add_option("--max-outage-s", o.max_outage_s, "Longest outage of a process or nats-server")
+      ->capture_default_str();
+  app.add_option("--max-pg-outage-s", o.max_pg_outage_s, "Longest PostgreSQL outage")
+      ->capture_default_str();
+  app.add_option("--min-faults", o.min_faults, "Keep injecting faults until this many")
+      ->capture_default_str();
+  app.add_option("--seed", o.seed, "Random seed (0 = time)");
+  app.add_option("--out", o.out_dir, "Directory for logs and hosts (default: a temporary one)");
+  CLI11_PARSE(app, argc, argv);
+  if (o.seed == 0) o.seed = static_cast<uint64_t>(std::time(nullptr));
+  if (o.out_dir.empty()) o.out_dir = gpuaas::testing::MakeTempDir("gpuaas-chaos");
+  signal(SIGPIPE, SIG_IGN);
+  try {
+    return gpuaas::chaos::Campaign(o).Run();
+  } catch (const std::exception& e) {
+    std::cerr << "chaos: " << e.what() << std::endl;
+    return 2;
+  }
+}
