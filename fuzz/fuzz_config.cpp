@@ -125,13 +125,15 @@ void CheckSchema(size_t which, const std::string& env_key, const std::string& en
   FUZZ_CHECK(e.reason == "config_yaml_invalid" || e.reason == "config_invalid", e.ToString());
   if (e.reason == "config_invalid") {
     FUZZ_CHECK(!e.details.empty(), e.ToString());
-    // A problem names a key of the schema or one the YAML has (unknown key), or the root.
+    // A problem names a key of the schema, a key the YAML has (unknown key, or a nested one
+    // under a schema key), or the root; each says what is wrong.
     for (const auto& [key, problem] : e.details) {
+      FUZZ_CHECK(!problem.empty(), t.name + ": '" + key + "': " + problem);
       const bool schema_key = std::find(keys.begin(), keys.end(), key) != keys.end();
-      FUZZ_CHECK(!problem.empty(), key);
-      FUZZ_CHECK(schema_key || key == "<root>" || problem == "unknown key" ||
-                     yaml.find(key.substr(key.rfind('.') + 1)) != std::string::npos,
-                 t.name + ": " + key + ": " + problem);
+      if (schema_key || key == "<root>") continue;
+      FUZZ_CHECK(problem == "unknown key" || problem.find("expected") != std::string::npos ||
+                     problem.find("mapping") != std::string::npos,
+                 t.name + ": '" + key + "': " + problem);
     }
   }
 }

@@ -7,10 +7,12 @@
 // - the Authorization header (BearerToken, then VerifyToken with a fixed test key and clock),
 // - request tokens issued from fuzzed principals (IssueToken -> VerifyToken round trip, a changed
 //   byte refused),
-// - the payload parsed as the subject's request type (rpc::Server::Handle does exactly that):
-//   binary and JSON round trips, then the pure validators the handlers call (ValidateRegister,
-//   the catalog's order check, PageLimit, CIDR/IPv4/MAC parsers, ValidateLeaseReport,
-//   ValidateCandidate) and what the validators promise about what they accept.
+// - the payload decoded as the subject's request type by rpc::DecodeRequest (what
+//   rpc::Server::Handle runs: malformed_payload, or string_has_nul naming exactly the fields
+//   validate::NulStringFields finds), binary and JSON round trips of what it accepts, then the pure
+//   validators the handlers call (ValidateRegister, the catalog's order check, PageLimit,
+//   CIDR/IPv4/MAC parsers, ValidateLeaseReport, ValidateCandidate) and what the validators promise
+//   about what they accept.
 #include <fuzzer/FuzzedDataProvider.h>
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/message.h>
@@ -35,6 +37,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/common/validate.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -134,7 +137,9 @@ bool IsHex(std::string_view s) {
 
 void CheckSubject(const std::string& subject) {
   const auto tokens = access::SubjectTokens(subject);
-  bool plain = !subject.empty();
+  // A subject NATS would carry: no empty token (no leading, trailing or double dot).
+  bool plain = !subject.empty() && subject.front() != '.' && subject.back() != '.' &&
+               subject.find("..") == std::string::npos;
   std::string joined;
   for (const auto& t : tokens) {
     if (t.empty() || t == "*" || t == ">") plain = false;
@@ -304,6 +309,8 @@ void CheckRoundTrips(const pb::Message& m) {
 // The field-level parsers the handlers apply, on every string field with that name (nested
 // included): what they accept formats back to itself.
 void CheckField(const std::string& name, const std::string& v) {
+  // What DecodeRequest let through holds no NUL anywhere (validate::NulStringFields).
+  FUZZ_CHECK(v.find('\0') == std::string::npos, name);
   if (name == "node_id" && ids::IsNodeId(v)) {
     FUZZ_CHECK(!v.empty() && v.size() <= 63 && v.front() != '-' && v.back() != '-', v);
     for (char c : v) FUZZ_CHECK((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-', v);
@@ -444,7 +451,26 @@ void CheckTopology(const v1::TopologyReport& report) {
 
 void CheckPayload(const Served& s, const std::string& payload) {
   auto m = Fresh(*s.prototype);
-  if (!m->ParseFromString(payload)) return;  // INVALID_ARGUMENT malformed_payload in rpc
+  // rpc::Server's one decode path: malformed_payload, or string_has_nul naming every field.
+  auto decoded = rpc::DecodeRequest(payload, *m);
+  auto parsed = Fresh(*s.prototype);
+  const bool parses = parsed->ParseFromString(payload);
+  const auto nul_fields = parses ? validate::NulStringFields(*parsed) : std::vector<std::string>{};
+  if (!decoded.ok()) {
+    FUZZ_CHECK_ERROR(decoded.error(), Code::kInvalidArgument);
+    if (!parses) {
+      FUZZ_CHECK(decoded.error().reason == "malformed_payload", decoded.error().ToString());
+    } else {
+      FUZZ_CHECK(decoded.error().reason == "string_has_nul" && !nul_fields.empty() &&
+                     decoded.error().details.size() == nul_fields.size(),
+                 decoded.error().ToString());
+      for (const auto& path : nul_fields) {
+        FUZZ_CHECK(decoded.error().details.count(path) == 1, path);
+      }
+    }
+    return;
+  }
+  FUZZ_CHECK(parses && nul_fields.empty(), parsed->ShortDebugString());
   CheckRoundTrips(*m);
   WalkFields(*m, 0);
   const std::string& type = m->GetDescriptor()->full_name();
