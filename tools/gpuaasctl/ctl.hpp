@@ -133,6 +133,12 @@ Action AddAllocCommands(CLI::App& app);
 // catalog [list] (catalog_commands.cpp).
 Action AddCatalogCommands(CLI::App& app);
 
+// dlq list|show|replay|discard (dlq_commands.cpp): reads and discards in GPUAAS_DLQ over the
+// connection, replays through the owning service's request.
+using DlqAction =
+    std::function<std::optional<int>(messaging::Connection&, rpc::Client&, const Globals&)>;
+DlqAction AddDlqCommands(CLI::App& app);
+
 // auth init/nats-config/login, node enroll/revoke (auth_commands.cpp): no NATS needed; after
 // AddNodeCommands (it adds to the node group).
 std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app);

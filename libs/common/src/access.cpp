@@ -19,6 +19,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kEveryConsumer = "every-consumer";
+constexpr const char* kDeadLetterStream = "GPUAAS_DLQ";
+constexpr const char* kOperatorRole = "operator";
 
 std::vector<std::string> Strings(const YAML::Node& n) {
   std::vector<std::string> out;
@@ -274,6 +276,14 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
         p.publish.insert(fmt::format("$JS.API.STREAM.{}.{}", verb, stream));
       }
     }
+    // A service replays a dead letter of its own consumers by reading it (dlq.hpp); it never
+    // deletes one.
+    p.publish.insert(fmt::format("$JS.API.STREAM.MSG.GET.{}", kDeadLetterStream));
+  }
+  // Operators discard dead letters (`gpuaasctl dlq discard`): the one deletion anyone may make
+  // in a platform stream.
+  if (role == kOperatorRole) {
+    p.publish.insert(fmt::format("$JS.API.STREAM.MSG.DELETE.{}", kDeadLetterStream));
   }
   for (const auto& s : r.read_streams) {
     p.publish.insert("$JS.API.STREAM.INFO." + s);

@@ -15,6 +15,7 @@
 
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
+#include "gpuaas/common/dlq.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/process_metrics.hpp"
 
@@ -173,13 +174,26 @@ rpc::Server& Service::Rpc() {
   return *rpc_;
 }
 
-Result<void> Service::ServeRequests() { return Rpc().Start(); }
+Result<void> Service::ServeRequests() {
+  // Operators replay dead letters of this service's consumers (dlq.hpp), where the contract says
+  // it serves gpuaas.v1.<name>.dlq.replay.
+  auto find = [this](const std::string& durable) -> messaging::Consumer* {
+    std::lock_guard lock(consumers_mu_);
+    for (auto& c : consumers_) {
+      if (c->spec().durable == durable) return c.get();
+    }
+    return nullptr;
+  };
+  dlq::ServeReplay(Rpc(), {nats_, pool_, component_.name, find, log_});
+  return Rpc().Start();
+}
 
 Result<messaging::Consumer*> Service::StartConsumer(messaging::ConsumerSpec spec,
                                                     messaging::Consumer::Handler handler) {
   auto c = std::make_unique<messaging::Consumer>(nats_, std::move(spec), std::move(handler), log_,
                                                  registry_.get());
   if (auto r = c->Start(); !r.ok()) return r.error();
+  std::lock_guard lock(consumers_mu_);
   consumers_.push_back(std::move(c));
   return consumers_.back().get();
 }

@@ -74,6 +74,38 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
   EXPECT_FALSE(PermissionsFor(c, "node-agent").ok()) << "a node role needs its node id";
 }
 
+TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlone) {
+  const Contract& c = EmbeddedContract();
+  const std::string get = "$JS.API.STREAM.MSG.GET.GPUAAS_DLQ";
+  const std::string del = "$JS.API.STREAM.MSG.DELETE.GPUAAS_DLQ";
+  for (const auto& [name, role] : c.roles) {
+    auto p = role.kind == Kind::kNode ? PermissionsFor(c, name, "gpu-07") : PermissionsFor(c, name);
+    ASSERT_TRUE(p.ok()) << name;
+    // Services read a dead letter to replay it; operators and auditors read the stream.
+    EXPECT_EQ(Allows(p->publish, get), name != "node-agent" && name != "tenant-api") << name;
+    EXPECT_EQ(Allows(p->publish, del), name == "operator") << name;
+    // Nobody deletes from another stream.
+    for (const auto& [stream, subjects] : c.streams) {
+      if (stream != "GPUAAS_DLQ") {
+        EXPECT_FALSE(Allows(p->publish, "$JS.API.STREAM.MSG.DELETE." + stream)) << name;
+      }
+    }
+    // The replay subjects are admin subjects: only operators call them.
+    for (const std::string svc : {"inventory", "scheduler", "ipam"}) {
+      EXPECT_EQ(Allows(p->publish, "gpuaas.v1." + svc + ".dlq.replay"), name == "operator")
+          << name << " " << svc;
+    }
+  }
+  // inventory may put a node's task back on its subject (it manages the node-<id> durables).
+  auto inventory = PermissionsFor(c, "inventory");
+  ASSERT_TRUE(inventory.ok());
+  EXPECT_TRUE(Allows(inventory->publish, "gpuaas.v1.node.gpu-07.task"));
+  auto replay = RequestAccessFor(c, "gpuaas.v1.ipam.dlq.replay");
+  EXPECT_TRUE(replay.declared);
+  EXPECT_FALSE(replay.internal);
+  EXPECT_EQ(replay.token_roles, std::vector<std::string>{"operator"});
+}
+
 TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
   const Contract& c = EmbeddedContract();
   const std::vector<std::string> admin = {

@@ -62,6 +62,10 @@ declare -A ARGS=(
   ['ipam reprovision']='--node n1 --slot s1'
   ['catalog']=''
   ['catalog list']=''
+  ['dlq list']='--consumer c --limit 5'
+  ['dlq show']='--seq 1'
+  ['dlq replay']='--seq 1'
+  ['dlq discard']='--seq 1 --yes'
 )
 # Commands that work on a keys directory and need no NATS (the `auth` case runs them).
 declare -A OFFLINE=(

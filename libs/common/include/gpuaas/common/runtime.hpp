@@ -82,7 +82,8 @@ class Service {
   outbox::Relay& StartOutboxRelay(outbox::RelayOptions opts = {});
 
   // The service's request/reply server: queue group "<name>" on "gpuaas.*.<name>.>". Register
-  // handlers, then ServeRequests(). Drained first on shutdown.
+  // handlers, then ServeRequests(). Drained first on shutdown. ServeRequests() adds
+  // gpuaas.v1.<name>.dlq.replay where the contract declares it (dlq.hpp).
   rpc::Server& Rpc();
   Result<void> ServeRequests();
 
@@ -123,6 +124,7 @@ class Service {
   std::unique_ptr<outbox::Relay> relay_;
   std::unique_ptr<rpc::Server> rpc_;
   std::vector<std::unique_ptr<messaging::Consumer>> consumers_;
+  std::mutex consumers_mu_;  // consumers_ (a dead-letter replay looks one up)
   uint16_t http_port_ = 0;
   std::vector<std::string> token_keys_;  // PEMs of auth.token_public_keys
   std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
