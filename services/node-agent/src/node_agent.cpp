@@ -835,10 +835,12 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   v1::Event ev;
   v1::NodeTask task;
   if (!ev.ParseFromString(d.msg.data) || !ev.data().UnpackTo(&task)) {
-    return messaging::HandlerResult::Reject("not a gpuaas.v1.Event carrying a gpuaas.v1.NodeTask");
+    return messaging::HandlerResult::Reject("not a gpuaas.v1.Event carrying a gpuaas.v1.NodeTask",
+                                            messaging::kRejectUndecodable);
   }
   if (!ids::IsUuid(task.task_id())) {
-    return messaging::HandlerResult::Reject("task id is not a UUID: '" + task.task_id() + "'");
+    return messaging::HandlerResult::Reject("task id is not a UUID: '" + task.task_id() + "'",
+                                            messaging::kRejectInvalid);
   }
   // Every line about the task names it, its allocation and its trace (the scheduler's request).
   const std::string traceparent = d.msg.Header(messaging::kHeaderTraceparent);
@@ -870,7 +872,9 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     log.Info("duplicate task: result re-published, not re-run");
     return messaging::HandlerResult::Ack();
   }
-  if (vm_task && !adopted_) {
+  // A task past its deadline is answered (failed, below) rather than kept waiting.
+  const bool expired = task.has_deadline() && TimeUtil::GetCurrentTime() > task.deadline();
+  if (vm_task && !adopted_ && !expired) {
     // After a restart the runtime first reconciles its domains with the ledger.
     return messaging::HandlerResult::Retry("restart adoption not finished");
   }
@@ -879,7 +883,9 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     // bridge and a cleanup could not release its DHCP lease. The first reconcile follows
     // registration within moments.
     std::lock_guard lock(net_mu_);
-    if (!net_spec_) return messaging::HandlerResult::Retry("slice network not applied yet");
+    if (!net_spec_ && !expired) {
+      return messaging::HandlerResult::Retry("slice network not applied yet");
+    }
   }
   if (vm_task && cfg_.sim_behavior == "silent") {
     // An unresponsive node for tests: taken off the queue, never answered, nothing stored (a
