@@ -8,6 +8,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include <chrono>
 #include <optional>
 
 #include "gpuaas/common/ids.hpp"
@@ -35,7 +36,11 @@ v1::Event MakeEvent(const EventSpec& spec) {
   ev.set_type(spec.type.empty() ? DefaultType(spec.nats_subject) : spec.type);
   ev.set_source(spec.source);
   ev.set_subject(spec.entity);
-  *ev.mutable_time() = google::protobuf::util::TimeUtil::GetCurrentTime();
+  // TimeUtil::GetCurrentTime() has whole seconds only; the audit orders events by this time.
+  *ev.mutable_time() = google::protobuf::util::TimeUtil::NanosecondsToTimestamp(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          std::chrono::system_clock::now().time_since_epoch())
+          .count());
   ev.set_generation(spec.generation);
   ev.set_correlation_id(spec.correlation_id);
   if (spec.data) ev.mutable_data()->PackFrom(*spec.data);
