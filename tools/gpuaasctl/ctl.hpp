@@ -133,6 +133,11 @@ Action AddAllocCommands(CLI::App& app);
 // catalog [list] (catalog_commands.cpp).
 Action AddCatalogCommands(CLI::App& app);
 
+// An action that works on the NATS connection itself (JetStream reads), not by requests.
+using ConnAction = std::function<std::optional<int>(messaging::Connection&, const Globals&)>;
+// audit allocation|slot|node (audit_commands.cpp): an entity's history from the event streams.
+ConnAction AddAuditCommands(CLI::App& app);
+
 // dlq list|show|replay|discard (dlq_commands.cpp): reads and discards in GPUAAS_DLQ over the
 // connection, replays through the owning service's request.
 using DlqAction =

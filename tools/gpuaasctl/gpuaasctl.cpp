@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   const std::vector<Action> actions = {AddNodeCommands(app), AddInventoryCommands(app),
                                        AddAllocCommands(app), AddIpamCommands(app),
                                        AddCatalogCommands(app)};
+  const auto audit_action = AddAuditCommands(app);
   const auto dlq_action = AddDlqCommands(app);
   const auto auth_action = AddAuthCommands(app);
   const auto completion = AddCompletionCommand(app);
@@ -105,6 +106,7 @@ int main(int argc, char** argv) {
   rpc::Client client(*conn);
   client.WithToken(g.token);
 
+  if (auto rc = audit_action(**conn, g)) return *rc;
   if (auto rc = dlq_action(**conn, client, g)) return *rc;
   for (const auto& action : actions) {
     if (auto rc = action(client, g)) return *rc;
