@@ -4,6 +4,7 @@
 // validate the same way:
 // - the subject (rpc's token split, the contract's access entry),
 // - the traceparent header (a child span; a malformed parent starts a new trace),
+// - the Gpuaas-Deadline-Ms header (rpc::ParseDeadlineHeader: clamped, no overflow),
 // - the Authorization header (BearerToken, then VerifyToken with a fixed test key and clock),
 // - request tokens issued from fuzzed principals (IssueToken -> VerifyToken round trip, a changed
 //   byte refused),
@@ -170,6 +171,34 @@ void CheckTraceparent(const std::string& parent) {
   if (const std::string parent_trace = ids::TraceId(parent); !parent_trace.empty()) {
     FUZZ_CHECK(parent_trace == trace, parent + " -> " + child);
   }
+}
+
+// ---- Gpuaas-Deadline-Ms ----
+
+// What rpc::Server makes of the header (rpc::ParseDeadlineHeader): a deadline between the epoch
+// and a day ahead that converts to a system_clock time_point without overflow; a decimal in that
+// range is kept as is, anything that is not a decimal integer is the default.
+void CheckDeadline(const std::string& header) {
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(kNow.time_since_epoch()).count();
+  constexpr int64_t kDefaultMs = 10000;
+  const int64_t d = rpc::ParseDeadlineHeader(header, now_ms, kDefaultMs);
+  FUZZ_CHECK(d >= 0 && d <= now_ms + rpc::kMaxDeadlineAheadMs, header + " -> " + std::to_string(d));
+  const auto tp = std::chrono::system_clock::time_point(std::chrono::milliseconds(d));
+  FUZZ_CHECK(tp - kNow <= std::chrono::milliseconds(rpc::kMaxDeadlineAheadMs), header);
+  bool decimal = !header.empty() && header.size() <= 18;  // fits int64 without overflow
+  for (size_t i = 0; i < header.size(); ++i) {
+    decimal = decimal && ((header[i] >= '0' && header[i] <= '9') ||
+                          (i == 0 && header[i] == '-' && header.size() > 1));
+  }
+  if (!decimal) {
+    bool digits_only = !header.empty();
+    for (char c : header) digits_only = digits_only && ((c >= '0' && c <= '9') || c == '-');
+    if (!digits_only) FUZZ_CHECK(d == now_ms + kDefaultMs, header + " -> " + std::to_string(d));
+    return;
+  }
+  const int64_t v = std::stoll(header);
+  if (v >= 0 && v <= now_ms + rpc::kMaxDeadlineAheadMs) FUZZ_CHECK(d == v, header);
 }
 
 // ---- tokens ----
@@ -499,6 +528,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckSubject((mode & 1) != 0 ? in.ConsumeRandomLengthString(256) : s.subject);
   CheckTraceparent(in.ConsumeRandomLengthString(128));
   CheckAuthorization(in.ConsumeRandomLengthString(1024));
+  if ((mode & 4) != 0) CheckDeadline(in.ConsumeRandomLengthString(32));
   if ((mode & 2) != 0) CheckIssue(in);  // ES256 sign + verify: ~2 ms, so not every input
   CheckPayload(s, in.ConsumeRemainingBytesAsString());
   return 0;

@@ -110,6 +110,9 @@ def requests_seeds():
           b"gpuaas.v2.inventory.node.list" + END + tp + END + END + bytes([0, 1]))
     write("fuzz_requests", "issue.bin",
           tp + END + END + b"tenant:acme/bob" + END + b"acme" + END + bytes([0x10, 0x0e, 1, 1, 0, 2]))
+    # mode 4: a Gpuaas-Deadline-Ms header (after the Authorization header).
+    write("fuzz_requests", "deadline.bin",
+          tp + END + END + str(now * 1000 + 5000).encode() + END + bytes([0, 4]))
 
 
 def config_seeds():

@@ -1,6 +1,7 @@
 #include "gpuaas/common/rpc.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -33,6 +34,19 @@ int64_t NowMs() {
 }
 
 }  // namespace
+
+int64_t ParseDeadlineHeader(std::string_view value, int64_t now_ms, int64_t default_ms) {
+  const int64_t latest = now_ms + kMaxDeadlineAheadMs;
+  const int64_t fallback =
+      std::clamp<int64_t>(now_ms + std::max<int64_t>(0, default_ms), 0, latest);
+  int64_t ms = 0;
+  const char* end = value.data() + value.size();
+  const auto [ptr, ec] = std::from_chars(value.data(), end, ms);
+  if (value.empty() || ptr != end) return fallback;  // absent or malformed: as if absent
+  if (ec == std::errc::result_out_of_range) return value.front() == '-' ? 0 : latest;
+  if (ec != std::errc()) return fallback;
+  return std::clamp<int64_t>(ms, 0, latest);
+}
 
 int64_t Context::RemainingMs() const {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -85,14 +99,8 @@ struct Server::Impl {
     ctx.headers = m.headers;
     ctx.traceparent = ids::ChildTraceparent(m.Header(messaging::kHeaderTraceparent));
     ctx.trace_id = ids::TraceId(ctx.traceparent);
-    int64_t deadline_ms = NowMs() + opts.default_deadline_ms;
-    if (auto d = m.Header(messaging::kHeaderDeadline); !d.empty()) {
-      try {
-        deadline_ms = std::stoll(d);
-      } catch (...) {
-        // A malformed deadline is treated as absent.
-      }
-    }
+    const int64_t deadline_ms = ParseDeadlineHeader(m.Header(messaging::kHeaderDeadline), NowMs(),
+                                                    opts.default_deadline_ms);
     ctx.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(deadline_ms));
     ctx.log = log.With({{"trace_id", ctx.trace_id}, {"subject", m.subject}});
 

@@ -106,6 +106,16 @@ TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
   auto late =
       RawReply(*conn_, "gpuaas.v1.test.node.echo", "", {{messaging::kHeaderDeadline, "1000"}});
   EXPECT_EQ(late.status().code(), v1::DEADLINE_EXCEEDED);
+  // Deadlines whose nanoseconds overflow (fuzz: Gpuaas-Deadline-Ms 99999999999999999): far
+  // ahead is capped at a day and served; far back is past.
+  v1::RegisterNodeRequest far_req;
+  far_req.set_node_id("far");
+  auto far = RawReply(*conn_, "gpuaas.v1.test.node.echo", far_req.SerializeAsString(),
+                      {{messaging::kHeaderDeadline, "99999999999999999"}});
+  EXPECT_EQ(far.status().code(), v1::OK) << far.status().reason();
+  auto far_back = RawReply(*conn_, "gpuaas.v1.test.node.echo", far_req.SerializeAsString(),
+                           {{messaging::kHeaderDeadline, "-99999999999999999"}});
+  EXPECT_EQ(far_back.status().code(), v1::DEADLINE_EXCEEDED);
   // A handler that throws becomes INTERNAL.
   v1::RegisterNodeRequest t;
   t.set_node_id("throw");
@@ -118,6 +128,29 @@ TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
   auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", ok);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->node().node_id(), "still-here");
+}
+
+TEST(ParseDeadlineHeader, ClampsToTheEpochAndADayAheadMalformedIsAbsent) {
+  const int64_t now = 1'700'000'000'000;
+  const int64_t day = rpc::kMaxDeadlineAheadMs;
+  EXPECT_EQ(rpc::ParseDeadlineHeader("", now, 10000), now + 10000);
+  EXPECT_EQ(rpc::ParseDeadlineHeader(std::to_string(now + 5000), now, 10000), now + 5000);
+  // In the past: stays past (answered deadline_exceeded), never before the epoch.
+  EXPECT_EQ(rpc::ParseDeadlineHeader("1000", now, 10000), 1000);
+  EXPECT_EQ(rpc::ParseDeadlineHeader("-99999999999999999", now, 10000), 0);
+  EXPECT_EQ(rpc::ParseDeadlineHeader("-999999999999999999999999", now, 10000), 0);
+  // Beyond a day ahead: a day ahead.
+  EXPECT_EQ(rpc::ParseDeadlineHeader("99999999999999999", now, 10000), now + day);
+  EXPECT_EQ(rpc::ParseDeadlineHeader("999999999999999999999999", now, 10000), now + day);
+  EXPECT_EQ(rpc::ParseDeadlineHeader(std::to_string(now + day), now, 10000), now + day);
+  // Not a decimal integer: as if absent.
+  for (const char* bad : {"abc", "12abc", " 12", "1e9", "+5", "-", "0x10"}) {
+    EXPECT_EQ(rpc::ParseDeadlineHeader(bad, now, 10000), now + 10000) << bad;
+  }
+  // Every result converts to a time_point without overflow.
+  const auto tp = std::chrono::system_clock::time_point(
+      std::chrono::milliseconds(rpc::ParseDeadlineHeader("99999999999999999", now, 0)));
+  EXPECT_GT(tp, std::chrono::system_clock::time_point(std::chrono::milliseconds(now)));
 }
 
 TEST_F(MessagingTest, ClientSeesStatusAsErrorAndNoResponders) {

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/log.hpp"
@@ -54,6 +55,17 @@ struct ServerOptions {
   // takes a request without a token as theirs.
   std::vector<std::string> token_public_keys;
 };
+
+// How far ahead a caller's deadline may lie: one day. A request lives seconds; a later
+// deadline (a clock far off, or a bogus header) is capped here.
+inline constexpr int64_t kMaxDeadlineAheadMs = int64_t{24} * 3600 * 1000;
+
+// The deadline (Unix ms) of a request received at `now_ms` whose Gpuaas-Deadline-Ms header is
+// `value`: absent ("") or not a decimal integer -> now_ms + default_ms; a deadline in the past
+// stays past (it is answered deadline_exceeded), but never before the Unix epoch; one later than
+// now_ms + kMaxDeadlineAheadMs -> now_ms + kMaxDeadlineAheadMs. The result converts to a
+// system_clock time_point (nanoseconds) without overflow.
+int64_t ParseDeadlineHeader(std::string_view value, int64_t now_ms, int64_t default_ms);
 
 // Parses a served request and refuses what no handler should see: INVALID_ARGUMENT
 // malformed_payload (not a valid message of its type) or string_has_nul (validate.hpp).
