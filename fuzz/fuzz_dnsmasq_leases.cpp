@@ -111,9 +111,8 @@ void Check(const std::string& content) {
     o->set_hostname(l.hostname);
   }
   auto accepted = ipam::ValidateLeaseReport(report);
-  FUZZ_KNOWN_ISSUE("lease_report_refused", accepted.ok(),
-                   "ipam refuses the agent's report of this lease file: " +
-                       (accepted.ok() ? "" : accepted.error().ToString()));
+  FUZZ_CHECK(accepted.ok(), "ipam refuses the agent's report of this lease file: " +
+                                (accepted.ok() ? "" : accepted.error().ToString()));
 }
 
 }  // namespace

@@ -457,7 +457,8 @@ std::optional<std::string> LeasedIp(const std::string& lease_file, const std::st
     if (fields.size() < 3 || Lower(fields[1]) != want) continue;
     auto expiry = ParseInt(fields[0]);
     if (!expiry || (*expiry != 0 && *expiry < now)) continue;
-    ip = fields[2];  // the last entry for the MAC wins
+    if (!IsValidIpv4(fields[2])) continue;  // as ObserveLeases: only IPv4 leases count
+    ip = fields[2];                         // the last entry for the MAC wins
   }
   return ip;
 }

@@ -1037,13 +1037,21 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   return rep;
 }
 
-Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec) {
+Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec, int* skipped) {
   auto plan = MakePlan(spec, {});
   if (!plan.ok()) return plan.error();
   std::vector<LeaseLine> leases;
+  int odd = 0;
   for (auto& l : ParseLeases(ReadWhole(plan->leases).value_or(""))) {
-    if (!Expired(l)) leases.push_back(std::move(l));
+    if (Expired(l)) continue;
+    // Not a unicast Ethernet MAC with an IPv4 address: nothing ipam could judge.
+    if (!IsUnicastMac(l.mac) || !ParseIpv4(l.ip)) {
+      ++odd;
+      continue;
+    }
+    leases.push_back(std::move(l));
   }
+  if (skipped != nullptr) *skipped = odd;
 
   std::vector<LeaseObservation> out;
   std::set<std::string> reserved;

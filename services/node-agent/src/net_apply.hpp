@@ -112,7 +112,11 @@ struct LeaseObservation {
 
 // From dnsmasq's lease file (expired entries ignored): one entry per reservation, in spec order,
 // then one per leased MAC that has no reservation ("unexpected"). No lease file = all missing.
-Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec);
+// Lines that are not a unicast Ethernet MAC with an IPv4 address (DHCPv6 leases after "duid",
+// non-Ethernet hardware addresses, a multicast MAC a guest sent) are skipped and counted in
+// `skipped`, so one odd line never makes ipam refuse the whole report.
+Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec,
+                                                    int* skipped = nullptr);
 
 struct NetCheck {
   // Stable strings, in this order: bridge_missing, bridge_down, gateway_address_missing,

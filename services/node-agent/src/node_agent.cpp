@@ -770,10 +770,15 @@ void NodeAgent::ReconcileNetwork() {
   report.set_node_id(cfg_.node_id);
   report.set_document_version(net_spec_->version);
   for (const auto& b : blockers) report.add_blockers(b);
-  auto leases = ObserveLeases(*net_spec_);
+  int skipped_leases = 0;
+  auto leases = ObserveLeases(*net_spec_, &skipped_leases);
   if (!leases.ok()) {
     log.Warn("leases not readable", {{"error", leases.error().ToString()}});
     return;
+  }
+  if (skipped_leases > 0) {
+    log.Debug("lease lines skipped: not a unicast MAC with an IPv4 address",
+              {{"skipped", std::to_string(skipped_leases)}});
   }
   for (const auto& l : *leases) {
     auto* o = report.add_observations();

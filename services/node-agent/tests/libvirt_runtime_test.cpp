@@ -376,7 +376,8 @@ TEST(VmHelpersTest, LeasedIpReadsDnsmasqLeases) {
                        .count();
   WriteAll(file, std::to_string(now - 10) + " 52:54:00:aa:bb:cc 10.100.0.99 old *\n" +
                      std::to_string(now + 600) + " 52:54:00:AA:BB:CC 10.100.0.10 vm-1 *\n" +
-                     "0 52:54:00:00:00:02 10.100.0.11 vm-2 *\n");
+                     "0 52:54:00:00:00:02 10.100.0.11 vm-2 *\n" +
+                     "0 52:54:00:00:00:02 10.100.0.011 vm-2 *\n");  // not IPv4: skipped
   EXPECT_EQ(LeasedIp(file, "52:54:00:aa:bb:cc"), std::optional<std::string>("10.100.0.10"));
   EXPECT_EQ(LeasedIp(file, "52:54:00:00:00:02"), std::optional<std::string>("10.100.0.11"));
   EXPECT_EQ(LeasedIp(file, "52:54:00:00:00:03"), std::nullopt);

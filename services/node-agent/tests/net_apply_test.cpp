@@ -241,6 +241,32 @@ TEST(NetLeaseTest, BoundMissingMismatchAndUnexpected) {
   EXPECT_EQ((*obs)[3].expected_ip, "");
 }
 
+// fuzz_dnsmasq_leases (lease_report_refused): one line that is not a unicast Ethernet MAC with an
+// IPv4 address made ipam refuse the node's whole report; such lines are skipped and counted.
+TEST(NetLeaseTest, LinesNotAUnicastMacWithAnIpv4AddressAreSkipped) {
+  TempDir dir;
+  auto s = BaseSpec(dir.path());
+  Spit(dir.path() + "/dnsmasq.leases",
+       "4102444800 01:00:5e:00:00:01 10.100.0.77 x *\n"     // multicast MAC (a guest's)
+       "0 52:54:00:a0:00:01 10.100.0.010 slice-1 *\n"       // not an IPv4 address
+       "0 00:00:00:00:00:00 10.100.0.78 * *\n"              // all-zero MAC
+       "0 20:00:00:00:00:00:00:00:00:00 10.100.0.79 * *\n"  // InfiniBand hardware address
+       "duid 00:01:00:01:2c:3d:4e:5f\n"
+       "0 1234567 fd00::10 slice-9 00:01:00:01\n"  // DHCPv6: IAID, IPv6 address
+       "0 52:54:00:EE:EE:EE 10.100.0.77 * *\n"
+       "0 52:54:00:a0:00:02 10.100.0.11 slice-2 *\n");
+  int skipped = -1;
+  auto obs = ObserveLeases(s, &skipped);
+  ASSERT_TRUE(obs.ok()) << obs.error().ToString();
+  EXPECT_EQ(skipped, 5);
+  ASSERT_EQ(obs->size(), 3u);
+  EXPECT_EQ((*obs)[0].lease_state, "missing");  // its only line had no IPv4 address
+  EXPECT_EQ((*obs)[1].lease_state, "bound");
+  EXPECT_EQ((*obs)[2].lease_state, "unexpected");
+  EXPECT_EQ((*obs)[2].mac, "52:54:00:ee:ee:ee");
+  EXPECT_EQ((*obs)[2].actual_ip, "10.100.0.77");
+}
+
 TEST(NetLeaseTest, NoLeaseFileMeansEverythingMissing) {
   TempDir dir;
   auto obs = ObserveLeases(BaseSpec(dir.path() + "/net"));
