@@ -228,6 +228,9 @@ void Campaign::StartPlatform() {
                                           log::Logger("chaos", "c", log::Level::kError));
   if (!c.ok()) throw std::runtime_error(c.error().ToString());
   conn_ = *c;
+  // The campaign's own operator token outlives the longest run (the default test token lasts
+  // 10 minutes).
+  conn_->SetRequestToken(nats_->Token("operator", "", "chaos", std::chrono::hours(12)));
   // Every node's slots approved, as an operator does, and schedulable.
   for (int i = 1; i <= o_.nodes; ++i) {
     const std::string id = fmt::format("chaos-node-{:02d}", i);
@@ -354,8 +357,12 @@ void Campaign::Churn(int worker) {
         no_placement_++;
         std::this_thread::sleep_for(300ms);
       } else {
-        create_errors_++;
-        Say("create failed: " + c.error().ToString());
+        // A create refused for good is a finding; the campaign stops churning (one line, not
+        // one per attempt).
+        if (create_errors_++ < 5) Say("create failed: " + c.error().ToString());
+        if (c.error().code == Code::kUnauthenticated || c.error().code == Code::kPermissionDenied) {
+          churning_ = false;
+        }
       }
       continue;
     }
