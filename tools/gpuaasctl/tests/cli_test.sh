@@ -60,6 +60,7 @@ declare -A ARGS=(
   ['ipam subnet']='--region r --subnet 10.100.0.0/24'
   ['ipam release']='--node n1 --slot s1'
   ['ipam reprovision']='--node n1 --slot s1'
+  ['ipam orphans']='--remove --node n1'
   ['catalog']=''
   ['catalog list']=''
   ['audit allocation']='--id a'
