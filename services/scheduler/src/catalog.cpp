@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -22,6 +23,13 @@ const std::set<std::string> kKeys = {
     "shape",         "sharing_mechanism",  "gpu_sku",     "allowed_gpu_counts",
     "vcpus_per_gpu", "memory_mib_per_gpu", "fabric_type", "network_modes"};
 
+// A scalar's text ("" for null); nullopt for a map or a sequence, where as<std::string>() throws.
+std::optional<std::string> ScalarText(const YAML::Node& n) {
+  if (n.IsNull()) return std::string();
+  if (!n.IsScalar()) return std::nullopt;
+  return n.Scalar();
+}
+
 }  // namespace
 
 Result<Catalog> Catalog::Parse(const std::string& yaml) {
@@ -33,12 +41,21 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
   } catch (const std::exception& e) {
     return Error::InvalidArgument("invalid_catalog", std::string("not YAML: ") + e.what());
   }
+  if (!root.IsNull() && !root.IsMap()) {
+    return Error::InvalidArgument("invalid_catalog", "the catalog must be a map with `skus`",
+                                  {{"<root>", "must be a map"}});
+  }
   if (!root["skus"] || !root["skus"].IsMap() || root["skus"].size() == 0) {
     return Error::InvalidArgument("invalid_catalog", "the catalog needs a non-empty `skus` map",
                                   {{"skus", "required"}});
   }
   for (const auto& entry : root["skus"]) {
-    const std::string name = entry.first.as<std::string>();
+    const std::optional<std::string> sku_name = ScalarText(entry.first);
+    if (!sku_name) {
+      problems["skus"] = "SKU names must be strings";
+      continue;
+    }
+    const std::string& name = *sku_name;
     const YAML::Node& n = entry.second;
     auto bad = [&](const std::string& key, const std::string& why) {
       problems[fmt::format("skus.{}.{}", name, key)] = why;
@@ -93,11 +110,17 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     }
     c.skus_[name] = std::move(s);
   }
-  if (root["images"]) {
-    if (!root["images"].IsMap()) problems["images"] = "must be a map of name -> {url, sha256}";
+  if (root["images"] && !root["images"].IsMap()) {
+    problems["images"] = "must be a map of name -> {url, sha256}";
+  } else if (root["images"]) {
     for (const auto& entry : root["images"]) {
+      const std::optional<std::string> image_name = ScalarText(entry.first);
+      if (!image_name) {
+        problems["images"] = "image names must be strings";
+        continue;
+      }
       Image img;
-      img.name = entry.first.as<std::string>();
+      img.name = *image_name;
       const YAML::Node& n = entry.second;
       auto bad = [&](const std::string& key, const std::string& why) {
         problems["images." + img.name + (key.empty() ? "" : "." + key)] = why;
@@ -107,11 +130,21 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
         continue;
       }
       for (const auto& kv : n) {
-        const auto k = kv.first.as<std::string>();
-        if (k != "url" && k != "sha256") bad(k, "unknown key");
+        const auto k = ScalarText(kv.first);
+        if (!k) {
+          bad("", "keys must be strings");
+        } else if (*k != "url" && *k != "sha256") {
+          bad(*k, "unknown key");
+        }
       }
-      img.url = n["url"] ? n["url"].as<std::string>() : "";
-      img.sha256 = n["sha256"] ? n["sha256"].as<std::string>() : "";
+      const auto url = n["url"] ? ScalarText(n["url"]) : std::string();
+      const auto sha256 = n["sha256"] ? ScalarText(n["sha256"]) : std::string();
+      if (!url || !sha256) {
+        bad(!url ? "url" : "sha256", "must be a string");
+        continue;
+      }
+      img.url = *url;
+      img.sha256 = *sha256;
       if (img.url.empty()) bad("url", "required");
       if (img.sha256.size() != 64 ||
           img.sha256.find_first_not_of("0123456789abcdef") != std::string::npos) {
@@ -121,8 +154,13 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     }
   }
   if (root["default_image"]) {
-    c.default_image_ = root["default_image"].as<std::string>();
-    if (!c.images_.count(c.default_image_)) problems["default_image"] = "not in `images`";
+    const std::optional<std::string> image = ScalarText(root["default_image"]);
+    if (!image) {
+      problems["default_image"] = "must be an image name";
+    } else {
+      c.default_image_ = *image;
+      if (!c.images_.count(c.default_image_)) problems["default_image"] = "not in `images`";
+    }
   }
   if (!problems.empty()) {
     return Error::InvalidArgument(

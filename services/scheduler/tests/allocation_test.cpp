@@ -75,6 +75,40 @@ skus:
   EXPECT_FALSE(Catalog::Parse(": : :").ok());
 }
 
+// fuzz_config (catalog_parse_throws): yaml-cpp's exceptions escaped Parse for these shapes.
+TEST(CatalogTest, WrongYamlShapesAreProblemsNotExceptions) {
+  const std::string sku =
+      "    shape: gpu_slice\n    gpu_sku: h200-sxm\n    allowed_gpu_counts: [1]\n"
+      "    network_modes: [private-nat]\n";
+  const std::string image =
+      "images:\n  ubuntu:\n    url: https://example.test/u.img\n    sha256: " +
+      std::string(64, 'a') + "\n";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"just-a-scalar", "<root>"},
+      {"[1, 2]", "<root>"},
+      {"skus:\n  {a: 1}:\n" + sku, "skus"},
+      {"skus:\n  [x]:\n" + sku, "skus"},
+      {"skus:\n  a:\n" + sku + image + "default_image: {x: 1}\n", "default_image"},
+      {"skus:\n  a:\n" + sku + image + "default_image: [ubuntu]\n", "default_image"},
+      {"skus:\n  a:\n" + sku + "images: [ubuntu]\n", "images"},
+      {"skus:\n  a:\n" + sku + "images:\n  {n: 1}: {url: u}\n", "images"},
+      {"skus:\n  a:\n" + sku + "images:\n  u:\n    url: {x: 1}\n", "images.u.url"},
+      {"skus:\n  a:\n" + sku + "images:\n  u:\n    {k: 1}: 2\n", "images.u"},
+  };
+  for (const auto& [yaml, key] : cases) {
+    Result<Catalog> c = Error::Internal("not_parsed", "");
+    ASSERT_NO_THROW(c = Catalog::Parse(yaml)) << yaml;
+    ASSERT_FALSE(c.ok()) << yaml;
+    EXPECT_EQ(c.error().code, Code::kInvalidArgument) << yaml;
+    EXPECT_EQ(c.error().reason, "invalid_catalog") << yaml;
+    EXPECT_TRUE(c.error().details.count(key)) << yaml << " -> " << c.error().ToString();
+  }
+  // The well-formed version of the same catalog parses.
+  auto ok = Catalog::Parse("skus:\n  a:\n" + sku + image + "default_image: ubuntu\n");
+  ASSERT_TRUE(ok.ok()) << ok.error().ToString();
+  EXPECT_NE(ok->Find("a"), nullptr);
+}
+
 TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   AddNode("gpu-01", 8);
   AddNode("gpu-02", 8);
