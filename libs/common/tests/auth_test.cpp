@@ -673,6 +673,36 @@ TEST_F(AuthTokenTest, IssueRefusesBadPrincipalsTtlsAndKeys) {
   EXPECT_EQ(refused(Operator(), hours(1), key_.public_pem), "signing_key_invalid");
 }
 
+// fuzz_requests (issue_token_non_utf8): a subject or tenant that is not UTF-8 threw nlohmann's
+// type_error 316, a control character gave INTERNAL; both are INVALID_ARGUMENT naming the claim.
+TEST_F(AuthTokenTest, IssueRefusesClaimsThatAreNotUtf8OrHoldControlCharacters) {
+  const std::string& k = key_.private_pem;
+  const auto claim_refused = [&](const Principal& p) {
+    Result<std::string> t = Error::Internal("not_issued", "");
+    EXPECT_NO_THROW(t = IssueToken(k, p, hours(1)));
+    if (t.ok()) return std::string("issued");
+    EXPECT_EQ(t.error().code, Code::kInvalidArgument) << t.error().ToString();
+    EXPECT_EQ(t.error().reason, "principal_invalid");
+    return t.error().details.count("claim") ? t.error().details.at("claim") : std::string();
+  };
+  for (const std::string& bad :
+       {std::string("\x9f"), std::string("user:\xc3"), std::string("user:\xc0\xaf"),
+        std::string("user:\xed\xa0\x80"), std::string("user:\xf4\x90\x80\x80"),
+        std::string("user:a\x1b[31m"), std::string("user:a\nb"), std::string("user:\x7f"),
+        std::string("user:a\0b", 8)}) {
+    EXPECT_EQ(claim_refused({bad, "", {kRoleOperator}, "", {}}), "sub") << bad;
+    EXPECT_EQ(claim_refused({"tenant:x/a", bad, {kRoleTenant}, "", {}}), "tenant") << bad;
+  }
+  // UTF-8 text is a claim like any other and comes back unchanged.
+  const Principal p{
+      "user:j\xc3\xbcrgen \xe2\x82\xac \xf0\x9f\x98\x80", "", {kRoleOperator}, "", {}};
+  auto t = IssueToken(k, p, hours(1));
+  ASSERT_TRUE(t.ok()) << t.error().ToString();
+  auto v = VerifyToken(*t, {key_.public_pem});
+  ASSERT_TRUE(v.ok()) << v.error().ToString();
+  EXPECT_EQ(v->subject, p.subject);
+}
+
 TEST(AuthBearerTokenTest, ParsesTheAuthorizationValue) {
   EXPECT_STREQ(kHeaderAuthorization, "Authorization");
   EXPECT_EQ(BearerToken("Bearer abc.def.ghi"), "abc.def.ghi");

@@ -68,8 +68,9 @@ inline constexpr std::chrono::seconds kMaxTokenTtl{24 * 3600};
 // Signs {iss: "gpuaas", aud: "gpuaas", sub, tenant (when set), roles, jti (a fresh UUIDv7),
 // iat = now, exp = now + ttl}. `principal.token_id` and `expires` are ignored. INVALID_ARGUMENT
 // for an empty subject, no roles, a role outside the three, the tenant role without a tenant (or
-// a tenant without the tenant role), ttl <= 0 or > kMaxTokenTtl, or a key that is not an EC
-// P-256 private key.
+// a tenant without the tenant role), a subject or tenant that is not UTF-8 or holds a control
+// character (all these: principal_invalid, details.claim), ttl <= 0 or > kMaxTokenTtl, or a key
+// that is not an EC P-256 private key.
 Result<std::string> IssueToken(
     const std::string& private_pem, const Principal& principal, std::chrono::seconds ttl,
     std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
