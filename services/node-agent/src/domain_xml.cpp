@@ -52,10 +52,49 @@ std::string Esc(std::string_view s) {
   return out;
 }
 
-bool IsAbsolutePath(const std::string& p) {
-  return !p.empty() && p[0] == '/' &&
-         std::none_of(p.begin(), p.end(), [](char c) { return c == '\0' || c == '\n'; });
+// What XML 1.0 (and libvirt) takes as text: well-formed UTF-8 without control characters (C0,
+// DEL; tab and newline are not wanted in any value the generator writes either).
+bool IsXmlSafeText(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return false;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t n = 0;
+    unsigned char lo = 0x80;
+    unsigned char hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      lo = c == 0xe0 ? 0xa0 : 0x80;
+      hi = c == 0xed ? 0x9f : 0xbf;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      lo = c == 0xf0 ? 0x90 : 0x80;
+      hi = c == 0xf4 ? 0x8f : 0xbf;
+    } else {
+      return false;
+    }
+    if (i + n >= s.size()) return false;
+    for (size_t k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
+    }
+    // U+FFFE and U+FFFF are not XML characters.
+    if (c == 0xef && static_cast<unsigned char>(s[i + 1]) == 0xbf &&
+        static_cast<unsigned char>(s[i + 2]) >= 0xbe) {
+      return false;
+    }
+    i += n + 1;
+  }
+  return true;
 }
+
+bool IsAbsolutePath(const std::string& p) { return !p.empty() && p[0] == '/' && IsXmlSafeText(p); }
 
 struct Pci {
   unsigned long domain = 0, bus = 0, slot = 0, function = 0;
@@ -130,6 +169,20 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
                        {{"field", "allocation_id"}});
   }
   if (b.slots_size() == 0) return DefineError("bundle_empty", "the bundle names no slots");
+  // Bundle text the XML carries (metadata): refused before any XML is built, as libvirt would
+  // refuse the document.
+  if (!IsXmlSafeText(b.tenant())) {
+    return DefineError("invalid_tenant", "the tenant is not UTF-8 text without control characters",
+                       {{"field", "tenant"}});
+  }
+  for (int i = 0; i < b.slots_size(); ++i) {
+    if (!IsXmlSafeText(b.slots(i).slot_key())) {
+      return DefineError(
+          "invalid_slot_key",
+          fmt::format("slot {}: the slot key is not UTF-8 text without control characters", i),
+          {{"field", fmt::format("slots[{}].slot_key", i)}});
+    }
+  }
   const auto& shape = b.shape();
   if (shape.vcpus() <= 0 || shape.memory_mib() <= 0 || shape.hugepages_1g() < 0) {
     return DefineError("shape_invalid",

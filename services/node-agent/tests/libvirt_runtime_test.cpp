@@ -365,6 +365,39 @@ TEST(DomainXmlTest, RefusesWhatItCannotExpressSafely) {
   EXPECT_VALID_DOMAIN(*esc);
 }
 
+// fuzz_domain_xml (domain_xml_not_well_formed): characters XML 1.0 forbids (and bytes that are
+// not UTF-8) in bundle text gave XML libvirt refuses; such bundles are refused before any XML.
+TEST(DomainXmlTest, RefusesControlCharactersAndNonUtf8InBundleText) {
+  Sandbox sb;
+  auto b = sb.Bundle(1, ids::NewUuidV7());
+  auto reason = [&](const v1::ProvisionBundle& bb) {
+    auto r = GenerateDomainXml(bb, XmlOptions());
+    if (r.ok()) return std::string("ok");
+    EXPECT_EQ(r.error().code, Code::kInvalidArgument);
+    return r.error().reason;
+  };
+  for (const std::string& bad : {std::string("\0node-a/0", 9), std::string("a\x1b[31m"),
+                                 std::string("a\tb"), std::string("a\x7f"), std::string("\xff"),
+                                 std::string("\xc3"), std::string("\xef\xbf\xbe")}) {
+    auto bb = b;
+    bb.mutable_slots(0)->set_slot_key(bad);
+    EXPECT_EQ(reason(bb), "invalid_slot_key") << bad;
+    bb = b;
+    bb.set_tenant(bad);
+    EXPECT_EQ(reason(bb), "invalid_tenant") << bad;
+    bb = b;
+    bb.mutable_slots(0)->set_nvme_by_id("/dev/disk/by-id/" + bad);
+    EXPECT_NE(reason(bb), "ok") << bad;
+  }
+  // UTF-8 text is escaped and kept.
+  auto bb = b;
+  bb.set_tenant("acme-\xc3\xbc");
+  auto xml = GenerateDomainXml(bb, XmlOptions());
+  ASSERT_TRUE(xml.ok()) << xml.error().ToString();
+  EXPECT_NE(xml->find("tenant='acme-\xc3\xbc'"), std::string::npos);
+  EXPECT_VALID_DOMAIN(*xml);
+}
+
 // ---------------------------------------------------------------------------------------------
 
 TEST(VmHelpersTest, LeasedIpReadsDnsmasqLeases) {
