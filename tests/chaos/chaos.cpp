@@ -501,6 +501,24 @@ void Campaign::Check() {
     }
   }
   // --- exactly once, in order, nothing lost between outbox and stream ---
+  // The outboxes first, then the streams: a row published by the time of this snapshot must be
+  // in the stream read after it (the platform keeps publishing: ipam follows lease reports).
+  struct OutboxRow {
+    std::string service, id, subject;
+    bool published = false;
+    bool old = false;  // unpublished for more than a minute
+  };
+  std::vector<OutboxRow> outbox_rows;
+  for (const std::string service : {"inventory", "scheduler", "ipam"}) {
+    pqxx::connection db(Dsn(service));
+    pqxx::nontransaction tx(db);
+    for (const auto& row : tx.exec("SELECT event_id::text, subject, published_at IS NOT NULL, "
+                                   "created_at < now() - interval '60 seconds' "
+                                   "FROM outbox ORDER BY seq")) {
+      outbox_rows.push_back({service, row[0].as<std::string>(), row[1].as<std::string>(),
+                             row[2].as<bool>(), row[3].as<bool>()});
+    }
+  }
   std::vector<v1::Event> node_events;
   const auto node_subjects = StreamEvents("GPUAAS_EVT_NODE", &node_events);
   std::set<std::string> in_streams;  // every event id the streams hold
@@ -531,17 +549,11 @@ void Campaign::Check() {
       }
     }
   }
-  for (const std::string service : {"inventory", "scheduler", "ipam"}) {
-    pqxx::connection db(Dsn(service));
-    pqxx::nontransaction tx(db);
-    for (const auto& row : tx.exec("SELECT event_id::text, subject, published_at IS NULL "
-                                   "FROM outbox ORDER BY seq")) {
-      const std::string id = row[0].as<std::string>();
-      if (!in_streams.count(id)) {
-        lost++;
-        Say(fmt::format("LOST {} event {} ({}){}", service, id, row[1].c_str(),
-                        row[2].as<bool>() ? ", never published" : ""));
-      }
+  for (const auto& r : outbox_rows) {
+    if ((r.published && !in_streams.count(r.id)) || (!r.published && r.old)) {
+      lost++;
+      Say(fmt::format("LOST {} event {} ({}){}", r.service, r.id, r.subject,
+                      r.published ? " published but not in its stream" : ", never published"));
     }
   }
   // Every task result a node published was applied by the scheduler (its inbox has it).
