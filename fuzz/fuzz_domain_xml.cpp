@@ -121,8 +121,8 @@ void CheckGenerate(uint8_t mode, const std::string& wire) {
   }
   xmlDoc* doc = xmlReadMemory(xml->data(), static_cast<int>(xml->size()), "domain.xml", nullptr,
                               XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
-  FUZZ_CHECK(doc != nullptr,
-             "GenerateDomainXml returned XML libxml2 cannot parse for bundle " + b.ShortDebugString());
+  FUZZ_CHECK(doc != nullptr, "GenerateDomainXml returned XML libxml2 cannot parse for bundle " +
+                                 b.ShortDebugString());
   Shape s;
   Walk(xmlDocGetRootElement(doc), s, 0);
   xmlFreeDoc(doc);

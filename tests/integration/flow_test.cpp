@@ -121,15 +121,15 @@ TEST_F(FlowTest, StringWithNulIsRefusedAndNothingIsStored) {
   EXPECT_EQ(r.error().details.count("hostname"), 1u) << r.error().ToString();
   v1::ShowNodeRequest show;
   show.set_node_id("gpu-nul");
-  auto shown = rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show",
-                                                             show, 3000ms);
+  auto shown =
+      rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show, 3000ms);
   ASSERT_FALSE(shown.ok());
   EXPECT_EQ(shown.error().code, Code::kNotFound) << shown.error().ToString();
   // The same node without the NUL is stored as sent.
   req.set_hostname("fuzz-ok-nul-x");
   ASSERT_TRUE(Register(req).ok());
-  shown = rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show,
-                                                        3000ms);
+  shown =
+      rpc::Client(conn_).Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show, 3000ms);
   ASSERT_TRUE(shown.ok()) << shown.error().ToString();
   EXPECT_EQ(shown->node().hostname(), "fuzz-ok-nul-x");
 }
