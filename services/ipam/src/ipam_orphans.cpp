@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/time_util.h>
 
+#include <chrono>
 #include <thread>
 
 #include <fmt/format.h>
@@ -18,6 +19,7 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr auto kPoll = std::chrono::milliseconds(25);
+constexpr auto kSettle = std::chrono::milliseconds(250);
 
 Error Lagging(const std::string& what) {
   return Error{
@@ -40,8 +42,19 @@ Result<void> RequireKnown(store::Pool& pool, const InventoryView& inv, const std
                           const std::string& slot_key, Unknown unknown,
                           std::chrono::steady_clock::time_point deadline) {
   const bool slot = !slot_key.empty();
+  // The server's pending count can trail a message published a moment ago (the consumer counts
+  // it asynchronously): "unknown" only after the projection has looked caught up for a while.
+  bool looked_caught_up = false;
+  auto caught_up_since = std::chrono::steady_clock::now();
   for (;;) {
-    const bool caught_up = CaughtUp(inv.nodes) && (!slot || CaughtUp(inv.slots));
+    const auto now = std::chrono::steady_clock::now();
+    if (CaughtUp(inv.nodes) && (!slot || CaughtUp(inv.slots))) {
+      if (!looked_caught_up) caught_up_since = now;
+      looked_caught_up = true;
+    } else {
+      looked_caught_up = false;
+    }
+    const bool caught_up = looked_caught_up && now - caught_up_since >= kSettle;
     auto found = store::WithTx(pool, [&](pqxx::work& tx) -> Result<std::pair<bool, bool>> {
       const bool node =
           !tx.exec_params("SELECT 1 FROM inventory_nodes WHERE node_id = $1", node_id).empty();
