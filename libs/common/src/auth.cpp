@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/validate.hpp"
 
 namespace gpuaas::auth {
 namespace {
@@ -248,47 +249,6 @@ std::optional<std::pair<std::string, std::string>> PrincipalProblem(
     return std::pair{"tenant", "a tenant is set only with the tenant role"};
   }
   return std::nullopt;
-}
-
-// What a claim's text may hold: well-formed UTF-8 (what JSON carries) without control characters
-// (C0, DEL); "" when fine, else why not.
-std::string ClaimTextProblem(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) return fmt::format("control character 0x{:02x} at byte {}", c, i);
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    // Continuation bytes and the range of the first one, per RFC 3629 (no overlongs, no
-    // surrogates, nothing past U+10FFFF).
-    int n = 0;
-    unsigned char lo = 0x80;
-    unsigned char hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      if (c == 0xe0) lo = 0xa0;
-      if (c == 0xed) hi = 0x9f;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      if (c == 0xf0) lo = 0x90;
-      if (c == 0xf4) hi = 0x8f;
-    } else {
-      return fmt::format("not UTF-8 at byte {}", i);
-    }
-    if (i + static_cast<size_t>(n) >= s.size()) return fmt::format("not UTF-8 at byte {}", i);
-    for (int k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) {
-        return fmt::format("not UTF-8 at byte {}", i);
-      }
-    }
-    i += static_cast<size_t>(n) + 1;
-  }
-  return "";
 }
 
 int64_t UnixSeconds(std::chrono::system_clock::time_point t) {
@@ -583,7 +543,7 @@ Result<std::string> IssueToken(const std::string& private_pem, const Principal& 
   for (const auto& [claim, text] :
        {std::pair<std::string, const std::string*>{"sub", &principal.subject},
         {"tenant", &principal.tenant}}) {
-    if (auto why = ClaimTextProblem(*text); !why.empty()) {
+    if (auto why = validate::TextProblem(*text); !why.empty()) {
       return Error::InvalidArgument(
           "principal_invalid", fmt::format("the {} claim: {}", claim, why), {{"claim", claim}});
     }

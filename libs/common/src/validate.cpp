@@ -109,4 +109,48 @@ Result<void> RefuseNulStrings(const google::protobuf::Message& m) {
       std::move(details));
 }
 
+std::string TextProblem(std::string_view s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x20 || c == 0x7f) return fmt::format("control character 0x{:02x} at byte {}", c, i);
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    // Continuation bytes and the range of the first one, per RFC 3629 (no overlongs, no
+    // surrogates, nothing past U+10FFFF).
+    int n = 0;
+    unsigned char lo = 0x80;
+    unsigned char hi = 0xbf;
+    if (c >= 0xc2 && c <= 0xdf) {
+      n = 1;
+    } else if (c >= 0xe0 && c <= 0xef) {
+      n = 2;
+      if (c == 0xe0) lo = 0xa0;
+      if (c == 0xed) hi = 0x9f;
+    } else if (c >= 0xf0 && c <= 0xf4) {
+      n = 3;
+      if (c == 0xf0) lo = 0x90;
+      if (c == 0xf4) hi = 0x8f;
+    } else {
+      return fmt::format("not UTF-8 at byte {}", i);
+    }
+    if (i + static_cast<size_t>(n) >= s.size()) return fmt::format("not UTF-8 at byte {}", i);
+    for (int k = 1; k <= n; ++k) {
+      const auto b = static_cast<unsigned char>(s[i + k]);
+      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) {
+        return fmt::format("not UTF-8 at byte {}", i);
+      }
+    }
+    // U+FFFE and U+FFFF are noncharacters (not XML characters either).
+    if (c == 0xef && static_cast<unsigned char>(s[i + 1]) == 0xbf &&
+        static_cast<unsigned char>(s[i + 2]) >= 0xbe) {
+      return fmt::format("noncharacter at byte {}", i);
+    }
+    i += static_cast<size_t>(n) + 1;
+  }
+  return "";
+}
+
 }  // namespace gpuaas::validate

@@ -84,3 +84,18 @@ TEST(ValidateTest, DecodeRequestRefusesNulStringsAndMalformedBodies) {
 
 }  // namespace
 }  // namespace gpuaas::validate
+
+TEST(ValidateTest, TextProblemNamesControlCharactersBadUtf8AndNoncharacters) {
+  using gpuaas::validate::TextProblem;
+  EXPECT_EQ(TextProblem("acme/alice-ü-東京"), "");
+  EXPECT_EQ(TextProblem(""), "");
+  EXPECT_EQ(TextProblem("ab\x1b"
+                        "c"),
+            "control character 0x1b at byte 2");
+  EXPECT_EQ(TextProblem(std::string("a\0b", 3)), "control character 0x00 at byte 1");
+  EXPECT_EQ(TextProblem("x\x7f"), "control character 0x7f at byte 1");
+  EXPECT_EQ(TextProblem("\xc0\xaf"), "not UTF-8 at byte 0");         // overlong '/'
+  EXPECT_EQ(TextProblem("\xed\xa0\x80"), "not UTF-8 at byte 0");     // a surrogate
+  EXPECT_EQ(TextProblem("ok\xe2\x82"), "not UTF-8 at byte 2");       // cut short
+  EXPECT_EQ(TextProblem("\xef\xbf\xbe"), "noncharacter at byte 0");  // U+FFFE
+}

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/validate.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host.hpp"
 #include "vm_runtime.hpp"
@@ -52,47 +53,9 @@ std::string Esc(std::string_view s) {
   return out;
 }
 
-// What XML 1.0 (and libvirt) takes as text: well-formed UTF-8 without control characters (C0,
-// DEL; tab and newline are not wanted in any value the generator writes either).
-bool IsXmlSafeText(std::string_view s) {
-  size_t i = 0;
-  while (i < s.size()) {
-    const auto c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f) return false;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    }
-    size_t n = 0;
-    unsigned char lo = 0x80;
-    unsigned char hi = 0xbf;
-    if (c >= 0xc2 && c <= 0xdf) {
-      n = 1;
-    } else if (c >= 0xe0 && c <= 0xef) {
-      n = 2;
-      lo = c == 0xe0 ? 0xa0 : 0x80;
-      hi = c == 0xed ? 0x9f : 0xbf;
-    } else if (c >= 0xf0 && c <= 0xf4) {
-      n = 3;
-      lo = c == 0xf0 ? 0x90 : 0x80;
-      hi = c == 0xf4 ? 0x8f : 0xbf;
-    } else {
-      return false;
-    }
-    if (i + n >= s.size()) return false;
-    for (size_t k = 1; k <= n; ++k) {
-      const auto b = static_cast<unsigned char>(s[i + k]);
-      if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return false;
-    }
-    // U+FFFE and U+FFFF are not XML characters.
-    if (c == 0xef && static_cast<unsigned char>(s[i + 1]) == 0xbf &&
-        static_cast<unsigned char>(s[i + 2]) >= 0xbe) {
-      return false;
-    }
-    i += n + 1;
-  }
-  return true;
-}
+// What XML 1.0 (and libvirt) takes as text: plain text (validate::TextProblem; tab and newline
+// are not wanted in any value the generator writes either).
+bool IsXmlSafeText(std::string_view s) { return validate::TextProblem(s).empty(); }
 
 bool IsAbsolutePath(const std::string& p) { return !p.empty() && p[0] == '/' && IsXmlSafeText(p); }
 

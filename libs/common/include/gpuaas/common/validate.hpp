@@ -2,6 +2,7 @@
 // Checks every decoded request gets before its handler sees it (rpc::Server), also callable
 // from fuzz targets and tests.
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
@@ -22,5 +23,11 @@ std::vector<std::string> NulStringFields(const google::protobuf::Message& m);
 // INVALID_ARGUMENT string_has_nul naming every such field in `details` (path -> "contains a NUL
 // byte"), or Ok.
 Result<void> RefuseNulStrings(const google::protobuf::Message& m);
+
+// Why `s` is not plain text ("" when it is): plain text is well-formed UTF-8 (RFC 3629: no
+// overlongs, no surrogates, nothing past U+10FFFF) without control characters (C0, DEL) and
+// without U+FFFE/U+FFFF — what JSON (token claims) and XML 1.0 (libvirt domains) can carry.
+// E.g. "control character 0x1b at byte 3", "not UTF-8 at byte 0".
+std::string TextProblem(std::string_view s);
 
 }  // namespace gpuaas::validate
