@@ -29,44 +29,24 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
-struct CtlRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using CtlRun = testing::CommandResult;
 
 class AuditTest : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = testing::MakeTempDir("audit-test"); }
-
   // gpuaasctl as `role` (its NATS key and a request token of the matching token role).
   CtlRun Ctl(const std::vector<std::string>& args, const std::string& role = "auditor") {
     const std::string token_role = role == "tenant-api" ? auth::kRoleTenant : role;
-    std::string cmd = Quote(GPUAASCTL_BIN) + " --nats " + Quote(p_.nats.url()) + " --role " +
-                      Quote(role) + " --nats-seed-file " + Quote(p_.nats.SeedFile(role)) +
-                      " --token " +
-                      Quote(p_.nats.Token(token_role, role == "tenant-api" ? "acme" : ""));
-    for (const auto& a : args) cmd += " " + Quote(a);
-    const std::string err_path = dir_ + "/stderr";
-    cmd += " 2>" + Quote(err_path);
-    CtlRun r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return r;
-    char buf[4096];
-    size_t n = 0;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
+    std::vector<std::string> argv = {GPUAASCTL_BIN,
+                                     "--nats",
+                                     p_.nats.url(),
+                                     "--role",
+                                     role,
+                                     "--nats-seed-file",
+                                     p_.nats.SeedFile(role),
+                                     "--token",
+                                     p_.nats.Token(token_role, role == "tenant-api" ? "acme" : "")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::RunCommand(argv);
   }
 
   // The audit's JSON records (empty when it failed).
@@ -187,7 +167,6 @@ class AuditTest : public ::testing::Test {
   }
 
   testing::Platform p_;
-  std::string dir_;
 };
 
 TEST_F(AuditTest, HistoriesAreCompleteOrderedAndSurviveTheServicesDatabases) {

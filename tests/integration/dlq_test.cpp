@@ -29,45 +29,25 @@ namespace {
 using namespace std::chrono_literals;
 using json = nlohmann::json;
 
-struct CtlRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using CtlRun = testing::CommandResult;
 
 class DlqTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    dir_ = testing::MakeTempDir("dlq-test");
-    p_.Start();
-  }
+  void SetUp() override { p_.Start(); }
 
   // gpuaasctl as the operator (its NATS key and an operator request token).
   CtlRun Ctl(const std::vector<std::string>& args) {
-    std::string cmd = Quote(GPUAASCTL_BIN) + " --nats " + Quote(p_.nats.url()) +
-                      " --role operator --nats-seed-file " + Quote(p_.nats.SeedFile("operator")) +
-                      " --token " + Quote(p_.nats.Token("operator"));
-    for (const auto& a : args) cmd += " " + Quote(a);
-    const std::string err_path = dir_ + "/stderr";
-    cmd += " 2>" + Quote(err_path);
-    CtlRun r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return r;
-    char buf[4096];
-    size_t n = 0;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
+    std::vector<std::string> argv = {GPUAASCTL_BIN,
+                                     "--nats",
+                                     p_.nats.url(),
+                                     "--role",
+                                     "operator",
+                                     "--nats-seed-file",
+                                     p_.nats.SeedFile("operator"),
+                                     "--token",
+                                     p_.nats.Token("operator")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::RunCommand(argv);
   }
 
   json CtlJson(const std::vector<std::string>& args, int want_rc) {
@@ -120,7 +100,6 @@ class DlqTest : public ::testing::Test {
   }
 
   testing::Platform p_;
-  std::string dir_;
 };
 
 TEST_F(DlqTest, ListShowReplayAndDiscardThroughTheOwningService) {

@@ -428,4 +428,30 @@ TestPostgres& SharedPostgres() {
   return *pg;
 }
 
+CommandResult RunCommand(const std::vector<std::string>& argv) {
+  auto quote = [](const std::string& w) {
+    std::string q = "'";
+    for (char c : w) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return q + "'";
+  };
+  const std::string err_path = MakeTempDir("gpuaas-cmd") + "/stderr";
+  std::string cmd;
+  for (const auto& w : argv) cmd += (cmd.empty() ? "" : " ") + quote(w);
+  cmd += " 2>" + quote(err_path);
+  CommandResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return r;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream in(err_path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  r.err = ss.str();
+  std::filesystem::remove_all(std::filesystem::path(err_path).parent_path());
+  return r;
+}
+
 }  // namespace gpuaas::testing

@@ -176,4 +176,13 @@ std::string PostgresBinDir();
 // Runs a command line via /bin/sh; returns the exit status.
 int Shell(const std::string& cmd);
 
+// What a command printed and how it exited (rc -1: it did not run or was killed by a signal).
+struct CommandResult {
+  int rc = -1;
+  std::string out;
+  std::string err;
+};
+// Runs `argv` (each word passed as is, no shell expansion) and collects stdout and stderr.
+CommandResult RunCommand(const std::vector<std::string>& argv);
+
 }  // namespace gpuaas::testing

@@ -19,16 +19,7 @@
 namespace gpuaas {
 namespace {
 
-struct CtlRun {
-  int rc = -1;
-  std::string out, err;
-};
-
-std::string Quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
+using CtlRun = testing::CommandResult;
 
 class CtlTest : public ::testing::Test {
  protected:
@@ -46,31 +37,20 @@ class CtlTest : public ::testing::Test {
                                             nullptr, so);
     FakeScheduler();
     ASSERT_TRUE(server_->Start().ok());
-    dir_ = testing::MakeTempDir("gpuaasctl");
   }
 
   // gpuaasctl --nats <test server> args...
   CtlRun Ctl(const std::vector<std::string>& args) {
     // As an operator: its NATS key and a request token.
-    std::string cmd = Quote(GPUAASCTL_BIN) + " --nats " + Quote(nats_.url()) +
-                      " --nats-seed-file " + Quote(nats_.SeedFile("operator")) + " --token " +
-                      Quote(nats_.Token("operator"));
-    for (const auto& a : args) cmd += " " + Quote(a);
-    const std::string err_path = dir_ + "/stderr";
-    cmd += " 2>" + Quote(err_path);
-    CtlRun r;
-    FILE* p = popen(cmd.c_str(), "r");
-    if (p == nullptr) return r;
-    char buf[4096];
-    size_t n = 0;
-    while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
-    const int status = pclose(p);
-    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-    std::ifstream in(err_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    r.err = ss.str();
-    return r;
+    std::vector<std::string> argv = {GPUAASCTL_BIN,
+                                     "--nats",
+                                     nats_.url(),
+                                     "--nats-seed-file",
+                                     nats_.SeedFile("operator"),
+                                     "--token",
+                                     nats_.Token("operator")};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return testing::RunCommand(argv);
   }
 
   void FakeScheduler() {
@@ -185,7 +165,6 @@ class CtlTest : public ::testing::Test {
   log::Logger log_;
   std::shared_ptr<messaging::Connection> conn_;
   std::unique_ptr<rpc::Server> server_;
-  std::string dir_;
   std::mutex mu_;
   v1::AllocationState listed_state_ = v1::ALLOCATION_STATE_UNSPECIFIED;
   v1::NetworkMode created_mode_ = v1::NETWORK_MODE_UNSPECIFIED;
