@@ -58,7 +58,8 @@ using Clock = std::chrono::steady_clock;
 std::vector<std::string> PlatformStreams() {
   return {messaging::InventoryEventsStream().name, messaging::DeadLetterStream().name,
           messaging::NodeTasksStream().name,       messaging::NodeEventsStream().name,
-          messaging::IpamEventsStream().name,      messaging::SchedulerEventsStream().name};
+          messaging::IpamEventsStream().name,      messaging::SchedulerEventsStream().name,
+          messaging::IngressEventsStream().name};
 }
 
 bool PortOpen(uint16_t port) {

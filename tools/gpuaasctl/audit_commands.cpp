@@ -37,6 +37,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 
@@ -56,6 +57,7 @@ const std::vector<const pb::Descriptor*>& ContractFiles() {
                                                            v1::SlotReservation::descriptor(),
                                                            v1::NodeTask::descriptor(),
                                                            v1::AllocationSnapshot::descriptor(),
+                                                           v1::ExposureSnapshot::descriptor(),
                                                            v1::TopologyReport::descriptor()};
   return files;
 }
@@ -63,7 +65,8 @@ const std::vector<const pb::Descriptor*>& ContractFiles() {
 // The streams replayed: every event stream (not the task stream, not the dead letters).
 std::vector<std::string> EventStreams() {
   return {messaging::InventoryEventsStream().name, messaging::SchedulerEventsStream().name,
-          messaging::IpamEventsStream().name, messaging::NodeEventsStream().name};
+          messaging::IpamEventsStream().name, messaging::IngressEventsStream().name,
+          messaging::NodeEventsStream().name};
 }
 
 enum class Kind { kAllocation, kSlot, kNode };

@@ -423,6 +423,9 @@ StreamSpec IpamEventsStream() { return {"GPUAAS_EVT_IPAM", {"gpuaas.v1.evt.ipam.
 StreamSpec SchedulerEventsStream() {
   return {"GPUAAS_EVT_SCHEDULER", {"gpuaas.v1.evt.scheduler.>"}, 0, 600};
 }
+StreamSpec IngressEventsStream() {
+  return {"GPUAAS_EVT_INGRESS", {"gpuaas.v1.evt.ingress.>"}, 0, 600};
+}
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

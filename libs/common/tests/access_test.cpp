@@ -32,12 +32,13 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
   EXPECT_GE(c->operations.size(), 50U);
   // roles.yaml's streams are the ones the code declares.
   for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
-                           messaging::SchedulerEventsStream(), messaging::NodeEventsStream(),
+                           messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
+                           messaging::NodeEventsStream(),
                            messaging::NodeTasksStream(), messaging::DeadLetterStream()}) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
-  EXPECT_EQ(c->streams.size(), 6U);
+  EXPECT_EQ(c->streams.size(), 7U);
   // The built-in copy is the same contract.
   EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
 }

@@ -172,6 +172,7 @@ StreamSpec NodeEventsStream();
 StreamSpec IpamEventsStream();
 // Allocation lifecycle events: gpuaas.v1.evt.scheduler.allocation.<state>.
 StreamSpec SchedulerEventsStream();
+StreamSpec IngressEventsStream();
 
 // ---- Durable pull consumers ----
 
