@@ -220,4 +220,13 @@ std::string TextArrayLiteral(const std::vector<std::string>& items) {
   return out + "}";
 }
 
+std::vector<std::string> TextArray(const pqxx::field& field) {
+  std::vector<std::string> out;
+  auto parser = field.as_array();
+  for (auto e = parser.get_next(); e.first != pqxx::array_parser::done; e = parser.get_next()) {
+    if (e.first == pqxx::array_parser::string_value) out.push_back(e.second);
+  }
+  return out;
+}
+
 }  // namespace gpuaas::store

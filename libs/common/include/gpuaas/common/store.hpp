@@ -132,5 +132,7 @@ Result<int> Migrate(Pool& pool, const std::string& component,
 
 // A PostgreSQL text[] literal ({"a","b\"c"}) to pass as a parameter cast with ::text[].
 std::string TextArrayLiteral(const std::vector<std::string>& items);
+// The non-NULL strings of a text[] column, in order.
+std::vector<std::string> TextArray(const pqxx::field& field);
 
 }  // namespace gpuaas::store
