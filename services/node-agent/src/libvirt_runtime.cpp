@@ -1492,6 +1492,15 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
   } else {
     progress("network", "no network cleanup hook: network state not removed", 100);
   }
+  bool exposure_removed = true;  // a node that follows no exposure document has none
+  if (opts_.exposure_cleanup) {
+    auto r = opts_.exposure_cleanup(p);
+    exposure_removed = r.ok();
+    progress("exposure",
+             r.ok() ? "no public exposure maps to the slots (document and kernel)"
+                    : "exposure cleanup failed: " + r.error().ToString(),
+             100);
+  }
 
   RemoveSeed(opts_, p.allocation_id());
   {
@@ -1514,6 +1523,7 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     proof->set_signatures_remaining(false);
     proof->set_domain_undefined(true);
     proof->set_network_state_removed(network_removed);
+    proof->set_exposure_state_removed(exposure_removed);
     *proof->mutable_verified_at() = now;
   }
   return out;

@@ -72,6 +72,9 @@ struct LibvirtOptions {
   std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, digest, convert
   std::chrono::milliseconds wipe_timeout{std::chrono::hours(4)};   // discard or zero, per disk
   NetworkCleanupFn network_cleanup;  // unset: proofs say network_state_removed=false
+  // Set when the agent follows ingress's exposure documents (no exposure maps to the slots any
+  // more); unset: the node has no exposure state (exposure_state_removed=true).
+  NetworkCleanupFn exposure_cleanup;
   // The node's terminal relay key (private; `<path>.pub` next to it): created when missing
   // (ed25519, 0600) and its public key added to every VM's ssh_authorized_keys, so the node can
   // open the audited console's SSH PTY into the guest. "" = none.

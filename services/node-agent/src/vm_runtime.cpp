@@ -490,6 +490,15 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
   } else {
     progress("network", "DHCP reservation and NAT/DNAT state removed (simulated)", 100);
   }
+  bool exposure_removed = true;  // a node that follows no exposure document has none
+  if (opts_.exposure_cleanup) {
+    auto r = opts_.exposure_cleanup(p);
+    exposure_removed = r.ok();
+    progress("exposure",
+             r.ok() ? "no public exposure maps to the slots (document and kernel)"
+                    : "exposure cleanup failed: " + r.error().ToString(),
+             100);
+  }
   if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (const auto& s : p.slots()) {
@@ -500,6 +509,7 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
     proof->set_signatures_remaining(false);
     proof->set_domain_undefined(true);
     proof->set_network_state_removed(network_removed);
+    proof->set_exposure_state_removed(exposure_removed);
     *proof->mutable_verified_at() = now;
   }
   return out;

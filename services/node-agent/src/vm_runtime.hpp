@@ -103,6 +103,9 @@ struct SimOptions {
   // Set when the agent manages the slice network: called for real, and the proofs say whether
   // it worked. Unset: the network step is simulated too.
   NetworkCleanupFn network_cleanup;
+  // Set when the agent follows ingress's exposure documents: waits until no exposure maps to the
+  // slots (document and kernel). Unset: the node has no exposure state.
+  NetworkCleanupFn exposure_cleanup;
 };
 
 class SimulatedRuntime : public VmRuntime {

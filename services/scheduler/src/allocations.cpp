@@ -4,6 +4,7 @@
 
 #include <map>
 #include <regex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -30,6 +31,7 @@ using google::protobuf::util::TimeUtil;
 
 const std::regex kLabel("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$");
 constexpr int kChoices = 8;
+constexpr int kMaxEndpoints = 16;
 
 google::protobuf::Timestamp Ts(double epoch) {
   return TimeUtil::MillisecondsToTimestamp(static_cast<int64_t>(epoch * 1000));
@@ -40,7 +42,7 @@ constexpr const char* kAllocColumns =
     "state, node_id, failure_stage, failure_code, failure_detail, generation, "
     "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
     "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state, release_actor, "
-    "release_actor_tenant, release_reason";
+    "release_actor_tenant, release_reason, vm_ready, app";
 
 v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   v1::Allocation a;
@@ -79,6 +81,23 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     by->set_subject(r[24].as<std::string>());
     by->set_tenant(r[25].as<std::string>());
     by->set_reason(r[26].as<std::string>());
+  }
+  a.set_vm_ready(r[27].as<bool>());
+  a.set_app(r[28].as<std::string>());
+  for (const auto& e : tx.exec_params(
+           "SELECT name, protocol, port, exposure_id, public_ip, public_port, state, reason, "
+           "connect FROM allocation_endpoints WHERE allocation_id = $1 ORDER BY name",
+           a.allocation_id())) {
+    auto* ep = a.add_endpoints();
+    ep->set_name(e[0].as<std::string>());
+    ep->set_protocol(enums::FromColumn<v1::TransportProtocol>(e[1].as<std::string>()));
+    ep->set_port(e[2].as<int32_t>());
+    ep->set_exposure_id(e[3].as<std::string>());
+    ep->set_public_ip(e[4].as<std::string>());
+    ep->set_public_port(e[5].as<int32_t>());
+    ep->set_state(enums::FromColumn<v1::ExposureState>(e[6].as<std::string>()));
+    ep->set_reason(e[7].as<std::string>());
+    ep->set_connect(e[8].as<std::string>());
   }
   for (const auto& c : tx.exec_params(
            "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
@@ -175,6 +194,26 @@ Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
   if (req.network_mode() != v1::NETWORK_MODE_UNSPECIFIED &&
       enums::Text(req.network_mode()).empty()) {
     problems["network_mode"] = "one of " + enums::JoinTexts(v1::NetworkMode_descriptor());
+  }
+  if (req.expose_size() > kMaxEndpoints) {
+    problems["expose"] = fmt::format("at most {} endpoints", kMaxEndpoints);
+  }
+  std::set<std::string> names;
+  std::set<std::pair<int, int32_t>> ports;
+  for (int i = 0; i < req.expose_size(); ++i) {
+    const auto& e = req.expose(i);
+    const std::string at = fmt::format("expose[{}]", i);
+    if (!std::regex_match(e.name(), kLabel)) {
+      problems[at + ".name"] = "a lowercase DNS label";
+    } else if (!names.insert(e.name()).second) {
+      problems[at + ".name"] = "names an endpoint twice";
+    }
+    if (enums::Text(e.protocol()).empty()) problems[at + ".protocol"] = "tcp or udp";
+    if (e.port() < 1 || e.port() > 65535) {
+      problems[at + ".port"] = "1..65535";
+    } else if (!ports.insert({e.protocol(), e.port()}).second) {
+      problems[at + ".port"] = "exposes a port twice";
+    }
   }
   if (!problems.empty()) {
     return Error::InvalidArgument("invalid_allocation_request",
@@ -419,6 +458,12 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
                                         "baremetal nodes are handed over without a VM image",
                                         {{"image", req.image()}});
         }
+        if (baremetal && req.expose_size() > 0) {
+          return Error::InvalidArgument(
+              "exposure_not_for_baremetal",
+              "a bare-metal node has its own public addresses; ingress exposes slice VMs only",
+              {{"expose", "must be empty for baremetal"}});
+        }
         const int gpus = req.gpu_count() == 0 ? sku.allowed_gpu_counts.front() : req.gpu_count();
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
           v1::CreateAllocationResponse resp;
@@ -463,6 +508,12 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
               id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
               req.pool(), enums::Text(checked->second), p.node_id);
+          for (const auto& e : req.expose()) {
+            tx.exec_params(
+                "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
+                "($1, $2, $3, $4)",
+                id, e.name(), enums::Text(e.protocol()), e.port());
+          }
           if (baremetal) {
             tx.exec_params(
                 "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "

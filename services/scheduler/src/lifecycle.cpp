@@ -84,6 +84,10 @@ std::string_view EventName(Event e) {
       return "cleanup_proved";
     case Event::kCleanupFailed:
       return "cleanup_failed";
+    case Event::kExposuresReady:
+      return "exposures_ready";
+    case Event::kExposureFailed:
+      return "exposure_failed";
   }
   return "unknown";
 }
@@ -183,9 +187,27 @@ Result<Effects> Next(v1::AllocationState s, Event e, const Context& c) {
       fx.failure = FailureChange::kClear;
       return Sending(fx, v1::TASK_TYPE_VM_RELEASE);
     }
-    case Event::kProvisionSucceeded:
+    case Event::kProvisionSucceeded: {
       if (!provisioning || !c.current_attempt) return Late(s);
-      return To(v1::ALLOCATION_STATE_ACTIVE, v1::CLAIM_PHASE_ACTIVE);
+      if (!c.endpoints_pending) return To(v1::ALLOCATION_STATE_ACTIVE, v1::CLAIM_PHASE_ACTIVE);
+      // The VM is up; its endpoints are not applied yet: never active with a half-applied
+      // mapping. Announced so ingress sees vm_ready and applies them.
+      Effects fx = Stay(s);
+      fx.announce = true;
+      return fx;
+    }
+    case Event::kExposuresReady:
+      if (provisioning && c.vm_ready && !c.endpoints_pending) {
+        return To(v1::ALLOCATION_STATE_ACTIVE, v1::CLAIM_PHASE_ACTIVE);
+      }
+      return Noop(s);
+    case Event::kExposureFailed:
+      // Before it is active the allocation fails with it (its slots are cleaned like after a
+      // failed provisioning); later an endpoint's failure is the endpoint's own state.
+      if (!provisioning) return Noop(s);
+      return Sending(Failing(To(v1::ALLOCATION_STATE_FAILED, v1::CLAIM_PHASE_CLEANUP_BLOCKED),
+                             v1::LIFECYCLE_STAGE_EXPOSURE),
+                     v1::TASK_TYPE_SLOT_CLEANUP);
     case Event::kProvisionFailed:
       if (!provisioning || !c.current_attempt) return Late(s);
       return Sending(Failing(To(v1::ALLOCATION_STATE_FAILED, v1::CLAIM_PHASE_CLEANUP_BLOCKED),

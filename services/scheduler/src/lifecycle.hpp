@@ -24,12 +24,15 @@ enum class Event {
   kReleaseFailed,       // vm.release failed, was rejected or timed out
   kCleanupProved,       // slot.cleanup succeeded with a clean proof for every live slot
   kCleanupFailed,       // slot.cleanup failed, timed out or its proof was incomplete
+  kExposuresReady,      // ingress reports every endpoint of the allocation applied
+  kExposureFailed,      // ingress could not reserve or apply an endpoint of the allocation
 };
 inline constexpr Event kAllEvents[] = {Event::kStart,           Event::kReleaseRequested,
                                        Event::kForceRelease,    Event::kProvisionSucceeded,
                                        Event::kProvisionFailed, Event::kReleaseSucceeded,
                                        Event::kReleaseFailed,   Event::kCleanupProved,
-                                       Event::kCleanupFailed};
+                                       Event::kCleanupFailed,   Event::kExposuresReady,
+                                       Event::kExposureFailed};
 std::string_view EventName(Event e);
 
 // Facts about the allocation the table needs besides its state.
@@ -38,6 +41,10 @@ struct Context {
   bool has_live_claims = true;
   bool task_open = false;       // a node task of the allocation awaits its result
   bool current_attempt = true;  // a provision result belongs to the allocation's attempt
+  // The allocation asked for endpoints (expose/app) that ingress has not reported applied yet.
+  bool endpoints_pending = false;
+  // The node reported the VM up (vm.provision succeeded).
+  bool vm_ready = false;
 };
 
 enum class Claims {

@@ -5,6 +5,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -19,6 +20,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "lifecycle.hpp"
 #include "scheduler_metrics.hpp"
@@ -205,6 +207,16 @@ bool HasLiveClaims(pqxx::work& tx, const std::string& allocation_id) {
               .empty();
 }
 
+// The allocation asked for endpoints that ingress has not reported applied (active, or drifted
+// and repaired) yet.
+bool EndpointsPending(pqxx::work& tx, const std::string& allocation_id) {
+  return !tx.exec_params(
+                "SELECT 1 FROM allocation_endpoints WHERE allocation_id = $1 AND state NOT IN "
+                "('active', 'drift') LIMIT 1",
+                allocation_id)
+              .empty();
+}
+
 // What the saga needs besides the allocation: everything else comes from the lifecycle table.
 // `step_detail` is the detail of the table's own timeline row (claims freed, force release).
 struct Applied {
@@ -370,6 +382,9 @@ std::string ProofProblem(pqxx::work& tx, const std::string& allocation_id,
     if (p.signatures_remaining()) return "slot " + key + ": signatures remain on the disk";
     if (!p.domain_undefined()) return "slot " + key + ": the domain is still defined";
     if (!p.network_state_removed()) return "slot " + key + ": DHCP/NAT state not removed";
+    if (!p.exposure_state_removed()) {
+      return "slot " + key + ": a public exposure still maps to it on the node";
+    }
   }
   return "";
 }
@@ -430,6 +445,8 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
   }
   lifecycle::Context ctx;
   ctx.baremetal = a.shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+  ctx.endpoints_pending = EndpointsPending(tx, a.allocation_id());
+  ctx.vm_ready = a.vm_ready() || (ok && task.type == v1::TASK_TYPE_VM_PROVISION);
   ctx.current_attempt = task.type != v1::TASK_TYPE_VM_PROVISION || task.attempt == a.attempt();
   auto fx = lifecycle::Next(a.state(), event, ctx);
   if (!fx.ok()) return fx.error();
@@ -444,7 +461,7 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
     const auto& out = o.result->vm_provision();
     tx.exec_params(
         "UPDATE allocations SET net_domain = $2, net_mac = $3, net_expected_ip = $4, "
-        "net_actual_ip = $5, net_lease_state = $6 WHERE allocation_id = $1",
+        "net_actual_ip = $5, net_lease_state = $6, vm_ready = true WHERE allocation_id = $1",
         a.allocation_id(), out.domain_name(), out.mac(), out.expected_ip(), out.actual_ip(),
         enums::Text(out.lease_state()));
   }
@@ -584,6 +601,72 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
   return OnOutcome(tx, *a, *task, o, opts, "");
 }
 
+Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts) {
+  v1::ExposureSnapshot snap;
+  if (!ev.data().UnpackTo(&snap)) {
+    return Error::InvalidArgument("malformed_event",
+                                  "event data is not a gpuaas.v1.ExposureSnapshot");
+  }
+  const auto& e = snap.exposure();
+  if (!ids::IsUuid(e.allocation_id()) || !ids::IsUuid(e.exposure_id())) {
+    return Error::InvalidArgument("malformed_event", "exposure event without ids");
+  }
+  auto a = LoadAllocation(tx, e.allocation_id(), true);
+  if (!a.ok()) {
+    if (a.error().code == Code::kNotFound) return Ok();  // not one of this scheduler's
+    return a.error();
+  }
+  const int64_t generation = ev.generation() > 0 ? ev.generation() : e.generation();
+  auto row = tx.exec_params(
+      "SELECT exposure_id, exposure_generation FROM allocation_endpoints WHERE allocation_id = $1 "
+      "AND name = $2 FOR UPDATE",
+      e.allocation_id(), e.name());
+  if (!row.empty()) {
+    const auto have = row[0][0].as<std::string>();
+    // UUIDv7 ids sort by creation: an older exposure of the same name is history.
+    if (!have.empty() && e.exposure_id() < have) return Ok();
+    if (have == e.exposure_id() && row[0][1].as<int64_t>() >= generation) return Ok();
+  }
+  tx.exec_params(
+      "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port, exposure_id, "
+      "exposure_generation, public_ip, public_port, state, reason, connect) VALUES ($1, $2, $3, "
+      "$4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (allocation_id, name) DO UPDATE SET "
+      "protocol = EXCLUDED.protocol, port = EXCLUDED.port, exposure_id = EXCLUDED.exposure_id, "
+      "exposure_generation = EXCLUDED.exposure_generation, public_ip = EXCLUDED.public_ip, "
+      "public_port = EXCLUDED.public_port, state = EXCLUDED.state, reason = EXCLUDED.reason, "
+      "connect = EXCLUDED.connect",
+      e.allocation_id(), e.name(),
+      enums::Text(e.protocol()).empty() ? std::string("tcp") : enums::Text(e.protocol()),
+      std::clamp(e.target_port(), 1, 65535), e.exposure_id(), generation, e.public_ip(),
+      e.public_port(), enums::Text(e.state()), e.reason(), e.connect());
+  if (a->state() != v1::ALLOCATION_STATE_PROVISIONING) return Ok();
+  lifecycle::Context ctx;
+  ctx.baremetal = a->shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+  ctx.endpoints_pending = EndpointsPending(tx, a->allocation_id());
+  ctx.vm_ready = a->vm_ready();
+  const bool failed = e.state() == v1::EXPOSURE_STATE_FAILED;
+  if (!failed && e.state() != v1::EXPOSURE_STATE_ACTIVE) return Ok();
+  auto fx =
+      lifecycle::Next(a->state(), failed ? Event::kExposureFailed : Event::kExposuresReady, ctx);
+  if (!fx.ok()) return fx.error();
+  if (fx->noop || fx->late) return Ok();
+  const std::string detail =
+      failed ? fmt::format("endpoint {} ({}/{}) failed: {}", e.name(), e.target_port(),
+                           enums::Text(e.protocol()), e.detail())
+             : fmt::format("every endpoint applied on node {} (last: {} at {}:{})", e.node_id(),
+                           e.name(), e.public_ip(), e.public_port());
+  AddTimeline(
+      tx, a->allocation_id(),
+      {failed ? v1::TIMELINE_STEP_TASK_FAILED : v1::TIMELINE_STEP_STATE, fx->state, "",
+       v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, failed ? e.reason() : "", detail});
+  Applied in;
+  in.a = &*a;
+  in.cause = {e.reason().empty() ? std::string("exposure_failed") : e.reason(), detail};
+  auto applied = Apply(tx, *fx, in, opts, "");
+  if (!applied.ok()) return applied.error();
+  return Ok();
+}
+
 Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int max) {
   auto due = store::WithTx(pool, [&](pqxx::work& tx) -> Result<std::vector<std::string>> {
     std::vector<std::string> ids;
@@ -698,13 +781,18 @@ class Sweeper {
 
 Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
   auto nats = svc.nats();
-  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream()}) {
+  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream(),
+                           messaging::IngressEventsStream()}) {
     if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
   }
   auto consumer = svc.StartProjection(
       messaging::NodeEventsStream().name, kTaskConsumer, "gpuaas.v1.evt.node.*.task.>",
       [opts](pqxx::work& tx, const v1::Event& ev) { return ApplyNodeTaskEvent(tx, ev, opts); });
   if (!consumer.ok()) return consumer.error();
+  auto exposures = svc.StartProjection(
+      messaging::IngressEventsStream().name, kExposureConsumer, "gpuaas.v1.evt.ingress.exposure.>",
+      [opts](pqxx::work& tx, const v1::Event& ev) { return ApplyExposureEvent(tx, ev, opts); });
+  if (!exposures.ok()) return exposures.error();
 
   auto pool = svc.pg();
   svc.Rpc().Handle<v1::GetAllocationTimelineRequest, v1::GetAllocationTimelineResponse>(

@@ -73,6 +73,13 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
 // longer open (timed out, superseded) only adds a late_result timeline row.
 Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts);
 
+inline constexpr const char* kExposureConsumer = "scheduler-ingress-exposures";
+
+// Consumer of gpuaas.v1.evt.ingress.exposure.>: the allocation's endpoints (public address,
+// port, state) in generation order; a provisioning slice whose VM is up becomes active when its
+// last endpoint is, and fails (stage exposure, slot.cleanup sent) when one fails before that.
+Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts);
+
 // Fails every open task whose deadline has passed (at most `max`), each in its own transaction;
 // returns how many it handled. Safe with several replicas (the allocation row lock serializes).
 Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int max = 64);

@@ -21,20 +21,25 @@ namespace {
 
 std::vector<Context> AllContexts() {
   std::vector<Context> out;
-  for (int bits = 0; bits < 16; ++bits) {
+  for (int bits = 0; bits < 64; ++bits) {
     Context c;
     c.baremetal = (bits & 1) != 0;
     c.has_live_claims = (bits & 2) != 0;
     c.task_open = (bits & 4) != 0;
     c.current_attempt = (bits & 8) != 0;
+    c.endpoints_pending = (bits & 16) != 0;
+    c.vm_ready = (bits & 32) != 0;
     out.push_back(c);
   }
   return out;
 }
 
 std::string Describe(const Context& c) {
-  return fmt::format("baremetal={} live_claims={} task_open={} current_attempt={}", c.baremetal,
-                     c.has_live_claims, c.task_open, c.current_attempt);
+  return fmt::format(
+      "baremetal={} live_claims={} task_open={} current_attempt={} endpoints_pending={} "
+      "vm_ready={}",
+      c.baremetal, c.has_live_claims, c.task_open, c.current_attempt, c.endpoints_pending,
+      c.vm_ready);
 }
 
 // One line per transition: "<state> [claims <phase>|freed] [send a,b] [failure set <stage>|clear]
@@ -76,6 +81,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"pending", "release_failed"}, "pending late"},
       {{"pending", "cleanup_proved"}, "pending late"},
       {{"pending", "cleanup_failed"}, "pending late"},
+      {{"pending", "exposures_ready"}, "pending noop"},
+      {{"pending", "exposure_failed"}, "pending noop"},
 
       {{"reserved", "start"}, "provisioning claims provisioning send vm.provision announce"},
       {{"reserved", "release_requested"}, "released freed announce step claims_freed"},
@@ -87,6 +94,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"reserved", "release_failed"}, "reserved late"},
       {{"reserved", "cleanup_proved"}, "reserved late"},
       {{"reserved", "cleanup_failed"}, "reserved late"},
+      {{"reserved", "exposures_ready"}, "reserved noop"},
+      {{"reserved", "exposure_failed"}, "reserved noop"},
 
       {{"provisioning", "start"}, "illegal"},
       {{"provisioning", "release_requested"},
@@ -101,6 +110,9 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"provisioning", "release_failed"}, "provisioning late"},
       {{"provisioning", "cleanup_proved"}, "provisioning late"},
       {{"provisioning", "cleanup_failed"}, "provisioning late"},
+      {{"provisioning", "exposures_ready"}, "provisioning noop"},
+      {{"provisioning", "exposure_failed"},
+       "failed claims cleanup_blocked send slot.cleanup failure exposure announce"},
 
       {{"active", "start"}, "illegal"},
       {{"active", "release_requested"}, "releasing claims releasing send vm.release announce"},
@@ -113,6 +125,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"active", "release_failed"}, "active late"},
       {{"active", "cleanup_proved"}, "active late"},
       {{"active", "cleanup_failed"}, "active late"},
+      {{"active", "exposures_ready"}, "active noop"},
+      {{"active", "exposure_failed"}, "active noop"},
 
       {{"releasing", "start"}, "illegal"},
       {{"releasing", "release_requested"},
@@ -127,6 +141,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
        "releasing claims cleanup_blocked failure release announce"},
       {{"releasing", "cleanup_proved"}, "released freed failure clear announce step claims_freed"},
       {{"releasing", "cleanup_failed"},
+       {{"releasing", "exposures_ready"}, "releasing noop"},
+       {{"releasing", "exposure_failed"}, "releasing noop"},
        "releasing claims cleanup_blocked failure cleanup announce"},
 
       {{"released", "start"}, "illegal"},
@@ -138,6 +154,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"released", "release_failed"}, "released late"},
       {{"released", "cleanup_proved"}, "released late"},
       {{"released", "cleanup_failed"}, "released late"},
+      {{"released", "exposures_ready"}, "released noop"},
+      {{"released", "exposure_failed"}, "released noop"},
 
       {{"failed", "start"}, "illegal"},
       {{"failed", "release_requested"}, "failed claims cleanup send slot.cleanup"},
@@ -149,6 +167,8 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
       {{"failed", "release_failed"}, "failed late"},
       {{"failed", "cleanup_proved"}, "failed freed announce step claims_freed"},
       {{"failed", "cleanup_failed"}, "failed claims cleanup_blocked"},
+      {{"failed", "exposures_ready"}, "failed noop"},
+      {{"failed", "exposure_failed"}, "failed noop"},
   };
   return golden;
 }
@@ -203,6 +223,21 @@ TEST(LifecycleTest, ContextChangesOnlyWhatItShould) {
             "provisioning late");
   EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_PROVISIONING, Event::kProvisionFailed, old)),
             "provisioning late");
+  // Endpoints asked for: the VM being up is not enough to be active.
+  Context exposing;
+  exposing.endpoints_pending = true;
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_PROVISIONING, Event::kProvisionSucceeded, exposing)),
+            "provisioning announce");
+  exposing.vm_ready = true;
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_PROVISIONING, Event::kExposuresReady, exposing)),
+            "provisioning noop");
+  Context applied;
+  applied.vm_ready = true;
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_PROVISIONING, Event::kExposuresReady, applied)),
+            "active claims active announce");
+  // An endpoint failing after the allocation is active does not fail the allocation.
+  EXPECT_EQ(Render(Next(v1::ALLOCATION_STATE_ACTIVE, Event::kExposureFailed, applied)),
+            "active noop");
 }
 
 TEST(LifecycleTest, EveryTransitionInEveryContextKeepsTheInvariants) {
@@ -283,8 +318,8 @@ TEST(LifecycleTest, EveryTransitionInEveryContextKeepsTheInvariants) {
       }
     }
   }
-  EXPECT_EQ(pairs, 16 * 7 * 9);
-  EXPECT_EQ(illegal, 16 * 6) << "start on each of the 6 states other than reserved";
+  EXPECT_EQ(pairs, 64 * 7 * 11);
+  EXPECT_EQ(illegal, 64 * 6) << "start on each of the 6 states other than reserved";
 }
 
 TEST(LifecycleTest, UnspecifiedStateIsAnInvalidArgument) {
