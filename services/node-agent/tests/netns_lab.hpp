@@ -3,12 +3,16 @@
 // namespace the node-agent's network is applied in, and "VMs" — namespaces whose eth0 (with a
 // slot's MAC) is a veth to a port on the host's bridge — with a busybox DHCP client and ping.
 // Everything it creates is deleted on destruction; traffic never leaves this machine.
+#include <fcntl.h>
+#include <sched.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
@@ -53,6 +57,29 @@ class NetnsLab {
     return "";
   }
   const std::string& host() const { return host_; }
+  // "" when every tool is installed (then Run/InNs find them by name); otherwise which is not.
+  std::string Need(const std::vector<std::string>& tools) {
+    for (const auto& tool : tools) {
+      auto path = HostRoot("/").FindCommand(tool);
+      if (!path) return tool + " is not installed (scripts/install-deps)";
+      tools_[tool] = *path;
+    }
+    return "";
+  }
+  // A socket(AF_INET, type) that lives in namespace `ns` (a full name, as AddNamespace returns
+  // it): made on a short-lived thread that joined the namespace (network namespaces are per
+  // thread), usable from any thread afterwards. -1 on failure.
+  static int SocketIn(const std::string& ns, int type) {
+    int fd = -1;
+    std::thread t([&] {
+      const int nsfd = ::open(("/run/netns/" + ns).c_str(), O_RDONLY | O_CLOEXEC);
+      if (nsfd < 0) return;
+      if (::setns(nsfd, CLONE_NEWNET) == 0) fd = ::socket(AF_INET, type | SOCK_CLOEXEC, 0);
+      ::close(nsfd);
+    });
+    t.join();
+    return fd;
+  }
   // A further namespace of the lab (deleted with it), e.g. an "outside" network.
   std::string AddNamespace(const std::string& name) {
     std::string ns = prefix_ + "-" + name;
