@@ -40,7 +40,8 @@ const std::string& ExitCodesHelp() {
   static const std::string text =
       "Exit codes: 0 success; 1 the platform answered an error (its status is printed); 2 usage "
       "error; 3 NATS unreachable or timed out (also --watch-timeout-s); 4 the outcome asked for "
-      "was not reached (a --watch settled in another state, a slot approval rejected).";
+      "was not reached (a --watch settled in another state, a slot approval rejected, an app check "
+      "found the app incompatible).";
   return text;
 }
 

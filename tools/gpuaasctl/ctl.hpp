@@ -29,7 +29,7 @@ inline constexpr int kExitUsage = 2;
 // DEADLINE_EXCEEDED), or --watch-timeout-s passed while a task was still in flight.
 inline constexpr int kExitUnreachable = 3;
 // The request was answered but did not reach the outcome asked for: a --watch settled in another
-// state, or slot approve/repair rejected a slot.
+// state, slot approve/repair rejected a slot, or app check found the app incompatible.
 inline constexpr int kExitOutcome = 4;
 
 // The --help footer naming the exit codes.
@@ -132,6 +132,8 @@ Action AddIpamCommands(CLI::App& app);
 Action AddAllocCommands(CLI::App& app);
 // catalog [list] (catalog_commands.cpp).
 Action AddCatalogCommands(CLI::App& app);
+// app list|check (app_commands.cpp).
+Action AddAppCommands(CLI::App& app);
 
 // An action that works on the NATS connection itself (JetStream reads), not by requests.
 using ConnAction = std::function<std::optional<int>(messaging::Connection&, const Globals&)>;

@@ -61,9 +61,9 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "File holding the request token (env GPUAAS_TOKEN_FILE)");
 
-  const std::vector<Action> actions = {AddNodeCommands(app), AddInventoryCommands(app),
-                                       AddAllocCommands(app), AddIpamCommands(app),
-                                       AddCatalogCommands(app)};
+  const std::vector<Action> actions = {AddNodeCommands(app),    AddInventoryCommands(app),
+                                       AddAllocCommands(app),   AddIpamCommands(app),
+                                       AddCatalogCommands(app), AddAppCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto dlq_action = AddDlqCommands(app);
   const auto auth_action = AddAuthCommands(app);

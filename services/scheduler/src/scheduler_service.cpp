@@ -4,6 +4,7 @@
 #include <iterator>
 
 #include "allocations.hpp"
+#include "apps.hpp"
 #include "catalog.hpp"
 #include "scheduler_metrics.hpp"
 
@@ -197,6 +198,7 @@ Result<void> SchedulerService::Start() {
   auto gauges = StartAllocationGauges(svc_.pg(), svc_.metrics(), svc_.log());
   svc_.OnDrain("allocation gauges", [gauges] { gauges->Stop(); });
   if (auto r = StartAllocations(svc_, *catalog, saga); !r.ok()) return r;
+  if (auto r = StartApps(svc_, *catalog); !r.ok()) return r;
   if (auto r = StartSaga(svc_, saga); !r.ok()) return r;
 
   svc_.Rpc().Handle<v1::ListProjectedSlotsRequest, v1::ListProjectedSlotsResponse>(

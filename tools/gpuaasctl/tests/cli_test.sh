@@ -63,6 +63,8 @@ declare -A ARGS=(
   ['ipam orphans']='--remove --node n1'
   ['catalog']=''
   ['catalog list']=''
+  ['app list']=''
+  ['app check']='jupyter --sku h200-sxm-slice --gpus 1'
   ['audit allocation']='--id a'
   ['audit slot']='--id n1/s1'
   ['audit node']='--id n1 --since 1h'
@@ -95,6 +97,10 @@ case $CASE in
     expect_rc 2 -o yaml node list                  # bad output format
     expect_rc 2 region set --name r --enabled maybe
     expect_rc 2 alloc create --tenant t --request-id q --gpus x --region r  # not a number
+    expect_rc 2 app check jupyter                  # an allocation or an order is required
+    expect_rc 2 app check jupyter --allocation a --sku h200-sxm-slice  # not both
+    expect_rc 2 app check --allocation a           # the app is required
+    expect_rc 2 app check jupyter --shape slice --gpus 1  # not a shape
     if expect_rc 0 --help; then
       [[ $OUT == *"Exit codes:"* ]] || fail "--help names no exit codes"
     fi
