@@ -57,15 +57,6 @@ bool SameContent(const Message& a, const Message& b, const VersionFields& f) {
   return google::protobuf::util::MessageDifferencer::Equals(*x, *y);
 }
 
-std::vector<std::string> TextArray(const pqxx::field& field) {
-  std::vector<std::string> out;
-  auto parser = field.as_array();
-  for (auto e = parser.get_next(); e.first != pqxx::array_parser::done; e = parser.get_next()) {
-    if (e.first == pqxx::array_parser::string_value) out.push_back(e.second);
-  }
-  return out;
-}
-
 bool IsBlockerName(const std::string& b) {
   return !b.empty() && b.size() <= 64 && std::all_of(b.begin(), b.end(), [](char c) {
     return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
@@ -147,7 +138,7 @@ AckState LoadAck(pqxx::work& tx, const Tables& t, const std::string& node_id) {
       node_id);
   if (r.empty()) return s;
   s.applied_version = r[0][0].as<int64_t>();
-  s.blockers = TextArray(r[0][1]);
+  s.blockers = store::TextArray(r[0][1]);
   s.acked_at = TimeUtil::MillisecondsToTimestamp(r[0][2].as<int64_t>());
   return s;
 }
@@ -196,7 +187,7 @@ Result<AckResult> RecordAck(pqxx::work& tx, const Tables& t, const std::string& 
   AckResult out;
   out.applied_version = r[0][0].as<int64_t>();
   out.latest_version = latest;
-  out.blockers = TextArray(r[0][1]);
+  out.blockers = store::TextArray(r[0][1]);
   return out;
 }
 
