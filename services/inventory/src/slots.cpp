@@ -10,6 +10,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/documents.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/inbox.hpp"
@@ -179,6 +180,12 @@ Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
   return slot;
 }
 
+// The desired slot set is a versioned per-node document (libs/common documents.hpp).
+const documents::Tables& DesiredTables() {
+  static const documents::Tables t{"desired_slot_sets", "node_agent_acks", "desired slot set"};
+  return t;
+}
+
 // A new desired-set version when the node's available slots differ from the latest version.
 Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
   auto slots = LoadSlots(tx, node_id);
@@ -198,27 +205,7 @@ Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
     d.clear_approved_snapshot();
     *want.add_slots() = d;
   }
-  auto latest = tx.exec_params(
-      "SELECT version, doc::text FROM desired_slot_sets WHERE node_id = $1 ORDER BY version DESC "
-      "LIMIT 1",
-      node_id);
-  int64_t version = 0;
-  if (!latest.empty()) {
-    version = latest[0][0].as<int64_t>();
-    v1::DesiredSlotSet have;
-    if (protojson::FromJson(latest[0][1].as<std::string>(), &have).ok()) {
-      have.clear_version();
-      have.clear_created_at();
-      if (google::protobuf::util::MessageDifferencer::Equals(have, want)) return version;
-    }
-  }
-  if (latest.empty() && want.slots_size() == 0) return int64_t{0};
-  ++version;
-  want.set_version(version);
-  *want.mutable_created_at() = TimeUtil::GetCurrentTime();
-  tx.exec_params("INSERT INTO desired_slot_sets (node_id, version, doc) VALUES ($1, $2, $3::jsonb)",
-                 node_id, version, protojson::ToJson(want));
-  return version;
+  return documents::Publish(tx, DesiredTables(), node_id, want, want.slots_size() == 0);
 }
 
 Result<void> CheckNodeId(const std::string& id) {
@@ -795,13 +782,9 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
             dr->set_kind("node_blocker");
             dr->set_detail(b);
           }
-          auto dv = tx.exec_params(
-              "SELECT COALESCE(max(version), 0) FROM desired_slot_sets WHERE node_id = $1",
-              req.node_id());
-          resp.set_desired_version(dv[0][0].as<int64_t>());
-          auto av = tx.exec_params("SELECT applied_version FROM node_agent_acks WHERE node_id = $1",
-                                   req.node_id());
-          if (!av.empty()) resp.set_applied_version(av[0][0].as<int64_t>());
+          resp.set_desired_version(documents::Latest(tx, DesiredTables(), req.node_id()));
+          resp.set_applied_version(
+              documents::LoadAck(tx, DesiredTables(), req.node_id()).applied_version);
           for (const auto& r :
                tx.exec_params("SELECT task_id::text, type, status, error, "
                               "extract(epoch from queued_at)::float8, "
@@ -1013,18 +996,15 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
         return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::GetDesiredSlotsResponse> {
           if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
           v1::GetDesiredSlotsResponse resp;
-          auto r = tx.exec_params(
-              "SELECT doc::text FROM desired_slot_sets WHERE node_id = $1 ORDER BY version DESC "
-              "LIMIT 1",
-              req.node_id());
-          if (r.empty()) {
-            resp.mutable_desired()->set_node_id(req.node_id());
-            resp.mutable_desired()->set_version(0);
-          } else if (auto p =
-                         protojson::FromJson(r[0][0].as<std::string>(), resp.mutable_desired());
-                     !p.ok()) {
-            return Error::Internal("corrupt_desired_set", p.error().message);
+          auto latest =
+              documents::Load(tx, DesiredTables(), req.node_id(), 0, *resp.mutable_desired());
+          if (!latest.ok()) {
+            if (latest.error().reason == "corrupt_document") {
+              latest.error().reason = "corrupt_desired_set";
+            }
+            return latest.error();
           }
+          if (*latest == 0) resp.mutable_desired()->set_node_id(req.node_id());
           return resp;
         });
       });
@@ -1034,35 +1014,14 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
       [d](const v1::AckDesiredSlotsRequest& req,
           rpc::Context& ctx) -> Result<v1::AckDesiredSlotsResponse> {
         if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
-        if (req.version() < 0) {
-          return Error::InvalidArgument("invalid_version", "version must be >= 0",
-                                        {{"version", "must be >= 0"}});
-        }
+        // The desired set's ack carries no blockers.
+        if (auto v = documents::ValidateAck(req.version(), {}); !v.ok()) return v.error();
         return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::AckDesiredSlotsResponse> {
           if (auto n = LoadNode(tx, req.node_id(), false); !n.ok()) return n.error();
-          auto latest =
-              tx.exec_params(
-                    "SELECT COALESCE(max(version), 0) FROM desired_slot_sets WHERE node_id = $1",
-                    req.node_id())[0][0]
-                  .as<int64_t>();
-          if (req.version() > latest) {
-            return Error{
-                Code::kInvalidArgument,
-                "unknown_version",
-                fmt::format("node {} has desired versions up to {}; cannot ack {}", req.node_id(),
-                            latest, req.version()),
-                {{"version", std::to_string(req.version())}, {"latest", std::to_string(latest)}},
-                false};
-          }
-          // Acks only move forward: a late ack of an older version is not a regression.
-          auto r = tx.exec_params(
-              "INSERT INTO node_agent_acks (node_id, applied_version) VALUES ($1, $2) "
-              "ON CONFLICT (node_id) DO UPDATE SET applied_version = "
-              "GREATEST(node_agent_acks.applied_version, EXCLUDED.applied_version), "
-              "acked_at = now() RETURNING applied_version",
-              req.node_id(), req.version());
+          auto r = documents::RecordAck(tx, DesiredTables(), req.node_id(), req.version(), {});
+          if (!r.ok()) return r.error();
           v1::AckDesiredSlotsResponse resp;
-          resp.set_applied_version(r[0][0].as<int64_t>());
+          resp.set_applied_version(r->applied_version);
           ctx.log.Debug("desired set acked",
                         {{"node_id", req.node_id()}, {"version", std::to_string(req.version())}});
           return resp;

@@ -775,41 +775,16 @@ Result<void> IpamService::Start() {
         }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::GetNodeNetworkResponse> {
           v1::GetNodeNetworkResponse resp;
-          const int64_t latest =
-              tx.exec_params(
-                    "SELECT COALESCE(max(version), 0) FROM network_documents WHERE node_id = $1",
-                    req.node_id())[0][0]
-                  .as<int64_t>();
-          resp.set_latest_version(latest);
-          const int64_t want = req.version() == 0 ? latest : req.version();
-          if (want == 0) {
-            resp.mutable_document()->set_node_id(req.node_id());
-          } else {
-            auto doc = tx.exec_params(
-                "SELECT doc::text FROM network_documents WHERE node_id = $1 AND version = $2",
-                req.node_id(), want);
-            if (doc.empty()) {
-              return Error{
-                  Code::kNotFound,
-                  "document_version_not_found",
-                  fmt::format("node {} has network document versions up to {}", req.node_id(),
-                              latest),
-                  {{"version", std::to_string(req.version())}, {"latest", std::to_string(latest)}},
-                  false};
-            }
-            if (auto p = protojson::FromJson(doc[0][0].as<std::string>(), resp.mutable_document());
-                !p.ok()) {
-              return Error::Internal("corrupt_document", p.error().message);
-            }
-          }
-          auto ack = tx.exec_params(
-              "SELECT applied_version, blockers, (extract(epoch from acked_at) * 1000)::int8 "
-              "FROM network_acks WHERE node_id = $1",
-              req.node_id());
-          if (!ack.empty()) {
-            resp.set_applied_version(ack[0][0].as<int64_t>());
-            for (const auto& b : TextArray(ack[0][1])) resp.add_blockers(b);
-            *resp.mutable_acked_at() = TimeUtil::MillisecondsToTimestamp(ack[0][2].as<int64_t>());
+          auto latest = documents::Load(tx, NetworkDocumentTables(), req.node_id(), req.version(),
+                                        *resp.mutable_document());
+          if (!latest.ok()) return latest.error();
+          resp.set_latest_version(*latest);
+          if (*latest == 0) resp.mutable_document()->set_node_id(req.node_id());
+          const auto ack = documents::LoadAck(tx, NetworkDocumentTables(), req.node_id());
+          if (ack.acked_at) {
+            resp.set_applied_version(ack.applied_version);
+            for (const auto& b : ack.blockers) resp.add_blockers(b);
+            *resp.mutable_acked_at() = *ack.acked_at;
           }
           return resp;
         });
@@ -820,53 +795,16 @@ Result<void> IpamService::Start() {
       [pool](const v1::AckNodeNetworkRequest& req,
              rpc::Context& ctx) -> Result<v1::AckNodeNetworkResponse> {
         if (auto v = CheckNodeId(req.node_id(), "invalid_node_id"); !v.ok()) return v.error();
-        if (req.version() < 0) {
-          return Error::InvalidArgument("invalid_version", "version must be >= 0",
-                                        {{"version", "must be >= 0"}});
-        }
-        std::map<std::string, std::string> problems;
-        for (int i = 0; i < req.blockers_size(); ++i) {
-          const auto& b = req.blockers(i);
-          const bool ok =
-              !b.empty() && b.size() <= 64 && std::all_of(b.begin(), b.end(), [](char c) {
-                return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
-              });
-          if (!ok) problems[fmt::format("blockers[{}]", i)] = "snake_case, 1-64 characters";
-        }
-        if (!problems.empty()) {
-          return Error::InvalidArgument("invalid_blocker", "blockers are stable snake_case names",
-                                        problems);
-        }
+        const std::vector<std::string> blockers(req.blockers().begin(), req.blockers().end());
+        if (auto v = documents::ValidateAck(req.version(), blockers); !v.ok()) return v.error();
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::AckNodeNetworkResponse> {
-          const int64_t latest =
-              tx.exec_params(
-                    "SELECT COALESCE(max(version), 0) FROM network_documents WHERE node_id = $1",
-                    req.node_id())[0][0]
-                  .as<int64_t>();
-          if (req.version() > latest) {
-            return Error{
-                Code::kInvalidArgument,
-                "unknown_version",
-                fmt::format("node {} has network document versions up to {}; cannot ack "
-                            "{}",
-                            req.node_id(), latest, req.version()),
-                {{"version", std::to_string(req.version())}, {"latest", std::to_string(latest)}},
-                false};
-          }
-          std::vector<std::string> blockers(req.blockers().begin(), req.blockers().end());
-          // Acks only move forward; the blockers are those of the newest version acked.
-          auto r = tx.exec_params(
-              "INSERT INTO network_acks (node_id, applied_version, blockers) "
-              "VALUES ($1, $2, $3::text[]) ON CONFLICT (node_id) DO UPDATE SET "
-              "blockers = CASE WHEN EXCLUDED.applied_version >= network_acks.applied_version "
-              "THEN EXCLUDED.blockers ELSE network_acks.blockers END, "
-              "applied_version = GREATEST(network_acks.applied_version, "
-              "EXCLUDED.applied_version), acked_at = now() RETURNING applied_version, blockers",
-              req.node_id(), req.version(), store::TextArrayLiteral(blockers));
+          auto r = documents::RecordAck(tx, NetworkDocumentTables(), req.node_id(), req.version(),
+                                        blockers);
+          if (!r.ok()) return r.error();
           v1::AckNodeNetworkResponse resp;
-          resp.set_applied_version(r[0][0].as<int64_t>());
-          resp.set_latest_version(latest);
-          for (const auto& b : TextArray(r[0][1])) resp.add_blockers(b);
+          resp.set_applied_version(r->applied_version);
+          resp.set_latest_version(r->latest_version);
+          for (const auto& b : r->blockers) resp.add_blockers(b);
           ctx.log.Debug("network document acked",
                         {{"node_id", req.node_id()}, {"version", std::to_string(req.version())}});
           return resp;

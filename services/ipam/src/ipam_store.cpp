@@ -5,7 +5,6 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/outbox.hpp"
-#include "gpuaas/common/proto_json.hpp"
 #include "ipam_domain.hpp"
 #include "ipam_service.hpp"
 
@@ -178,32 +177,17 @@ Result<std::pair<std::string, std::string>> EnsureMac(pqxx::work& tx, const std:
   return std::make_pair(*pool, std::string("pool"));
 }
 
+const documents::Tables& NetworkDocumentTables() {
+  static const documents::Tables t{"network_documents", "network_acks", "network document"};
+  return t;
+}
+
 Result<int64_t> UpdateDocument(pqxx::work& tx, const std::string& node_id, const IpamConfig& cfg) {
   auto node = LockNode(tx, node_id);
   if (!node) return int64_t{0};
   const auto slots = LoadReservedSlots(tx, node_id);
   auto want = BuildDocument(node_id, node->subnet, node->gateway, cfg.Network(), slots);
-  auto latest = tx.exec_params(
-      "SELECT version, doc::text FROM network_documents WHERE node_id = $1 ORDER BY version DESC "
-      "LIMIT 1",
-      node_id);
-  int64_t version = 0;
-  if (!latest.empty()) {
-    version = latest[0][0].as<int64_t>();
-    v1::NodeNetworkDocument have;
-    if (protojson::FromJson(latest[0][1].as<std::string>(), &have).ok() &&
-        SameContent(have, want)) {
-      return version;
-    }
-  } else if (slots.empty()) {
-    return int64_t{0};
-  }
-  ++version;
-  want.set_version(version);
-  *want.mutable_created_at() = TimeUtil::GetCurrentTime();
-  tx.exec_params("INSERT INTO network_documents (node_id, version, doc) VALUES ($1, $2, $3::jsonb)",
-                 node_id, version, protojson::ToJson(want));
-  return version;
+  return documents::Publish(tx, NetworkDocumentTables(), node_id, want, slots.empty());
 }
 
 Result<void> AnnounceReservation(pqxx::work& tx, const std::string& event,

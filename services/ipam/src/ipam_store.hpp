@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gpuaas/common/documents.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "ipam_domain.hpp"
@@ -44,6 +45,10 @@ bool ClaimMac(pqxx::work& tx, const std::string& node_id, const std::string& slo
 // The next free pool MAC, claimed for the slot.
 Result<std::string> ClaimPoolMac(pqxx::work& tx, const std::string& node_id,
                                  const std::string& slot_key, int epoch);
+
+// The node network document and its acks: a versioned per-node document (libs/common
+// documents.hpp).
+const documents::Tables& NetworkDocumentTables();
 
 // A new document version when the node's network differs from its latest version; returns
 // the latest version (0 when the node has neither documents nor reservations).
