@@ -1,4 +1,6 @@
 // gpuaasctl alloc create/get/list/release/timeline (--watch follows it as it happens).
+#include <algorithm>
+#include <charconv>
 #include <iostream>
 #include <memory>
 #include <thread>
@@ -43,6 +45,70 @@ void PrintAllocation(const v1::Allocation& a) {
   google::protobuf::RepeatedPtrField<v1::Allocation> one;
   *one.Add() = a;
   PrintAllocations(one);
+}
+
+// A lowercase RFC 1123 label of 1-63 characters (an endpoint's name).
+bool IsLabel(std::string_view s) {
+  if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-';
+  });
+}
+
+// --expose NAME:PORT[/tcp|udp] (tcp when left out); the error says what is wrong.
+Result<v1::EndpointRequest> ParseExpose(std::string_view text) {
+  const auto bad = [&](std::string_view why) {
+    return Error::InvalidArgument(
+        "expose_invalid", fmt::format("{}: {} (want NAME:PORT[/tcp|udp], e.g. ssh:22)", text, why));
+  };
+  const auto colon = text.find(':');
+  if (colon == std::string_view::npos) return bad("no ':' between name and port");
+  v1::EndpointRequest e;
+  const auto name = text.substr(0, colon);
+  if (!IsLabel(name)) return bad("the name is not a lowercase DNS label");
+  e.set_name(std::string(name));
+  auto rest = text.substr(colon + 1);
+  const auto slash = rest.find('/');
+  e.set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+  if (slash != std::string_view::npos) {
+    auto p = enums::Parse<v1::TransportProtocol>(rest.substr(slash + 1));
+    if (!p) return bad("the protocol is not tcp or udp");
+    e.set_protocol(*p);
+    rest = rest.substr(0, slash);
+  }
+  int32_t port = 0;
+  const auto* end = rest.data() + rest.size();
+  auto [ptr, ec] = std::from_chars(rest.data(), end, port);
+  if (rest.empty() || ec != std::errc() || ptr != end || port < 1 || port > 65535) {
+    return bad("the port is not a number 1..65535");
+  }
+  e.set_port(port);
+  return e;
+}
+
+// "provisioning" + nothing in flight: a slice whose VM is up, waiting until ingress reports
+// its endpoints applied (the timeline says nothing more until they are, or one fails).
+std::string PendingEndpoints(const v1::Allocation& a) {
+  std::vector<std::string> out;
+  for (const auto& e : a.endpoints()) {
+    if (e.state() != v1::EXPOSURE_STATE_ACTIVE) {
+      out.push_back(e.name() + " " + Txt(e.state(), "waiting"));
+    }
+  }
+  return Join(out, ", ");
+}
+
+// The endpoints of `a`, one line each: how to reach it, and why it failed.
+void PrintEndpoints(const v1::Allocation& a) {
+  if (a.endpoints_size() == 0) return;
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(a.endpoints_size());
+  for (const auto& e : a.endpoints()) {
+    rows.push_back({"  " + e.name(), fmt::format("{}/{}", e.port(), Txt(e.protocol(), "?")),
+                    Txt(e.state(), "waiting"), Or(e.connect()), e.reason()});
+  }
+  std::cout << "endpoints:\n";
+  PrintTable({"  ENDPOINT", "PORT", "STATE", "CONNECT", "REASON"}, rows);
 }
 
 void PrintEntry(const Globals& g, const v1::TimelineEntry& e) {
@@ -119,6 +185,22 @@ Action AddAllocCommands(CLI::App& app) {
   create->add_option_function<std::string>(
       "--hostname", [o](const std::string& v) { o->create.set_hostname(v); },
       "VM hostname (default slice-<id prefix>)");
+  create
+      ->add_option_function<std::vector<std::string>>(
+          "--expose",
+          [o](const std::vector<std::string>& v) {
+            for (const auto& x : v) *o->create.add_expose() = *ParseExpose(x);
+          },
+          "Expose a VM port publicly, NAME:PORT[/tcp|udp] (repeatable), e.g. ssh:22")
+      ->check(CLI::Validator(
+          [](const std::string& v) {
+            auto e = ParseExpose(v);
+            return e.ok() ? std::string() : e.error().message;
+          },
+          "NAME:PORT[/tcp|udp]"));
+  create->add_option_function<std::string>(
+      "--app", [o](const std::string& v) { o->create.set_app(v); },
+      "Catalog app to run (see gpuaasctl app list); its endpoints are exposed too");
   create->add_flag("--watch", o->watch,
                    "Follow the allocation's timeline until it settles; exit 4 unless active");
   auto* get = alloc->add_subcommand("get", "One allocation with its claims");
@@ -146,9 +228,9 @@ Action AddAllocCommands(CLI::App& app) {
 
   // Prints the timeline from the start. Without watch: every page, then 0 (-o json: one
   // GetAllocationTimelineResponse with all the entries). With watch: each entry as it comes
-  // (-o json: one JSON object per line), polling until no node task is in flight; then 0 when
-  // the allocation settled as `want` asks, kExitOutcome when not, kExitUnreachable when the
-  // watch timeout passed first.
+  // (-o json: one JSON object per line), polling until no node task is in flight and no endpoint
+  // is being applied; then 0 when the allocation settled as `want` asks, kExitOutcome when not,
+  // kExitUnreachable when the watch timeout passed first.
   auto follow = [o](rpc::Client& client, const Globals& g, const std::string& id, bool watch,
                     Want want) -> int {
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(o->watch_timeout_s);
@@ -160,6 +242,7 @@ Action AddAllocCommands(CLI::App& app) {
                                "DETAIL");
     }
     v1::GetAllocationTimelineResponse all;  // -o json without watch
+    std::string pending;                    // the endpoints last reported waiting
     while (true) {
       auto r = client.Call<v1::GetAllocationTimelineResponse>(
           "gpuaas.v1.scheduler.allocation.timeline", req, g.Timeout());
@@ -179,6 +262,30 @@ Action AddAllocCommands(CLI::App& app) {
           Print(g, all, [] {});
         }
         return kExitOk;
+      }
+      if (!r->in_flight() && r->state() == v1::ALLOCATION_STATE_PROVISIONING &&
+          want != Want::kReleased) {
+        // A slice with endpoints stays provisioning after its VM is up (no task in flight) until
+        // ingress reports them all applied (-> active) or one failed (-> failed).
+        v1::GetAllocationRequest one;
+        one.set_allocation_id(id);
+        auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", one,
+                                                        g.Timeout());
+        if (!a.ok()) return Fail(g, a.error());
+        if (a->allocation().endpoints_size() > 0) {
+          auto now = PendingEndpoints(a->allocation());
+          if (!g.Json() && now != pending && !now.empty()) {
+            std::cout << "waiting for endpoints: " << now << "\n" << std::flush;
+          }
+          pending = now;
+          if (std::chrono::steady_clock::now() > until) {
+            std::cerr << "endpoints still being applied after " << o->watch_timeout_s << "s ("
+                      << Or(pending) << ")\n";
+            return kExitUnreachable;
+          }
+          std::this_thread::sleep_for(std::chrono::milliseconds(200));
+          continue;
+        }
       }
       if (!r->in_flight()) {
         const auto state = r->state();
@@ -232,8 +339,21 @@ Action AddAllocCommands(CLI::App& app) {
         if (!r->created()) std::cout << "(a retry: the allocation made for this request id)\n";
         PrintAllocation(r->allocation());
       });
-      if (o->watch) return follow(client, g, r->allocation().allocation_id(), true, Want::kActive);
-      return kExitOk;
+      if (!o->watch) return kExitOk;
+      const auto& id = r->allocation().allocation_id();
+      const int watched = follow(client, g, id, true, Want::kActive);
+      if (watched != kExitOk && watched != kExitOutcome) return watched;
+      // How it settled, with the endpoints' connect hints (-o json: the allocation, last line).
+      v1::GetAllocationRequest one;
+      one.set_allocation_id(id);
+      auto a = client.Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", one,
+                                                      g.Timeout());
+      if (!a.ok()) {
+        Fail(g, a.error());
+        return watched;
+      }
+      Print(g, *a, [&] { PrintEndpoints(a->allocation()); });
+      return watched;
     }
     if (get->parsed()) {
       v1::GetAllocationRequest req;
@@ -255,6 +375,12 @@ Action AddAllocCommands(CLI::App& app) {
           std::cout << fmt::format("failure: {} {}: {}\n", Txt(a.failure().stage()),
                                    a.failure().code(), a.failure().detail());
         }
+        if (!a.app().empty()) std::cout << "app: " << a.app() << "\n";
+        if (a.state() == v1::ALLOCATION_STATE_PROVISIONING && a.vm_ready() &&
+            a.endpoints_size() > 0) {
+          std::cout << "vm: ready; waiting for its endpoints to be applied\n";
+        }
+        PrintEndpoints(a);
       });
     }
     if (timeline->parsed()) return follow(client, g, o->id, o->watch, Want::kSettled);

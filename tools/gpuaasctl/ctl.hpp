@@ -134,6 +134,8 @@ Action AddAllocCommands(CLI::App& app);
 Action AddCatalogCommands(CLI::App& app);
 // app list|check (app_commands.cpp).
 Action AddAppCommands(CLI::App& app);
+// ingress pool set|list|delete, expose, unexpose, exposures, node (ingress_commands.cpp).
+Action AddIngressCommands(CLI::App& app);
 
 // An action that works on the NATS connection itself (JetStream reads), not by requests.
 using ConnAction = std::function<std::optional<int>(messaging::Connection&, const Globals&)>;

@@ -63,7 +63,8 @@ int main(int argc, char** argv) {
 
   const std::vector<Action> actions = {AddNodeCommands(app),    AddInventoryCommands(app),
                                        AddAllocCommands(app),   AddIpamCommands(app),
-                                       AddCatalogCommands(app), AddAppCommands(app)};
+                                       AddCatalogCommands(app), AddAppCommands(app),
+                                       AddIngressCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto dlq_action = AddDlqCommands(app);
   const auto auth_action = AddAuthCommands(app);

@@ -48,7 +48,7 @@ declare -A ARGS=(
   ['availability']=''
   ['region list']=''
   ['region set']='--name r --enabled true'
-  ['alloc create']='--tenant t --request-id q --gpus 1 --region r --network-mode private-nat'
+  ['alloc create']='--tenant t --request-id q --gpus 1 --region r --network-mode private-nat --expose ssh:22 --expose dns:53/udp --expose web:8080/tcp --app jupyter'
   ['alloc get']='--id a'
   ['alloc list']='--state failed'
   ['alloc release']='--id a'
@@ -65,6 +65,13 @@ declare -A ARGS=(
   ['catalog list']=''
   ['app list']=''
   ['app check']='jupyter --sku h200-sxm-slice --gpus 1'
+  ['ingress pool set']='--name p1 --kind port_range --region r --node n1 --address 203.0.113.10 --ports 20000-20999'
+  ['ingress pool list']='--region r'
+  ['ingress pool delete']='--name p1'
+  ['ingress expose']='--alloc a --name ssh --port 22 --protocol udp'
+  ['ingress unexpose']='--id e'
+  ['ingress exposures']='--alloc a --node n1 --state active'
+  ['ingress node']='--node n1 --version 2'
   ['audit allocation']='--id a'
   ['audit slot']='--id n1/s1'
   ['audit node']='--id n1 --since 1h'
@@ -101,6 +108,27 @@ case $CASE in
     expect_rc 2 app check jupyter --allocation a --sku h200-sxm-slice  # not both
     expect_rc 2 app check --allocation a           # the app is required
     expect_rc 2 app check jupyter --shape slice --gpus 1  # not a shape
+    # --expose NAME:PORT[/tcp|udp]: each malformed form is a usage error saying what it wants.
+    for bad in ssh ssh: ssh:x SSH:22 ssh:22/sctp ssh:0 :22 ssh:70000 ssh:22/ 'ssh:22 /tcp'; do
+      if expect_rc 2 alloc create --tenant t --request-id q --gpus 1 --region r --expose "$bad"; then
+        [[ $ERR == *"--expose"*"want NAME:PORT[/tcp|udp]"* ]] || fail "--expose '$bad': $ERR"
+      fi
+    done
+    expect_rc 2 alloc create --tenant t --request-id q --gpus 1 --region r --expose ssh:22 --app
+    expect_rc 2 ingress                            # a subcommand is required
+    expect_rc 2 ingress pool                       # and one of pool's
+    if expect_rc 2 ingress pool set --name p --kind port_range --region r --address 198.51.100.1 \
+      --ports 20999-20000; then
+      [[ $ERR == *"want MIN-MAX"* ]] || fail "--ports 20999-20000: $ERR"
+    fi
+    expect_rc 2 ingress pool set --name p --kind port_range --region r --address 198.51.100.1 \
+      --ports 20000-x
+    expect_rc 2 ingress pool set --name p --kind nat --region r --address 198.51.100.1
+    expect_rc 2 ingress pool set --name p --kind public_ip --region r  # an address is required
+    expect_rc 2 ingress expose --alloc a --name ssh --port 0
+    expect_rc 2 ingress expose --alloc a --name ssh --port 22 --protocol sctp
+    expect_rc 2 ingress expose --alloc a --port 22  # the name is required
+    expect_rc 2 ingress exposures --state gone
     if expect_rc 0 --help; then
       [[ $OUT == *"Exit codes:"* ]] || fail "--help names no exit codes"
     fi
@@ -140,6 +168,11 @@ case $CASE in
     check --output ipam drift --node n1 --out        # a parent's flag after the command
     check bash completion ''
     check slice-vm node register --profile ''
+    check ingress ''
+    check --expose alloc create --exp
+    check public_ip ingress pool set --kind ''
+    check udp ingress expose --protocol ''
+    check applying ingress exposures --state ''
     # The script knows every command the parser does (walked from the same tree).
     for path in "${!ARGS[@]}"; do
       parent=${path% *}
