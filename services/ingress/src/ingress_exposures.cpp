@@ -214,6 +214,9 @@ Result<void> Settle(pqxx::work& tx, const Context& c, const std::string& node_id
 
 // The exposures of an allocation that wait for its VM get its address and go to the node.
 Result<void> StartApply(pqxx::work& tx, const Context& c, const AllocRow& a) {
+  // The node's document lock before any exposure row lock, as ApplyAck takes them: the other
+  // order deadlocks against a concurrent ack.
+  LockNodeDocument(tx, a.node);
   auto ids = tx.exec_params(
       "UPDATE exposures SET state = 'applying', target_ip = $2, slot_key = $3 WHERE "
       "allocation_id = $1 AND state = 'requested' RETURNING exposure_id::text",
@@ -237,6 +240,14 @@ Result<std::vector<v1::Exposure>> StartRemove(pqxx::work& tx, const Context& c,
   std::vector<v1::Exposure> out;
   std::set<std::string> nodes;
   std::vector<std::pair<std::string, std::string>> going;  // (id, node)
+  // Node document locks first (see StartApply), in one order.
+  for (const auto& r : tx.exec_params(
+           fmt::format("SELECT DISTINCT node_id FROM exposures WHERE {} AND state IN ('requested', "
+                       "'applying', 'active', 'drift') ORDER BY node_id",
+                       where),
+           arg)) {
+    LockNodeDocument(tx, r[0].as<std::string>());
+  }
   for (const auto& r : tx.exec_params(
            fmt::format("SELECT exposure_id::text, state, node_id FROM exposures WHERE {} AND "
                        "state IN ('requested', 'applying', 'active', 'drift') ORDER BY "
@@ -275,21 +286,20 @@ Result<std::vector<v1::Exposure>> StartRemove(pqxx::work& tx, const Context& c,
   return out;
 }
 
-struct PoolRow {
-  v1::EndpointPool pool;
-  int64_t used = 0;
-};
-
-Error Exhausted(const AllocRow& a, const std::vector<PoolRow>& pools) {
+// The counts are read after the pool rows are locked: a count in the locking statement itself
+// can predate a reservation that committed while it waited for the lock.
+Error Exhausted(pqxx::work& tx, const AllocRow& a, const std::vector<v1::EndpointPool>& pools) {
   int64_t total = 0;
-  int64_t used = 0;
   std::vector<std::string> names;
   names.reserve(pools.size());
   for (const auto& p : pools) {
-    total += PoolCapacity(p.pool);
-    used += p.used;
-    names.push_back(p.pool.name());
+    total += PoolCapacity(p);
+    names.push_back(p.name());
   }
+  const auto used =
+      tx.exec_params("SELECT count(*) FROM endpoint_leases WHERE pool = ANY($1::text[])",
+                     store::TextArrayLiteral(names))[0][0]
+          .as<int64_t>();
   return Error{Code::kResourceExhausted,
                "pool_exhausted",
                fmt::format("every endpoint of the pools serving node {} in region {} is taken "
@@ -312,7 +322,8 @@ const documents::Tables& ExposureDocuments() {
 }
 
 Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& allocation_id,
-                         const std::string& name, v1::TransportProtocol protocol, int32_t port) {
+                         const std::string& name, v1::TransportProtocol protocol, int32_t port,
+                         bool apply) {
   if (auto v = ValidateEndpoint(name, protocol, port); !v.ok()) return v.error();
   auto a = LoadAlloc(tx, allocation_id, true);
   if (!a) {
@@ -357,20 +368,18 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
                                           a->id, live, c.cfg.max_endpoints_per_allocation));
   }
   // The pools that can serve the node, locked: reservations from one pool are serialised.
-  std::vector<PoolRow> pools;
+  std::vector<v1::EndpointPool> pools;
   for (const auto& r : tx.exec_params(
-           "SELECT p.name, p.kind, p.addresses, p.port_min, p.port_max, (SELECT count(*) FROM "
-           "endpoint_leases l WHERE l.pool = p.name) FROM endpoint_pools p WHERE p.region = $1 "
-           "AND ((p.kind = 'port_range' AND p.node_id = $2) OR p.kind = 'public_ip') ORDER BY "
-           "p.kind = 'port_range' DESC, p.name FOR UPDATE OF p",
+           "SELECT p.name, p.kind, p.addresses, p.port_min, p.port_max FROM endpoint_pools p "
+           "WHERE p.region = $1 AND ((p.kind = 'port_range' AND p.node_id = $2) OR p.kind = "
+           "'public_ip') ORDER BY p.kind = 'port_range' DESC, p.name FOR UPDATE OF p",
            a->region, a->node)) {
-    PoolRow p;
-    p.pool.set_name(r[0].as<std::string>());
-    p.pool.set_kind(enums::FromColumn<v1::EndpointPoolKind>(r[1].as<std::string>()));
-    for (const auto& addr : store::TextArray(r[2])) p.pool.add_addresses(addr);
-    p.pool.set_port_min(r[3].as<int32_t>());
-    p.pool.set_port_max(r[4].as<int32_t>());
-    p.used = r[5].as<int64_t>();
+    v1::EndpointPool p;
+    p.set_name(r[0].as<std::string>());
+    p.set_kind(enums::FromColumn<v1::EndpointPoolKind>(r[1].as<std::string>()));
+    for (const auto& addr : store::TextArray(r[2])) p.add_addresses(addr);
+    p.set_port_min(r[3].as<int32_t>());
+    p.set_port_max(r[4].as<int32_t>());
     pools.push_back(std::move(p));
   }
   if (pools.empty()) {
@@ -398,27 +407,27 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
   }
   for (const auto& p : pools) {
     if (!address.empty()) break;
-    if (p.pool.kind() == v1::ENDPOINT_POOL_KIND_PORT_RANGE) {
+    if (p.kind() == v1::ENDPOINT_POOL_KIND_PORT_RANGE) {
       auto free = tx.exec_params(
           "SELECT g::int4 FROM generate_series($2::int4, $3::int4) g WHERE NOT EXISTS (SELECT 1 "
           "FROM endpoint_leases l WHERE l.address = $1 AND l.port = g) ORDER BY g LIMIT 1",
-          p.pool.addresses(0), p.pool.port_min(), p.pool.port_max());
+          p.addresses(0), p.port_min(), p.port_max());
       if (free.empty()) continue;
-      pool = p.pool.name();
-      address = p.pool.addresses(0);
+      pool = p.name();
+      address = p.addresses(0);
       public_port = free[0][0].as<int32_t>();
       tx.exec_params(
           "INSERT INTO endpoint_leases (pool, address, port, allocation_id, exposure_id) VALUES "
           "($1, $2, $3, $4, $5::uuid)",
           pool, address, public_port, a->id, id);
     } else {
-      std::vector<std::string> addrs(p.pool.addresses().begin(), p.pool.addresses().end());
+      std::vector<std::string> addrs(p.addresses().begin(), p.addresses().end());
       auto free = tx.exec_params(
           "SELECT t.a FROM unnest($1::text[]) WITH ORDINALITY AS t(a, i) WHERE NOT EXISTS "
           "(SELECT 1 FROM endpoint_leases l WHERE l.address = t.a) ORDER BY t.i LIMIT 1",
           store::TextArrayLiteral(addrs));
       if (free.empty()) continue;
-      pool = p.pool.name();
+      pool = p.name();
       address = free[0][0].as<std::string>();
       public_port = port;
       tx.exec_params(
@@ -427,7 +436,7 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
           pool, address, a->id);
     }
   }
-  if (address.empty()) return Exhausted(*a, pools);
+  if (address.empty()) return Exhausted(tx, *a, pools);
   auto r = tx.exec_params(
       fmt::format("INSERT INTO exposures (exposure_id, allocation_id, tenant, node_id, slot_key, "
                   "name, protocol, target_port, pool, public_ip, public_port, state, detail) "
@@ -438,7 +447,7 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
       fmt::format("reserved from pool {}", pool));
   auto e = FromRow(r[0], c);
   if (auto x = Announce(tx, c, e); !x.ok()) return x.error();
-  if (a->vm_ready && !a->target_ip.empty() && a->state != "reserved") {
+  if (apply && a->vm_ready && !a->target_ip.empty() && a->state != "reserved") {
     if (auto s = StartApply(tx, c, *a); !s.ok()) return s.error();
     if (auto again = Find(tx, c, id, false)) e = *again;
   }
@@ -455,6 +464,10 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
   if (!ids::IsUuid(a.allocation_id())) {
     return Error::InvalidArgument("malformed_event", "allocation event without an allocation id");
   }
+  // What this event makes ingress do was asked for by whoever caused it (the allocation's
+  // creator, its releaser): the exposure events name them.
+  std::optional<outbox::ActorScope> actor;
+  if (!ev.actor().subject().empty()) actor.emplace(ev.actor());
   const int64_t generation = ev.generation() > 0 ? ev.generation() : a.generation();
   auto prev = tx.exec_params(
       "SELECT generation FROM allocations WHERE allocation_id = $1 FOR UPDATE", a.allocation_id());
@@ -483,13 +496,13 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
                .empty()) {
         continue;
       }
-      auto r = Reserve(tx, c, a.allocation_id(), want.name(), want.protocol(), want.port());
+      auto r = Reserve(tx, c, a.allocation_id(), want.name(), want.protocol(), want.port(), false);
       if (r.ok()) continue;
       // Nothing of it exists: a failed exposure says why (the scheduler fails the allocation).
       const auto& err = r.error();
       std::vector<std::string> facts;
       facts.reserve(err.details.size());
-      for (const auto& [k, v] : err.details) facts.push_back(k + "=" + v);
+      for (const auto& [k, v] : err.details) facts.push_back(fmt::format("{}={}", k, v));
       auto ins = tx.exec_params(
           fmt::format("INSERT INTO exposures (exposure_id, allocation_id, tenant, node_id, "
                       "slot_key, name, protocol, target_port, state, reason, detail) VALUES "
@@ -520,7 +533,8 @@ std::optional<v1::Exposure> FindExposure(pqxx::work& tx, const Context& c, const
 
 Result<v1::Exposure> Remove(pqxx::work& tx, const Context& c, const std::string& exposure_id,
                             const std::string& tenant_scope) {
-  auto e = Find(tx, c, exposure_id, true);
+  // Not locked here: StartRemove locks the node's document first, then the row.
+  auto e = Find(tx, c, exposure_id, false);
   if (!e || (!tenant_scope.empty() && e->tenant() != tenant_scope)) {
     return Error::NotFound("exposure_not_found", "no exposure " + exposure_id);
   }
@@ -533,6 +547,10 @@ Result<v1::Exposure> Remove(pqxx::work& tx, const Context& c, const std::string&
 Result<v1::AckNodeExposuresResponse> ApplyAck(pqxx::work& tx, const Context& c,
                                               const v1::AckNodeExposuresRequest& req) {
   std::vector<std::string> blockers(req.blockers().begin(), req.blockers().end());
+  // What the ack settles, the node reported.
+  v1::Principal node;
+  node.set_subject("node:" + req.node_id());
+  outbox::ActorScope actor(node);
   LockNodeDocument(tx, req.node_id());
   auto acked =
       documents::RecordAck(tx, ExposureDocuments(), req.node_id(), req.version(), blockers);

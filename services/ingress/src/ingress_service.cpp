@@ -56,15 +56,24 @@ std::vector<v1::EndpointPool> LoadPools(pqxx::work& tx, const std::string& where
   return out;
 }
 
-Result<v1::SetEndpointPoolResponse> SetPool(pqxx::work& tx, v1::EndpointPool want) {
+Result<v1::SetEndpointPoolResponse> SetPool(pqxx::work& tx, const v1::EndpointPool& want) {
   if (auto v = ValidatePool(want); !v.ok()) return v.error();
   tx.exec("LOCK TABLE endpoint_pools IN SHARE ROW EXCLUSIVE MODE");  // overlap checks see all
+  // The pool's row before its leases are read: a reservation holding it commits first, and the
+  // next statement sees its lease (READ COMMITTED), so a shrink cannot drop a port just taken.
+  auto before = tx.exec_params(
+      "SELECT region, node_id, (SELECT count(*) FROM endpoint_leases l WHERE l.pool = p.name) "
+      "FROM endpoint_pools p WHERE name = $1 FOR UPDATE",
+      want.name());
   std::vector<std::string> addrs(want.addresses().begin(), want.addresses().end());
-  // Another pool handing out one of these addresses would give an endpoint twice.
+  // Another pool handing out one of these addresses (for two port ranges: with a port in
+  // common) would give an endpoint twice.
   auto clash = tx.exec_params(
       "SELECT name, a FROM endpoint_pools, unnest(addresses) a WHERE name <> $1 AND a = "
-      "ANY($2::text[]) ORDER BY name, a LIMIT 1",
-      want.name(), store::TextArrayLiteral(addrs));
+      "ANY($2::text[]) AND (kind = 'public_ip' OR $3 = 'public_ip' OR (port_min <= $5 AND $4 <= "
+      "port_max)) ORDER BY name, a LIMIT 1",
+      want.name(), store::TextArrayLiteral(addrs), enums::Text(want.kind()), want.port_min(),
+      want.port_max());
   if (!clash.empty()) {
     Error e = Error::FailedPrecondition(
         "pool_overlap", fmt::format("address {} is already in pool {}",
@@ -72,6 +81,23 @@ Result<v1::SetEndpointPoolResponse> SetPool(pqxx::work& tx, v1::EndpointPool wan
     e.details = {{"pool", clash[0][0].as<std::string>()},
                  {"address", clash[0][1].as<std::string>()}};
     return e;
+  }
+  // Exposures hold endpoints of the node (region) the pool served: it cannot move under them.
+  if (!before.empty() && before[0][2].as<int64_t>() > 0) {
+    const auto region = before[0][0].as<std::string>();
+    const auto node = before[0][1].as<std::string>();
+    if (region != want.region() || node != want.node_id()) {
+      Error e = Error::FailedPrecondition(
+          "pool_in_use",
+          fmt::format("{} endpoint(s) of pool {} are held by exposures on {}; it cannot move to "
+                      "another {}",
+                      before[0][2].as<int64_t>(), want.name(), node.empty() ? region : node,
+                      region != want.region() ? "region" : "node"));
+      e.details = {
+          {region != want.region() ? "region" : "node_id", region != want.region() ? region : node},
+          {"used", std::to_string(before[0][2].as<int64_t>())}};
+      return e;
+    }
   }
   // The change may not drop an endpoint an exposure holds.
   auto held = tx.exec_params(

@@ -50,13 +50,16 @@ struct Context {
 // ---- effects (public for tests; each runs inside the caller's transaction) ----
 
 // Reserves an endpoint for (allocation, name): idempotent per live name. RESOURCE_EXHAUSTED
-// pool_exhausted / no_pool, FAILED_PRECONDITION endpoint_exists.
+// pool_exhausted / no_pool, FAILED_PRECONDITION endpoint_exists. With `apply`, an allocation
+// whose VM is up gets it into its node's document at once (the allocation event handler
+// reserves every endpoint first and applies them together: one new document version).
 struct Reserved {
   v1::Exposure exposure;
   bool created = false;
 };
 Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& allocation_id,
-                         const std::string& name, v1::TransportProtocol protocol, int32_t port);
+                         const std::string& name, v1::TransportProtocol protocol, int32_t port,
+                         bool apply = true);
 
 // An AllocationSnapshot event: the projection row, then reservations, applies and removals.
 Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Context& c);
