@@ -189,8 +189,8 @@ Result<void> NodeAgent::Start() {
     if (cfg_.net_apply != "off") {
       lo.applied_bridge = [this]() -> std::optional<std::string> {
         std::lock_guard lock(net_mu_);
-        if (!net_spec_) return std::nullopt;
-        return net_spec_->bridge;
+        if (!net_->applied()) return std::nullopt;
+        return net_->applied()->bridge();
       };
       lo.network_cleanup = network_cleanup;
     }
@@ -200,11 +200,10 @@ Result<void> NodeAgent::Start() {
     adopted_ = false;
   } else {
     vm_runtime_ = std::make_unique<SimulatedRuntime>(
-        *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup});
+        *store_,
+        SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup, {}});
   }
-  if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
-    applied_version_ = (**v).value("version", int64_t{0});
-  }
+  MakeFollowers();
   svc_.SetReady(false);
   // The node's identity reaches only its own tasks, events and inbox; the streams and its task
   // consumer are the control plane's (inventory creates the consumer when the node registers).
@@ -377,45 +376,31 @@ Result<void> NodeAgent::PublishTopology(const std::string& correlation_id, const
 }
 
 void NodeAgent::PollDesired() {
-  rpc::Client client(svc_.nats());
-  const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
-  v1::GetDesiredSlotsRequest req;
-  req.set_node_id(cfg_.node_id);
-  auto r = client.Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", req,
-                                                    timeout);
-  if (!r.ok()) {
-    if (r.error().code == Code::kNotFound) {
+  const auto round = desired_->Step(std::chrono::steady_clock::now());
+  if (round.fetch_error) {
+    if (round.fetch_error->code == Code::kNotFound) {
       // Inventory does not know this node (it was removed or its database was reset): refuse
       // tasks until it is registered again.
-      Isolate("inventory does not know this node: " + r.error().ToString());
+      Isolate("inventory does not know this node: " + round.fetch_error->ToString());
       return;
     }
-    // Transient: keep the last desired set we applied.
-    svc_.log().Debug("desired set not fetched", {{"error", r.error().ToString()}});
-    return;
+    // Transient: the last desired set we applied stays.
+    svc_.log().Debug("desired set not fetched", {{"error", round.fetch_error->ToString()}});
   }
-  const auto& want = r->desired();
-  if (want.version() == 0 || want.version() == applied_version_.load()) return;
-  // "Apply" today means: persist the set the VM runtime will follow (later issues), then ack.
-  nlohmann::json doc = {{"version", want.version()},
-                        {"set", nlohmann::json::parse(protojson::ToJson(want))}};
-  if (auto w = store_->Put("desired", doc); !w.ok()) {
-    svc_.log().Error("cannot persist desired set", {{"error", w.error().ToString()}});
-    return;
+  if (round.apply_error) {
+    svc_.log().Error("cannot persist desired set", {{"error", round.apply_error->ToString()}});
   }
-  v1::AckDesiredSlotsRequest ack;
-  ack.set_node_id(cfg_.node_id);
-  ack.set_version(want.version());
-  auto a = client.Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack,
-                                                    timeout);
-  if (!a.ok()) {
+  if (round.ack_error) {
     svc_.log().Warn("desired set stored but not acked; will ack again",
-                    {{"version", std::to_string(want.version())}, {"error", a.error().ToString()}});
-    return;
+                    {{"version", std::to_string(desired_->applied_version())},
+                     {"error", round.ack_error->ToString()}});
   }
-  applied_version_ = want.version();
-  svc_.log().Info("desired slot set applied", {{"version", std::to_string(want.version())},
-                                               {"slots", std::to_string(want.slots_size())}});
+  if (round.acked_now) {
+    applied_version_ = desired_->acked_version();
+    svc_.log().Info("desired slot set applied",
+                    {{"version", std::to_string(desired_->acked_version())},
+                     {"slots", std::to_string(desired_->applied()->slots_size())}});
+  }
 }
 
 struct NodeAgent::TaskScope {
@@ -617,21 +602,49 @@ NodeAgent::TaskRun NodeAgent::RunChecks(v1::ChecksOutput& out, bool prereq,
   return {};
 }
 
+namespace {
+
+std::string NetStateDir(const NodeAgentConfig& cfg) {
+  return cfg.net_state_dir.empty() ? cfg.state_dir + "/net" : cfg.net_state_dir;
+}
+
+// ipam's document as the applier's spec.
+NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& state_dir) {
+  NetworkSpec spec;
+  spec.bridge = doc.bridge();
+  spec.subnet_cidr = doc.subnet();
+  const auto slash = doc.subnet().find('/');
+  spec.gateway_cidr =
+      doc.gateway() + (slash == std::string::npos ? "" : doc.subnet().substr(slash));
+  for (const auto& r : doc.reservations()) {
+    spec.reservations.push_back({r.mac(), r.ip(), r.hostname(), r.slot_key()});
+  }
+  spec.masquerade = doc.nat().masquerade();
+  spec.ip_forward = doc.nat().ip_forward();
+  spec.isolate_ports = doc.isolation().deny_cross_slice();
+  spec.state_dir = state_dir;
+  spec.version = doc.version();
+  return spec;
+}
+
+}  // namespace
+
 std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
   std::lock_guard lock(net_mu_);
-  if (!net_spec_) return "";  // no network applied yet: no DHCP state on this host
+  if (!net_->applied()) return "";  // no network applied yet: no DHCP state on this host
   NetContext ctx;
   ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
+  const NetworkSpec spec = SpecFrom(*net_->applied(), NetStateDir(cfg_));
   std::vector<std::string> problems;
   for (const auto& slot : params.slots()) {
     if (slot.mac().empty()) continue;
     RemovalReport report;
-    if (auto r = RemoveReservation(*net_spec_, slot.mac(), ctx, &report); !r.ok()) {
+    if (auto r = RemoveReservation(spec, slot.mac(), ctx, &report); !r.ok()) {
       problems.push_back(slot.slot_key() + ": " + r.error().ToString());
     }
   }
   // RemoveReservation also dropped the hosts entries: put back what the document reserves.
-  if (auto r = ApplyNetwork(*net_spec_, ctx); !r.ok()) {
+  if (auto r = ApplyNetwork(spec, ctx); !r.ok()) {
     problems.push_back("re-apply: " + r.error().ToString());
   }
   return problems.empty() ? "" : fmt::format("{}", fmt::join(problems, "; "));
@@ -675,103 +688,134 @@ void NodeAgent::TryAdopt() {
   if (registered_) svc_.SetReady(true);
 }
 
-namespace {
-
-// ipam's document as the applier's spec.
-NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& state_dir) {
-  NetworkSpec spec;
-  spec.bridge = doc.bridge();
-  spec.subnet_cidr = doc.subnet();
-  const auto slash = doc.subnet().find('/');
-  spec.gateway_cidr =
-      doc.gateway() + (slash == std::string::npos ? "" : doc.subnet().substr(slash));
-  for (const auto& r : doc.reservations()) {
-    spec.reservations.push_back({r.mac(), r.ip(), r.hostname(), r.slot_key()});
-  }
-  spec.masquerade = doc.nat().masquerade();
-  spec.ip_forward = doc.nat().ip_forward();
-  spec.isolate_ports = doc.isolation().deny_cross_slice();
-  spec.state_dir = state_dir;
-  spec.version = doc.version();
-  return spec;
-}
-
-}  // namespace
-
-void NodeAgent::ReconcileNetwork() {
-  std::lock_guard net_lock(net_mu_);  // the task thread's cleanup uses the applied spec too
-  rpc::Client client(svc_.nats());
+void NodeAgent::MakeFollowers() {
   const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
+  // "Apply" for the desired set today means: persist the set the VM runtime will follow.
+  DocumentFollower<v1::DesiredSlotSet>::Hooks desired;
+  desired.fetch = [this, timeout]() -> Result<v1::DesiredSlotSet> {
+    v1::GetDesiredSlotsRequest req;
+    req.set_node_id(cfg_.node_id);
+    auto r = rpc::Client(svc_.nats())
+                 .Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", req,
+                                                    timeout);
+    if (!r.ok()) return r.error();
+    return r->desired();
+  };
+  desired.apply = [this](const v1::DesiredSlotSet& want) -> Result<void> {
+    nlohmann::json doc = {{"version", want.version()},
+                          {"set", nlohmann::json::parse(protojson::ToJson(want))}};
+    return store_->Put("desired", doc);
+  };
+  desired.ack = [this, timeout](int64_t version, const std::vector<std::string>&) -> Result<void> {
+    v1::AckDesiredSlotsRequest ack;
+    ack.set_node_id(cfg_.node_id);
+    ack.set_version(version);
+    auto a = rpc::Client(svc_.nats())
+                 .Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack,
+                                                    timeout);
+    if (!a.ok()) return a.error();
+    return Ok();
+  };
+  desired_ = std::make_unique<DocumentFollower<v1::DesiredSlotSet>>(
+      std::move(desired), std::chrono::milliseconds(cfg_.desired_poll_ms));
+  if (auto v = store_->Get("desired"); v.ok() && v->has_value()) {
+    v1::DesiredSlotSet kept;
+    if (const auto set = (**v).find("set"); set != (**v).end()) {
+      (void)protojson::FromJson(set->dump(), &kept);
+    }
+    kept.set_version((**v).value("version", int64_t{0}));
+    applied_version_ = kept.version();
+    desired_->Restore(std::move(kept));
+  }
+
   NetContext ctx;
   ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
-  const std::string state_dir =
-      cfg_.net_state_dir.empty() ? cfg_.state_dir + "/net" : cfg_.net_state_dir;
+  const std::string state_dir = NetStateDir(cfg_);
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
-  v1::GetNodeNetworkRequest get;
-  get.set_node_id(cfg_.node_id);
-  auto doc =
-      client.Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", get, timeout);
-  bool applied_now = false;
-  if (!doc.ok()) {
-    // ipam unreachable (or does not know the node yet): keep the network as applied.
-    log.Debug("network document not fetched", {{"error", doc.error().ToString()}});
-  } else if (doc->document().version() > 0 && doc->document().version() != net_version_.load()) {
-    NetworkSpec spec = SpecFrom(doc->document(), state_dir);
+  DocumentFollower<v1::NodeNetworkDocument>::Hooks net;
+  net.fetch = [this, timeout]() -> Result<v1::NodeNetworkDocument> {
+    v1::GetNodeNetworkRequest get;
+    get.set_node_id(cfg_.node_id);
+    auto doc =
+        rpc::Client(svc_.nats())
+            .Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", get, timeout);
+    if (!doc.ok()) return doc.error();
+    return doc->document();
+  };
+  net.apply = [ctx, state_dir, log](const v1::NodeNetworkDocument& doc) -> Result<void> {
+    const NetworkSpec spec = SpecFrom(doc, state_dir);
     auto applied = ApplyNetwork(spec, ctx);
     if (!applied.ok()) {
-      // Not acked: the control plane never shows a document applied before it is.
       log.Error("network document not applied",
                 {{"version", std::to_string(spec.version)}, {"error", applied.error().ToString()}});
-      return;
+      return applied.error();
     }
     log.Info("network document applied",
              {{"version", std::to_string(spec.version)},
               {"changes", fmt::format("{}", fmt::join(applied->Changes(), ","))}});
-    net_spec_ = std::move(spec);
-    net_blockers_.clear();
-    applied_now = true;
-  }
-  if (!net_spec_) return;
-  const auto now = std::chrono::steady_clock::now();
-  if (!applied_now && now - net_reported_at_ < std::chrono::milliseconds(cfg_.net_report_ms)) {
-    return;
-  }
+    return Ok();
+  };
   // Check what is really there; repair what is missing (the runbook's silent MASQUERADE loss).
-  std::vector<std::string> blockers;
-  if (auto check = CheckNetwork(*net_spec_, ctx); !check.ok()) {
-    blockers.push_back("network_check_failed");
-    log.Warn("network check failed", {{"error", check.error().ToString()}});
-  } else if (!check->ok()) {
-    log.Warn("network drifted from the applied document; repairing",
-             {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))}});
-    if (auto repaired = ApplyNetwork(*net_spec_, ctx); !repaired.ok()) {
-      log.Error("network repair failed", {{"error", repaired.error().ToString()}});
+  net.check = [ctx, state_dir,
+               log](const v1::NodeNetworkDocument& doc) -> Result<std::vector<std::string>> {
+    const NetworkSpec spec = SpecFrom(doc, state_dir);
+    std::vector<std::string> blockers;
+    if (auto check = CheckNetwork(spec, ctx); !check.ok()) {
+      blockers.emplace_back("network_check_failed");
+      log.Warn("network check failed", {{"error", check.error().ToString()}});
+    } else if (!check->ok()) {
+      log.Warn("network drifted from the applied document; repairing",
+               {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))}});
+      if (auto repaired = ApplyNetwork(spec, ctx); !repaired.ok()) {
+        log.Error("network repair failed", {{"error", repaired.error().ToString()}});
+      }
+      auto again = CheckNetwork(spec, ctx);
+      blockers = again.ok() ? again->blockers : check->blockers;
     }
-    auto again = CheckNetwork(*net_spec_, ctx);
-    blockers = again.ok() ? again->blockers : check->blockers;
-  }
-  if (applied_now || blockers != net_blockers_) {
+    return blockers;
+  };
+  net.ack = [this, timeout](int64_t version,
+                            const std::vector<std::string>& blockers) -> Result<void> {
     v1::AckNodeNetworkRequest ack;
     ack.set_node_id(cfg_.node_id);
-    ack.set_version(net_spec_->version);
+    ack.set_version(version);
     for (const auto& b : blockers) ack.add_blockers(b);
     auto acked =
-        client.Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.network.ack", ack, timeout);
-    if (!acked.ok()) {
-      log.Warn("network ack failed; will ack again", {{"error", acked.error().ToString()}});
-      if (applied_now) net_version_ = 0;  // re-applied (a no-op) and acked next round
-      return;
-    }
-    net_version_ = net_spec_->version;
-    net_blockers_ = blockers;
+        rpc::Client(svc_.nats())
+            .Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.network.ack", ack, timeout);
+    if (!acked.ok()) return acked.error();
+    return Ok();
+  };
+  std::lock_guard lock(net_mu_);
+  net_ = std::make_unique<DocumentFollower<v1::NodeNetworkDocument>>(
+      std::move(net), std::chrono::milliseconds(cfg_.net_report_ms));
+}
+
+void NodeAgent::ReconcileNetwork() {
+  std::lock_guard net_lock(net_mu_);  // the task thread's cleanup uses the applied document too
+  const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
+  const auto now = std::chrono::steady_clock::now();
+  const auto round = net_->Step(now);
+  if (round.fetch_error) {
+    // ipam unreachable (or does not know the node yet): the network stays as applied.
+    log.Debug("network document not fetched", {{"error", round.fetch_error->ToString()}});
   }
+  if (round.ack_error) {
+    log.Warn("network ack failed; will ack again", {{"error", round.ack_error->ToString()}});
+  }
+  net_version_ = net_->acked_version();
+  // Leases are reported after each check whose blockers ipam has.
+  if (!net_->applied() || !round.checked || round.ack_error) return;
+  const NetworkSpec spec = SpecFrom(*net_->applied(), NetStateDir(cfg_));
+  const bool applied_now = round.applied_now;
+  const std::vector<std::string>& blockers = round.blockers;
   // Leases as dnsmasq has them, judged against the applied document.
   v1::LeaseReport report;
   report.set_node_id(cfg_.node_id);
-  report.set_document_version(net_spec_->version);
+  report.set_document_version(spec.version);
   for (const auto& b : blockers) report.add_blockers(b);
   int skipped_leases = 0;
-  auto leases = ObserveLeases(*net_spec_, &skipped_leases);
+  auto leases = ObserveLeases(spec, &skipped_leases);
   if (!leases.ok()) {
     log.Warn("leases not readable", {{"error", leases.error().ToString()}});
     return;
@@ -790,7 +834,6 @@ void NodeAgent::ReconcileNetwork() {
     o->set_hostname(l.hostname);
   }
   const std::string content = report.SerializeAsString();
-  net_reported_at_ = now;
   *report.mutable_observed_at() = TimeUtil::GetCurrentTime();
   // Unchanged: nothing new to say, except a heartbeat every 12 intervals (ipam ages "missing").
   if (content == net_last_report_ && !applied_now &&
@@ -888,7 +931,7 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
     // bridge and a cleanup could not release its DHCP lease. The first reconcile follows
     // registration within moments.
     std::lock_guard lock(net_mu_);
-    if (!net_spec_ && !expired) {
+    if (!net_->applied() && !expired) {
       return messaging::HandlerResult::Retry("slice network not applied yet");
     }
   }

@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "discovery.hpp"
+#include "document_follower.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "gpuaas/v1/node.pb.h"
@@ -46,6 +47,8 @@ class Event;
 class NodeTask;
 class NodeTaskResult;
 class CleanupParams;
+class DesiredSlotSet;
+class NodeNetworkDocument;
 }  // namespace gpuaas::v1
 
 namespace gpuaas::node_agent {
@@ -129,9 +132,16 @@ class NodeAgent {
   // One registration attempt: true when accepted. A non-retryable refusal sets rejected_.
   bool TryRegister();
   void OnRegistered();
+  // The followers of the node's documents (DocumentFollower): their hooks are the control
+  // plane's RPCs and the changes to this host. The desired set kept in the local store is
+  // restored as applied and acked.
+  void MakeFollowers();
+  // One round of the desired slot set: stored in the local store, then acked. Inventory not
+  // knowing the node isolates the agent.
   void PollDesired();
-  // Applies a new network document from ipam (then acks it), and on every report interval
-  // checks the applied network, repairs what is missing and publishes the observed leases.
+  // One round of ipam's network document: applied (then acked), and on every report interval
+  // the applied network checked and repaired (acked again when the blockers change); then the
+  // observed leases are published.
   void ReconcileNetwork();
   // Libvirt runtime: reconciles this agent's domains with the local ledger once (retried).
   void TryAdopt();
@@ -184,17 +194,16 @@ class NodeAgent {
   std::atomic<bool> isolated_{true};
   std::atomic<bool> rejected_{false};
   std::atomic<int64_t> applied_version_{0};
+  std::unique_ptr<DocumentFollower<v1::DesiredSlotSet>> desired_;
   std::atomic<uint64_t> tasks_run_{0};
   std::atomic<int64_t> net_version_{0};
   std::atomic<bool> adopted_{true};
   LibvirtRuntime* libvirt_ = nullptr;  // set when vm_runtime is libvirt (owned above)
-  // The applied document, the last report and its time (under net_mu_: the control loop and
-  // the task thread's cleanup both use them).
+  // The network document's follower (its applied document), the last report and its time
+  // (under net_mu_: the control loop and the task thread's cleanup both use them).
   std::mutex net_mu_;
-  std::optional<NetworkSpec> net_spec_;
-  std::vector<std::string> net_blockers_;
+  std::unique_ptr<DocumentFollower<v1::NodeNetworkDocument>> net_;
   std::string net_last_report_;
-  std::chrono::steady_clock::time_point net_reported_at_{};
   std::chrono::steady_clock::time_point net_published_at_{};
   messaging::Consumer* tasks_ = nullptr;
   bool discovered_ = false;
