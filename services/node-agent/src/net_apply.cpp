@@ -663,6 +663,10 @@ std::vector<Args> ForwardRules(const NetworkSpec& spec, const Plan& p) {
   out.push_back(Cat(Cat({"-s", p.subnet_s, "-i", br}, egress), {"-j", "ACCEPT"}));
   out.push_back(Cat(Cat({"-d", p.subnet_s}, ingress), {"-o", br, "-m", "conntrack", "--ctstate",
                                                        "RELATED,ESTABLISHED", "-j", "ACCEPT"}));
+  // New connections in only when ingress's DNAT (table ip gpuaas_ingress) made them: under a
+  // FORWARD policy of DROP, an accept in ingress's own chain is not enough.
+  out.push_back(Cat(Cat({"-d", p.subnet_s}, ingress),
+                    {"-o", br, "-m", "conntrack", "--ctstate", "DNAT", "-j", "ACCEPT"}));
   return out;
 }
 

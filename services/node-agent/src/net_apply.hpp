@@ -8,7 +8,8 @@
 //          gpuaas-nat-<bridge> -j MASQUERADE        (directly in POSTROUTING, where discovery's
 //                                                   nat_masquerade check looks; found by its tag)
 //   filter FORWARD -j GPUAAS-FWD-<bridge> (first)   -i br -o br DROP (isolate_ports), subnet out
-//                                                   ACCEPT, established/related back ACCEPT
+//                                                   ACCEPT, established/related back ACCEPT,
+//                                                   new connections ingress DNATed in ACCEPT
 //   bridge port isolation on every port of <bridge> (isolate_ports)
 //   dnsmasq: <state_dir>/dnsmasq.conf + dhcp-hosts (exactly the reservations), static range,
 //            leases in <state_dir>/dnsmasq.leases, pid in <state_dir>/dnsmasq.pid

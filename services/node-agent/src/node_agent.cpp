@@ -101,6 +101,17 @@ void NodeAgentConfig::Register(config::Schema& s) {
         "Manage slice networking from ipam's node network document: off | netns (inside "
         "network.netns) | host",
         "off", config::OneOf({"off", "netns", "host"}));
+  s.Add("exposure.apply", &exposure_apply,
+        "Follow ingress's exposure document: off | simulate (acked as simulated, no kernel "
+        "rules) | netns (nftables inside network.netns) | host",
+        "off", config::OneOf({"off", "simulate", "netns", "host"}));
+  s.Add("exposure.uplink", &exposure_uplink,
+        "The node's public interface exposures are DNATed from (exposure.apply netns/host)", "");
+  s.Add("exposure.sys_root", &exposure_sys_root,
+        "Where the uplink's sysfs entry is read (fabric check); \"\" = <node.host_root>/sys", "");
+  s.Add("exposure.cleanup_wait_ms", &exposure_cleanup_wait_ms,
+        "slot.cleanup waits this long for ingress to take the slots' exposures off the node",
+        120000, config::Range(0, 3600000));
   s.Add("network.netns", &net_netns, "Network namespace the network is applied in (apply=netns)",
         "");
   s.Add("network.state_dir", &net_state_dir,
@@ -151,6 +162,16 @@ Result<void> NodeAgent::Start() {
     return Error::InvalidArgument("invalid_config", "network.apply=netns needs network.netns",
                                   {{"network.netns", "required when network.apply is netns"}});
   }
+  if ((cfg_.exposure_apply == "netns" || cfg_.exposure_apply == "host") &&
+      (cfg_.exposure_uplink.empty() || cfg_.net_apply == "off" ||
+       (cfg_.exposure_apply == "netns" && cfg_.net_apply != "netns"))) {
+    return Error::InvalidArgument(
+        "invalid_config",
+        "exposure.apply=" + cfg_.exposure_apply + " needs exposure.uplink and network.apply " +
+            (cfg_.exposure_apply == "netns" ? "netns" : "on") +
+            " (the slice addresses come from the applied network document)",
+        {{"exposure.uplink", "required"}, {"network.apply", "must apply the network"}});
+  }
   auto store = LocalStore::Open(cfg_.state_dir);
   if (!store.ok()) return store.error();
   store_.emplace(std::move(*store));
@@ -162,6 +183,18 @@ Result<void> NodeAgent::Start() {
       const std::string why = CleanNetworkState(p);
       if (why.empty()) return Ok();
       return Error::Unavailable("network_cleanup_failed", why);
+    };
+  }
+  // With exposures followed, a slot's cleanup waits until ingress has taken the slot's
+  // exposures off the node (document and kernel): the proof's exposure_state_removed.
+  NetworkCleanupFn exposure_cleanup;
+  if (cfg_.exposure_apply != "off") {
+    exposure_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
+      std::vector<std::string> ips;
+      for (const auto& s : p.slots()) {
+        if (!s.private_ip().empty()) ips.push_back(s.private_ip());
+      }
+      return exposures_->WaitRemoved(ips, std::chrono::milliseconds(cfg_.exposure_cleanup_wait_ms));
     };
   }
   if (cfg_.vm_runtime == "libvirt") {
@@ -194,14 +227,15 @@ Result<void> NodeAgent::Start() {
       };
       lo.network_cleanup = network_cleanup;
     }
+    lo.exposure_cleanup = exposure_cleanup;
     auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
     libvirt_ = rt.get();
     vm_runtime_ = std::move(rt);
     adopted_ = false;
   } else {
     vm_runtime_ = std::make_unique<SimulatedRuntime>(
-        *store_,
-        SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup, {}});
+        *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup,
+                            exposure_cleanup});
   }
   MakeFollowers();
   svc_.SetReady(false);
@@ -251,9 +285,12 @@ void NodeAgent::ControlLoop() {
     if (registered_) {
       PollDesired();
       if (cfg_.net_apply != "off" && !isolated_) ReconcileNetwork();
+      if (exposures_ && !isolated_) exposures_->Step();
     }
     std::unique_lock lock(mu_);
-    if (registered_ && cfg_.net_apply != "off") wait_ms = std::min(wait_ms, cfg_.net_report_ms);
+    if (registered_ && (cfg_.net_apply != "off" || exposures_)) {
+      wait_ms = std::min(wait_ms, cfg_.net_report_ms);
+    }
     cv_.wait_for(lock, std::chrono::milliseconds(registered_ ? wait_ms : cfg_.register_retry_ms),
                  [this] { return stop_.load(); });
   }
@@ -786,9 +823,29 @@ void NodeAgent::MakeFollowers() {
     if (!acked.ok()) return acked.error();
     return Ok();
   };
-  std::lock_guard lock(net_mu_);
-  net_ = std::make_unique<DocumentFollower<v1::NodeNetworkDocument>>(
-      std::move(net), std::chrono::milliseconds(cfg_.net_report_ms));
+  {
+    std::lock_guard lock(net_mu_);
+    net_ = std::make_unique<DocumentFollower<v1::NodeNetworkDocument>>(
+        std::move(net), std::chrono::milliseconds(cfg_.net_report_ms));
+  }
+
+  if (cfg_.exposure_apply == "off") return;
+  ExposureAgentOptions eo;
+  eo.node_id = cfg_.node_id;
+  eo.mode = cfg_.exposure_apply;
+  eo.uplink = cfg_.exposure_uplink;
+  eo.sys_root = cfg_.exposure_sys_root.empty() ? HostRoot(cfg_.host_root).Real("/sys")
+                                               : cfg_.exposure_sys_root;
+  eo.ctx = ctx;
+  eo.timeout = timeout;
+  eo.check_interval = std::chrono::milliseconds(cfg_.net_report_ms);
+  eo.network = [this]() -> std::optional<v1::NodeNetworkDocument> {
+    std::lock_guard lock(net_mu_);
+    if (!net_ || !net_->applied()) return std::nullopt;
+    return *net_->applied();
+  };
+  exposures_ = std::make_unique<ExposureAgent>([this] { return svc_.nats(); }, std::move(eo),
+                                               log.With({{"document", "exposures"}}));
 }
 
 void NodeAgent::ReconcileNetwork() {

@@ -26,6 +26,7 @@
 
 #include "discovery.hpp"
 #include "document_follower.hpp"
+#include "exposure_agent.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/runtime.hpp"
 #include "gpuaas/v1/node.pb.h"
@@ -96,6 +97,12 @@ struct NodeAgentConfig {
   // A task not acked within this is delivered again (the agent keeps a task it is still running
   // alive; after a crash the task comes back within this).
   std::string net_apply = "off";
+  // Ingress's exposure document: off (not followed) | simulate (taken and acked as simulated,
+  // no kernel rules: simulated fleets) | netns (nftables in net_netns) | host.
+  std::string exposure_apply = "off";
+  std::string exposure_uplink;    // the node's public interface (netns/host)
+  std::string exposure_sys_root;  // where <uplink>'s sysfs entry is read; "" = <host_root>/sys
+  int64_t exposure_cleanup_wait_ms = 120000;
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net
   int64_t net_report_ms = 5000;
@@ -203,6 +210,8 @@ class NodeAgent {
   // (under net_mu_: the control loop and the task thread's cleanup both use them).
   std::mutex net_mu_;
   std::unique_ptr<DocumentFollower<v1::NodeNetworkDocument>> net_;
+  // Ingress's exposure document (exposure.apply != off); thread-safe on its own.
+  std::unique_ptr<ExposureAgent> exposures_;
   std::string net_last_report_;
   std::chrono::steady_clock::time_point net_published_at_{};
   messaging::Consumer* tasks_ = nullptr;

@@ -297,7 +297,7 @@ TEST(LeaseTest, AnotherAllocationsSlotIsRefusedTheSameAllocationMayReLease) {
 // ---- SimulatedRuntime ----
 
 SimOptions Sim(const Sandbox& sb, const std::string& behavior = "succeed") {
-  return SimOptions{sb.root(), behavior, 0, nullptr};
+  return SimOptions{sb.root(), behavior, 0, nullptr, nullptr};
 }
 
 v1::CleanupParams CleanupOf(const v1::ProvisionBundle& b) {
@@ -513,7 +513,8 @@ TEST(SimulatedRuntimeTest, ValidationFailuresLeaveNothingBehind) {
   EXPECT_TRUE(rec.events.empty());
   EXPECT_TRUE(sb.store().Keys().empty());
 
-  SimulatedRuntime gone(sb.store(), SimOptions{sb.root() + "/missing", "succeed", 0, nullptr});
+  SimulatedRuntime gone(sb.store(),
+                        SimOptions{sb.root() + "/missing", "succeed", 0, nullptr, nullptr});
   auto g = gone.Provision(sb.Bundle(1), rec.Fn());
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.error().reason, "host_root_missing");
