@@ -2,6 +2,7 @@
 
 #include <google/protobuf/util/time_util.h>
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <set>
@@ -11,6 +12,7 @@
 #include <fmt/ranges.h>
 
 #include "allocation_rows.hpp"
+#include "apps.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
@@ -465,6 +467,45 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               {{"expose", "must be empty for baremetal"}});
         }
         const int gpus = req.gpu_count() == 0 ? sku.allowed_gpu_counts.front() : req.gpu_count();
+        // What to expose: the request's endpoints, then its app's (slices only: a bare-metal
+        // node has its own public addresses).
+        std::vector<v1::EndpointRequest> expose(req.expose().begin(), req.expose().end());
+        if (!req.app().empty()) {
+          auto app = apps::Lookup(req.app());
+          if (!app.ok()) return app.error();
+          apps::Target target;
+          target.shape = baremetal ? v1::CAPACITY_SHAPE_BAREMETAL : v1::CAPACITY_SHAPE_GPU_SLICE;
+          target.gpu_count = gpus;
+          if (auto why = apps::Check(**app, target); !why.empty()) {
+            Error e = Error::FailedPrecondition(
+                "app_not_compatible",
+                fmt::format("app {} cannot run on this order: {}", req.app(), why.front().message));
+            for (const auto& w : why)
+              e.details[std::string(apps::ReasonText(w.reason))] = w.message;
+            return e;
+          }
+          for (const auto& ep :
+               baremetal ? std::vector<v1::AppEndpoint>{} : apps::Endpoints(**app)) {
+            const bool named = std::any_of(expose.begin(), expose.end(),
+                                           [&](const auto& x) { return x.name() == ep.name(); });
+            const bool same_port = std::any_of(expose.begin(), expose.end(), [&](const auto& x) {
+              return x.protocol() == ep.protocol() && x.port() == ep.port();
+            });
+            if (named && same_port) continue;  // asked for explicitly as well
+            if (named || same_port) {
+              return Error::InvalidArgument(
+                  "invalid_allocation_request",
+                  fmt::format("expose and app {} both name endpoint {} or port {}", req.app(),
+                              ep.name(), ep.port()),
+                  {{"expose", "must not clash with the app's endpoints"}});
+            }
+            v1::EndpointRequest add;
+            add.set_name(ep.name());
+            add.set_protocol(ep.protocol());
+            add.set_port(ep.port());
+            expose.push_back(std::move(add));
+          }
+        }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
           v1::CreateAllocationResponse resp;
           if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
@@ -508,7 +549,11 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
               id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
               req.pool(), enums::Text(checked->second), p.node_id);
-          for (const auto& e : req.expose()) {
+          if (!req.app().empty()) {
+            tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
+                           req.app());
+          }
+          for (const auto& e : expose) {
             tx.exec_params(
                 "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
                 "($1, $2, $3, $4)",

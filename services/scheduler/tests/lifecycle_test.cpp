@@ -141,9 +141,9 @@ const std::map<std::pair<std::string, std::string>, std::string>& Golden() {
        "releasing claims cleanup_blocked failure release announce"},
       {{"releasing", "cleanup_proved"}, "released freed failure clear announce step claims_freed"},
       {{"releasing", "cleanup_failed"},
-       {{"releasing", "exposures_ready"}, "releasing noop"},
-       {{"releasing", "exposure_failed"}, "releasing noop"},
        "releasing claims cleanup_blocked failure cleanup announce"},
+      {{"releasing", "exposures_ready"}, "releasing noop"},
+      {{"releasing", "exposure_failed"}, "releasing noop"},
 
       {{"released", "start"}, "illegal"},
       {{"released", "release_requested"}, "released noop"},

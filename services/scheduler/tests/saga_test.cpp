@@ -99,6 +99,7 @@ class SagaTest : public AllocationTest {
           proof->set_method(v1::WIPE_METHOD_SIMULATED);
           proof->set_domain_undefined(true);
           proof->set_network_state_removed(true);
+          proof->set_exposure_state_removed(true);
           proof->set_signatures_remaining(how == Answer::kIncompleteProof);
         }
       }
