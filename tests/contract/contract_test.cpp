@@ -1,11 +1,11 @@
 // Contract checks: what the services really do on NATS agrees with asyncapi/ and proto/.
 //
 // The subjects come from the services themselves, not from their source text: ipam, inventory,
-// the scheduler and a node-agent run (tests/integration/platform.hpp) through one short slice
-// lifecycle, and each one's /contract lists what it recorded at runtime (contract.hpp): the
-// subjects its rpc server serves (with the request and result types of the typed handlers),
-// its durable consumers' filters, what it published (the Event's packed type from the first
-// message) and what it requested. Then:
+// the scheduler and a node-agent run (tests/integration/platform.hpp), with ingress beside them,
+// through one short slice lifecycle, and each one's /contract lists what it recorded at runtime
+// (contract.hpp): the subjects its rpc server serves (with the request and result types of the
+// typed handlers), its durable consumers' filters, what it published (the Event's packed type from
+// the first message) and what it requested. Then:
 //  * every recorded subject is a channel of the document, used in the direction the document
 //    gives it (serve/request: a receive operation with a reply; consume: receive; publish:
 //    send), with the same protobuf types where the service knows them;
@@ -36,9 +36,11 @@
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "ingress_service.hpp"
 #include "platform.hpp"
 
 namespace gpuaas {
@@ -244,11 +246,13 @@ bool Done(const std::vector<Recorded>& recorded, const Operation& op) {
 }
 
 // Every service's /contract, as a user of its HTTP port reads it; "" or what failed.
-std::string Collect(testing::Platform& p, std::vector<Recorded>& out) {
+std::string Collect(testing::Platform& p, ingress::IngressService& ingress,
+                    std::vector<Recorded>& out) {
   std::vector<std::pair<std::string, runtime::Service*>> services = {
       {"ipam", &p.ipam->runtime()},
       {"inventory", &p.inventory->runtime()},
-      {"scheduler", &p.scheduler->runtime()}};
+      {"scheduler", &p.scheduler->runtime()},
+      {"ingress", &ingress.runtime()}};
   for (auto& a : p.agents) services.emplace_back("node-agent", &a->runtime());
   std::vector<Recorded> all;
   for (const auto& [name, svc] : services) {
@@ -266,7 +270,7 @@ std::string Collect(testing::Platform& p, std::vector<Recorded>& out) {
 void ExpectEveryServiceRecorded(const std::vector<Recorded>& recorded) {
   std::map<std::string, std::map<Role, int>> by_service;
   for (const auto& r : recorded) by_service[r.service][r.entry.role]++;
-  for (const char* s : {"ipam", "inventory", "scheduler"}) {
+  for (const char* s : {"ipam", "inventory", "scheduler", "ingress"}) {
     EXPECT_GT(by_service[s][Role::kServe], 0) << s << " recorded no served subject";
     EXPECT_GT(by_service[s][Role::kConsume], 0) << s << " recorded no consumer";
     EXPECT_GT(by_service[s][Role::kPublish], 0) << s << " recorded no publish";
@@ -359,13 +363,23 @@ class ContractTest : public ::testing::Test {
     return p_.Call<Resp>(subject, req);
   }
 
+  void TearDown() override {
+    if (ingress_) ingress_->Shutdown();
+  }
+
   // One short lifecycle, so that every publish path runs: a node registers and reports its
   // topology, its slots are approved (ipam reserves addresses, node tasks run), a slice is
-  // placed, provisioned and released, a lease report shows drift and then none, an operator
-  // releases a reservation, removes an orphan MAC row and registers a node twice with a change.
+  // placed, provisioned, given a public endpoint (ingress applies it through the node's
+  // exposure document; the test acks as the node, with drift) and released, a lease report
+  // shows drift and then none, an operator releases a reservation, removes an orphan MAC row
+  // and registers a node twice with a change.
   void RunFlow() {
     p_.Start();
     if (HasFatalFailure()) return;
+    ingress_ = std::make_unique<ingress::IngressService>(LoadConfig<ingress::IngressConfig>(
+        p_.Env(testing::SharedPostgres().CreateDatabase("ingress"), "ingress")));
+    auto started = ingress_->Start();
+    ASSERT_TRUE(started.ok()) << started.error().ToString();
     const std::string node = "contract-node";
     p_.StartAgent(node, 2, "contract",
                   {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
@@ -415,12 +429,70 @@ class ContractTest : public ::testing::Test {
           20s);
     };
     ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_ACTIVE));
+
+    // An operator gives the node a port range and exposes the slice's SSH; the test acks the
+    // node's exposure document as its agent would, with a foreign rule it removed (drift).
+    v1::SetEndpointPoolRequest pool;
+    pool.mutable_pool()->set_name("contract-ports");
+    pool.mutable_pool()->set_kind(v1::ENDPOINT_POOL_KIND_PORT_RANGE);
+    pool.mutable_pool()->set_region("us-east-1");
+    pool.mutable_pool()->set_node_id(node);
+    pool.mutable_pool()->add_addresses("203.0.113.10");
+    pool.mutable_pool()->set_port_min(20000);
+    pool.mutable_pool()->set_port_max(20009);
+    auto set = Call<v1::SetEndpointPoolResponse>("gpuaas.v1.ingress.pool.set", pool);
+    ASSERT_TRUE(set.ok()) << set.error().ToString();
+    v1::CreateExposureRequest expose;
+    expose.set_allocation_id(id);
+    expose.set_name("ssh");
+    expose.set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+    expose.set_port(22);
+    Result<v1::CreateExposureResponse> exposed = Error::Internal("x", "unset");
+    // Ingress learns of the allocation from the scheduler's events.
+    ASSERT_TRUE(testing::WaitFor([&] {
+      exposed = Call<v1::CreateExposureResponse>("gpuaas.v1.ingress.exposure.create", expose);
+      return exposed.ok() || exposed.error().reason != "allocation_not_found";
+    }));
+    ASSERT_TRUE(exposed.ok()) << exposed.error().ToString();
+    const std::string exposure_id = exposed->exposure().exposure_id();
+    auto exposure_is = [&](v1::ExposureState want) {
+      return testing::WaitFor([&] {
+        v1::ListExposuresRequest l;
+        l.set_allocation_id(id);
+        l.set_state(want);
+        auto r = Call<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", l);
+        return r.ok() && r->exposures_size() == 1;
+      });
+    };
+    auto ack_latest = [&](bool foreign_rule) {
+      v1::GetNodeExposuresRequest g;
+      g.set_node_id(node);
+      auto doc = Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", g);
+      ASSERT_TRUE(doc.ok()) << doc.error().ToString();
+      v1::AckNodeExposuresRequest ack;
+      ack.set_node_id(node);
+      ack.set_version(doc->latest_version());
+      if (foreign_rule) {
+        auto* d = ack.add_drift();
+        d->set_kind("rule_foreign");
+        d->set_detail("tcp dport 2222 dnat to 10.100.0.99:22");
+      }
+      auto r = Call<v1::AckNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.ack", ack);
+      ASSERT_TRUE(r.ok()) << r.error().ToString();
+    };
+    ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_APPLYING)) << exposure_id;
+    ack_latest(true);
+    ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_ACTIVE)) << exposure_id;
+
     v1::ReleaseAllocationRequest rel;
     rel.set_allocation_id(id);
     auto released =
         Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel);
     ASSERT_TRUE(released.ok()) << released.error().ToString();
     ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_RELEASED));
+    ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_REMOVING)) << exposure_id;
+    ack_latest(false);
+    ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_REMOVED)) << exposure_id;
 
     // A lease report from the node (the test stands in for the agent, see kOutsideParties):
     // a MAC nobody reserved holds a lease, then the lease is gone.
@@ -509,6 +581,7 @@ class ContractTest : public ::testing::Test {
   }
 
   testing::Platform p_;
+  std::unique_ptr<ingress::IngressService> ingress_;
 };
 
 // One test, one platform: the checks share the flow (a ctest entry per check would run it
@@ -522,7 +595,7 @@ TEST_F(ContractTest, ServicesDoWhatTheDocumentSays) {
   std::string error;
   testing::WaitFor(
       [&] {
-        error = Collect(p_, recorded);
+        error = Collect(p_, *ingress_, recorded);
         if (!error.empty()) return false;
         for (const auto& op : Doc().operations) {
           if (!kOutsideParties.count(op.name) && !op.channel.empty() && !Done(recorded, op)) {
