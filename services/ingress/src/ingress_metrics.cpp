@@ -1,6 +1,7 @@
 #include "ingress_metrics.hpp"
 
 #include <map>
+#include <set>
 #include <utility>
 
 #include <prometheus/counter.h>
@@ -36,7 +37,11 @@ IngressMetrics::IngressMetrics(prometheus::Registry& registry)
 void IngressMetrics::Applied(double seconds) { apply_seconds_->Observe(std::max(0.0, seconds)); }
 
 void IngressMetrics::Drift(const std::string& kind) {
-  drift_->Add({{"kind", kind.empty() ? std::string("unknown") : kind}}).Increment();
+  // The label comes from a node: only the kinds the contract names, so a confused agent cannot
+  // grow the series without bound.
+  static const std::set<std::string> kKinds = {"rule_missing", "rule_stale", "rule_foreign",
+                                               "table_missing"};
+  drift_->Add({{"kind", kKinds.count(kind) ? kind : std::string("other")}}).Increment();
 }
 
 std::shared_ptr<metrics::Sampler> StartExposureGauges(std::shared_ptr<store::Pool> pool,
@@ -57,8 +62,10 @@ std::shared_ptr<metrics::Sampler> StartExposureGauges(std::shared_ptr<store::Poo
     std::map<std::string, double> states;
     std::map<std::string, std::pair<double, double>> pools;
   };
+  // Pools sampled last time: a deleted pool's series go instead of freezing at their last value.
+  auto known = std::make_shared<std::set<std::string>>();
   return std::make_shared<metrics::Sampler>(
-      interval, [pool = std::move(pool), count, endpoints, log = std::move(logger)] {
+      interval, [pool = std::move(pool), count, endpoints, known, log = std::move(logger)] {
         auto r = store::WithTx(
             *pool,
             [](pqxx::work& tx) -> Result<Sample> {
@@ -83,9 +90,17 @@ std::shared_ptr<metrics::Sampler> StartExposureGauges(std::shared_ptr<store::Poo
           return;
         }
         for (const auto& [state, n] : r->states) count->Add({{"state", state}}).Set(n);
+        for (const auto& name : *known) {
+          if (r->pools.count(name)) continue;
+          for (const char* usage : {"total", "used"}) {
+            endpoints->Remove(&endpoints->Add({{"pool", name}, {"usage", usage}}));
+          }
+        }
+        known->clear();
         for (const auto& [name, v] : r->pools) {
           endpoints->Add({{"pool", name}, {"usage", "total"}}).Set(v.first);
           endpoints->Add({{"pool", name}, {"usage", "used"}}).Set(v.second);
+          known->insert(name);
         }
       });
 }

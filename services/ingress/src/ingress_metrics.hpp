@@ -4,7 +4,7 @@
 //   gpuaas_exposure_apply_seconds              applying -> active: the document written until
 //                                              the node's ack that has it
 //   gpuaas_exposure_drift_total{kind}          drift nodes reported (rule_missing, rule_stale,
-//                                              rule_foreign, table_missing)
+//                                              rule_foreign, table_missing; other)
 //   gpuaas_endpoint_pool_endpoints{pool,usage} endpoints per pool: total | used (sampled)
 #include <chrono>
 #include <memory>

@@ -456,11 +456,18 @@ TEST_F(IngressTest, PoolsInUseCannotShrinkMoveOrGo) {
   EXPECT_EQ(grow->pool().used(), 1);
   EXPECT_EQ(grow->pool().total(), 50);
 
-  // Once the exposure is gone (it never reached the node) the pool may go.
+  // Once the exposure is gone (it never reached the node) the pool may go, and so do its
+  // gauges.
   Announce(a, v1::ALLOCATION_STATE_RELEASED);
   WaitStates(a.id, {"ssh"}, v1::EXPOSURE_STATE_REMOVED);
   EXPECT_EQ(Pool("edge-a")->used(), 0);
+  const std::string used = R"(gpuaas_endpoint_pool_endpoints{pool="edge-a",usage="used"} 0)";
+  ASSERT_TRUE(testing::WaitFor([&] { return Metrics().find(used) != std::string::npos; }, 15s))
+      << Metrics();
   ASSERT_TRUE(DeletePool("edge-a").ok());
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return Metrics().find(R"(pool="edge-a")") == std::string::npos; }, 15s))
+      << Metrics();
 }
 
 // The whole path of an allocation's endpoints: reserved when it is placed, applied through the
@@ -690,8 +697,10 @@ TEST_F(IngressTest, DriftIsReportedAndClearedByTheNextCleanAck) {
   v1::ExposureDrift stranger;
   stranger.set_exposure_id(ids::NewUuidV7());
   stranger.set_kind("rule_stale");
-  ASSERT_TRUE(Ack(kNode, v, {}, {missing, stranger}).ok());
-  EXPECT_TRUE(testing::WaitFor([&] { return Events(kNode).size() == 2; }));
+  v1::ExposureDrift odd;  // a kind the contract does not name: counted as "other"
+  odd.set_kind("made_up");
+  ASSERT_TRUE(Ack(kNode, v, {}, {missing, stranger, odd}).ok());
+  EXPECT_TRUE(testing::WaitFor([&] { return Events(kNode).size() == 3; }));
   EXPECT_EQ(ByName(a.id)["ssh"].state(), v1::EXPOSURE_STATE_DRIFT);
 
   // The next ack without drift: active again.
@@ -701,7 +710,9 @@ TEST_F(IngressTest, DriftIsReportedAndClearedByTheNextCleanAck) {
   EXPECT_TRUE(testing::WaitFor([&] {
     const auto m = Metrics();
     return m.find("gpuaas_exposure_drift_total{kind=\"rule_missing\"} 2") != std::string::npos &&
-           m.find("gpuaas_exposure_drift_total{kind=\"rule_foreign\"} 1") != std::string::npos;
+           m.find("gpuaas_exposure_drift_total{kind=\"rule_foreign\"} 1") != std::string::npos &&
+           m.find("gpuaas_exposure_drift_total{kind=\"other\"} 1") != std::string::npos &&
+           m.find("made_up") == std::string::npos;
   })) << Metrics();
 }
 
