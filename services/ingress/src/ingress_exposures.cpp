@@ -555,6 +555,12 @@ Result<v1::AckNodeExposuresResponse> ApplyAck(pqxx::work& tx, const Context& c,
   auto acked =
       documents::RecordAck(tx, ExposureDocuments(), req.node_id(), req.version(), blockers);
   if (!acked.ok()) return acked.error();
+  v1::AckNodeExposuresResponse resp;
+  resp.set_applied_version(acked->applied_version);
+  resp.set_latest_version(acked->latest_version);
+  // A late ack (a retried request for a version a newer ack overtook) changes nothing: the newer
+  // ack already said what the node has; its refusals would fail exposures the node now serves.
+  if (req.version() < acked->applied_version) return resp;
   tx.exec_params("UPDATE exposure_acks SET simulated = $2 WHERE node_id = $1", req.node_id(),
                  req.simulated());
   bool refused_any = false;
@@ -603,8 +609,6 @@ Result<v1::AckNodeExposuresResponse> ApplyAck(pqxx::work& tx, const Context& c,
     if (auto v = UpdateNodeDocument(tx, req.node_id()); !v.ok()) return v.error();
   }
   if (auto s = Settle(tx, c, req.node_id(), drifted, req.simulated()); !s.ok()) return s.error();
-  v1::AckNodeExposuresResponse resp;
-  resp.set_applied_version(acked->applied_version);
   resp.set_latest_version(documents::Latest(tx, ExposureDocuments(), req.node_id()));
   return resp;
 }

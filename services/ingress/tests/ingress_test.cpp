@@ -650,6 +650,19 @@ TEST_F(IngressTest, ARefusedMappingFailsAndFreesItsPort) {
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   EXPECT_EQ(c->exposure().public_port(), got["dns"].public_port());
   EXPECT_EQ(c->exposure().state(), v1::EXPOSURE_STATE_APPLYING) << "its VM is already up";
+  const int64_t v3 = c->exposure().document_version();
+  EXPECT_EQ(v3, v + 2);
+  ASSERT_TRUE(Ack(kNode, v3).ok());
+  WaitStates(b.id, {"web"}, v1::EXPOSURE_STATE_ACTIVE);
+  // The first ack again (a retried request, overtaken by the newer one) changes nothing: the
+  // node serves ssh now, whatever that old ack said.
+  no.set_exposure_id(got["ssh"].exposure_id());
+  auto late = Ack(kNode, v, {no});
+  ASSERT_TRUE(late.ok()) << late.error().ToString();
+  EXPECT_EQ(late->applied_version(), v3);
+  EXPECT_EQ(late->latest_version(), v3);
+  EXPECT_EQ(ByName(a.id)["ssh"].state(), v1::EXPOSURE_STATE_ACTIVE);
+  EXPECT_EQ(Document(kNode)->applied_version(), v3);
   // A failed endpoint may be asked for again (here: the pool has nothing left).
   auto retry = Create(Operator(), a.id, "dns", 53, kUdp);
   ASSERT_FALSE(retry.ok());
