@@ -13,6 +13,7 @@
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/types.pb.h"
@@ -25,6 +26,9 @@ namespace gpuaas::inventory {
 const std::vector<store::Migration>& Migrations();
 }
 namespace gpuaas::ipam {
+const std::vector<store::Migration>& Migrations();
+}
+namespace gpuaas::ingress {
 const std::vector<store::Migration>& Migrations();
 }
 
@@ -116,6 +120,8 @@ TEST(EnumChecksTest, SchedulerColumnsMatchTheirEnums) {
           {"allocations", "network_mode", v1::NetworkMode_descriptor()},
           {"allocations", "failure_stage", v1::LifecycleStage_descriptor(), true},
           {"allocations", "net_lease_state", v1::LeaseState_descriptor(), true},
+          {"allocation_endpoints", "protocol", v1::TransportProtocol_descriptor()},
+          {"allocation_endpoints", "state", v1::ExposureState_descriptor(), true},
           {"allocation_resource_claims", "kind", v1::ClaimKind_descriptor()},
           {"allocation_resource_claims", "phase", v1::ClaimPhase_descriptor()},
           // The scheduler sends only the VM lifecycle's tasks; inventory sends the others.
@@ -150,6 +156,15 @@ TEST(EnumChecksTest, IpamColumnsMatchTheirEnums) {
   ExpectColumnsMatch("ipam", ipam::Migrations(),
                      {
                          {"allocation_bindings", "state", v1::AllocationState_descriptor()},
+                     });
+}
+
+TEST(EnumChecksTest, IngressColumnsMatchTheirEnums) {
+  ExpectColumnsMatch("ingress", ingress::Migrations(),
+                     {
+                         {"endpoint_pools", "kind", v1::EndpointPoolKind_descriptor()},
+                         {"exposures", "protocol", v1::TransportProtocol_descriptor()},
+                         {"exposures", "state", v1::ExposureState_descriptor()},
                      });
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // The control plane in one test process for the cross-service tests: real NATS and PostgreSQL
-// (one database per service), ipam, inventory and the scheduler, a client connection, and
-// node-agents on fixture hosts. Tests add what they need on top.
+// (one database per service), ipam, inventory and the scheduler (ingress on request), a client
+// connection, and node-agents on fixture hosts. Tests add what they need on top.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -14,6 +14,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "ingress_service.hpp"
 #include "inventory_service.hpp"
 #include "ipam_service.hpp"
 #include "load_config.hpp"
@@ -46,6 +47,13 @@ class Platform {
     ASSERT_TRUE(c.ok());
     conn = *c;
   }
+  // Ingress (public endpoints), for the tests that expose something.
+  void StartIngress() {
+    ingress = std::make_unique<ingress::IngressService>(LoadConfig<ingress::IngressConfig>(
+        Env(SharedPostgres().CreateDatabase("ingress"), "ingress")));
+    auto r = ingress->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
   void StartInventory(const std::string& dsn) {
     auto env = Env(dsn, "inventory");
     for (const auto& [k, v] : inventory_env) env[k] = v;
@@ -57,6 +65,7 @@ class Platform {
   void Stop() {
     for (auto& a : agents) a->Shutdown();
     agents.clear();
+    if (ingress) ingress->Shutdown();
     if (scheduler) scheduler->Shutdown();
     if (inventory) inventory->Shutdown();
     if (ipam) ipam->Shutdown();
@@ -103,11 +112,14 @@ class Platform {
 
   // A simulated agent in `pool` whose VM tasks succeed, its slots approved as an operator does
   // and schedulable in the scheduler's projection.
-  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus) {
-    StartAgent(id, gpus, pool,
-               {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
-                {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
-                {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
+  // `extra` overrides the agent's environment.
+  void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus,
+                          const EnvMap& extra = {}) {
+    EnvMap env = {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+                  {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
+                  {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}};
+    for (const auto& [k, v] : extra) env[k] = v;
+    StartAgent(id, gpus, pool, env);
     ASSERT_TRUE(WaitFor([&] {
       v1::ShowNodeRequest r;
       r.set_node_id(id);
@@ -141,6 +153,7 @@ class Platform {
   std::unique_ptr<ipam::IpamService> ipam;
   std::unique_ptr<inventory::InventoryService> inventory;
   std::unique_ptr<scheduler::SchedulerService> scheduler;
+  std::unique_ptr<ingress::IngressService> ingress;
   std::vector<std::unique_ptr<node_agent::NodeAgent>> agents;
   std::shared_ptr<messaging::Connection> conn;
 };

@@ -13,8 +13,14 @@ CREATE TABLE allocation_endpoints (
   exposure_generation bigint NOT NULL DEFAULT 0,
   public_ip           text NOT NULL DEFAULT '',
   public_port         integer NOT NULL DEFAULT 0,
-  state               text NOT NULL DEFAULT '',
+  state               text NOT NULL DEFAULT '' CHECK (state IN ('', 'requested', 'applying',
+                        'active', 'removing', 'removed', 'failed', 'drift')),
   reason              text NOT NULL DEFAULT '',
   connect             text NOT NULL DEFAULT '',
   PRIMARY KEY (allocation_id, name)
 );
+
+-- An allocation can now fail at the exposure stage.
+ALTER TABLE allocations DROP CONSTRAINT allocations_failure_stage;
+ALTER TABLE allocations ADD CONSTRAINT allocations_failure_stage
+  CHECK (failure_stage IN ('', 'placement', 'provisioning', 'release', 'cleanup', 'exposure'));
