@@ -44,6 +44,15 @@ std::optional<uint32_t> ParseIpv4(std::string_view s) {
 }
 
 Result<void> ValidatePool(const v1::EndpointPool& p) {
+  if (p.kind() == v1::ENDPOINT_POOL_KIND_DNS_NAME || p.kind() == v1::ENDPOINT_POOL_KIND_OVERLAY) {
+    Error e = Error::FailedPrecondition(
+        "pool_kind_not_supported",
+        fmt::format("{} pools are reserved in the contract but not handed out yet; use port_range "
+                    "or public_ip",
+                    enums::Text(p.kind())));
+    e.details = {{"kind", enums::Text(p.kind())}};
+    return e;
+  }
   std::map<std::string, std::string> problems;
   if (!IsLabel(p.name())) problems["name"] = "a lowercase DNS label (1-63 of [a-z0-9-])";
   if (p.region().empty() || p.region().size() > 64) problems["region"] = "required";

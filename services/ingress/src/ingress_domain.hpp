@@ -17,6 +17,7 @@ bool IsLabel(std::string_view s);
 // A dotted-quad IPv4 address (no leading zeros, no CIDR).
 std::optional<uint32_t> ParseIpv4(std::string_view s);
 
+// FAILED_PRECONDITION pool_kind_not_supported for the reserved kinds (dns_name, overlay), else
 // INVALID_ARGUMENT invalid_pool with every bad field in details: name a label; kind set; region
 // non-empty; PORT_RANGE: a valid node id, exactly one address, 1024 <= port_min <= port_max <=
 // 65535; PUBLIC_IP: node_id empty, 1..4096 distinct addresses, no ports.
