@@ -480,8 +480,9 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
             Error e = Error::FailedPrecondition(
                 "app_not_compatible",
                 fmt::format("app {} cannot run on this order: {}", req.app(), why.front().message));
-            for (const auto& w : why)
+            for (const auto& w : why) {
               e.details[std::string(apps::ReasonText(w.reason))] = w.message;
+            }
             return e;
           }
           for (const auto& ep :
