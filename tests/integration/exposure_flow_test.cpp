@@ -61,8 +61,10 @@ class ExposureFlowTest : public ::testing::Test {
     return l.ok() && l->pools_size() == 1 ? l->pools(0) : v1::EndpointPool();
   }
   Result<v1::Allocation> Create(const std::string& request_id, int gpus,
-                                const std::vector<std::pair<std::string, int>>& expose) {
+                                const std::vector<std::pair<std::string, int>>& expose,
+                                const std::string& app = "") {
     v1::CreateAllocationRequest r;
+    r.set_app(app);
     r.set_tenant("acme");
     r.set_request_id(request_id);
     r.set_sku("h200-sxm-slice");
@@ -222,6 +224,34 @@ TEST_F(ExposureFlowTest, AnExhaustedPoolFailsTheAllocationAndItsSlotsAreCleaned)
   EXPECT_EQ(b.endpoints(0).state(), v1::EXPOSURE_STATE_FAILED);
   EXPECT_EQ(Exposures(first->allocation_id(), v1::EXPOSURE_STATE_ACTIVE).size(), 1U);
   EXPECT_EQ(Pool().used(), 1);
+}
+
+TEST_F(ExposureFlowTest, AnAppExposesExactlyItsDeclaredEndpointsAndClustersNeedBaremetal) {
+  SetPool(20000, 20009);
+  // Jupyter on a slice: its two declared endpoints (SSH and the notebook), nothing else.
+  auto jupyter = Create("exp-app", 1, {}, "jupyter");
+  ASSERT_TRUE(jupyter.ok()) << jupyter.error().ToString();
+  EXPECT_EQ(jupyter->app(), "jupyter");
+  auto a = WaitState(jupyter->allocation_id(), v1::ALLOCATION_STATE_ACTIVE, false);
+  std::set<std::pair<std::string, int>> got;
+  for (const auto& e : a.endpoints()) {
+    EXPECT_EQ(e.state(), v1::EXPOSURE_STATE_ACTIVE) << e.name();
+    got.insert({e.name(), e.port()});
+  }
+  EXPECT_EQ(got, (std::set<std::pair<std::string, int>>{{"ssh", 22}, {"jupyter", 8888}}));
+
+  // A multi-node cluster profile is baremetal-only: refused before anything is placed.
+  auto cluster = Create("exp-cluster", 1, {}, "slurm-cluster");
+  ASSERT_FALSE(cluster.ok());
+  EXPECT_EQ(cluster.error().code, Code::kFailedPrecondition);
+  EXPECT_EQ(cluster.error().reason, "app_not_compatible");
+  EXPECT_EQ(cluster.error().details.count("multi_node_requires_baremetal"), 1U)
+      << cluster.error().ToString();
+  // An app's endpoint asked for again under another name is a clash, not a second exposure.
+  auto clash = Create("exp-clash", 1, {{"notebook", 8888}}, "jupyter");
+  ASSERT_FALSE(clash.ok());
+  EXPECT_EQ(clash.error().code, Code::kInvalidArgument);
+  EXPECT_EQ(Pool().used(), 2) << "only jupyter's two endpoints hold ports";
 }
 
 }  // namespace
