@@ -20,6 +20,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "net_host.hpp"
+
 namespace gpuaas::node_agent {
 namespace {
 
@@ -50,20 +52,6 @@ std::string Ipv4String(uint32_t a) {
 
 uint32_t MaskOf(int prefix) { return prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix); }
 
-bool IsIfName(const std::string& s) {
-  if (s.empty() || s.size() > 15 || s == "." || s == "..") return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-  });
-}
-
-bool IsNetnsName(const std::string& s) {
-  if (s.empty() || s.size() > 64 || s == "." || s == "..") return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-  });
-}
-
 bool IsUuid(const std::string& s) {
   if (s.size() != 36) return false;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -77,15 +65,6 @@ bool IsUuid(const std::string& s) {
 bool IsSpecialIpv4(uint32_t a) {
   const uint32_t first = a >> 24;
   return first == 0 || first == 127 || first >= 224 || (a >> 16) == 0xA9FE;  // 169.254/16
-}
-
-std::string JoinStrings(const std::vector<std::string>& v, const char* sep) {
-  std::string out;
-  for (const auto& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------- the rule model
@@ -126,7 +105,7 @@ struct NftRule {
     if (accept) parts.emplace_back("accept");
     if (extra) parts.push_back("<" + raw + ">");
     if (!comment.empty()) parts.push_back(fmt::format("comment \"{}\"", comment));
-    return JoinStrings(parts, " ");
+    return Join(parts, " ");
   }
   std::string Where() const { return fmt::format("chain {}: {}", chain, Render()); }
 };
@@ -455,74 +434,20 @@ std::string RenderScript(const Plan& p) {
 
 // ---------------------------------------------------------------- the runner
 
-class Host {
- public:
-  explicit Host(const NetContext& ctx) : ctx_(ctx) {}
-
-  Result<void> Preflight() const {
-    if (!ctx_.netns.empty() && !IsNetnsName(ctx_.netns)) {
-      return SpecError("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns",
-                       ctx_.netns);
-    }
-    if (!ctx_.netns.empty() && !ctx_.run) {
-      struct stat st {};
-      if (::stat(("/run/netns/" + ctx_.netns).c_str(), &st) != 0) {
-        return Error::FailedPrecondition("netns_not_found",
-                                         "network namespace " + ctx_.netns + " does not exist");
-      }
-    }
-    return Ok();
+// NoExposureFor and TeardownExposures take no spec, so the namespace's name is checked here too.
+Result<void> Preflight(const NetHost& h, const NetContext& ctx) {
+  if (!ctx.netns.empty() && !IsNetnsName(ctx.netns)) {
+    return SpecError("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx.netns);
   }
+  return h.Preflight();
+}
 
-  Result<std::string> Tool(const std::string& name) const {
-    auto found = HostRoot("/").FindCommand(name);
-    if (found) return *found;
-    if (ctx_.run) return "/usr/sbin/" + name;
-    Error e = Error::FailedPrecondition("tool_missing", name + " is not installed");
-    e.details["tool"] = name;
-    return e;
-  }
-
-  Result<ToolResult> Run(const std::string& tool, const Args& args) const {
-    auto path = Tool(tool);
-    if (!path.ok()) return path.error();
-    Args argv;
-    if (!ctx_.netns.empty()) {
-      auto ip = Tool("ip");
-      if (!ip.ok()) return ip.error();
-      argv = {*ip, "netns", "exec", ctx_.netns};
-    }
-    argv.push_back(*path);
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto r = ctx_.run ? ctx_.run(argv, ctx_.tool_timeout) : RunTool(argv, ctx_.tool_timeout);
-    if (!r.ok()) return r;
-    if (r->timed_out) {
-      Error e = Error::Unavailable("host_command_timeout", JoinStrings(argv, " ") + " timed out");
-      e.details["command"] = JoinStrings(argv, " ");
-      return e;
-    }
-    return r;
-  }
-
-  static Error Failed(const std::string& what, const ToolResult& r) {
-    Error e = Error::Internal("host_command_failed",
-                              fmt::format("{} exited {}: {}", what, r.exit_code, Trim(r.err)));
-    e.details["command"] = what;
-    e.details["exit_code"] = std::to_string(r.exit_code);
-    e.details["stderr"] = Trim(r.err);
-    return e;
-  }
-
- private:
-  const NetContext& ctx_;
-};
-
-Result<TableState> ReadTable(const Host& h) {
+Result<TableState> ReadTable(const NetHost& h) {
   auto r = h.Run("nft", {"-j", "list", "table", "ip", kExposureTable});
   if (!r.ok()) return r.error();
   if (r->exit_code != 0) {
     if (r->err.find("No such file or directory") != std::string::npos) return TableState{};
-    return Host::Failed(fmt::format("nft -j list table ip {}", kExposureTable), *r);
+    return NetHost::Failed(fmt::format("nft -j list table ip {}", kExposureTable), *r);
   }
   return ParseTable(r->out);
 }
@@ -647,7 +572,7 @@ std::set<Mapping> Mappings(const std::vector<NftRule>& rules) {
   return out;
 }
 
-void FlushGone(const Host& h, const std::set<Mapping>& gone, ExposureApplyReport& rep) {
+void FlushGone(const NetHost& h, const std::set<Mapping>& gone, ExposureApplyReport& rep) {
   if (gone.empty()) return;
   if (auto tool = h.Tool("conntrack"); !tool.ok()) {
     rep.conntrack_flushed = -1;
@@ -664,7 +589,7 @@ void FlushGone(const Host& h, const std::set<Mapping>& gone, ExposureApplyReport
     if (!daddr.empty()) a.insert(a.end(), {"--orig-dst", daddr});
     a.insert(a.end(), {"--orig-port-dst", std::to_string(dport), "--reply-src", target});
     auto r = h.Run("conntrack", a);
-    const std::string what = fmt::format("conntrack {}", JoinStrings(a, " "));
+    const std::string what = fmt::format("conntrack {}", Join(a, " "));
     if (!r.ok()) {
       problems.push_back(what + ": " + r.error().message);
       continue;
@@ -681,7 +606,7 @@ void FlushGone(const Host& h, const std::set<Mapping>& gone, ExposureApplyReport
     rep.conntrack_flushed = total;
   } else {
     rep.conntrack_flushed = -1;
-    rep.conntrack_problem = JoinStrings(problems, "; ");
+    rep.conntrack_problem = Join(problems, "; ");
   }
 }
 
@@ -698,8 +623,8 @@ Result<ExposureApplyReport> ApplyLocked(const ExposureSpec& spec, const NetConte
   auto plan = MakePlan(spec, &ctx);
   if (!plan.ok()) return plan.error();
   const Plan& p = *plan;
-  Host h(ctx);
-  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  NetHost h(ctx);
+  if (auto r = Preflight(h, ctx); !r.ok()) return r.error();
   if (auto t = h.Tool("nft"); !t.ok()) return t.error();
 
   ExposureApplyReport rep;
@@ -717,7 +642,7 @@ Result<ExposureApplyReport> ApplyLocked(const ExposureSpec& spec, const NetConte
   }
   auto r = h.Run("nft", {"-f", script.path()});
   if (!r.ok()) return r.error();
-  if (r->exit_code != 0) return Host::Failed("nft -f <script>", *r);
+  if (r->exit_code != 0) return NetHost::Failed("nft -f <script>", *r);
   rep.changed = true;
 
   const std::set<std::string> now(rep.applied.begin(), rep.applied.end());
@@ -738,8 +663,8 @@ Result<ExposureApplyReport> ApplyLocked(const ExposureSpec& spec, const NetConte
 Result<std::vector<ExposureDrift>> CheckWith(const ExposureSpec& spec, const NetContext& ctx) {
   auto plan = MakePlan(spec, &ctx);
   if (!plan.ok()) return plan.error();
-  Host h(ctx);
-  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  NetHost h(ctx);
+  if (auto r = Preflight(h, ctx); !r.ok()) return r.error();
   auto t = ReadTable(h);
   if (!t.ok()) return t.error();
   return Compare(*plan, *t);
@@ -784,8 +709,8 @@ Result<bool> NoExposureFor(const std::string& target_ip, const NetContext& ctx) 
     return SpecError("invalid_target_ip", "target_ip must be a dotted IPv4 address", "target_ip",
                      target_ip);
   }
-  Host h(ctx);
-  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  NetHost h(ctx);
+  if (auto r = Preflight(h, ctx); !r.ok()) return r.error();
   auto t = ReadTable(h);
   if (!t.ok()) return t.error();
   const std::string ip = Ipv4String(*target);
@@ -796,12 +721,12 @@ Result<bool> NoExposureFor(const std::string& target_ip, const NetContext& ctx) 
 }
 
 Result<void> TeardownExposures(const NetContext& ctx) {
-  Host h(ctx);
-  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  NetHost h(ctx);
+  if (auto r = Preflight(h, ctx); !r.ok()) return r.error();
   auto r = h.Run("nft", {"delete", "table", "ip", kExposureTable});
   if (!r.ok()) return r.error();
   if (r->exit_code != 0 && r->err.find("No such file or directory") == std::string::npos) {
-    return Host::Failed(fmt::format("nft delete table ip {}", kExposureTable), *r);
+    return NetHost::Failed(fmt::format("nft delete table ip {}", kExposureTable), *r);
   }
   return Ok();
 }

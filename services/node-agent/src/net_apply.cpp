@@ -21,6 +21,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "net_host.hpp"
+
 namespace gpuaas::node_agent {
 namespace {
 
@@ -84,21 +86,6 @@ bool IsUnicastMac(const std::string& mac) {
   return mac != "00:00:00:00:00:00";
 }
 
-// Interface names as the kernel takes them (IFNAMSIZ-1), restricted to a safe alphabet.
-bool IsIfName(const std::string& s) {
-  if (s.empty() || s.size() > 15 || s == "." || s == "..") return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-  });
-}
-
-bool IsNetnsName(const std::string& s) {
-  if (s.empty() || s.size() > 64 || s == "." || s == "..") return false;
-  return std::all_of(s.begin(), s.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '.' || c == '-';
-  });
-}
-
 // RFC 1123 label: what dnsmasq hands out as the client's name.
 bool IsHostname(const std::string& s) {
   if (s.empty() || s.size() > 63 || s.front() == '-' || s.back() == '-') return false;
@@ -117,15 +104,6 @@ bool IsStateDir(const std::string& s) {
     }
   }
   return ("/" + s + "/").find("/../") == std::string::npos;
-}
-
-std::string Join(const std::vector<std::string>& v, const char* sep = ",") {
-  std::string out;
-  for (const auto& s : v) {
-    if (!out.empty()) out += sep;
-    out += s;
-  }
-  return out;
 }
 
 // ---------------------------------------------------------------- the validated plan
@@ -495,81 +473,11 @@ void StopPid(int pid) {
 
 // ---------------------------------------------------------------- the runner
 
-class Host {
- public:
-  explicit Host(const NetContext& ctx) : ctx_(ctx) {}
-
-  // Refuses a namespace that does not exist (ip netns exec would fail on every command).
-  Result<void> Preflight() const {
-    if (!ctx_.netns.empty() && !ctx_.run) {
-      struct stat st {};
-      if (::stat(("/run/netns/" + ctx_.netns).c_str(), &st) != 0) {
-        return Error::FailedPrecondition("netns_not_found",
-                                         "network namespace " + ctx_.netns + " does not exist");
-      }
-    }
-    return Ok();
-  }
-
-  Result<std::string> Tool(const std::string& name) const {
-    auto it = cache_.find(name);
-    if (it != cache_.end()) return it->second;
-    auto found = HostRoot("/").FindCommand(name);
-    if (!found) {
-      if (ctx_.run) return "/usr/sbin/" + name;
-      Error e = Error::FailedPrecondition("tool_missing", name + " is not installed");
-      e.details["tool"] = name;
-      return e;
-    }
-    cache_[name] = *found;
-    return *found;
-  }
-  bool Has(const std::string& name) const { return Tool(name).ok(); }
-
-  Result<ToolResult> Run(const std::string& tool, const Args& args) const {
-    auto path = Tool(tool);
-    if (!path.ok()) return path.error();
-    Args argv;
-    if (!ctx_.netns.empty()) {
-      auto ip = Tool("ip");
-      if (!ip.ok()) return ip.error();
-      argv = {*ip, "netns", "exec", ctx_.netns};
-    }
-    argv.push_back(*path);
-    argv.insert(argv.end(), args.begin(), args.end());
-    auto r = ctx_.run ? ctx_.run(argv, ctx_.tool_timeout) : RunTool(argv, ctx_.tool_timeout);
-    if (!r.ok()) return r;
-    if (r->timed_out) {
-      Error e = Error::Unavailable("host_command_timeout", Join(argv, " ") + " timed out");
-      e.details["command"] = Join(argv, " ");
-      return e;
-    }
-    return r;
-  }
-
-  // Run and insist on exit 0.
-  Result<ToolResult> Must(const std::string& tool, const Args& args) const {
-    auto r = Run(tool, args);
-    if (!r.ok() || r->exit_code == 0) return r;
-    Error e = Error::Internal(
-        "host_command_failed",
-        fmt::format("{} {} exited {}: {}", tool, Join(args, " "), r->exit_code, Trim(r->err)));
-    e.details["command"] = tool + " " + Join(args, " ");
-    e.details["exit_code"] = std::to_string(r->exit_code);
-    e.details["stderr"] = Trim(r->err);
-    return e;
-  }
-
-  Result<ToolResult> Ipt(const std::string& table, const Args& args, bool must) const {
-    Args a{"-w", "5", "-t", table};
-    a.insert(a.end(), args.begin(), args.end());
-    return must ? Must("iptables", a) : Run("iptables", a);
-  }
-
- private:
-  const NetContext& ctx_;
-  mutable std::map<std::string, std::string> cache_;
-};
+Result<ToolResult> Ipt(const NetHost& h, const std::string& table, const Args& args, bool must) {
+  Args a{"-w", "5", "-t", table};
+  a.insert(a.end(), args.begin(), args.end());
+  return must ? h.Must("iptables", a) : h.Run("iptables", a);
+}
 
 Args Cat(Args a, const Args& b) {
   a.insert(a.end(), b.begin(), b.end());
@@ -585,7 +493,7 @@ struct BridgeState {
   bool has_gateway = false;
 };
 
-Result<BridgeState> ProbeBridge(const Host& h, const NetworkSpec& spec, const Plan& p) {
+Result<BridgeState> ProbeBridge(const NetHost& h, const NetworkSpec& spec, const Plan& p) {
   BridgeState b;
   auto link = h.Run("ip", {"-j", "-d", "link", "show", "dev", spec.bridge});
   if (!link.ok()) return link.error();
@@ -618,7 +526,7 @@ Result<BridgeState> ProbeBridge(const Host& h, const NetworkSpec& spec, const Pl
 }
 
 // name -> isolated, for the ports of the bridge.
-Result<std::map<std::string, bool>> ProbePorts(const Host& h, const NetworkSpec& spec) {
+Result<std::map<std::string, bool>> ProbePorts(const NetHost& h, const NetworkSpec& spec) {
   std::map<std::string, bool> out;
   auto r = h.Must("bridge", {"-j", "-d", "link", "show"});
   if (!r.ok()) return r.error();
@@ -636,7 +544,7 @@ Result<std::map<std::string, bool>> ProbePorts(const Host& h, const NetworkSpec&
   return out;
 }
 
-Result<std::string> ReadIpForward(const Host& h) {
+Result<std::string> ReadIpForward(const NetHost& h) {
   auto r = h.Must("sysctl", {"-n", "net.ipv4.ip_forward"});
   if (!r.ok()) return r.error();
   return Trim(r->out);
@@ -670,16 +578,16 @@ std::vector<Args> ForwardRules(const NetworkSpec& spec, const Plan& p) {
   return out;
 }
 
-Result<bool> ChainHas(const Host& h, const std::string& table, const std::string& chain,
+Result<bool> ChainHas(const NetHost& h, const std::string& table, const std::string& chain,
                       const Args& rule) {
-  auto r = h.Ipt(table, Cat({"-C", chain}, rule), false);
+  auto r = Ipt(h, table, Cat({"-C", chain}, rule), false);
   if (!r.ok()) return r.error();
   return r->exit_code == 0;
 }
 
 // -1 when the chain does not exist.
-Result<int> ChainRuleCount(const Host& h, const std::string& table, const std::string& chain) {
-  auto r = h.Ipt(table, {"-S", chain}, false);
+Result<int> ChainRuleCount(const NetHost& h, const std::string& table, const std::string& chain) {
+  auto r = Ipt(h, table, {"-S", chain}, false);
   if (!r.ok()) return r.error();
   if (r->exit_code != 0) return -1;
   int n = 0;
@@ -690,8 +598,8 @@ Result<int> ChainRuleCount(const Host& h, const std::string& table, const std::s
 }
 
 // Our tagged rules in nat POSTROUTING, as -D arguments.
-Result<std::vector<Args>> TaggedNatRules(const Host& h, const Plan& p) {
-  auto r = h.Ipt("nat", {"-S", "POSTROUTING"}, true);
+Result<std::vector<Args>> TaggedNatRules(const NetHost& h, const Plan& p) {
+  auto r = Ipt(h, "nat", {"-S", "POSTROUTING"}, true);
   if (!r.ok()) return r.error();
   std::vector<Args> out;
   for (const auto& line : SplitLines(r->out)) {
@@ -716,13 +624,14 @@ struct ChainOutcome {
 
 // Makes `chain` hold exactly `rules` (checked with -C, added with -A only when missing; a chain
 // holding anything else is flushed and refilled) and `from` jump to it.
-Result<ChainOutcome> EnsureChain(const Host& h, const std::string& table, const std::string& from,
-                                 const std::string& chain, const std::vector<Args>& rules) {
+Result<ChainOutcome> EnsureChain(const NetHost& h, const std::string& table,
+                                 const std::string& from, const std::string& chain,
+                                 const std::vector<Args>& rules) {
   ChainOutcome o;
   auto count = ChainRuleCount(h, table, chain);
   if (!count.ok()) return count.error();
   if (*count < 0) {
-    if (auto r = h.Ipt(table, {"-N", chain}, true); !r.ok()) return r.error();
+    if (auto r = Ipt(h, table, {"-N", chain}, true); !r.ok()) return r.error();
     *count = 0;
   }
   std::vector<const Args*> missing;
@@ -733,7 +642,7 @@ Result<ChainOutcome> EnsureChain(const Host& h, const std::string& table, const 
   }
   const int present = static_cast<int>(rules.size() - missing.size());
   if (*count != present) {
-    if (auto r = h.Ipt(table, {"-F", chain}, true); !r.ok()) return r.error();
+    if (auto r = Ipt(h, table, {"-F", chain}, true); !r.ok()) return r.error();
     o.rebuilt = true;
     o.added = !missing.empty();
     missing.clear();
@@ -742,13 +651,13 @@ Result<ChainOutcome> EnsureChain(const Host& h, const std::string& table, const 
     o.added = !missing.empty();
   }
   for (const Args* rule : missing) {
-    if (auto r = h.Ipt(table, Cat({"-A", chain}, *rule), true); !r.ok()) return r.error();
+    if (auto r = Ipt(h, table, Cat({"-A", chain}, *rule), true); !r.ok()) return r.error();
   }
   auto jump = ChainHas(h, table, from, {"-j", chain});
   if (!jump.ok()) return jump.error();
   if (!*jump) {
     // FORWARD: ahead of distro/docker DROP rules, or the slices' egress would never be accepted.
-    if (auto r = h.Ipt(table, {"-I", from, "1", "-j", chain}, true); !r.ok()) return r.error();
+    if (auto r = Ipt(h, table, {"-I", from, "1", "-j", chain}, true); !r.ok()) return r.error();
     o.added = true;
   }
   return o;
@@ -756,7 +665,7 @@ Result<ChainOutcome> EnsureChain(const Host& h, const std::string& table, const 
 
 // The MASQUERADE rule present exactly once (checked with -C, added with -A only when missing);
 // tagged rules for another subnet/egress, or copies, are deleted first.
-Result<ChainOutcome> EnsureNat(const Host& h, const NetworkSpec& spec, const Plan& p) {
+Result<ChainOutcome> EnsureNat(const NetHost& h, const NetworkSpec& spec, const Plan& p) {
   ChainOutcome o;
   const Args want = NatRule(spec, p);
   bool present = false;
@@ -770,20 +679,20 @@ Result<ChainOutcome> EnsureNat(const Host& h, const NetworkSpec& spec, const Pla
   if (!tagged.ok()) return tagged.error();
   if (tagged->size() > (present ? 1u : 0u)) {
     for (const auto& rule : *tagged) {
-      if (auto r = h.Ipt("nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) return r.error();
+      if (auto r = Ipt(h, "nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) return r.error();
     }
     o.rebuilt = true;
     present = false;
   }
   if (spec.masquerade && !present) {
-    if (auto r = h.Ipt("nat", Cat({"-A", "POSTROUTING"}, want), true); !r.ok()) return r.error();
+    if (auto r = Ipt(h, "nat", Cat({"-A", "POSTROUTING"}, want), true); !r.ok()) return r.error();
   }
   // Re-adding a rule that was there (after dropping a stale copy) is not a repair.
   o.added = spec.masquerade && !was_present;
   return o;
 }
 
-Result<bool> ChainComplete(const Host& h, const std::string& table, const std::string& from,
+Result<bool> ChainComplete(const NetHost& h, const std::string& table, const std::string& from,
                            const std::string& chain, const std::vector<Args>& rules) {
   auto jump = ChainHas(h, table, from, {"-j", chain});
   if (!jump.ok()) return jump.error();
@@ -826,7 +735,7 @@ Error CannotReadHosts(const Plan& p) {
   return e;
 }
 
-Result<int> StartDnsmasq(const Host& h, const Plan& p) {
+Result<int> StartDnsmasq(const NetHost& h, const Plan& p) {
   ::unlink(p.pid.c_str());
   const size_t offset = LogSize(p);
   if (auto r = h.Must("dnsmasq", {"--conf-file=" + p.conf}); !r.ok()) return r.error();
@@ -852,7 +761,7 @@ Result<int> StartDnsmasq(const Host& h, const Plan& p) {
 
 // SIGHUP makes dnsmasq re-read dhcp-hostsfile; the "read" log line confirms it. Without that
 // confirmation dnsmasq is restarted, so its memory always matches the file. True = restarted.
-Result<bool> ReloadDnsmasq(const Host& h, const Plan& p, int& pid) {
+Result<bool> ReloadDnsmasq(const NetHost& h, const Plan& p, int& pid) {
   const size_t offset = LogSize(p);
   if (::kill(pid, SIGHUP) != 0) {
     return Error::Unavailable("dnsmasq_reload_failed",
@@ -916,7 +825,7 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   auto plan = MakePlan(spec, ctx);
   if (!plan.ok()) return plan.error();
   const Plan& p = *plan;
-  Host h(ctx);
+  NetHost h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
   for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq"}) {
     if (auto t = h.Tool(tool); !t.ok()) return t.error();
@@ -1100,7 +1009,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   auto plan = MakePlan(spec, ctx);
   if (!plan.ok()) return plan.error();
   const Plan& p = *plan;
-  Host h(ctx);
+  NetHost h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
   NetCheck c;
   auto block = [&](const char* b) { c.blockers.emplace_back(b); };
@@ -1176,7 +1085,7 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   auto plan = MakePlan(rest, ctx);
   if (!plan.ok()) return plan.error();
   const Plan& p = *plan;
-  Host h(ctx);
+  NetHost h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
@@ -1276,7 +1185,7 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   const Plan& p = *plan;
   if (auto pid = RunningDnsmasq(p)) StopPid(*pid);
 
-  Host h(ctx);
+  NetHost h(ctx);
   std::optional<Error> first;
   auto keep = [&](const Error& e) {
     if (!first) first = e;
@@ -1285,20 +1194,20 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     auto tagged = TaggedNatRules(h, p);
     if (!tagged.ok()) keep(tagged.error());
     for (const auto& rule : tagged.ok() ? *tagged : std::vector<Args>{}) {
-      if (auto r = h.Ipt("nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) keep(r.error());
+      if (auto r = Ipt(h, "nat", Cat({"-D", "POSTROUTING"}, rule), true); !r.ok()) keep(r.error());
     }
     for (int i = 0; i < 16; ++i) {
       auto has = ChainHas(h, "filter", "FORWARD", {"-j", p.fwd_chain});
       if (!has.ok() || !*has) break;
-      if (auto r = h.Ipt("filter", {"-D", "FORWARD", "-j", p.fwd_chain}, true); !r.ok()) {
+      if (auto r = Ipt(h, "filter", {"-D", "FORWARD", "-j", p.fwd_chain}, true); !r.ok()) {
         keep(r.error());
         break;
       }
     }
     auto count = ChainRuleCount(h, "filter", p.fwd_chain);
     if (count.ok() && *count >= 0) {
-      if (auto r = h.Ipt("filter", {"-F", p.fwd_chain}, true); !r.ok()) keep(r.error());
-      if (auto r = h.Ipt("filter", {"-X", p.fwd_chain}, true); !r.ok()) keep(r.error());
+      if (auto r = Ipt(h, "filter", {"-F", p.fwd_chain}, true); !r.ok()) keep(r.error());
+      if (auto r = Ipt(h, "filter", {"-X", p.fwd_chain}, true); !r.ok()) keep(r.error());
     }
     auto link = h.Run("ip", {"link", "show", "dev", spec.bridge});
     if (link.ok() && link->exit_code == 0) {
