@@ -1,8 +1,9 @@
 // Every metric the alert rules (deploy/prometheus/alerts.yaml) and the dashboard
 // (deploy/grafana/gpuaas-dashboard.json) name is exported by some service of a running platform:
-// ipam, inventory, the scheduler and a node-agent go through a slice's lifecycle and one create
-// that finds no capacity, then each one's /metrics is scraped. A renamed or dropped metric
-// fails here instead of leaving an alert that can never fire.
+// ipam, inventory, the scheduler, ingress and a node-agent go through a slice's lifecycle (with
+// one public endpoint, applied and removed by the agent) and one create that finds no capacity,
+// then each one's /metrics is scraped. A renamed or dropped metric fails here instead of leaving
+// an alert that can never fire.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/http.hpp"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "platform.hpp"
 
@@ -87,15 +89,31 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
   testing::Platform p;
   p.Start();
   ASSERT_FALSE(HasFatalFailure());
-  p.StartApprovedAgent("metrics-node", "metrics", 2);
+  p.StartIngress();
   ASSERT_FALSE(HasFatalFailure());
+  // The agent acks ingress's exposure documents without touching the kernel (simulate).
+  p.StartApprovedAgent(
+      "metrics-node", "metrics", 2,
+      {{"GPUAAS_EXPOSURE_APPLY", "simulate"}, {"GPUAAS_NETWORK_REPORT_MS", "100"}});
+  ASSERT_FALSE(HasFatalFailure());
+  // A pool for the node's endpoints: gpuaas_endpoint_pool_endpoints has series once one exists.
+  v1::SetEndpointPoolRequest pool;
+  pool.mutable_pool()->set_name("metrics-node-ports");
+  pool.mutable_pool()->set_kind(v1::ENDPOINT_POOL_KIND_PORT_RANGE);
+  pool.mutable_pool()->set_region("us-east-1");
+  pool.mutable_pool()->set_node_id("metrics-node");
+  pool.mutable_pool()->add_addresses("203.0.113.20");
+  pool.mutable_pool()->set_port_min(21000);
+  pool.mutable_pool()->set_port_max(21009);
+  auto pool_set = p.Call<v1::SetEndpointPoolResponse>("gpuaas.v1.ingress.pool.set", pool);
+  ASSERT_TRUE(pool_set.ok()) << pool_set.error().ToString();
   // An agent on the libvirt runtime (libvirt's test driver): its restart adoption is measured.
   p.StartAgent("metrics-libvirt", 1, "metrics-libvirt",
                {{"GPUAAS_VM_RUNTIME", "libvirt"},
                 {"GPUAAS_VM_DOMAIN_TYPE", "qemu"},
                 {"GPUAAS_VM_PASSTHROUGH", "false"}});
 
-  auto create = [&](const std::string& request_id, int gpus) {
+  auto create = [&](const std::string& request_id, int gpus, bool expose_ssh) {
     v1::CreateAllocationRequest c;
     c.set_tenant("metrics");
     c.set_request_id(request_id);
@@ -104,9 +122,15 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
     c.set_region("us-east-1");
     c.set_pool("metrics");
     c.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA test");
+    if (expose_ssh) {
+      auto* e = c.add_expose();
+      e->set_name("ssh");
+      e->set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+      e->set_port(22);
+    }
     return p.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", c);
   };
-  auto alloc = create("metrics-1", 1);
+  auto alloc = create("metrics-1", 1, true);
   ASSERT_TRUE(alloc.ok()) << alloc.error().ToString();
   const std::string id = alloc->allocation().allocation_id();
   auto state_is = [&](v1::AllocationState want) {
@@ -119,9 +143,10 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
         },
         20s);
   };
+  // Active only once the node acked its endpoint: gpuaas_exposure_apply_seconds has observed it.
   ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_ACTIVE));
   // More GPUs than the fleet has free: a no_placement with its reason.
-  auto none = create("metrics-2", 2);
+  auto none = create("metrics-2", 2, false);
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.error().reason, "no_placement");
   v1::ReleaseAllocationRequest rel;
@@ -131,7 +156,7 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
   ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_RELEASED));
 
   std::vector<runtime::Service*> services = {&p.ipam->runtime(), &p.inventory->runtime(),
-                                             &p.scheduler->runtime()};
+                                             &p.scheduler->runtime(), &p.ingress->runtime()};
   for (auto& a : p.agents) services.push_back(&a->runtime());
   std::set<std::string> exported;
   auto scrape = [&] {
