@@ -1483,24 +1483,14 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
   // ---- network state (the networking code's hook) ----
   bool network_removed = false;
   if (opts_.network_cleanup) {
-    auto r = opts_.network_cleanup(p);
-    network_removed = r.ok();
-    progress("network",
-             r.ok() ? "the allocation's network state removed (DHCP leases released)"
-                    : "network cleanup failed: " + r.error().ToString(),
-             100);
+    network_removed = RunCleanupHook(CleanupHookKind::kNetwork, opts_.network_cleanup, p, progress);
   } else {
     progress("network", "no network cleanup hook: network state not removed", 100);
   }
-  bool exposure_removed = true;  // a node that follows no exposure document has none
-  if (opts_.exposure_cleanup) {
-    auto r = opts_.exposure_cleanup(p);
-    exposure_removed = r.ok();
-    progress("exposure",
-             r.ok() ? "no public exposure maps to the slots (document and kernel)"
-                    : "exposure cleanup failed: " + r.error().ToString(),
-             100);
-  }
+  // A node that follows no exposure document has none.
+  const bool exposure_removed =
+      !opts_.exposure_cleanup ||
+      RunCleanupHook(CleanupHookKind::kExposure, opts_.exposure_cleanup, p, progress);
 
   RemoveSeed(opts_, p.allocation_id());
   {

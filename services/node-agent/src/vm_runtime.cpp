@@ -312,6 +312,22 @@ Result<void> PutDomainRecord(LocalStore& store, const v1::ProvisionBundle& b,
   return store.Put(DomainKey(b.allocation_id()), rec);
 }
 
+bool RunCleanupHook(CleanupHookKind kind, const NetworkCleanupFn& hook,
+                    const v1::CleanupParams& params, const ProgressFn& progress) {
+  const bool network = kind == CleanupHookKind::kNetwork;
+  const char* stage = network ? "network" : "exposure";
+  auto r = hook(params);
+  if (r.ok()) {
+    progress(stage,
+             network ? "the allocation's network state removed (DHCP leases released)"
+                     : "no public exposure maps to the slots (document and kernel)",
+             100);
+  } else {
+    progress(stage, fmt::format("{} cleanup failed: {}", stage, r.error().ToString()), 100);
+  }
+  return r.ok();
+}
+
 Result<void> CheckCleanup(const v1::CleanupParams& p, const LocalStore& store,
                           const v1::TopologyReport& devices, const std::string& stage) {
   if (!ids::IsUuid(p.allocation_id())) {
@@ -481,24 +497,14 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
   Step();
   bool network_removed = true;
   if (opts_.network_cleanup) {
-    auto r = opts_.network_cleanup(p);
-    network_removed = r.ok();
-    progress("network",
-             r.ok() ? "the allocation's network state removed (DHCP leases released)"
-                    : "network cleanup failed: " + r.error().ToString(),
-             100);
+    network_removed = RunCleanupHook(CleanupHookKind::kNetwork, opts_.network_cleanup, p, progress);
   } else {
     progress("network", "DHCP reservation and NAT/DNAT state removed (simulated)", 100);
   }
-  bool exposure_removed = true;  // a node that follows no exposure document has none
-  if (opts_.exposure_cleanup) {
-    auto r = opts_.exposure_cleanup(p);
-    exposure_removed = r.ok();
-    progress("exposure",
-             r.ok() ? "no public exposure maps to the slots (document and kernel)"
-                    : "exposure cleanup failed: " + r.error().ToString(),
-             100);
-  }
+  // A node that follows no exposure document has none.
+  const bool exposure_removed =
+      !opts_.exposure_cleanup ||
+      RunCleanupHook(CleanupHookKind::kExposure, opts_.exposure_cleanup, p, progress);
   if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (const auto& s : p.slots()) {

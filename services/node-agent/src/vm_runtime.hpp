@@ -83,6 +83,13 @@ using ProgressFn = std::function<void(const std::string&, const std::string&, in
 // MACs' DHCP leases); both runtimes call it from Cleanup and prove the result per slot.
 using NetworkCleanupFn = std::function<Result<void>(const v1::CleanupParams&)>;
 
+enum class CleanupHookKind { kNetwork, kExposure };
+// Calls a set network_cleanup or exposure_cleanup hook from a runtime's Cleanup and reports it as
+// a progress line of its stage ("network", "exposure"): the state removed, or the hook's error.
+// Returns whether the state is gone (what the slots' proofs say).
+bool RunCleanupHook(CleanupHookKind kind, const NetworkCleanupFn& hook,
+                    const v1::CleanupParams& params, const ProgressFn& progress);
+
 class VmRuntime {
  public:
   virtual ~VmRuntime() = default;

@@ -2,9 +2,11 @@
 // hosts written by BuildFixtureHost.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -386,6 +388,50 @@ TEST(SimulatedRuntimeTest, ProvisionReleaseCleanupRoundTrip) {
   // Cleaning again is harmless, and the slots are free for the next allocation.
   EXPECT_TRUE(rt.Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
   EXPECT_TRUE(rt.Provision(other, [](auto&&...) {}).ok());
+}
+
+// The hooks decide the proofs and each says how it went; an unset exposure hook means the node
+// has no exposure state (true, no line).
+TEST(SimulatedRuntimeTest, CleanupHooksDecideTheProofs) {
+  Sandbox sb;
+  SimOptions opts = Sim(sb);
+  std::vector<std::string> called;
+  opts.network_cleanup = [&](const v1::CleanupParams& p) -> Result<void> {
+    called.push_back("network " + p.allocation_id());
+    return Ok();
+  };
+  opts.exposure_cleanup = [&](const v1::CleanupParams& p) -> Result<void> {
+    called.push_back("exposure " + p.allocation_id());
+    return Error::Unavailable("exposure_still_mapped", "10.100.0.2 is still exposed");
+  };
+  SimulatedRuntime rt(sb.store(), opts);
+  const auto b = sb.Bundle(1);
+  ASSERT_TRUE(rt.Provision(b, [](auto&&...) {}).ok());
+  Recorder rec;
+  auto cleaned = rt.Cleanup(CleanupOf(b), rec.Fn());
+  ASSERT_TRUE(cleaned.ok()) << cleaned.error().ToString();
+  EXPECT_EQ(called, (std::vector<std::string>{"network " + kAlloc, "exposure " + kAlloc}));
+  ASSERT_EQ(cleaned->proofs_size(), 1);
+  EXPECT_TRUE(cleaned->proofs(0).network_state_removed());
+  EXPECT_FALSE(cleaned->proofs(0).exposure_state_removed());
+  std::map<std::string, std::string> said;
+  for (const auto& e : rec.events) said[e.stage] = e.detail;
+  EXPECT_EQ(said["network"], "the allocation's network state removed (DHCP leases released)");
+  EXPECT_EQ(
+      said["exposure"],
+      "exposure cleanup failed: " +
+          Error::Unavailable("exposure_still_mapped", "10.100.0.2 is still exposed").ToString());
+
+  SimulatedRuntime plain(sb.store(), Sim(sb));
+  ASSERT_TRUE(plain.Provision(b, [](auto&&...) {}).ok());
+  Recorder rec2;
+  auto again = plain.Cleanup(CleanupOf(b), rec2.Fn());
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  EXPECT_TRUE(again->proofs(0).network_state_removed());
+  EXPECT_TRUE(again->proofs(0).exposure_state_removed());
+  const auto stages = rec2.Stages();
+  EXPECT_EQ(std::count(stages.begin(), stages.end(), "exposure"), 0);
+  EXPECT_EQ(std::count(stages.begin(), stages.end(), "network"), 1);
 }
 
 TEST(SimulatedRuntimeTest, ReleaseOfAnAbsentDomainSucceeds) {
