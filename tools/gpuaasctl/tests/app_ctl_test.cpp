@@ -3,48 +3,19 @@
 // 4 not compatible, 1 the platform's error).
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <vector>
 
-#include "gpuaas/common/messaging.hpp"
+#include "ctl_harness.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/apps.pb.h"
-#include "test_env.hpp"
 
 namespace gpuaas {
 namespace {
 
-class AppCtlTest : public ::testing::Test {
+class AppCtlTest : public testing::FakeSchedulerCtlTest {
  protected:
-  void SetUp() override {
-    log_ = log::Logger("test", "t1", log::Level::kWarn);
-    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
-    ASSERT_TRUE(c.ok()) << c.error().ToString();
-    conn_ = *c;
-    rpc::ServerOptions so;
-    std::ifstream key(nats_.TokenPublicKeyFile());
-    so.token_public_keys.emplace_back(std::istreambuf_iterator<char>(key),
-                                      std::istreambuf_iterator<char>());
-    server_ = std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_,
-                                            nullptr, so);
-    FakeScheduler();
-    ASSERT_TRUE(server_->Start().ok());
-  }
-
-  testing::CommandResult Ctl(const std::vector<std::string>& args) {
-    std::vector<std::string> argv = {GPUAASCTL_BIN,
-                                     "--nats",
-                                     nats_.url(),
-                                     "--nats-seed-file",
-                                     nats_.SeedFile("operator"),
-                                     "--token",
-                                     nats_.Token("operator")};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return testing::RunCommand(argv);
-  }
-
   static v1::AppManifest Jupyter() {
     v1::AppManifest a;
     a.set_name("jupyter");
@@ -65,7 +36,7 @@ class AppCtlTest : public ::testing::Test {
   }
 
   // Jupyter fits; "slurm-cluster" does not; anything else is unknown.
-  void FakeScheduler() {
+  void FakeScheduler() override {
     server_->Handle<v1::ListAppsRequest, v1::ListAppsResponse>(
         "gpuaas.v1.scheduler.app.list",
         [](const v1::ListAppsRequest&, rpc::Context&) -> Result<v1::ListAppsResponse> {
@@ -114,10 +85,6 @@ class AppCtlTest : public ::testing::Test {
     return last_;
   }
 
-  testing::TestNats nats_;
-  log::Logger log_;
-  std::shared_ptr<messaging::Connection> conn_;
-  std::unique_ptr<rpc::Server> server_;
   std::mutex mu_;
   v1::CheckAppCompatibilityRequest last_;
 };

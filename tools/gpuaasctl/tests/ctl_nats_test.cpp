@@ -5,55 +5,23 @@
 #include <sys/wait.h>
 
 #include <cstdio>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include "gpuaas/common/messaging.hpp"
+#include "ctl_harness.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "test_env.hpp"
 
 namespace gpuaas {
 namespace {
 
 using CtlRun = testing::CommandResult;
 
-class CtlTest : public ::testing::Test {
+class CtlTest : public testing::FakeSchedulerCtlTest {
  protected:
-  void SetUp() override {
-    log_ = log::Logger("test", "t1", log::Level::kWarn);
-    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
-    ASSERT_TRUE(c.ok()) << c.error().ToString();
-    conn_ = *c;
-    // The fake scheduler checks request tokens with the test's token key, as the real one does.
-    rpc::ServerOptions so;
-    std::ifstream key(nats_.TokenPublicKeyFile());
-    so.token_public_keys.emplace_back(std::istreambuf_iterator<char>(key),
-                                      std::istreambuf_iterator<char>());
-    server_ = std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_,
-                                            nullptr, so);
-    FakeScheduler();
-    ASSERT_TRUE(server_->Start().ok());
-  }
-
-  // gpuaasctl --nats <test server> args...
-  CtlRun Ctl(const std::vector<std::string>& args) {
-    // As an operator: its NATS key and a request token.
-    std::vector<std::string> argv = {GPUAASCTL_BIN,
-                                     "--nats",
-                                     nats_.url(),
-                                     "--nats-seed-file",
-                                     nats_.SeedFile("operator"),
-                                     "--token",
-                                     nats_.Token("operator")};
-    argv.insert(argv.end(), args.begin(), args.end());
-    return testing::RunCommand(argv);
-  }
-
-  void FakeScheduler() {
+  void FakeScheduler() override {
     server_->Handle<v1::ListCatalogRequest, v1::ListCatalogResponse>(
         "gpuaas.v1.scheduler.catalog.list",
         [](const v1::ListCatalogRequest&, rpc::Context&) -> Result<v1::ListCatalogResponse> {
@@ -161,10 +129,6 @@ class CtlTest : public ::testing::Test {
         });
   }
 
-  testing::TestNats nats_;
-  log::Logger log_;
-  std::shared_ptr<messaging::Connection> conn_;
-  std::unique_ptr<rpc::Server> server_;
   std::mutex mu_;
   v1::AllocationState listed_state_ = v1::ALLOCATION_STATE_UNSPECIFIED;
   v1::NetworkMode created_mode_ = v1::NETWORK_MODE_UNSPECIFIED;

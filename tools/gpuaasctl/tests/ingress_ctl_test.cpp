@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <string>
@@ -14,6 +13,7 @@
 
 #include <fmt/format.h>
 
+#include "ctl_harness.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
@@ -29,19 +29,6 @@ namespace gpuaas {
 namespace {
 
 using namespace std::chrono_literals;
-
-// gpuaasctl --nats <test server> args..., as an operator.
-testing::CommandResult RunCtl(testing::TestNats& nats, const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {GPUAASCTL_BIN,
-                                   "--nats",
-                                   nats.url(),
-                                   "--nats-seed-file",
-                                   nats.SeedFile("operator"),
-                                   "--token",
-                                   nats.Token("operator")};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return testing::RunCommand(argv);
-}
 
 bool Has(const std::string& text, const std::string& want) {
   return text.find(want) != std::string::npos;
@@ -59,16 +46,15 @@ class IngressCtlTest : public ::testing::Test {
     auto r = svc_->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
     ASSERT_TRUE(svc_->runtime().nats()->Flush(2000ms).ok());
-    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness),
-                                            log::Logger("test", "t", log::Level::kError));
-    ASSERT_TRUE(c.ok()) << c.error().ToString();
-    conn_ = *c;
+    conn_ = nats_.Connect(testing::TestNats::kHarness);
   }
   void TearDown() override {
     if (svc_) svc_->Shutdown();
   }
 
-  testing::CommandResult Ctl(const std::vector<std::string>& args) { return RunCtl(nats_, args); }
+  testing::CommandResult Ctl(const std::vector<std::string>& args) {
+    return testing::RunCtl(nats_, args);
+  }
 
   // What the scheduler's outbox relay publishes about a slice allocation on node gpu-01.
   void PublishAllocation(const std::string& id, int64_t generation, bool vm_up) {
@@ -220,19 +206,9 @@ TEST_F(IngressCtlTest, ExposeListNodeDocumentUnexpose) {
 // A fake scheduler: allocation "slow" (ssh) stays provisioning with its VM up and nothing in
 // flight until its endpoint was reported applying a few times, then is active; "broken" fails
 // because its endpoint failed.
-class AllocEndpointsCtlTest : public ::testing::Test {
+class AllocEndpointsCtlTest : public testing::FakeSchedulerCtlTest {
  protected:
-  void SetUp() override {
-    log_ = log::Logger("test", "t1", log::Level::kWarn);
-    auto c = messaging::Connection::Connect(nats_.Options(testing::TestNats::kHarness), log_);
-    ASSERT_TRUE(c.ok()) << c.error().ToString();
-    conn_ = *c;
-    rpc::ServerOptions so;
-    std::ifstream key(nats_.TokenPublicKeyFile());
-    so.token_public_keys.emplace_back(std::istreambuf_iterator<char>(key),
-                                      std::istreambuf_iterator<char>());
-    server_ = std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_,
-                                            nullptr, so);
+  void FakeScheduler() override {
     server_->Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
         "gpuaas.v1.scheduler.allocation.create",
         [this](const v1::CreateAllocationRequest& req,
@@ -285,7 +261,6 @@ class AllocEndpointsCtlTest : public ::testing::Test {
           }
           return r;
         });
-    ASSERT_TRUE(server_->Start().ok());
   }
 
   // The allocation as the scheduler's read model has it now.
@@ -312,12 +287,6 @@ class AllocEndpointsCtlTest : public ::testing::Test {
     return a;
   }
 
-  testing::CommandResult Ctl(const std::vector<std::string>& args) { return RunCtl(nats_, args); }
-
-  testing::TestNats nats_;
-  log::Logger log_;
-  std::shared_ptr<messaging::Connection> conn_;
-  std::unique_ptr<rpc::Server> server_;
   std::atomic<int> gets_{0};
   std::mutex mu_;
   v1::CreateAllocationRequest created_;
