@@ -2,6 +2,7 @@
 // fields, array literals.
 #include <gtest/gtest.h>
 
+#include "gpuaas/common/allocation_event.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
@@ -34,6 +35,35 @@ TEST(EnvelopeTest, MakeEventFillsTheEnvelope) {
   EXPECT_EQ(back.reason(), "x");
   EXPECT_NE(outbox::MakeEvent({"gpuaas.v1.evt.a.b", "", "s", "e", 1, "", "", nullptr}).id(),
             ev.id());
+}
+
+TEST(EnvelopeTest, AllocationEventsAreReadWithTheirGeneration) {
+  const std::string id = ids::NewUuidV7();
+  v1::AllocationSnapshot snap;
+  snap.mutable_allocation()->set_allocation_id(id);
+  snap.mutable_allocation()->set_generation(4);
+  const std::string subject = "gpuaas.v1.evt.scheduler.allocation.active";
+  auto read =
+      inbox::ReadAllocationEvent(outbox::MakeEvent({subject, "", "s", id, 5, id, "", &snap}));
+  ASSERT_TRUE(read.ok()) << read.error().ToString();
+  EXPECT_EQ(read->allocation().allocation_id(), id);
+  EXPECT_EQ(read->generation, 5);
+  read = inbox::ReadAllocationEvent(outbox::MakeEvent({subject, "", "s", id, 0, id, "", &snap}));
+  ASSERT_TRUE(read.ok()) << read.error().ToString();
+  EXPECT_EQ(read->generation, 4) << "no envelope generation: the allocation's";
+
+  v1::Status other;
+  auto wrong =
+      inbox::ReadAllocationEvent(outbox::MakeEvent({subject, "", "s", id, 5, id, "", &other}));
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().reason, "malformed_event");
+  EXPECT_EQ(wrong.error().message, "event data is not a gpuaas.v1.AllocationSnapshot");
+  snap.mutable_allocation()->set_allocation_id("not-a-uuid");
+  auto no_id =
+      inbox::ReadAllocationEvent(outbox::MakeEvent({subject, "", "s", id, 5, id, "", &snap}));
+  ASSERT_FALSE(no_id.ok());
+  EXPECT_EQ(no_id.error().reason, "malformed_event");
+  EXPECT_EQ(no_id.error().code, Code::kInvalidArgument);
 }
 
 TEST(EnvelopeTest, TextArrayLiteralQuotesEveryElement) {

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpuaas/common/allocation_event.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -455,20 +456,14 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
 }
 
 Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Context& c) {
-  v1::AllocationSnapshot snap;
-  if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event",
-                                  "event data is not a gpuaas.v1.AllocationSnapshot");
-  }
-  const auto& a = snap.allocation();
-  if (!ids::IsUuid(a.allocation_id())) {
-    return Error::InvalidArgument("malformed_event", "allocation event without an allocation id");
-  }
+  auto read = inbox::ReadAllocationEvent(ev);
+  if (!read.ok()) return read.error();
+  const auto& a = read->allocation();
+  const int64_t generation = read->generation;
   // What this event makes ingress do was asked for by whoever caused it (the allocation's
   // creator, its releaser): the exposure events name them.
   std::optional<outbox::ActorScope> actor;
   if (!ev.actor().subject().empty()) actor.emplace(ev.actor());
-  const int64_t generation = ev.generation() > 0 ? ev.generation() : a.generation();
   auto prev = tx.exec_params(
       "SELECT generation FROM allocations WHERE allocation_id = $1 FOR UPDATE", a.allocation_id());
   if (!prev.empty() && prev[0][0].as<int64_t>() >= generation) return Ok();  // older news

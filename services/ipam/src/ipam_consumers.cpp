@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/allocation_event.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/proto_json.hpp"
@@ -53,16 +54,10 @@ Result<int> Unbind(pqxx::work& tx, const std::string& node_id, const std::string
 
 Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
                                   const std::string& source) {
-  v1::AllocationSnapshot snap;
-  if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event",
-                                  "event data is not a gpuaas.v1.AllocationSnapshot");
-  }
-  const auto& a = snap.allocation();
-  if (!ids::IsUuid(a.allocation_id())) {
-    return Error::InvalidArgument("malformed_event", "allocation event without an allocation id");
-  }
-  const int64_t generation = ev.generation() > 0 ? ev.generation() : a.generation();
+  auto read = inbox::ReadAllocationEvent(ev);
+  if (!read.ok()) return read.error();
+  const auto& a = read->allocation();
+  const int64_t generation = read->generation;
   auto prev = tx.exec_params(
       "SELECT generation FROM allocation_bindings WHERE allocation_id = $1 FOR UPDATE",
       a.allocation_id());
