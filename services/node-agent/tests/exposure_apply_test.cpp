@@ -40,6 +40,8 @@
 namespace gpuaas::node_agent {
 namespace {
 
+using testing::TempDir;
+
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
@@ -55,25 +57,6 @@ constexpr const char* kPublic = "203.0.113.10";
 constexpr const char* kVmIp = "10.100.0.11";
 constexpr const char* kVmMac = "52:54:00:a0:00:02";
 constexpr const char* kBanner = "SSH-2.0-gpuaas-lab";
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/gpuaas-exp-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-    ::chmod(path_.c_str(), 0755);  // dnsmasq (ipam network) reads under it as nobody
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // /class/net/<iface>/type (1 = Ethernet, 32 = InfiniBand) under a fixture sys root.
 void AddIface(const std::string& sys, const std::string& iface, int type) {
@@ -265,7 +248,7 @@ class ExposureSpecTest : public ::testing::Test {
     EXPECT_FALSE((*v)[0].message.empty());
   }
 
-  TempDir dir_;
+  TempDir dir_{"gpuaas-exp"};
   std::string sys_;
 };
 
@@ -788,7 +771,7 @@ class ExposureNetnsTest : public ::testing::Test {
     return c.Dial(20022, timeout);
   }
 
-  TempDir dir_;
+  TempDir dir_{"gpuaas-exp"};
   testing::NetnsLab lab_;
   std::string node_, client_, vm_, sys_;
   NetworkSpec net_;

@@ -25,6 +25,8 @@
 namespace gpuaas::node_agent {
 namespace {
 
+using testing::TempDir;
+
 using ::testing::ElementsAre;
 using ::testing::IsEmpty;
 using ::testing::Not;
@@ -191,25 +193,6 @@ TEST(NetSpecValidationTest, RemoveReservationRefusesAMalformedMac) {
 }
 
 // ---------------------------------------------------------------- lease file (unit)
-
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/gpuaas-net-XXXXXX";
-    path_ = ::mkdtemp(tmpl);
-    ::chmod(path_.c_str(), 0755);  // dnsmasq drops root before reading the hosts file
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 TEST(NetLeaseTest, BoundMissingMismatchAndUnexpected) {
   TempDir dir;

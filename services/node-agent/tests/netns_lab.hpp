@@ -6,9 +6,12 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
@@ -21,6 +24,27 @@
 #include "host.hpp"
 
 namespace gpuaas::node_agent::testing {
+
+// A fresh directory under /tmp, removed with everything in it on destruction. 0755: dnsmasq
+// drops root before it reads the hosts file (and ipam's network) under it.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& prefix = "gpuaas-net") {
+    std::string tmpl = fmt::format("/tmp/{}-XXXXXX", prefix);
+    path_ = ::mkdtemp(tmpl.data());
+    ::chmod(path_.c_str(), 0755);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 class NetnsLab {
  public:
