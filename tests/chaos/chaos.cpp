@@ -5,14 +5,23 @@
 // then lets it settle and checks what a user would:
 //   double_booked  no two claims ever overlapped on a slot (the claims' whole history)
 //   lost           every committed event (each service's outbox) is in its stream, every task
-//                  result a node published was applied by the scheduler, every acknowledged
-//                  create exists
+//                  result a node published and every exposure event was applied by the
+//                  scheduler, every allocation event by ingress, every acknowledged create exists
 //   stuck          every allocation ended active or terminal, and all of them terminal after
 //                  the final release, within the deadlines
 //   duplicated     no event id twice in a stream; per entity, generations in stream order
 //   dead_lettered_retryable  nothing in GPUAAS_DLQ (the campaign sends only valid traffic)
 //   projection     the scheduler's projection equals a rebuild by replay
 //   crashed        no process died on its own by a signal
+// and the exposures (ingress: a share of the slices are created with endpoints, each node has a
+// port_range pool, the agents ack exposure documents as `simulate`), checked once with the
+// allocations kept at the end of the churn settled and again after the final release:
+//   endpoint_not_active  an active allocation's endpoint (scheduler read model) is not active
+//                        (or drift) in ingress with the same public ip:port
+//   exposure_leaked      an exposure of a released allocation (or a failed one whose claims
+//                        are freed) is still live (requested, applying, active, drift, removing)
+//   pool_used_diff       a pool's `used` differs from its live exposures' endpoints
+//   endpoint_shared      two live exposures hold one public ip:port
 // and prints `R1 faults=... placements=... double_booked=0 lost=0 stuck=0
 // dead_lettered_retryable=0 ...`, exiting 1 when any check fails. scripts/chaos runs it.
 #include <signal.h>
@@ -22,11 +31,13 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -44,6 +55,7 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "test_env.hpp"
@@ -65,6 +77,8 @@ struct Options {
   int max_outage_s = 10;
   int max_pg_outage_s = 15;
   int min_faults = 0;
+  int expose_percent = 50;
+  int pool_ports = 64;
   uint64_t seed = 0;
   std::string out_dir;
 };
@@ -111,8 +125,16 @@ class Campaign {
   void Supervise();
   void Faults(bool servers);
   void Churn(int worker);
+  void SettleKept();
   void Settle();
   void Check();
+  // The exposure checks (see the header); `phase` names the moment in the lines they print.
+  void CheckExposures(const std::string& phase);
+  // An active allocation's endpoints (its read model) against ingress's exposures of it;
+  // returns the endpoints that are not active there.
+  int CheckEndpoints(const v1::Allocation& a, const std::string& phase);
+  // Every exposure ingress has in `states` (nullopt when ingress did not answer).
+  std::optional<std::vector<v1::Exposure>> Exposures(const std::vector<v1::ExposureState>& states);
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req,
                     std::chrono::milliseconds timeout = 10s) {
@@ -154,6 +176,13 @@ class Campaign {
   std::atomic<int> placements_{0};
   std::atomic<int> no_placement_{0};
   std::atomic<int> create_errors_{0};
+  std::atomic<int> exposed_{0};            // placements created with endpoints
+  std::atomic<int> endpoints_checked_{0};  // endpoints of active allocations checked in ingress
+  std::atomic<int> endpoint_not_active_{0};
+  int exposure_leaked_ = 0;
+  int pool_used_diff_ = 0;
+  int endpoint_shared_ = 0;
+  int live_exposures_kept_ = 0;  // live exposures when the kept allocations had settled
   std::mutex allocs_mu_;
   std::set<std::string> acknowledged_;  // allocation ids a create answered with
   std::map<std::string, int> failed_by_reason_;
@@ -208,6 +237,10 @@ void Campaign::StartPlatform() {
     env["GPUAAS_LIBVIRT_URI"] = "test:///default";
     env["GPUAAS_NODE_AGENT_SIM_BEHAVIOR"] = "succeed";
     env["GPUAAS_NODE_AGENT_SIM_STEP_MS"] = "20";
+    // Exposure documents followed and acked without kernel rules; checked (and the document
+    // fetched) every 250 ms, so an exposed slice is not held back by the agent's poll.
+    env["GPUAAS_EXPOSURE_APPLY"] = "simulate";
+    env["GPUAAS_NETWORK_REPORT_MS"] = "250";
     env["GPUAAS_LOG_LEVEL"] = "info";
     auto m = std::make_unique<Member>();
     m->name = id;
@@ -248,6 +281,20 @@ void Campaign::StartPlatform() {
     approve.set_node_id(id);
     auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
     if (!a.ok()) throw std::runtime_error("approve " + id + ": " + a.error().ToString());
+    // Its public ports: a node holds at most 8 slices of at most 2 endpoints, so the default 64
+    // ports never run out (an exposure holds its port until the node acked its removal, and the
+    // slot's cleanup waits for that).
+    v1::SetEndpointPoolRequest pr;
+    auto* pool = pr.mutable_pool();
+    pool->set_name(id + "-ports");
+    pool->set_kind(v1::ENDPOINT_POOL_KIND_PORT_RANGE);
+    pool->set_region("us-east-1");
+    pool->set_node_id(id);
+    pool->add_addresses(fmt::format("198.51.100.{}", i));
+    pool->set_port_min(20000);
+    pool->set_port_max(20000 + o_.pool_ports - 1);
+    auto ps = Insist<v1::SetEndpointPoolResponse>("gpuaas.v1.ingress.pool.set", pr, 60s);
+    if (!ps.ok()) throw std::runtime_error("pool.set " + id + ": " + ps.error().ToString());
   }
   if (!WaitFor(
           [&] {
@@ -262,8 +309,9 @@ void Campaign::StartPlatform() {
           60s, 100ms)) {
     throw std::runtime_error("the scheduler never saw every slot schedulable");
   }
-  Say(fmt::format("platform up: {} services, {} node-agents, {} schedulable slots", 5, o_.nodes,
-                  8 * o_.nodes));
+  Say(fmt::format(
+      "platform up: {} services, {} node-agents, {} schedulable slots, {} public ports each", 5,
+      o_.nodes, 8 * o_.nodes, o_.pool_ports));
 }
 
 // Restarts whatever died without being taken down on purpose; a death by a signal we did not
@@ -299,6 +347,7 @@ void Campaign::Faults(bool servers) {
     std::lock_guard lock(rng_mu_);
     return std::uniform_int_distribution<int>(lo, hi)(rng_);
   };
+  std::vector<Member*> bag;
   while (churning_ || faults_ < o_.min_faults) {
     std::this_thread::sleep_for(
         std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
@@ -320,8 +369,15 @@ void Campaign::Faults(bool servers) {
       std::this_thread::sleep_for(std::chrono::seconds(outage));
       nats_->Start();
     } else {
-      Member* m =
-          members_[static_cast<size_t>(pick(0, static_cast<int>(members_.size()) - 1))].get();
+      // Every service and node-agent in turn, in a shuffled order, so even a short run kills
+      // each of them.
+      if (bag.empty()) {
+        for (auto& mm : members_) bag.push_back(mm.get());
+        std::lock_guard lock(rng_mu_);
+        std::shuffle(bag.begin(), bag.end(), rng_);
+      }
+      Member* m = bag.back();
+      bag.pop_back();
       const int outage = pick(1, o_.max_outage_s);
       Say(fmt::format("fault {}: kill -9 {}, {} s outage", faults_ + 1, m->name, outage));
       {
@@ -350,6 +406,22 @@ void Campaign::Churn(int worker) {
     r.set_region("us-east-1");
     r.set_pool("h200");
     r.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA chaos");
+    // A share of the slices expose their SSH (a third of those a second endpoint too): ingress
+    // reserves the public ports at placement and the slice is active only once the node acked
+    // them.
+    const bool expose = std::uniform_int_distribution<int>(0, 99)(rng) < o_.expose_percent;
+    if (expose) {
+      auto* e = r.add_expose();
+      e->set_name("ssh");
+      e->set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+      e->set_port(22);
+      if (std::uniform_int_distribution<int>(0, 2)(rng) == 0) {
+        auto* j = r.add_expose();
+        j->set_name("jupyter");
+        j->set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+        j->set_port(8888);
+      }
+    }
     // The same request id until it is answered: a create is idempotent by (tenant, request id).
     auto c = Insist<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
     if (!c.ok()) {
@@ -372,6 +444,7 @@ void Campaign::Churn(int worker) {
       acknowledged_.insert(id);
     }
     placements_++;
+    if (expose) exposed_++;
     // Held for a moment once active (or until it failed), then released.
     v1::GetAllocationRequest g;
     g.set_allocation_id(id);
@@ -379,11 +452,21 @@ void Campaign::Churn(int worker) {
     while (churning_ && Clock::now() < until) {
       auto now = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g, 5s);
       if (now.ok()) {
-        const std::string st = enums::Text(now->allocation().state());
-        if (st == "active" || st == "failed" || st == "released") break;
+        const auto state = now->allocation().state();
+        if (state == v1::ALLOCATION_STATE_ACTIVE && now->allocation().endpoints_size() > 0) {
+          // Active with endpoints: each one is active in ingress right now, under faults.
+          endpoint_not_active_ += CheckEndpoints(now->allocation(), "churn");
+        }
+        if (state == v1::ALLOCATION_STATE_ACTIVE || state == v1::ALLOCATION_STATE_FAILED ||
+            state == v1::ALLOCATION_STATE_RELEASED) {
+          break;
+        }
       }
       std::this_thread::sleep_for(200ms);
     }
+    // A slice with endpoints in hand when the churn ends is kept, so the exposure checks see
+    // live exposures (SettleKept); Settle releases it.
+    if (expose && !churning_) continue;
     std::this_thread::sleep_for(
         std::chrono::milliseconds(std::uniform_int_distribution<int>(0, 1500)(rng)));
     v1::ReleaseAllocationRequest rel;
@@ -416,6 +499,225 @@ std::vector<std::string> Campaign::StreamEvents(const std::string& stream,
   return subjects;
 }
 
+int Campaign::CheckEndpoints(const v1::Allocation& a, const std::string& phase) {
+  v1::ListExposuresRequest lr;
+  lr.set_allocation_id(a.allocation_id());
+  auto l = Insist<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", lr, 60s);
+  if (!l.ok()) {
+    Say(fmt::format("ENDPOINT ({}) {}: ingress did not list its exposures: {}", phase,
+                    a.allocation_id(), l.error().ToString()));
+    return a.endpoints_size();
+  }
+  int bad = 0;
+  for (const auto& ep : a.endpoints()) {
+    endpoints_checked_++;
+    const v1::Exposure* found = nullptr;
+    for (const auto& e : l->exposures()) {
+      if (e.exposure_id() == ep.exposure_id()) found = &e;
+    }
+    const bool live_state = found && (found->state() == v1::EXPOSURE_STATE_ACTIVE ||
+                                      found->state() == v1::EXPOSURE_STATE_DRIFT);
+    if (ep.state() != v1::EXPOSURE_STATE_ACTIVE && ep.state() != v1::EXPOSURE_STATE_DRIFT) {
+      bad++;
+      Say(fmt::format("ENDPOINT NOT ACTIVE ({}) {} {}: the scheduler has it {}", phase,
+                      a.allocation_id(), ep.name(), enums::Text(ep.state())));
+    } else if (!live_state || found->public_port() <= 0 || found->public_ip().empty() ||
+               found->public_ip() != ep.public_ip() || found->public_port() != ep.public_port()) {
+      bad++;
+      Say(fmt::format("ENDPOINT NOT ACTIVE ({}) {} {}: scheduler {} {}:{}, ingress {}", phase,
+                      a.allocation_id(), ep.name(), ep.exposure_id(), ep.public_ip(),
+                      ep.public_port(),
+                      found ? fmt::format("{} {}:{}", enums::Text(found->state()),
+                                          found->public_ip(), found->public_port())
+                            : std::string("has no such exposure")));
+    }
+  }
+  return bad;
+}
+
+std::optional<std::vector<v1::Exposure>> Campaign::Exposures(
+    const std::vector<v1::ExposureState>& states) {
+  std::vector<v1::Exposure> out;
+  for (const auto st : states) {
+    v1::ListExposuresRequest lr;
+    lr.set_state(st);
+    auto l = Insist<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", lr, 60s);
+    if (!l.ok()) return std::nullopt;
+    // The list holds at most 1000; a settled platform has far fewer live exposures.
+    if (l->exposures_size() >= 1000) Say("WARNING: exposure list truncated at 1000");
+    out.insert(out.end(), l->exposures().begin(), l->exposures().end());
+  }
+  return out;
+}
+
+const std::vector<v1::ExposureState> kLiveExposure = {
+    v1::EXPOSURE_STATE_REQUESTED, v1::EXPOSURE_STATE_APPLYING, v1::EXPOSURE_STATE_ACTIVE,
+    v1::EXPOSURE_STATE_DRIFT, v1::EXPOSURE_STATE_REMOVING};
+const std::vector<v1::ExposureState> kMovingExposure = {
+    v1::EXPOSURE_STATE_REQUESTED, v1::EXPOSURE_STATE_APPLYING, v1::EXPOSURE_STATE_REMOVING};
+
+void Campaign::CheckExposures(const std::string& phase) {
+  // The scheduler's allocations: state, and whether any claim is still held.
+  struct Alloc {
+    std::string state;
+    bool claims_held = false;
+  };
+  std::map<std::string, Alloc> allocs;
+  {
+    pqxx::connection db(Dsn("scheduler"));
+    pqxx::nontransaction tx(db);
+    for (const auto& row :
+         tx.exec("SELECT a.allocation_id::text, a.state, EXISTS (SELECT 1 FROM "
+                 "allocation_resource_claims c WHERE c.allocation_id = a.allocation_id AND "
+                 "c.released_at IS NULL) FROM allocations a")) {
+      allocs[row[0].as<std::string>()] = {row[1].as<std::string>(), row[2].as<bool>()};
+    }
+  }
+  // (a) every active allocation's endpoints active in ingress.
+  int active_exposed = 0;
+  for (const auto& [id, a] : allocs) {
+    if (a.state != "active") continue;
+    v1::GetAllocationRequest g;
+    g.set_allocation_id(id);
+    auto got = Insist<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g, 60s);
+    if (!got.ok()) {
+      endpoint_not_active_++;
+      Say(fmt::format("ENDPOINT ({}) {}: allocation.get failed: {}", phase, id,
+                      got.error().ToString()));
+      continue;
+    }
+    if (got->allocation().endpoints_size() == 0) continue;
+    active_exposed++;
+    endpoint_not_active_ += CheckEndpoints(got->allocation(), phase);
+  }
+  // (c) needs the pools and the exposures at one moment: read the pools around the exposures
+  // and take a round where they did not move.
+  std::vector<v1::Exposure> live;
+  std::map<std::string, int64_t> used;
+  for (int round = 0;; ++round) {
+    auto pools = [&] {
+      std::map<std::string, int64_t> out;
+      v1::ListEndpointPoolsRequest pr;
+      auto l = Insist<v1::ListEndpointPoolsResponse>("gpuaas.v1.ingress.pool.list", pr, 60s);
+      if (!l.ok()) throw std::runtime_error("pool.list: " + l.error().ToString());
+      for (const auto& p : l->pools()) out[p.name()] = p.used();
+      return out;
+    };
+    const auto before = pools();
+    auto ex = Exposures(kLiveExposure);
+    if (!ex) throw std::runtime_error("ingress did not list its exposures");
+    used = pools();
+    live = std::move(*ex);
+    if (used == before || round == 4) break;
+    std::this_thread::sleep_for(1s);
+  }
+  // (b) no live exposure of an allocation that is gone.
+  for (const auto& e : live) {
+    auto it = allocs.find(e.allocation_id());
+    const bool gone = it == allocs.end() || it->second.state == "released" ||
+                      (it->second.state == "failed" && !it->second.claims_held);
+    if (gone) {
+      exposure_leaked_++;
+      Say(fmt::format("EXPOSURE LEAKED ({}) {} {} {} {}:{} of allocation {} ({})", phase,
+                      e.exposure_id(), e.name(), enums::Text(e.state()), e.public_ip(),
+                      e.public_port(), e.allocation_id(),
+                      it == allocs.end() ? "unknown to the scheduler" : it->second.state));
+    }
+  }
+  // (c) each pool's used = its live exposures (port_range: one port each).
+  std::map<std::string, int64_t> held;
+  for (const auto& e : live) held[e.pool()]++;
+  for (const auto& [pool, n] : used) {
+    const int64_t h = held.count(pool) ? held[pool] : 0;
+    if (n != h) {
+      pool_used_diff_ += static_cast<int>(std::abs(n - h));
+      Say(fmt::format("POOL USED ({}) {}: used={} but {} live exposures hold it", phase, pool, n,
+                      h));
+    }
+  }
+  for (const auto& [pool, n] : held) {
+    if (!used.count(pool)) {
+      pool_used_diff_ += static_cast<int>(n);
+      Say(fmt::format("POOL USED ({}) {}: {} live exposures of a pool that is not listed", phase,
+                      pool, n));
+    }
+  }
+  // (d) no public ip:port held twice.
+  std::map<std::string, std::vector<std::string>> by_endpoint;
+  for (const auto& e : live) {
+    by_endpoint[fmt::format("{}:{}", e.public_ip(), e.public_port())].push_back(e.exposure_id());
+  }
+  for (const auto& [endpoint, ids] : by_endpoint) {
+    if (ids.size() > 1) {
+      endpoint_shared_ += static_cast<int>(ids.size()) - 1;
+      Say(fmt::format("ENDPOINT SHARED ({}) {} by {} exposures", phase, endpoint, ids.size()));
+    }
+  }
+  if (phase == "kept") live_exposures_kept_ = static_cast<int>(live.size());
+  Say(fmt::format("exposures ({}): {} active allocations with endpoints, {} live exposures", phase,
+                  active_exposed, live.size()));
+}
+
+// After the churn, with the slices the workers kept: wait until every allocation is active or
+// terminal (a failed one with its claims freed) and no exposure is on its way
+// (requested/applying/removing), then check the exposures with live ones in place.
+void Campaign::SettleKept() {
+  // One more 1-GPU slice with SSH per worker, created after the faults, so the check always has
+  // live exposures (the workers keep only a slice with endpoints they happened to hold).
+  for (int w = 0; w < o_.workers; ++w) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant(fmt::format("tenant-{}", w));
+    r.set_request_id(fmt::format("chaos-{}-{}-kept", o_.seed, w));
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(1);
+    r.set_region("us-east-1");
+    r.set_pool("h200");
+    auto* e = r.add_expose();
+    e->set_name("ssh");
+    e->set_protocol(v1::TRANSPORT_PROTOCOL_TCP);
+    e->set_port(22);
+    // The churn's last slices may still be releasing: no_placement is retried for a while.
+    const auto until = Clock::now() + 60s;
+    auto c = Insist<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r, 60s);
+    while (!c.ok() && c.error().code == Code::kResourceExhausted && Clock::now() < until) {
+      std::this_thread::sleep_for(500ms);
+      c = Insist<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r, 60s);
+    }
+    if (!c.ok()) {
+      if (c.error().code != Code::kResourceExhausted) create_errors_++;
+      Say("kept slice not created: " + c.error().ToString());
+      continue;
+    }
+    std::lock_guard lock(allocs_mu_);
+    acknowledged_.insert(c->allocation().allocation_id());
+    placements_++;
+    exposed_++;
+  }
+  Say("settling: the kept slices active, everything else terminal");
+  pqxx::connection db(Dsn("scheduler"));
+  const bool settled = WaitFor(
+      [&] {
+        pqxx::nontransaction tx(db);
+        if (tx.exec1("SELECT count(*) FROM allocations a WHERE a.state NOT IN ('active', "
+                     "'released', 'failed') OR (a.state = 'failed' AND EXISTS (SELECT 1 FROM "
+                     "allocation_resource_claims c WHERE c.allocation_id = a.allocation_id AND "
+                     "c.released_at IS NULL))")[0]
+                .as<int>() > 0) {
+          return false;
+        }
+        v1::ListExposuresRequest lr;
+        for (const auto st : kMovingExposure) {
+          lr.set_state(st);
+          auto l = Call<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", lr, 5s);
+          if (!l.ok() || l->exposures_size() > 0) return false;
+        }
+        return true;
+      },
+      180s, 500ms);
+  if (!settled) Say("not settled after 180 s; checking as it is");
+  CheckExposures("kept");
+}
+
 // After the churn: every allocation released, and everything quiet.
 void Campaign::Settle() {
   Say("settling: releasing what is left");
@@ -443,7 +745,7 @@ void Campaign::Settle() {
   // Quiet: every outbox published, every consumer caught up.
   WaitFor(
       [&] {
-        for (const auto& s : {"inventory", "scheduler", "ipam"}) {
+        for (const auto& s : {"inventory", "scheduler", "ipam", "ingress"}) {
           pqxx::connection c(Dsn(s));
           pqxx::nontransaction tx(c);
           if (tx.exec1("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].as<int>() > 0) {
@@ -453,10 +755,18 @@ void Campaign::Settle() {
         return true;
       },
       120s, 500ms);
+  // Every exposure off its node (the released slices' cleanup proofs waited for it).
+  WaitFor(
+      [&] {
+        auto l = Exposures(kLiveExposure);
+        return l && l->empty();
+      },
+      60s, 500ms);
   std::this_thread::sleep_for(3s);
 }
 
 void Campaign::Check() {
+  CheckExposures("final");
   int double_booked = 0;
   int lost = 0;
   int stuck = 0;
@@ -510,7 +820,7 @@ void Campaign::Check() {
     bool old = false;  // unpublished for more than a minute
   };
   std::vector<OutboxRow> outbox_rows;
-  for (const std::string service : {"inventory", "scheduler", "ipam"}) {
+  for (const std::string service : {"inventory", "scheduler", "ipam", "ingress"}) {
     pqxx::connection db(Dsn(service));
     pqxx::nontransaction tx(db);
     for (const auto& row : tx.exec("SELECT event_id::text, subject, published_at IS NOT NULL, "
@@ -523,11 +833,20 @@ void Campaign::Check() {
   std::vector<v1::Event> node_events;
   const auto node_subjects = StreamEvents("GPUAAS_EVT_NODE", &node_events);
   std::set<std::string> in_streams;  // every event id the streams hold
-  for (const std::string stream : {"GPUAAS_EVT_INVENTORY", "GPUAAS_EVT_SCHEDULER",
-                                   "GPUAAS_EVT_IPAM", "GPUAAS_NODE_TASKS", "GPUAAS_EVT_NODE"}) {
+  std::vector<v1::Event> ingress_events;
+  std::vector<v1::Event> scheduler_events;
+  const auto ingress_subjects = StreamEvents("GPUAAS_EVT_INGRESS", &ingress_events);
+  const auto scheduler_subjects = StreamEvents("GPUAAS_EVT_SCHEDULER", &scheduler_events);
+  for (const std::string stream :
+       {"GPUAAS_EVT_INVENTORY", "GPUAAS_EVT_SCHEDULER", "GPUAAS_EVT_IPAM", "GPUAAS_EVT_INGRESS",
+        "GPUAAS_NODE_TASKS", "GPUAAS_EVT_NODE"}) {
     std::vector<v1::Event> events;
     if (stream == "GPUAAS_EVT_NODE") {
       events = node_events;
+    } else if (stream == "GPUAAS_EVT_INGRESS") {
+      events = ingress_events;
+    } else if (stream == "GPUAAS_EVT_SCHEDULER") {
+      events = scheduler_events;
     } else {
       StreamEvents(stream, &events);
     }
@@ -587,6 +906,28 @@ void Campaign::Check() {
       }
     }
   }
+  // Every exposure event was applied by the scheduler, every allocation event by ingress.
+  auto applied_by = [&](const std::string& service, const std::string& consumer,
+                        const std::vector<v1::Event>& events,
+                        const std::vector<std::string>& subjects, const std::string& prefix) {
+    pqxx::connection db(Dsn(service));
+    pqxx::nontransaction tx(db);
+    std::set<std::string> applied;
+    for (const auto& row :
+         tx.exec_params("SELECT event_id::text FROM inbox WHERE consumer = $1", consumer)) {
+      applied.insert(row[0].as<std::string>());
+    }
+    for (size_t i = 0; i < events.size(); ++i) {
+      if (subjects[i].rfind(prefix, 0) != 0 || applied.count(events[i].id())) continue;
+      lost++;
+      Say(fmt::format("LOST {} on {} (never applied by {})", events[i].id(), subjects[i],
+                      consumer));
+    }
+  };
+  applied_by("scheduler", "scheduler-ingress-exposures", ingress_events, ingress_subjects,
+             "gpuaas.v1.evt.ingress.exposure.");
+  applied_by("ingress", "ingress-scheduler-allocations", scheduler_events, scheduler_subjects,
+             "gpuaas.v1.evt.scheduler.allocation.");
   // --- dead letters ---
   std::vector<v1::Event> unused;
   int dead = 0;
@@ -651,12 +992,21 @@ void Campaign::Check() {
       "R1 faults={} (postgres={} nats={}) placements={} no_placement={} failed=[{} ] "
       "double_booked={} lost={} stuck={} duplicated={} republished={} out_of_order={} "
       "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
-      "restarts_after_start_failure={}",
+      "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
+      "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={}",
       faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
       no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
-      out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load());
+      out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
+      exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
+      exposure_leaked_, pool_used_diff_, endpoint_shared_);
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
-              projection_diff + crashed_.load() + create_errors_.load();
+              projection_diff + crashed_.load() + create_errors_.load() +
+              endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_;
+  // The exposure checks must have seen exposures (with --expose-percent above 0).
+  if (o_.expose_percent > 0 && endpoints_checked_ == 0) {
+    failures_++;
+    Say("no endpoint of an active allocation was checked");
+  }
   if (placements_ == 0) failures_++;
   if (faults_ < o_.min_faults) failures_++;
 }
@@ -679,6 +1029,7 @@ int Campaign::Run() {
   process_faults.join();
   faulting_ = false;
   for (auto& w : workers) w.join();
+  SettleKept();
   Settle();
   Check();
   supervisor.join();
@@ -712,6 +1063,11 @@ int main(int argc, char** argv) {
   app.add_option("--max-pg-outage-s", o.max_pg_outage_s, "Longest PostgreSQL outage")
       ->capture_default_str();
   app.add_option("--min-faults", o.min_faults, "Keep injecting faults until this many")
+      ->capture_default_str();
+  app.add_option("--expose-percent", o.expose_percent,
+                 "Share of the slices created with endpoints to expose (ssh, sometimes jupyter)")
+      ->capture_default_str();
+  app.add_option("--pool-ports", o.pool_ports, "Public ports of each node's port_range pool")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Random seed (0 = time)");
   app.add_option("--out", o.out_dir, "Directory for logs and hosts (default: a temporary one)");
