@@ -8,12 +8,16 @@
 #   e2e_guest DIR                  build the guest (idempotent; SKIP_GUEST_BUILD=1 skips); the
 #                                  scripts share BUILD_DIR/e2e-guest (env GUEST overrides)
 #   e2e_netns NAME                 create the namespace (lo up); removed on exit
+#   e2e_client_netns NS CLIENT IF NODE_CIDR CLIENT_CIDR
+#                                  a second namespace CLIENT (removed on exit) wired to NS by a
+#                                  veth pair: IF in NS with NODE_CIDR (the node's public uplink),
+#                                  eth0 in CLIENT with CLIENT_CIDR (a client on the internet)
 #   e2e_libvirtd NAME LOGDIR       virtlogd + libvirtd inside namespace NAME
 #   e2e_on_exit CMD                run CMD (a string) on exit, before the daemons stop
 #   e2e_step MSG                   a timestamped progress line
 E2E_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 E2E_T0=$(date +%s.%N); E2E_TL=$E2E_T0
-E2E_LIBVIRTD_PID=; E2E_VIRTLOGD_PID=; E2E_NETNS=; E2E_ON_EXIT=(); E2E_NAME=e2e
+E2E_LIBVIRTD_PID=; E2E_VIRTLOGD_PID=; E2E_NETNS=; E2E_CLIENT_NETNS=; E2E_ON_EXIT=(); E2E_NAME=e2e
 
 e2e_step() {
   local now; now=$(date +%s.%N)
@@ -28,6 +32,7 @@ e2e_cleanup() {
   for c in "${E2E_ON_EXIT[@]}"; do eval "$c"; done
   [ -n "$E2E_LIBVIRTD_PID" ] && kill "$E2E_LIBVIRTD_PID" 2>/dev/null
   [ -n "$E2E_VIRTLOGD_PID" ] && kill "$E2E_VIRTLOGD_PID" 2>/dev/null
+  [ -n "$E2E_CLIENT_NETNS" ] && ip netns del "$E2E_CLIENT_NETNS" 2>/dev/null
   [ -n "$E2E_NETNS" ] && ip netns del "$E2E_NETNS" 2>/dev/null
   local took; took=$(echo "$(date +%s.%N)-$E2E_T0" | bc | cut -c1-5)
   if [ "$rc" = 0 ]; then echo "$E2E_NAME PASS (${took}s)"
@@ -58,6 +63,18 @@ e2e_netns() {
   ip netns del "$1" 2>/dev/null || true
   ip netns add "$1"; E2E_NETNS=$1
   ip netns exec "$1" ip link set lo up
+}
+
+e2e_client_netns() {
+  local ns=$1 client=$2 ifname=$3 node_cidr=$4 client_cidr=$5
+  ip netns del "$client" 2>/dev/null || true
+  ip netns add "$client"; E2E_CLIENT_NETNS=$client
+  ip -n "$client" link set lo up
+  ip -n "$ns" link add "$ifname" type veth peer name eth0 netns "$client"
+  ip -n "$ns" addr add "$node_cidr" dev "$ifname"
+  ip -n "$ns" link set "$ifname" up
+  ip -n "$client" addr add "$client_cidr" dev eth0
+  ip -n "$client" link set eth0 up
 }
 
 # libvirt daemons without systemd, inside the namespace.

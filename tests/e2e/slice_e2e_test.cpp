@@ -6,10 +6,15 @@
 // a catalog naming the guest image and its sha256). As child processes: the node-agent binary on
 // a fixture host whose slot NVMe is a loop device (vm.runtime=libvirt on qemu:///system, TCG;
 // network.apply=netns, so the agent runs the bridge, dnsmasq and NAT in the namespace from ipam's
-// document), and gpuaasctl for every tenant action. The tests run in order on one slot and each
-// leaves it free again:
-//   1. create -> placed -> provisioned (image, seed, UEFI domain) -> lease + SSH -> active; SSH
-//      into the guest; release -> shutdown, undefine -> wipe proof -> slot free again
+// document), and gpuaasctl for every tenant action. Ingress runs in this process too; the node's
+// public uplink is one end of a veth pair in the namespace (203.0.113.10, TEST-NET-3), its other
+// end is in a client namespace of its own (203.0.113.2), and the agent applies exposures there
+// (exposure.apply=netns: nftables DNAT from the uplink). The tests run in order on one slot and
+// each leaves it free again:
+//   1. create with --expose ssh:22 -> placed -> provisioned (image, seed, UEFI domain) -> lease +
+//      SSH -> endpoint applied -> active; SSH into the guest, from the slice network and from
+//      the client namespace through the public endpoint; release -> exposure removed -> shutdown,
+//      undefine -> wipe proof -> slot free again, the pool's port free, the public port closed
 //   2. a mounted slot disk is refused before any write and its slot stays cleanup_blocked until
 //      the disk is unmounted and the release is retried
 //   3. a guest whose DHCP is dropped fails with lease_timeout at readiness; cleanup wipes
@@ -47,6 +52,7 @@ using node_agent::RunTool;
 using node_agent::Trim;
 
 constexpr const char* kNode = "e2e-node-01";
+constexpr const char* kPool = "e2e-ports";  // the node's port_range endpoint pool
 
 std::string Env(const char* name) {
   const char* v = std::getenv(name);
@@ -75,6 +81,8 @@ node_agent::ToolResult Exec(const std::vector<std::string>& argv,
 struct World {
   testing::Platform p;
   std::string guest, netns, work, root, state_dir, net_dir, agent_bin, ctl;
+  // The node's public uplink (an interface in `netns`), its address and a client's namespace.
+  std::string uplink, public_ip, client_netns, client_ip, sys_dir;
   std::string backing, loop, by_id, mnt;
   node_agent::testing::LoopDisk disk;
   uint16_t http_port = 0;
@@ -93,7 +101,19 @@ class SliceE2eTest : public ::testing::Test {
     w->work = Env("GPUAAS_E2E_WORK");
     w->agent_bin = Env("GPUAAS_E2E_AGENT");
     w->ctl = Env("GPUAAS_E2E_CTL");
+    w->uplink = Env("GPUAAS_E2E_UPLINK");
+    w->public_ip = Env("GPUAAS_E2E_PUBLIC_IP");
+    w->client_netns = Env("GPUAAS_E2E_CLIENT_NETNS");
+    w->client_ip = Env("GPUAAS_E2E_CLIENT_IP");
+    ASSERT_FALSE(w->uplink.empty() || w->public_ip.empty() || w->client_netns.empty() ||
+                 w->client_ip.empty())
+        << "slice-e2e.sh sets GPUAAS_E2E_UPLINK, _PUBLIC_IP, _CLIENT_NETNS and _CLIENT_IP";
     fs::create_directories(w->work);
+    // The uplink lives in the namespace, so the agent cannot see it under the host's /sys: its
+    // sysfs entry for the fabric check (type 1: Ethernet) comes from this small tree.
+    w->sys_dir = w->work + "/uplink-sys";
+    fs::create_directories(w->sys_dir + "/class/net/" + w->uplink);
+    std::ofstream(w->sys_dir + "/class/net/" + w->uplink + "/type") << "1\n";
     // qemu runs as another user: it must reach the disk node, the seed, kernel and initrd.
     for (fs::path d = w->work; d != d.root_path(); d = d.parent_path()) {
       fs::permissions(d, fs::perms::others_read | fs::perms::others_exec, fs::perm_options::add);
@@ -115,6 +135,7 @@ class SliceE2eTest : public ::testing::Test {
     w->p.Start({{"GPUAAS_SCHEDULER_CATALOG_FILE", catalog},
                 {"GPUAAS_SCHEDULER_PROVISION_DEADLINE_S", "300"},
                 {"GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS", "200"}});
+    w->p.StartIngress();
 
     // The host: a one-GPU fixture (its GPU's NUMA node unknown, as on many real hosts), whose
     // data NVMe node becomes a block node of a fresh loop device.
@@ -166,6 +187,12 @@ class SliceE2eTest : public ::testing::Test {
     ASSERT_TRUE(testing::WaitFor(
         [] { return ReadAll(w->net_dir + "/dhcp-hosts").find(':') != std::string::npos; }, 30s))
         << "the agent never applied its network document";
+
+    // The operator gives the node's public address a port range for its slices' endpoints.
+    auto pool =
+        Ctl({"ingress", "pool", "set", "--name", kPool, "--kind", "port_range", "--region",
+             "us-east-1", "--node", kNode, "--address", w->public_ip, "--ports", "20000-20009"});
+    ASSERT_EQ(pool.exit_code, 0) << pool.err;
   }
   static void TearDownTestSuite() {
     if (!w) return;
@@ -178,6 +205,9 @@ class SliceE2eTest : public ::testing::Test {
   }
   void SetUp() override {
     if (!w) GTEST_SKIP() << "real-VM e2e: run scripts/e2e/slice-e2e.sh BUILD_DIR (root)";
+    // The suite outlives a request token (10 min) on a slow TCG host: the test's own calls
+    // (slots, allocations, timelines) get a fresh one per test, as gpuaasctl does per call.
+    w->p.conn->SetRequestToken(w->p.nats.Token("operator"));
   }
 
   static void StartAgent() {
@@ -208,9 +238,14 @@ class SliceE2eTest : public ::testing::Test {
         "GPUAAS_NETWORK_NETNS=" + w->netns,
         "GPUAAS_NETWORK_STATE_DIR=" + w->net_dir,
         "GPUAAS_NETWORK_REPORT_MS=1000",
+        "GPUAAS_EXPOSURE_APPLY=netns",
+        "GPUAAS_EXPOSURE_UPLINK=" + w->uplink,
+        "GPUAAS_EXPOSURE_SYS_ROOT=" + w->sys_dir,
     };
     // Its own node identity (enrolled above), as a host's bootstrap would deliver it.
-    for (const auto& [k, v] : w->p.nats.Env("node-agent", kNode)) env.push_back(k + "=" + v);
+    for (const auto& [k, v] : w->p.nats.Env("node-agent", kNode)) {
+      env.push_back(fmt::format("{}={}", k, v));
+    }
     w->agent->Spawn({w->agent_bin}, w->work + fmt::format("/agent-{}.log", ++w->agent_starts), env);
     ASSERT_TRUE(testing::WaitFor(
         [] {
@@ -228,6 +263,12 @@ class SliceE2eTest : public ::testing::Test {
     auto l = w->p.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
     if (!l.ok()) return {};
     return {l->slots().begin(), l->slots().end()};
+  }
+  // The scheduler's view of the node's slots, for failure messages.
+  static std::string SlotsText() {
+    std::string out;
+    for (const auto& s : Slots()) out += s.DebugString();
+    return out.empty() ? "(no slots)" : out;
   }
   static bool SlotSchedulable() {
     auto s = Slots();
@@ -249,12 +290,24 @@ class SliceE2eTest : public ::testing::Test {
     std::cout << "$ gpuaasctl " << fmt::format("{}", fmt::join(args, " ")) << "\n";
     return Exec(argv, 300s, echo);
   }
-  // `gpuaasctl alloc create` (one slice in pool e2e, the guest's SSH key); the allocation id.
-  static std::string Create(const std::string& request_id, const std::string& hostname) {
-    auto r = Ctl({"-o", "json", "alloc", "create", "--tenant", "acme", "--request-id", request_id,
-                  "--gpus", "1", "--region", "us-east-1", "--pool", "e2e", "--hostname", hostname,
-                  "--ssh-key", Trim(ReadAll(w->guest + "/id_ed25519.pub"))},
-                 false);
+  // `gpuaasctl alloc create` (one slice in pool e2e, the guest's SSH key, `expose` as
+  // --expose NAME:PORT); the allocation id.
+  static std::string Create(const std::string& request_id, const std::string& hostname,
+                            const std::vector<std::string>& expose = {}) {
+    std::vector<std::string> args = {"-o",           "json",
+                                     "alloc",        "create",
+                                     "--tenant",     "acme",
+                                     "--request-id", request_id,
+                                     "--gpus",       "1",
+                                     "--region",     "us-east-1",
+                                     "--pool",       "e2e",
+                                     "--hostname",   hostname,
+                                     "--ssh-key",    Trim(ReadAll(w->guest + "/id_ed25519.pub"))};
+    for (const auto& e : expose) {
+      args.emplace_back("--expose");
+      args.push_back(e);
+    }
+    auto r = Ctl(args, false);
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
     auto j = nlohmann::json::parse(r.out, nullptr, false);
     if (j.is_discarded() || !j.contains("allocation")) {
@@ -320,6 +373,56 @@ class SliceE2eTest : public ::testing::Test {
          "-o", "ConnectTimeout=10", "-o", "BatchMode=yes", "root@" + ip, cmd},
         60s);
   }
+  // `gpuaasctl -o json ARGS...` parsed (discarded JSON when it failed).
+  static nlohmann::json CtlJson(std::vector<std::string> args) {
+    args.insert(args.begin(), {"-o", "json"});
+    auto r = Ctl(std::move(args), false);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    return nlohmann::json::parse(r.out, nullptr, false);
+  }
+  // `ssh ARGS... cmd` with the guest's key from the client namespace: the internet's view.
+  static node_agent::ToolResult ClientSsh(const std::vector<std::string>& args,
+                                          const std::string& cmd, int connect_timeout_s = 10) {
+    std::vector<std::string> argv = {Tool("ip"),
+                                     "netns",
+                                     "exec",
+                                     w->client_netns,
+                                     Tool("ssh"),
+                                     "-i",
+                                     w->guest + "/id_ed25519",
+                                     "-o",
+                                     "StrictHostKeyChecking=no",
+                                     "-o",
+                                     "UserKnownHostsFile=/dev/null",
+                                     "-o",
+                                     "LogLevel=ERROR",
+                                     "-o",
+                                     fmt::format("ConnectTimeout={}", connect_timeout_s),
+                                     "-o",
+                                     "BatchMode=yes"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    argv.push_back(cmd);
+    return Exec(argv, 60s);
+  }
+  // The node's DNAT table as `nft list` prints it ("" when there is none).
+  static std::string IngressTable() {
+    auto r = RunTool({Tool("ip"), "netns", "exec", w->netns, Tool("nft"), "list", "table", "ip",
+                      "gpuaas_ingress"},
+                     30s);
+    return r.ok() && r->exit_code == 0 ? r->out : "";
+  }
+  // Seconds from the VM's readiness (its task succeeded) to the allocation becoming active: the
+  // time its endpoints took to be applied (-1 when the timeline lacks one of them).
+  static double EndpointWaitS(const std::string& id) {
+    double ready = -1;
+    const auto timeline = Timeline(id);
+    for (const auto& e : timeline.entries()) {
+      const double t = static_cast<double>(e.at().seconds()) + e.at().nanos() / 1e9;
+      if (ready < 0 && e.step() == v1::TIMELINE_STEP_TASK_SUCCEEDED) ready = t;
+      if (ready >= 0 && e.state() == v1::ALLOCATION_STATE_ACTIVE) return t - ready;
+    }
+    return -1;
+  }
   static long RssKib() {
     std::ifstream f(fmt::format("/proc/{}/status", w->agent->pid()));
     std::string line;
@@ -331,9 +434,10 @@ class SliceE2eTest : public ::testing::Test {
 };
 
 TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
-  const std::string id = Create("e2e-happy", "e2e-slice-1");
+  const std::string id = Create("e2e-happy", "e2e-slice-1", {"ssh:22"});
   ASSERT_FALSE(id.empty());
   ASSERT_EQ(Watch(id), 0) << "the slice did not become active";
+  std::cout << fmt::format("endpoints applied {:.1f}s after the VM was ready\n", EndpointWaitS(id));
   auto a = Get(id);
   ASSERT_EQ(a.state(), v1::ALLOCATION_STATE_ACTIVE);
   ASSERT_TRUE(a.has_network());
@@ -358,7 +462,69 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   EXPECT_EQ(relay.exit_code, 0) << relay.err;
   EXPECT_EQ(Trim(relay.out), "relay-ok");
 
+  // Its SSH endpoint: a port of the node's public address (from the pool), active, with the
+  // connect hint a tenant copies. From the client namespace, through the node's DNAT, that hint
+  // (plus the key) lands in this guest, which sees the client's own address.
+  Ctl({"alloc", "get", "--id", id});
+  auto got = CtlJson({"alloc", "get", "--id", id});
+  ASSERT_FALSE(got.is_discarded());
+  const auto endpoints = got["allocation"].value("endpoints", nlohmann::json::array());
+  ASSERT_EQ(endpoints.size(), 1U) << got.dump();
+  const auto& ep = endpoints[0];
+  EXPECT_EQ(ep.value("name", ""), "ssh");
+  EXPECT_EQ(ep.value("state", ""), "EXPOSURE_STATE_ACTIVE");
+  EXPECT_EQ(ep.value("public_ip", ""), w->public_ip);
+  const int port = ep.value("public_port", 0);
+  EXPECT_TRUE(port >= 20000 && port <= 20009) << port;
+  const std::string connect = ep.value("connect", "");
+  ASSERT_EQ(connect, fmt::format("ssh -p {} root@{}", port, w->public_ip));
+  EXPECT_NE(
+      IngressTable().find(fmt::format("tcp dport {} dnat to {}:22", port, a.network().actual_ip())),
+      std::string::npos)
+      << IngressTable();
+  const auto t_ssh = std::chrono::steady_clock::now();
+  auto pub = ClientSsh({"-p", std::to_string(port), "root@" + w->public_ip},
+                       "hostname; echo \"from $SSH_CLIENT\"");
+  std::cout << fmt::format(
+      "ssh through the endpoint took {:.1f}s\n",
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_ssh).count());
+  std::cout << pub.out;
+  EXPECT_EQ(pub.exit_code, 0) << pub.err;
+  EXPECT_NE(pub.out.find("e2e-slice-1\n"), std::string::npos) << pub.out;
+  EXPECT_NE(pub.out.find(fmt::format("from {} ", w->client_ip)), std::string::npos) << pub.out;
+
   Release(id);
+  // Released: the exposure is removed, its port back in the pool, the node's DNAT rule gone and
+  // the public port closed to the client (refused at once, not a hang).
+  auto removed = CtlJson({"ingress", "exposures", "--alloc", id, "--state", "removed"});
+  Ctl({"ingress", "exposures", "--alloc", id, "--state", "removed"});
+  ASSERT_FALSE(removed.is_discarded());
+  const auto exposures = removed.value("exposures", nlohmann::json::array());
+  ASSERT_EQ(exposures.size(), 1U) << removed.dump();
+  EXPECT_EQ(exposures[0].value("public_port", 0), port);
+  Ctl({"ingress", "pool", "list"});
+  auto pools = CtlJson({"ingress", "pool", "list"});
+  ASSERT_FALSE(pools.is_discarded());
+  bool pool_seen = false;
+  for (const auto& p : pools.value("pools", nlohmann::json::array())) {
+    if (p.value("name", "") != kPool) continue;
+    pool_seen = true;
+    // int64 is a JSON string; 0 is left out.
+    EXPECT_EQ(p.value("used", "0"), "0") << p.dump();
+    EXPECT_EQ(p.value("total", "0"), "10") << p.dump();
+  }
+  EXPECT_TRUE(pool_seen) << pools.dump();
+  EXPECT_EQ(IngressTable().find(fmt::format("dport {} ", port)), std::string::npos)
+      << IngressTable();
+  const auto t_refused = std::chrono::steady_clock::now();
+  auto closed = ClientSsh({"-p", std::to_string(port), "root@" + w->public_ip}, "hostname", 3);
+  const double refused_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t_refused).count();
+  EXPECT_NE(closed.exit_code, 0) << closed.out;
+  EXPECT_EQ(closed.out.find("e2e-slice-1"), std::string::npos) << closed.out;
+  EXPECT_LT(refused_s, 5.0) << closed.err;
+  std::cout << fmt::format("after release: {} ({:.1f}s)\n", Trim(closed.err), refused_s);
+
   a = Get(id);
   EXPECT_EQ(a.state(), v1::ALLOCATION_STATE_RELEASED);
   for (const auto& c : a.claims()) EXPECT_TRUE(c.has_released_at());
@@ -469,7 +635,7 @@ TEST_F(SliceE2eTest, AgentRssStaysSmallAndSteadyOverRepeatedCycles) {
     ASSERT_FALSE(id.empty());
     ASSERT_EQ(Watch(id), 0);
     Release(id);
-    ASSERT_TRUE(testing::WaitFor([] { return SlotSchedulable(); }, 30s));
+    ASSERT_TRUE(testing::WaitFor([] { return SlotSchedulable(); }, 30s)) << SlotsText();
     rss.push_back(RssKib());
     std::cout << fmt::format("cycle {}: agent RSS {} KiB\n", i + 1, rss.back());
   }
