@@ -34,10 +34,10 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
-#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 

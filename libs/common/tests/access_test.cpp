@@ -33,8 +33,8 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
   // roles.yaml's streams are the ones the code declares.
   for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
                            messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
-                           messaging::NodeEventsStream(),
-                           messaging::NodeTasksStream(), messaging::DeadLetterStream()}) {
+                           messaging::NodeEventsStream(), messaging::NodeTasksStream(),
+                           messaging::DeadLetterStream()}) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
