@@ -33,6 +33,7 @@
 #include "ctl.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
@@ -58,6 +59,7 @@ const std::vector<const pb::Descriptor*>& ContractFiles() {
                                                            v1::NodeTask::descriptor(),
                                                            v1::AllocationSnapshot::descriptor(),
                                                            v1::ExposureSnapshot::descriptor(),
+                                                           v1::ConsoleSessionEvent::descriptor(),
                                                            v1::TopologyReport::descriptor()};
   return files;
 }
@@ -65,8 +67,8 @@ const std::vector<const pb::Descriptor*>& ContractFiles() {
 // The streams replayed: every event stream (not the task stream, not the dead letters).
 std::vector<std::string> EventStreams() {
   return {messaging::InventoryEventsStream().name, messaging::SchedulerEventsStream().name,
-          messaging::IpamEventsStream().name, messaging::IngressEventsStream().name,
-          messaging::NodeEventsStream().name};
+          messaging::IpamEventsStream().name,      messaging::IngressEventsStream().name,
+          messaging::ConsoleEventsStream().name,   messaging::NodeEventsStream().name};
 }
 
 enum class Kind { kAllocation, kSlot, kNode };

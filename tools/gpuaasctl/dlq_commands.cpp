@@ -108,7 +108,7 @@ DlqAction AddDlqCommands(CLI::App& app) {
   list->add_option("--consumer", f->consumer, "Only this durable consumer's");
   Suggest(list->add_option("--stream", f->stream, "Only those from this stream"),
           {"GPUAAS_EVT_INVENTORY", "GPUAAS_EVT_SCHEDULER", "GPUAAS_EVT_IPAM", "GPUAAS_EVT_INGRESS",
-           "GPUAAS_EVT_NODE", "GPUAAS_NODE_TASKS"});
+           "GPUAAS_EVT_CONSOLE", "GPUAAS_EVT_NODE", "GPUAAS_NODE_TASKS"});
   list->add_option("--limit", f->limit, "At most this many")
       ->capture_default_str()
       ->check(CLI::Range(1, 10000));

@@ -21,6 +21,7 @@ namespace {
 constexpr const char* kEveryConsumer = "every-consumer";
 constexpr const char* kDeadLetterStream = "GPUAAS_DLQ";
 constexpr const char* kOperatorRole = "operator";
+constexpr const char* kNodeSubjects = "gpuaas.v1.node.{node_id}.";
 
 std::vector<std::string> Strings(const YAML::Node& n) {
   std::vector<std::string> out;
@@ -165,6 +166,7 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
       }
       role.read_streams = Strings(r.second["read_streams"]);
       role.token_roles = Strings(roles["token_roles"][role.name]);
+
       c.roles[role.name] = role;
     }
     for (const auto& s : roles["streams"]) {
@@ -203,6 +205,14 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
       }
       op.roles = Strings(a["roles"]);
       op.callers = Strings(a["callers"]);
+      op.core = a["core"].as<bool>(false);
+      op.via = Strings(a["via"]);
+      for (const auto& g : op.via) {
+        auto it = c.roles.find(g);
+        if (it == c.roles.end() || it->second.kind != Kind::kService || !op.reply) {
+          problems[where] = "via " + g + ": only a service may forward a request's token";
+        }
+      }
       if (op.roles.empty()) problems[where] = "x-gpuaas-access.roles is empty";
       for (const auto& r : op.roles) known(where, r);
       for (const auto& r : op.callers) known(where, r);
@@ -211,7 +221,13 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
         for (const auto& r : op.roles) {
           auto it = c.roles.find(r);
           if (it == c.roles.end()) continue;
-          if (it->second.kind != Kind::kService || !Covers(it->second.ns, Bind(op.address, ""))) {
+          // A service serves its namespace; a node serves only subjects bound to its own id
+          // under gpuaas.v1.node.{node_id}.
+          const bool ok =
+              it->second.kind == Kind::kService
+                  ? Covers(it->second.ns, Bind(op.address, ""))
+                  : it->second.kind == Kind::kNode && op.address.rfind(kNodeSubjects, 0) == 0;
+          if (!ok) {
             problems[where] = op.address + " is served by " + r + " but outside its namespace";
           }
         }
@@ -236,8 +252,22 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
         if (cons.durable.empty()) problems[where] = "a consumer without a durable";
         op.consumers.push_back(cons);
       }
-      if (op.action == "receive" && !op.reply && op.consumers.empty()) {
-        problems[where] = "a consume operation without consumers (durables)";
+      if (op.core) {
+        const std::string subject = Bind(op.address, "");
+        for (const auto& [stream, subjects] : c.streams) {
+          for (const auto& s : subjects) {
+            if (Covers(s, subject) || Covers(subject, s)) {
+              problems[where] =
+                  "a core subscription on " + op.address + ", which stream " + stream + " holds";
+            }
+          }
+        }
+        if (op.reply || !op.consumers.empty()) {
+          problems[where] = "core applies to plain subscriptions only (no reply, no consumers)";
+        }
+      }
+      if (op.action == "receive" && !op.reply && op.consumers.empty() && !op.core) {
+        problems[where] = "a consume operation without consumers (durables) or core: true";
       }
       c.operations.push_back(std::move(op));
     }
@@ -306,6 +336,16 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
       p.publish.insert(Bind(op.address, node_id));
     }
     if (Contains(op.callers, role)) p.publish.insert(Bind(op.address, node_id));
+    if (Contains(op.via, role)) p.publish.insert(Bind(op.address, node_id));
+    if (Contains(op.roles, role) && op.action == "receive") {
+      // Live relays (core subscriptions), and the requests a node serves under its own id (a
+      // service's served requests are its namespace, subscribed above).
+      if (op.core) p.subscribe.insert(Bind(op.address, node_id));
+      if (op.reply && r.kind == Kind::kNode) {
+        p.subscribe.insert(Bind(op.address, node_id));
+        p.allow_responses = true;
+      }
+    }
     for (const auto& k : op.consumers) {
       if (k.role == role) {
         const std::string d = Bind(k.durable, node_id);

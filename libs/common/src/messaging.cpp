@@ -426,6 +426,9 @@ StreamSpec SchedulerEventsStream() {
 StreamSpec IngressEventsStream() {
   return {"GPUAAS_EVT_INGRESS", {"gpuaas.v1.evt.ingress.>"}, 0, 600};
 }
+StreamSpec ConsoleEventsStream() {
+  return {"GPUAAS_EVT_CONSOLE", {"gpuaas.v1.evt.console.>"}, 0, 600};
+}
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

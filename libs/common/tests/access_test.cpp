@@ -33,12 +33,12 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
   // roles.yaml's streams are the ones the code declares.
   for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
                            messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
-                           messaging::NodeEventsStream(), messaging::NodeTasksStream(),
-                           messaging::DeadLetterStream()}) {
+                           messaging::ConsoleEventsStream(), messaging::NodeEventsStream(),
+                           messaging::NodeTasksStream(), messaging::DeadLetterStream()}) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
-  EXPECT_EQ(c->streams.size(), 7U);
+  EXPECT_EQ(c->streams.size(), 8U);
   // The built-in copy is the same contract.
   EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
 }
@@ -47,8 +47,14 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
   const Contract& c = EmbeddedContract();
   auto p = PermissionsFor(c, "node-agent", "gpu-07");
   ASSERT_TRUE(p.ok()) << p.error().ToString();
-  EXPECT_EQ(p->subscribe, std::set<std::string>{"_INBOX.gpu-07.>"});
-  EXPECT_FALSE(p->allow_responses);
+  // Its inbox, the console opens it serves under its own id and its consoles' input relay.
+  EXPECT_EQ(p->subscribe,
+            (std::set<std::string>{"_INBOX.gpu-07.>", "gpuaas.v1.node.gpu-07.console.*.in",
+                                   "gpuaas.v1.node.gpu-07.console.open"}));
+  EXPECT_TRUE(p->allow_responses);  // it answers console.open
+  EXPECT_TRUE(Allows(p->publish, "gpuaas.v1.node.gpu-07.console.0190.out"));
+  EXPECT_FALSE(Allows(p->publish, "gpuaas.v1.node.gpu-08.console.0190.out"));
+  EXPECT_FALSE(Allows(p->publish, "gpuaas.v1.node.gpu-07.console.0190.in"));
   for (const std::string s :
        {"$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-gpu-07",
         "$JS.API.CONSUMER.INFO.GPUAAS_NODE_TASKS.node-gpu-07",
@@ -92,7 +98,7 @@ TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlon
       }
     }
     // The replay subjects are admin subjects: only operators call them.
-    for (const std::string svc : {"inventory", "scheduler", "ipam"}) {
+    for (const std::string svc : {"inventory", "scheduler", "ipam", "ingress"}) {
       EXPECT_EQ(Allows(p->publish, "gpuaas.v1." + svc + ".dlq.replay"), name == "operator")
           << name << " " << svc;
     }
@@ -119,8 +125,30 @@ TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
     auto p = PermissionsFor(c, name);
     ASSERT_TRUE(p.ok()) << name;
     for (const auto& s : admin) {
-      EXPECT_EQ(Allows(p->publish, s), name == "operator") << name << " " << s;
+      // console-gw forwards an operator's token for the operator page's actions (via); the
+      // serving service requires that token (below), so the gateway alone cannot use them.
+      const bool via = name == "console-gw" && s.find(".slot.") != std::string::npos;
+      EXPECT_EQ(Allows(p->publish, s), name == "operator" || via) << name << " " << s;
     }
+  }
+  for (const std::string s :
+       {"gpuaas.v1.inventory.slot.approve", "gpuaas.v1.console.session.create"}) {
+    auto a = RequestAccessFor(c, s);
+    EXPECT_FALSE(a.internal) << s;
+    EXPECT_EQ(a.token_roles, std::vector<std::string>{"operator"}) << s;
+  }
+  // The console relay: console-gw writes the input side and reads the output side of any node.
+  auto gw = PermissionsFor(c, "console-gw");
+  ASSERT_TRUE(gw.ok());
+  EXPECT_TRUE(Allows(gw->publish, "gpuaas.v1.node.gpu-07.console.open"));
+  EXPECT_TRUE(Allows(gw->publish, "gpuaas.v1.node.gpu-07.console.0190.in"));
+  EXPECT_FALSE(Allows(gw->publish, "gpuaas.v1.node.gpu-07.console.0190.out"));
+  EXPECT_TRUE(Allows(gw->subscribe, "gpuaas.v1.node.gpu-07.console.0190.out"));
+  for (const auto& [name, role] : c.roles) {
+    if (role.kind == Kind::kNode || name == "console-gw") continue;
+    auto p = PermissionsFor(c, name);
+    EXPECT_FALSE(Allows(p->publish, "gpuaas.v1.node.gpu-07.console.open")) << name;
+    EXPECT_FALSE(Allows(p->subscribe, "gpuaas.v1.node.gpu-07.console.0190.out")) << name;
   }
   auto auditor = PermissionsFor(c, "auditor");
   ASSERT_TRUE(auditor.ok());

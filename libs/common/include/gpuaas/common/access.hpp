@@ -40,8 +40,13 @@ struct Operation {
   std::string action;   // send | receive
   std::string address;  // the channel's address, with {params}
   bool reply = false;   // a request served with a reply
+  bool core = false;    // a plain core-NATS subscription (no stream, no durable): live relays
   std::vector<std::string> roles;
   std::vector<std::string> callers;
+  // Gateways (services) that may forward a client caller's request token to it (console-gw's
+  // operator page): they may publish it, and the serving service still requires the token (a
+  // gateway never becomes an internal caller).
+  std::vector<std::string> via;
   std::vector<Consumer> consumers;
 };
 

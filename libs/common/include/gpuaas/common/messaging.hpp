@@ -173,6 +173,7 @@ StreamSpec IpamEventsStream();
 // Allocation lifecycle events: gpuaas.v1.evt.scheduler.allocation.<state>.
 StreamSpec SchedulerEventsStream();
 StreamSpec IngressEventsStream();
+StreamSpec ConsoleEventsStream();
 
 // ---- Durable pull consumers ----
 
