@@ -1,0 +1,918 @@
+// The operator page: a thin view over console-gw's JSON API (POST /api/call/<subject>).
+// Responses are proto3 JSON, which leaves out every default-valued field (0, "", false, empty
+// lists, UNSPECIFIED enums), so every read here has a fallback.
+
+// ---------- API ----------
+
+class ApiError extends Error {
+  constructor(status, body) {
+    const e = (body && body.error) || {};
+    super(
+      `${e.code || `HTTP ${status}`}${e.reason ? ` ${e.reason}` : ''}` +
+        `${e.message ? `: ${e.message}` : ''}`,
+    );
+    this.status = status;
+    this.code = e.code || '';
+    this.reason = e.reason || '';
+    this.details = e.details || {};
+  }
+}
+
+// Field names are the proto names; a gateway printing lowerCamelCase would still be read right.
+// Map fields (labels) and error details hold user keys and are left alone.
+function snakeKeys(v) {
+  if (Array.isArray(v)) return v.map(snakeKeys);
+  if (v === null || typeof v !== 'object') return v;
+  const out = {};
+  for (const [k, val] of Object.entries(v)) {
+    const sk = k.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`);
+    out[sk] = k === 'labels' || k === 'details' ? val : snakeKeys(val);
+  }
+  return out;
+}
+
+async function request(method, path, body) {
+  const init = { method, credentials: 'same-origin', headers: {} };
+  if (body !== undefined) {
+    init.headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  const res = await fetch(path, init);
+  let json = null;
+  const text = await res.text();
+  if (text) {
+    try {
+      json = JSON.parse(text);
+    } catch {
+      json = { error: { code: `HTTP ${res.status}`, message: text.slice(0, 200) } };
+    }
+  }
+  if (!res.ok) throw new ApiError(res.status, json);
+  return snakeKeys(json || {});
+}
+
+async function call(subject, body = {}) {
+  try {
+    const r = await request('POST', `/api/call/${subject}`, body);
+    return r.result || {};
+  } catch (e) {
+    if (e instanceof ApiError && e.status === 401) showLogin('Your session ended; log in again.');
+    throw e;
+  }
+}
+
+// ---------- small helpers ----------
+
+const $ = (id) => document.getElementById(id);
+
+function el(tag, attrs = {}, ...children) {
+  const n = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs)) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === 'class') n.className = v;
+    else if (k === 'text') n.textContent = v;
+    else if (k.startsWith('on')) n.addEventListener(k.slice(2), v);
+    else if (k === 'dataset') Object.assign(n.dataset, v);
+    else n.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    n.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return n;
+}
+
+function td(...children) {
+  return el('td', {}, ...children);
+}
+
+function fill(tbody, rows, emptyText, cols) {
+  tbody.replaceChildren(...rows);
+  if (!rows.length && emptyText) {
+    tbody.append(el('tr', { class: 'empty' }, el('td', { colspan: cols, text: emptyText })));
+  }
+}
+
+function kv(container, pairs) {
+  container.replaceChildren(
+    ...pairs.map(([k, v, id]) =>
+      el('div', {}, el('span', { class: 'k', text: k }), el('span', { class: 'v', id }, v ?? '')),
+    ),
+  );
+}
+
+// Enum names on the wire ("SLOT_ADMIN_STATE_AVAILABLE"); a gateway printing numbers is mapped
+// through the tables of the enums the page decides on.
+const ENUMS = {
+  SLOT_ADMIN_STATE: ['UNSPECIFIED', 'AVAILABLE', 'DISABLED'],
+  SLOT_HEALTH: ['UNSPECIFIED', 'UNKNOWN', 'HEALTHY', 'DEGRADED', 'FAILED'],
+  SLOT_LIFECYCLE_STATE: ['UNSPECIFIED', 'DISABLED', 'AVAILABLE', 'RESERVED', 'PROVISIONING',
+    'ACTIVE', 'RELEASING', 'CLEANUP', 'CLEANUP_BLOCKED'],
+  ALLOCATION_STATE: ['UNSPECIFIED', 'PENDING', 'RESERVED', 'PROVISIONING', 'ACTIVE', 'RELEASING',
+    'RELEASED', 'FAILED'],
+  CAPACITY_SHAPE: ['UNSPECIFIED', 'BAREMETAL', 'GPU_SLICE', 'GPU_PARTITION', 'GPU_SHARED'],
+  CHECK_STATUS: ['UNSPECIFIED', 'PASS', 'WARN', 'FAIL'],
+  CONSOLE_SESSION_STATE: ['UNSPECIFIED', 'CREATED', 'CONNECTED', 'DISCONNECTED', 'FAILED',
+    'EXPIRED', 'REVOKED'],
+};
+
+// "SLOT_ADMIN_STATE_AVAILABLE" (or 1) -> "available"; absent -> "unspecified".
+function enumText(value, prefix) {
+  if (value === undefined || value === null || value === '' || value === 0) return 'unspecified';
+  if (typeof value === 'number') {
+    const names = prefix && ENUMS[prefix];
+    return names && names[value] ? names[value].toLowerCase() : String(value);
+  }
+  const s = String(value);
+  if (prefix && s.startsWith(`${prefix}_`)) return s.slice(prefix.length + 1).toLowerCase();
+  return s.toLowerCase();
+}
+
+// Display form of an enum the page only shows (never decides on): its type prefix dropped.
+const DISPLAY_PREFIXES = new RegExp('^(TASK_TYPE|TASK_STATUS|TASK_STAGE|TIMELINE_STEP|CLAIM_KIND|' +
+  'CLAIM_PHASE|EXPOSURE_STATE|TRANSPORT_PROTOCOL|FABRIC_CLAIM_MODE|FABRIC_TYPE|CAPACITY_PROFILE|' +
+  'NETWORK_MODE|LEASE_STATE|LIFECYCLE_STAGE)_');
+function stripEnum(value) {
+  if (value === undefined || value === null || value === '' || value === 0) return '';
+  return String(value).replace(DISPLAY_PREFIXES, '').toLowerCase();
+}
+
+function fmtTime(s) {
+  if (!s) return '';
+  return String(s).replace('T', ' ').replace(/\.\d+Z$/, 'Z');
+}
+
+function num(v) {
+  // int64 arrives as a decimal string in proto JSON.
+  if (v === undefined || v === null || v === '') return 0;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : 0;
+}
+
+function flash(msg, isError = true) {
+  const f = $('flash');
+  if (!msg) {
+    f.hidden = true;
+    f.textContent = '';
+    return;
+  }
+  f.hidden = false;
+  f.className = isError ? 'error' : 'info';
+  f.textContent = msg;
+}
+
+// Re-render a region only when its data changed, so that a periodic refresh does not swallow
+// a click or reset a scroll position.
+const lastRendered = new Map();
+function changed(key, data) {
+  const s = JSON.stringify(data);
+  if (lastRendered.get(key) === s) return false;
+  lastRendered.set(key, s);
+  return true;
+}
+
+// ---------- login ----------
+
+function showLogin(message) {
+  $('app').hidden = true;
+  $('whoami-bar').hidden = true;
+  $('login-section').hidden = false;
+  $('login-error').textContent = message || '';
+  document.body.dataset.auth = 'out';
+}
+
+function showApp(who) {
+  $('login-section').hidden = true;
+  $('app').hidden = false;
+  $('whoami-bar').hidden = false;
+  $('whoami').textContent = `${who.principal || '?'} (${(who.roles || []).join(', ')})` +
+    (who.expires_at ? ` until ${fmtTime(who.expires_at)}` : '');
+  document.body.dataset.auth = 'in';
+  document.body.dataset.principal = who.principal || '';
+  lastRendered.clear();
+  loadNodes();
+}
+
+async function login(ev) {
+  ev.preventDefault();
+  const token = $('login-token').value.trim();
+  if (!token) {
+    $('login-error').textContent = 'Paste a token first.';
+    return;
+  }
+  $('login-submit').disabled = true;
+  try {
+    const who = await request('POST', '/api/login', { token });
+    $('login-token').value = '';
+    showApp(who);
+  } catch (e) {
+    $('login-error').textContent = `Login refused: ${e.message}`;
+  } finally {
+    $('login-submit').disabled = false;
+  }
+}
+
+async function logout() {
+  try {
+    await request('POST', '/api/logout', {});
+  } catch {
+    // The cookie is gone either way once the server answers; a failure leaves nothing to do.
+  }
+  showLogin('Logged out.');
+}
+
+// ---------- tabs ----------
+
+let currentTab = 'nodes';
+function showTab(name) {
+  currentTab = name;
+  for (const b of document.querySelectorAll('#tabs button[data-tab]')) {
+    b.classList.toggle('active', b.dataset.tab === name);
+  }
+  for (const p of document.querySelectorAll('[data-tab-panel]')) {
+    p.hidden = p.dataset.tabPanel !== name;
+  }
+  if (name === 'nodes') loadNodes();
+  if (name === 'allocs') loadAllocations();
+  if (name === 'sessions') loadSessions();
+}
+
+// ---------- nodes ----------
+
+let nodesNextToken = '';
+let nodesList = [];
+const nodeShows = new Map(); // node_id -> node.show result (list summaries)
+
+function nodeState(show) {
+  if (!show) return { state: 'unknown', cls: '' };
+  if (!num(show.snapshot_version)) return { state: 'no topology', cls: 'warn' };
+  if ((show.node_blockers || []).length) return { state: 'blocked', cls: 'bad' };
+  // proto3 JSON leaves false out: absent means disabled.
+  if (!show.region_enabled) return { state: 'region disabled', cls: 'warn' };
+  return { state: 'ready', cls: 'good' };
+}
+
+function evidenceSummary(show) {
+  const t = (show && show.topology) || {};
+  const slots = (show && show.slots) || [];
+  const avail = slots.filter((s) => enumText(s.admin_state, 'SLOT_ADMIN_STATE') === 'available');
+  const checks = [...(t.prereqs || []), ...(t.network_checks || [])];
+  const failed = checks.filter((c) => enumText(c.status, 'CHECK_STATUS') === 'fail').length;
+  const warned = checks.filter((c) => enumText(c.status, 'CHECK_STATUS') === 'warn').length;
+  return `snapshot v${num(show && show.snapshot_version)}: ${(t.gpus || []).length} GPU, ` +
+    `${(t.nvme || []).length} NVMe, ${(t.fabric || []).length} fabric; ` +
+    `${(t.candidates || []).length} candidates, ${avail.length} approved; ` +
+    `checks ${checks.length} (${failed} fail, ${warned} warn)` +
+    (t.reboot_required ? '; reboot required' : '');
+}
+
+async function loadNodes(more = false) {
+  try {
+    const req = { page_size: 100 };
+    if (more && nodesNextToken) req.page_token = nodesNextToken;
+    const r = await call('gpuaas.v1.inventory.node.list', req);
+    const page = r.nodes || [];
+    nodesList = more ? nodesList.concat(page) : page;
+    nodesNextToken = r.next_page_token || '';
+    $('nodes-more-bar').hidden = !nodesNextToken;
+    renderNodes();
+    // The state and evidence come from node.show, one call per listed node, a few at a time.
+    const queue = page.map((n) => n.node_id);
+    const worker = async () => {
+      while (queue.length) {
+        const id = queue.shift();
+        try {
+          nodeShows.set(id, await call('gpuaas.v1.inventory.node.show', { node_id: id }));
+        } catch (e) {
+          nodeShows.set(id, { error: e.message });
+        }
+        renderNodes();
+      }
+    };
+    await Promise.all([worker(), worker(), worker(), worker()]);
+  } catch (e) {
+    flash(`Nodes: ${e.message}`);
+  }
+}
+
+function renderNodes() {
+  const data = nodesList.map((n) => [n, nodeShows.get(n.node_id)]);
+  if (!changed('nodes', data)) return;
+  const rows = data.map(([n, show]) => {
+    const st = show && show.error ? { state: 'error', cls: 'bad' } : nodeState(show);
+    const blockers = (show && show.node_blockers) || [];
+    return el('tr', { 'data-testid': 'node-row', 'data-node-id': n.node_id,
+      'data-node-state': st.state },
+    td(el('b', { text: n.node_id })),
+    td(n.hostname || ''),
+    td(`${n.region || ''} / ${n.pool || ''}`),
+    td(stripEnum(n.capacity_profile)),
+    td(n.agent_version || ''),
+    td(String(num(n.generation))),
+    td(el('span', { class: `badge ${st.cls}`, 'data-field': 'state', text: st.state }), ' ',
+      el('span', { class: 'small', 'data-field': 'evidence',
+        text: show && !show.error ? evidenceSummary(show) : (show && show.error) || '…' }),
+      blockers.length ? el('div', { class: 'bad small', 'data-field': 'blockers',
+        text: `blockers: ${blockers.join(', ')}` }) : null,
+      ' ',
+      el('button', { type: 'button', 'data-testid': 'node-open', onclick: () => openNode(n.node_id),
+        text: 'Show' })));
+  });
+  fill($('nodes-body'), rows, 'No nodes registered.', 7);
+}
+
+let openNodeId = '';
+let nodeLoading = false;
+
+function openNode(nodeId) {
+  openNodeId = nodeId;
+  $('node-detail').hidden = false;
+  $('node-detail').dataset.nodeId = nodeId;
+  $('node-detail-id').textContent = nodeId;
+  $('slot-action-result').textContent = '';
+  for (const k of [...lastRendered.keys()]) if (k.startsWith('node:')) lastRendered.delete(k);
+  loadNode();
+  $('node-detail').scrollIntoView({ block: 'start' });
+}
+
+// The pieces of a node's view; each loads on its own so one failing service does not blank the
+// rest.
+let nodeView = {};
+
+async function loadNode() {
+  const nodeId = openNodeId;
+  if (!nodeId || nodeLoading) return;
+  nodeLoading = true;
+  const settle = async (subject, body) => {
+    try {
+      return { ok: await call(subject, body) };
+    } catch (e) {
+      return { err: e.message };
+    }
+  };
+  try {
+    const [show, proj, net, drift, desired, expo] = await Promise.all([
+      settle('gpuaas.v1.inventory.node.show', { node_id: nodeId }),
+      settle('gpuaas.v1.scheduler.slot.list', { node_id: nodeId }),
+      settle('gpuaas.v1.ipam.node.network.get', { node_id: nodeId }),
+      settle('gpuaas.v1.ipam.drift.list', { node_id: nodeId }),
+      settle('gpuaas.v1.inventory.node.desired.get', { node_id: nodeId }),
+      settle('gpuaas.v1.ingress.exposure.list', { node_id: nodeId }),
+    ]);
+    if (nodeId !== openNodeId) return;
+    nodeView = { show, proj, net, drift, desired, expo };
+    if (show.ok) nodeShows.set(nodeId, show.ok);
+    renderNode();
+  } finally {
+    nodeLoading = false;
+  }
+}
+
+function renderNode() {
+  const { show, proj, net, drift, desired, expo } = nodeView;
+  const s = show.ok || {};
+  if (changed('node:summary', show)) {
+    const n = s.node || {};
+    const st = show.err ? { state: `error: ${show.err}` } : nodeState(s);
+    kv($('node-summary'), [
+      ['State', st.state, 'node-state'],
+      ['Host', n.hostname || ''],
+      ['Region / pool', `${n.region || ''} / ${n.pool || ''}` +
+        (s.region_enabled ? '' : ' (region disabled)')],
+      ['Profile', stripEnum(n.capacity_profile)],
+      ['Evidence', show.ok ? evidenceSummary(s) : '', 'node-evidence'],
+      ['Snapshot', `v${num(s.snapshot_version)} at ${fmtTime(s.snapshot_at)}`, 'node-snapshot'],
+      ['Desired / applied slot set', `v${num(s.desired_version)} / v${num(s.applied_version)}`],
+    ]);
+    const blockers = s.node_blockers || [];
+    fill($('node-blockers'), blockers.map((b) => el('li', { class: 'bad', text: b })),
+      '', 1);
+    if (!blockers.length) $('node-blockers').append(el('li', { text: 'none' }));
+    const t = s.topology || {};
+    const checks = [
+      ...(t.prereqs || []).map((c) => ['prereq', c]),
+      ...(t.network_checks || []).map((c) => ['network', c]),
+    ];
+    fill($('node-checks'), checks.map(([kind, c]) => {
+      const status = enumText(c.status, 'CHECK_STATUS');
+      return el('tr', { 'data-testid': 'check-row', 'data-check': c.name, 'data-status': status },
+        td(kind), td(c.name || ''),
+        td(el('span', { class: `badge ${status === 'pass' ? 'good' : status === 'fail' ? 'bad' : 'warn'}`,
+          text: status })),
+        td(c.blocker ? 'blocker' : ''), td(c.detail || ''), td(c.remediation || ''));
+    }), 'No checks reported.', 6);
+    fill($('node-tasks'), (s.recent_tasks || []).map((t2) => el('tr', {},
+      td(t2.task_id || ''), td(stripEnum(t2.type)), td(stripEnum(t2.status)),
+      td(fmtTime(t2.queued_at)), td(fmtTime(t2.finished_at)), td(t2.error || ''))),
+    'No tasks.', 6);
+  }
+  if (changed('node:slots', [show, proj])) renderSlots(s, proj);
+  if (changed('node:desired', [desired, s.applied_version])) {
+    const d = (desired.ok && desired.ok.desired) || {};
+    kv($('node-desired'), desired.err ? [['Error', desired.err]] : [
+      ['Desired version', `v${num(d.version)}`, 'node-desired-version'],
+      ['Slots in it', (d.slots || []).map((x) => x.slot_key).join(', ') || 'none'],
+      ['Written', fmtTime(d.created_at)],
+      ['Agent applied', `v${num(s.applied_version)}`],
+    ]);
+  }
+  if (changed('node:net', net)) {
+    const r = net.ok || {};
+    const doc = r.document || {};
+    const nat = doc.nat || {};
+    kv($('node-network'), net.err ? [['Error', net.err]] : [
+      ['Document version', `v${num(doc.version)}`, 'node-network-version'],
+      ['Latest version', `v${num(r.latest_version)}`],
+      ['Acked by the agent', `v${num(r.applied_version)}` +
+        (r.acked_at ? ` at ${fmtTime(r.acked_at)}` : ' (never)'), 'node-network-acked'],
+      ['In sync', num(r.applied_version) >= num(r.latest_version) && num(r.latest_version) > 0 ?
+        'yes' : 'no', 'node-network-in-sync'],
+      ['Ack blockers', (r.blockers || []).join(', ') || 'none'],
+      ['Bridge / subnet / gateway', `${doc.bridge || ''} ${doc.subnet || ''} ${doc.gateway || ''}`],
+      ['NAT masquerade', nat.masquerade ? 'yes' : 'no'],
+    ]);
+    fill($('node-reservations'), (doc.reservations || []).map((x) => el('tr', {},
+      td(x.slot_key || ''), td(x.mac || ''), td(x.ip || ''), td(x.hostname || ''),
+      td(x.allocation_id || ''))), 'No reservations.', 5);
+  }
+  if (changed('node:drift', drift)) {
+    const rows = drift.err ? [el('tr', {}, el('td', { colspan: 6, class: 'error',
+      text: drift.err }))] : ((drift.ok && drift.ok.drift) || []).map((d) => el('tr', {},
+      td(String(num(d.drift_id))), td(d.slot_key || ''), td(d.kind || ''),
+      td(`${d.expected_ip || '-'} / ${d.actual_ip || '-'}`), td(d.detail || ''),
+      td(fmtTime(d.detected_at))));
+    fill($('node-ipam-drift'), rows, 'No open drift.', 6);
+  }
+  if (changed('node:expo', expo)) renderExposures($('node-exposures'), expo, true);
+}
+
+function renderExposures(tbody, expo, withAllocation) {
+  if (expo.err) {
+    fill(tbody, [el('tr', {}, el('td', { colspan: 6, class: 'error', text: expo.err }))]);
+    return;
+  }
+  const list = (expo.ok && expo.ok.exposures) || [];
+  fill(tbody, list.map((x) => el('tr', { 'data-exposure-id': x.exposure_id },
+    td(`${x.name || ''} ${stripEnum(x.protocol)}/${x.target_port || ''}`),
+    withAllocation ? td(x.allocation_id || '') : null,
+    td(stripEnum(x.state)),
+    td(x.public_ip ? `${x.public_ip}:${x.public_port || ''}` : ''),
+    withAllocation ? td(x.target_ip ? `${x.target_ip}:${x.target_port || ''}` : '') :
+      td(x.connect || ''),
+    td([x.reason, x.detail].filter(Boolean).join(': ')))), 'No exposures.', 6);
+}
+
+// Candidates (advisory, from the latest topology) and approved/disabled slots, one row per
+// slot key, with the scheduler's projection beside them.
+function renderSlots(s, proj) {
+  const candidates = ((s.topology || {}).candidates) || [];
+  const slots = s.slots || [];
+  const projected = new Map(((proj.ok && proj.ok.slots) || []).map((p) => [p.slot_key, p]));
+  const keys = [];
+  const seen = new Set();
+  const add = (k) => {
+    if (k && !seen.has(k)) {
+      seen.add(k);
+      keys.push(k);
+    }
+  };
+  candidates.forEach((c) => add(c.slot_key));
+  slots.forEach((x) => add(x.slot_key));
+  const byKeyC = new Map(candidates.map((c) => [c.slot_key, c]));
+  const byKeyS = new Map(slots.map((x) => [x.slot_key, x]));
+  const rows = keys.map((key) => {
+    const c = byKeyC.get(key);
+    const sl = byKeyS.get(key);
+    const p = projected.get(key);
+    const admin = sl ? enumText(sl.admin_state, 'SLOT_ADMIN_STATE') : 'candidate';
+    const health = sl ? enumText(sl.health, 'SLOT_HEALTH') : '';
+    const schedulable = p ? String(!!p.schedulable) : proj.err ? 'unknown' : 'absent';
+    const lifecycle = p ? enumText(p.lifecycle, 'SLOT_LIFECYCLE_STATE') : '';
+    const cand = c ? [
+      `${c.gpu_pci_address || ''} numa${c.numa_node ?? '?'} ${c.locality_group || ''}`,
+      el('br'), `${c.nvme_by_id || 'no NVMe'} · ${stripEnum(c.fabric_claim_mode)} ` +
+        `${c.fabric_vf_pci_address || ''}`,
+      el('br'), `suggested ${c.suggested_mac || ''} ${c.suggested_ip || ''}` +
+        (c.profile && c.profile.name ? ` · ${c.profile.name}` : ''),
+      ...(c.notes || []).map((n) => el('div', { class: 'warn small', text: n })),
+    ] : [el('span', { class: 'small', text: 'not in the latest snapshot' })];
+    const problems = [
+      ...((sl && sl.drift) || []).map((d) => `${d.kind}: ${d.detail || ''}`),
+      ...((sl && sl.rejections) || []).map((r) => `rejected ${r.reason}: ${r.message || ''}`),
+    ];
+    if (sl && sl.disabled_reason) problems.unshift(`disabled: ${sl.disabled_reason}`);
+    if (sl && sl.health_detail && !problems.length) problems.push(sl.health_detail);
+    const schedText = p ? `${schedulable === 'true' ? 'schedulable' : 'not schedulable'} · ` +
+      `${lifecycle}` + ((p.node_blockers || []).length ? ` · blocked: ${p.node_blockers.join(',')}` :
+      '') : proj.err ? `error: ${proj.err}` : 'not projected';
+    return el('tr', { 'data-testid': 'slot-row', 'data-slot-key': key, 'data-admin-state': admin,
+      'data-health': health, 'data-schedulable': schedulable, 'data-lifecycle': lifecycle },
+    td(el('code', { text: key })),
+    td(String((c && c.index) ?? (sl && sl.index) ?? '')),
+    td(...cand),
+    td(el('span', { 'data-field': 'admin', class: `badge ${admin === 'available' ? 'good' :
+      admin === 'disabled' ? 'bad' : ''}`, text: admin })),
+    td(el('span', { 'data-field': 'health', class: `badge ${health === 'healthy' ? 'good' :
+      health === 'degraded' || health === 'failed' ? 'bad' : ''}`, text: health }),
+    sl && num(sl.generation) ? el('div', { class: 'small', text: `gen ${num(sl.generation)}` }) :
+      null),
+    td(el('span', { 'data-field': 'schedulable', class: schedulable === 'true' ? 'good' : '',
+      text: schedText })),
+    td(p && p.allocation_id ? p.allocation_id : ''),
+    td(...problems.map((x) => el('div', { class: 'small bad', text: x }))),
+    td(sl ? `${sl.mac || ''} ${sl.private_ip || ''}` : ''),
+    td(
+      el('button', { type: 'button', 'data-testid': 'slot-approve', text: 'Approve',
+        // Re-approving an available slot is allowed (it re-validates; a failure leaves it
+        // as it was), so only a key with no candidate in the snapshot cannot be approved.
+        disabled: !c,
+        onclick: () => approveSlots([key]) }),
+      el('button', { type: 'button', 'data-testid': 'slot-disable', text: 'Disable',
+        disabled: !sl || admin === 'disabled', onclick: () => disableSlot(key) }),
+      el('button', { type: 'button', 'data-testid': 'slot-repair', text: 'Repair',
+        disabled: !sl, onclick: () => repairSlot(key) })));
+  });
+  fill($('slots-body'), rows, num(s.snapshot_version) ? 'No candidates and no slots.' :
+    'No topology reported yet.', 10);
+}
+
+function actionResult(text, ok) {
+  const r = $('slot-action-result');
+  r.textContent = text;
+  r.className = `result ${ok ? 'good' : 'bad'}`;
+  r.dataset.ok = String(!!ok);
+}
+
+async function approveSlots(keys) {
+  const s = (nodeView.show && nodeView.show.ok) || {};
+  // Approve against the snapshot the operator is looking at, not whatever arrives meanwhile.
+  const req = { node_id: openNodeId, snapshot_version: s.snapshot_version || 0 };
+  if (keys) req.slot_keys = keys;
+  actionResult(`approving ${keys ? keys.join(', ') : 'every candidate'}…`, true);
+  try {
+    const r = await call('gpuaas.v1.inventory.slot.approve', req);
+    const results = r.results || [];
+    const bad = results.filter((x) => !x.approved);
+    actionResult(results.map((x) => `${x.slot_key}: ${x.approved ? 'approved' :
+      `rejected (${(x.rejections || []).map((j) => `${j.reason}: ${j.message || ''}`).join('; ')})`}`)
+      .join(' · ') + ` (snapshot v${num(r.snapshot_version)}, desired v${num(r.desired_version)})`,
+    !bad.length);
+  } catch (e) {
+    actionResult(`approve failed: ${e.message}`, false);
+  }
+  loadNode();
+}
+
+async function disableSlot(key) {
+  const reason = $('slot-reason').value.trim();
+  try {
+    const r = await call('gpuaas.v1.inventory.slot.disable',
+      { node_id: openNodeId, slot_key: key, reason });
+    actionResult(`${key}: disabled (desired v${num(r.desired_version)})`, true);
+  } catch (e) {
+    actionResult(`disable ${key} failed: ${e.message}`, false);
+  }
+  loadNode();
+}
+
+async function repairSlot(key) {
+  try {
+    const r = await call('gpuaas.v1.inventory.slot.repair', { node_id: openNodeId, slot_key: key });
+    const res = r.result || {};
+    actionResult(`${key}: ${res.approved ? 'repaired, available' : `still out of service (${
+      (res.rejections || []).map((j) => j.reason).join(', ') || 'drift remains'})`}`,
+    !!res.approved);
+  } catch (e) {
+    actionResult(`repair ${key} failed: ${e.message}`, false);
+  }
+  loadNode();
+}
+
+async function discoverNode() {
+  try {
+    const r = await call('gpuaas.v1.inventory.node.discover', { node_id: openNodeId });
+    actionResult(`discovery queued: task ${r.task_id || ''}`, true);
+  } catch (e) {
+    actionResult(`discover failed: ${e.message}`, false);
+  }
+  loadNode();
+}
+
+// ---------- allocations ----------
+
+let allocsLoading = false;
+
+async function loadAllocations() {
+  if (allocsLoading) return;
+  allocsLoading = true;
+  try {
+    const state = $('allocs-state').value;
+    let all = [];
+    let token = '';
+    // Creation order, oldest first; the newest are the interesting ones, so read every page
+    // (bounded) and show them newest first.
+    for (let i = 0; i < 20; i++) {
+      const req = { page_size: 500 };
+      if (state) req.state = state;
+      if (token) req.page_token = token;
+      const r = await call('gpuaas.v1.scheduler.allocation.list', req);
+      all = all.concat(r.allocations || []);
+      token = r.next_page_token || '';
+      if (!token) break;
+    }
+    all.reverse();
+    if (!changed('allocs', all)) return;
+    fill($('allocs-body'), all.map((a) => {
+      const st = enumText(a.state, 'ALLOCATION_STATE');
+      return el('tr', { 'data-testid': 'alloc-row', 'data-allocation-id': a.allocation_id,
+        'data-state': st },
+      td(el('code', { text: a.allocation_id })), td(a.tenant || ''),
+      td(enumText(a.shape, 'CAPACITY_SHAPE')), td(String(a.gpu_count || 0)), td(st),
+      td(a.node_id || ''), td(fmtTime(a.created_at)),
+      td(el('button', { type: 'button', 'data-testid': 'alloc-open', text: 'Details',
+        onclick: () => openAllocation(a.allocation_id) })));
+    }), 'No allocations.', 8);
+  } catch (e) {
+    flash(`Allocations: ${e.message}`);
+  } finally {
+    allocsLoading = false;
+  }
+}
+
+let openAllocId = '';
+let allocLoading = false;
+let allocShape = '';
+
+function openAllocation(id) {
+  openAllocId = id;
+  $('alloc-detail').hidden = false;
+  $('alloc-detail').dataset.allocationId = id;
+  $('alloc-detail-id').textContent = id;
+  $('console-error').textContent = '';
+  for (const k of [...lastRendered.keys()]) if (k.startsWith('alloc:')) lastRendered.delete(k);
+  loadAllocation();
+}
+
+async function loadAllocation() {
+  const id = openAllocId;
+  if (!id || allocLoading) return;
+  allocLoading = true;
+  try {
+    let a;
+    try {
+      a = (await call('gpuaas.v1.scheduler.allocation.get', { allocation_id: id })).allocation || {};
+    } catch (e) {
+      $('alloc-detail').dataset.loaded = 'error';
+      $('console-open').disabled = true;
+      lastRendered.delete('alloc:summary');
+      kv($('alloc-summary'), [['Error', e.message, 'alloc-error']]);
+      return;
+    }
+    const entries = [];
+    let tl = {};
+    let token = '';
+    try {
+      for (let i = 0; i < 20; i++) {
+        const req = { allocation_id: id, page_size: 1000 };
+        if (token) req.page_token = token;
+        tl = await call('gpuaas.v1.scheduler.allocation.timeline', req);
+        entries.push(...(tl.entries || []));
+        token = tl.next_page_token || '';
+        if (!token) break;
+      }
+    } catch (e) {
+      tl = { err: e.message };
+    }
+    let expo;
+    try {
+      expo = { ok: await call('gpuaas.v1.ingress.exposure.list', { allocation_id: id }) };
+    } catch (e) {
+      expo = { err: e.message };
+    }
+    if (id !== openAllocId) return;
+    renderAllocation(a, entries, tl, expo);
+  } finally {
+    allocLoading = false;
+  }
+}
+
+function renderAllocation(a, entries, tl, expo) {
+  const st = enumText(a.state, 'ALLOCATION_STATE');
+  allocShape = enumText(a.shape, 'CAPACITY_SHAPE');
+  const detail = $('alloc-detail');
+  detail.dataset.loaded = 'ok';
+  detail.dataset.state = st;
+  detail.dataset.shape = allocShape;
+  if (changed('alloc:summary', a)) {
+    const f = a.failure;
+    const net = a.network || {};
+    kv($('alloc-summary'), [
+      ['State', st, 'alloc-state'],
+      ['Tenant / request', `${a.tenant || ''} / ${a.request_id || ''}`],
+      ['SKU / shape', `${a.sku || ''} / ${allocShape}`, 'alloc-shape'],
+      ['GPUs', String(a.gpu_count || 0)],
+      ['Region / pool', `${a.region || ''} / ${a.pool || ''}`],
+      ['Node / slots', `${a.node_id || ''} ${(a.slot_keys || []).join(', ')}`],
+      ['Image / app', `${a.image || ''} ${a.app || ''}`],
+      ['VM ready', a.vm_ready ? 'yes' : 'no'],
+      ['Network', net.domain_name ? `${net.domain_name} ${net.mac || ''} ` +
+        `${net.expected_ip || ''} (lease ${stripEnum(net.lease_state) || '?'} ${net.actual_ip || ''})` :
+        ''],
+      ['Failure', f ? `${stripEnum(f.stage)} ${f.code || ''}: ${f.detail || ''}` : ''],
+      ['Generation', String(num(a.generation))],
+      ['Created / updated', `${fmtTime(a.created_at)} / ${fmtTime(a.updated_at)}`],
+    ]);
+    fill($('alloc-claims'), (a.claims || []).map((c) => el('tr', {},
+      td(c.slot_key || c.node_id || ''), td(stripEnum(c.kind)), td(stripEnum(c.phase)),
+      td(fmtTime(c.claimed_at)), td(fmtTime(c.released_at)))), 'No claims.', 5);
+  }
+  // A console needs a VM: only slices, and only while one can exist. The server decides the
+  // rest (allocation_not_live, no_console) and the page shows its answer.
+  const open = $('console-open');
+  const consolable = allocShape === 'gpu_slice' && !['released', 'failed'].includes(st);
+  open.disabled = !consolable;
+  open.title = consolable ? '' : allocShape === 'gpu_slice' ? 'no VM any more' :
+    'bare-metal allocations have no console';
+  $('console-controls').dataset.available = String(consolable);
+  if (changed('alloc:expo', [expo, a.endpoints])) {
+    if (expo.err || !((expo.ok && expo.ok.exposures) || []).length) {
+      // ingress may be absent; the allocation's own endpoint projection still says something.
+      fill($('alloc-exposures'), (a.endpoints || []).map((x) => el('tr', {},
+        td(`${x.name || ''} ${stripEnum(x.protocol)}/${x.port || ''}`), td(stripEnum(x.state)),
+        td(x.public_ip ? `${x.public_ip}:${x.public_port || ''}` : ''), td(x.connect || ''),
+        td(x.reason || ''))), expo.err ? `ingress: ${expo.err}` : 'No endpoints.', 5);
+    } else {
+      renderExposures($('alloc-exposures'), expo, false);
+    }
+  }
+  if (changed('alloc:timeline', [entries, tl.err])) {
+    const rows = entries.map((e) => el('tr', { 'data-testid': 'timeline-row',
+      'data-seq': String(num(e.seq)) },
+    td(String(num(e.seq))), td(fmtTime(e.at)), td(stripEnum(e.step)),
+    td(enumText(e.state, 'ALLOCATION_STATE')),
+    td(e.task_id ? `${stripEnum(e.task_type)} ${e.task_id}` : ''),
+    td(stripEnum(e.stage) + (e.percent ? ` ${e.percent}%` : '')), td(e.code || ''),
+    td(e.detail || '')));
+    fill($('alloc-timeline'), rows, tl.err ? `timeline: ${tl.err}` : 'No entries.', 8);
+    $('alloc-timeline').dataset.inFlight = String(!!tl.in_flight);
+  }
+}
+
+async function lookupAllocation() {
+  const id = $('alloc-lookup').value.trim();
+  if (id) openAllocation(id);
+}
+
+// ---------- console ----------
+
+function consolePageUrl(created) {
+  // console-gw names the page; build it from the session and grant if it did not.
+  if (created.page_path && created.page_path.startsWith('/')) return created.page_path;
+  const sid = (created.session || {}).session_id || '';
+  return `/static/console.html?session=${encodeURIComponent(sid)}` +
+    `&grant=${encodeURIComponent(created.grant || '')}`;
+}
+
+async function openConsole() {
+  const reason = $('console-reason').value.trim();
+  const err = $('console-error');
+  err.textContent = '';
+  if (!reason) {
+    err.textContent = 'A reason is required to open a console.';
+    return;
+  }
+  const newTab = $('console-new-tab').checked;
+  // Opened before the await, while the click still counts as a user gesture (popup blockers).
+  const tab = newTab ? window.open('about:blank', '_blank') : null;
+  $('console-open').disabled = true;
+  try {
+    const created = await call('gpuaas.v1.console.session.create',
+      { allocation_id: openAllocId, reason });
+    const url = consolePageUrl(created);
+    const sid = (created.session || {}).session_id || '';
+    document.body.dataset.lastConsoleSession = sid;
+    if (tab) {
+      tab.location.href = url;
+      err.textContent = `Console session ${sid} opened in a new tab.`;
+    } else if (newTab) {
+      err.replaceChildren('Popup blocked: ', el('a', { href: url, target: '_blank',
+        id: 'console-link', text: 'open the console' }), ' (the grant works once, within 60 s)');
+    } else {
+      $('console-panel').hidden = false;
+      $('console-panel').dataset.sessionId = sid;
+      $('console-allocation-id').textContent = openAllocId;
+      $('console-session-id').textContent = sid;
+      $('console-frame').src = url;
+      $('console-panel').scrollIntoView({ block: 'start' });
+    }
+  } catch (e) {
+    if (tab) tab.close();
+    err.textContent = `Console refused: ${e.message}`;
+  } finally {
+    $('console-open').disabled = false;
+  }
+}
+
+function closeConsole() {
+  // Unloading the frame closes its WebSocket (client_closed).
+  $('console-frame').src = 'about:blank';
+  $('console-panel').hidden = true;
+  delete $('console-panel').dataset.sessionId;
+}
+
+// ---------- console sessions ----------
+
+let sessionsLoading = false;
+
+async function loadSessions() {
+  if (sessionsLoading) return;
+  sessionsLoading = true;
+  try {
+    const r = await call('gpuaas.v1.console.session.list', { page_size: 200 });
+    const list = r.sessions || [];
+    if (!changed('sessions', list)) return;
+    fill($('sessions-body'), list.map((x) => {
+      const st = enumText(x.state, 'CONSOLE_SESSION_STATE');
+      const live = st === 'created' || st === 'connected';
+      return el('tr', { 'data-testid': 'session-row', 'data-session-id': x.session_id,
+        'data-state': st },
+      td(el('code', { text: x.session_id })), td(x.allocation_id || ''), td(x.node_id || ''),
+      td(el('span', { 'data-field': 'state', text: st }),
+        x.end_reason ? el('div', { class: 'small', text: x.end_reason }) : null,
+        x.revoked_by ? el('div', { class: 'small', text: `by ${x.revoked_by}` }) : null),
+      td(x.created_by || ''), td(x.reason || ''), td(fmtTime(x.created_at)),
+      td(fmtTime(x.connected_at)), td(fmtTime(x.ended_at)),
+      td(`${num(x.bytes_to_client)} / ${num(x.bytes_from_client)}`),
+      td(el('button', { type: 'button', 'data-testid': 'session-revoke', text: 'Revoke',
+        disabled: !live, onclick: () => revokeSession(x.session_id) })));
+    }), 'No console sessions.', 11);
+  } catch (e) {
+    flash(`Console sessions: ${e.message}`);
+  } finally {
+    sessionsLoading = false;
+  }
+}
+
+async function revokeSession(id) {
+  const reason = $('revoke-reason').value.trim() || 'revoked from the operator page';
+  try {
+    await call('gpuaas.v1.console.session.revoke', { session_id: id, reason });
+    flash(`Session ${id} revoked.`, false);
+  } catch (e) {
+    flash(`Revoke ${id}: ${e.message}`);
+  }
+  loadSessions();
+}
+
+// ---------- wiring ----------
+
+function refreshVisible() {
+  if ($('app').hidden || !$('auto-refresh').checked || document.hidden) return;
+  if (currentTab === 'nodes' && openNodeId) loadNode();
+  if (currentTab === 'allocs') {
+    if (openAllocId) loadAllocation();
+  }
+  if (currentTab === 'sessions') loadSessions();
+}
+
+async function start() {
+  $('login-form').addEventListener('submit', login);
+  $('logout').addEventListener('click', logout);
+  for (const b of document.querySelectorAll('#tabs button[data-tab]')) {
+    b.addEventListener('click', () => showTab(b.dataset.tab));
+  }
+  $('nodes-refresh').addEventListener('click', () => loadNodes());
+  $('nodes-more').addEventListener('click', () => loadNodes(true));
+  $('node-refresh').addEventListener('click', () => loadNode());
+  $('node-discover').addEventListener('click', discoverNode);
+  $('node-close').addEventListener('click', () => {
+    openNodeId = '';
+    $('node-detail').hidden = true;
+  });
+  $('slots-approve-all').addEventListener('click', () => approveSlots(null));
+  $('allocs-refresh').addEventListener('click', loadAllocations);
+  $('allocs-state').addEventListener('change', loadAllocations);
+  $('alloc-lookup-go').addEventListener('click', lookupAllocation);
+  $('alloc-lookup').addEventListener('keydown', (e) => {
+    if (e.key === 'Enter') lookupAllocation();
+  });
+  $('alloc-refresh').addEventListener('click', loadAllocation);
+  $('alloc-close').addEventListener('click', () => {
+    openAllocId = '';
+    $('alloc-detail').hidden = true;
+  });
+  $('console-open').addEventListener('click', openConsole);
+  $('console-close').addEventListener('click', closeConsole);
+  $('sessions-refresh').addEventListener('click', loadSessions);
+  $('flash').addEventListener('click', () => flash(''));
+  setInterval(refreshVisible, 3000);
+
+  try {
+    showApp(await request('GET', '/api/whoami'));
+  } catch {
+    showLogin('');
+  }
+  document.body.dataset.ready = 'true';
+}
+
+start();
