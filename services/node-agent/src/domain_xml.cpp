@@ -185,7 +185,7 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
                          {{"field", field}});
     }
   }
-  if (o.vnc_socket.empty() && !IsLoopbackAddress(o.vnc_listen)) {
+  if (o.vnc_socket.empty() && !o.vnc_auto_socket && !IsLoopbackAddress(o.vnc_listen)) {
     return DefineError("vnc_listen_not_loopback",
                        "VNC may listen on a loopback address or a UNIX socket only, not '" +
                            o.vnc_listen + "' (console-gw relays the console)",
@@ -343,6 +343,11 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   if (!o.vnc_socket.empty()) {
     add("    <graphics type='vnc'>");
     add(fmt::format("      <listen type='socket' socket='{}'/>", Esc(o.vnc_socket)));
+  } else if (o.vnc_auto_socket) {
+    // libvirt picks the path in the domain's private directory (and labels it for qemu); the
+    // console relay reads it back from the live XML.
+    add("    <graphics type='vnc'>");
+    add("      <listen type='socket'/>");
   } else {
     add(fmt::format("    <graphics type='vnc' port='-1' autoport='yes' listen='{}'>",
                     Esc(o.vnc_listen)));

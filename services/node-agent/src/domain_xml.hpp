@@ -58,6 +58,9 @@ struct DomainXmlOptions {
   std::string vnc_listen = "127.0.0.1";  // must be loopback (127.0.0.0/8 or ::1)
   std::string vnc_socket;                // when set: VNC on this UNIX socket instead of TCP
   std::string serial_log;                // when set: the serial console is also logged here
+  // With vnc_socket empty: VNC on a UNIX socket at a path libvirt chooses (<listen
+  // type='socket'/>), never TCP. The libvirt runtime always sets it.
+  bool vnc_auto_socket = false;
   // Host CPUs of the NUMA node the VM is pinned to ("0-47,96-143"); "" = memory pinning only.
   std::string numa_cpuset;
   std::string numa_memory_mode = "strict";

@@ -1109,6 +1109,8 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   DomainXmlOptions xo = opts_.domain;
   xo.bridge = bridge;
   xo.seed_iso = *seed;
+  // The console is relayed from a UNIX socket only (console_relay.hpp): no VNC port on TCP.
+  if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;
   for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
   if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
   auto xml = GenerateDomainXml(b, xo);

@@ -12,6 +12,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
+#include "console_relay.hpp"
 #include "discovery.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -120,6 +121,17 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("network.report_ms", &net_report_ms,
         "How often the applied network is checked (and repaired) and leases are reported", 5000,
         config::Range(50, 600000));
+  s.Add("console.enabled", &console_enabled,
+        "Serve console-gw's console.open and relay domains' VNC UNIX sockets", true);
+  s.Add("console.window_bytes", &console_window_bytes,
+        "The largest credit window (bytes in flight per direction) a console session may ask for",
+        262144, config::Range(1024, 16777216));
+  s.Add("console.max_sessions", &console_max_sessions,
+        "Console relays this node runs at once (more: too_many_sessions)", 8,
+        config::Range(1, 1024));
+  s.Add("console.max_duration_s", &console_max_duration_s,
+        "The longest a console relay stays open (caps the session's max_duration_s)", 43200,
+        config::Range(1, 604800));
   s.Add("node_agent.sim_step_ms", &sim_step_ms, "Simulated VM runtime: sleep per lifecycle stage",
         20, config::Range(0, 60000));
 }
@@ -242,6 +254,21 @@ Result<void> NodeAgent::Start() {
   // The node's identity reaches only its own tasks, events and inbox; the streams and its task
   // consumer are the control plane's (inventory creates the consumer when the node registers).
   if (auto r = svc_.Start(); !r.ok()) return r;
+  if (cfg_.console_enabled) {
+    ConsoleOptions co;
+    co.node_id = cfg_.node_id;
+    co.max_window_bytes = cfg_.console_window_bytes;
+    co.max_sessions = static_cast<int>(cfg_.console_max_sessions);
+    co.max_duration_s = cfg_.console_max_duration_s;
+    // Only a libvirt runtime has consoles; the ledger says which domains are this agent's.
+    console_ = std::make_unique<ConsoleServer>(
+        svc_.nats(), co,
+        LedgerConsoleLocator(*store_, cfg_.vm_runtime == "libvirt" ? cfg_.libvirt_uri : ""),
+        svc_.log(), &svc_.metrics());
+    if (auto r = console_->Start(); !r.ok()) return r;
+    // Relays end with agent_stopping while the connection can still say so.
+    svc_.OnDrain("console relays", [this] { console_->Stop(); });
+  }
   svc_.OnDrain("control loop", [this] {
     stop_ = true;
     cv_.notify_all();

@@ -106,11 +106,18 @@ struct NodeAgentConfig {
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net
   int64_t net_report_ms = 5000;
+  // The VM console relay (console_relay.hpp): console-gw's opens on
+  // gpuaas.v1.node.<node_id>.console.open.
+  bool console_enabled = true;
+  int64_t console_window_bytes = 262144;  // the largest credit window an open may ask for
+  int64_t console_max_sessions = 8;
+  int64_t console_max_duration_s = 43200;  // cap (and default) of an open's max_duration_s
   void Register(config::Schema& schema);
 };
 
 class VmRuntime;
 class LibvirtRuntime;
+class ConsoleServer;
 
 class NodeAgent {
  public:
@@ -212,6 +219,8 @@ class NodeAgent {
   std::unique_ptr<DocumentFollower<v1::NodeNetworkDocument>> net_;
   // Ingress's exposure document (exposure.apply != off); thread-safe on its own.
   std::unique_ptr<ExposureAgent> exposures_;
+  // The console relay (console.enabled); stopped before the connection drains.
+  std::unique_ptr<ConsoleServer> console_;
   std::string net_last_report_;
   std::chrono::steady_clock::time_point net_published_at_{};
   messaging::Consumer* tasks_ = nullptr;
