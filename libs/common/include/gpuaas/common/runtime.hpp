@@ -77,6 +77,9 @@ class Service {
   std::shared_ptr<messaging::Connection> nats() { return nats_; }
   std::shared_ptr<store::Pool> pg() { return pool_; }
   uint16_t http_port() const { return http_port_; }
+  // The PEMs of auth.token_public_keys (read at Start), for a service that verifies request
+  // tokens outside the request server (console-gw's web login).
+  const std::vector<std::string>& token_public_keys() const { return token_keys_; }
 
   // Starts an outbox relay for this service's database; it is flushed on drain.
   outbox::Relay& StartOutboxRelay(outbox::RelayOptions opts = {});

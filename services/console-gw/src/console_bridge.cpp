@@ -1,0 +1,170 @@
+#include "console_bridge.hpp"
+
+#include <nats/nats.h>
+
+#include <algorithm>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "gpuaas/v1/console.pb.h"
+
+namespace gpuaas::console_gw {
+
+namespace {
+constexpr size_t kMaxFrameData = 64 * 1024;
+}
+
+Bridge::Bridge(std::shared_ptr<messaging::Connection> conn, Options opts, Callbacks cb)
+    : conn_(std::move(conn)), opts_(std::move(opts)), cb_(std::move(cb)) {
+  out_credit_.window = opts_.window_bytes;
+}
+
+Bridge::~Bridge() {
+  if (sub_ != nullptr) {
+    natsSubscription_Unsubscribe(sub_);
+    natsSubscription_Destroy(sub_);
+  }
+}
+
+std::string Bridge::Subject(const char* direction) const {
+  return fmt::format("gpuaas.v1.node.{}.console.{}.{}", opts_.node_id, opts_.session_id, direction);
+}
+
+Result<std::shared_ptr<Bridge>> Bridge::Start(std::shared_ptr<messaging::Connection> conn,
+                                              Options opts, Callbacks cb) {
+  std::shared_ptr<Bridge> b(new Bridge(std::move(conn), std::move(opts), std::move(cb)));
+  const std::string out = b->Subject("out");
+  // A callback may still run after the bridge is gone (unsubscribing does not wait for one in
+  // flight): it holds a weak reference, freed when nats.c says the subscription is complete.
+  auto* ref = new std::weak_ptr<Bridge>(b);
+  natsStatus s =
+      natsConnection_Subscribe(&b->sub_, b->conn_->raw(), out.c_str(), &Bridge::OnMsg, ref);
+  if (s != NATS_OK) {
+    delete ref;
+    return messaging::NatsError(s, "subscribe " + out);
+  }
+  natsSubscription_SetOnCompleteCB(
+      b->sub_, [](void* c) { delete static_cast<std::weak_ptr<Bridge>*>(c); }, ref);
+  natsSubscription_SetPendingLimits(b->sub_, -1, -1);
+  if (auto f = b->conn_->CheckPermitted(out, std::chrono::seconds(5)); !f.ok()) return f.error();
+  return b;
+}
+
+void Bridge::OnMsg(natsConnection* /*nc*/, natsSubscription* /*sub*/, natsMsg* msg, void* closure) {
+  std::string payload(natsMsg_GetData(msg), static_cast<size_t>(natsMsg_GetDataLength(msg)));
+  natsMsg_Destroy(msg);
+  if (auto self = static_cast<std::weak_ptr<Bridge>*>(closure)->lock()) self->Handle(payload);
+}
+
+void Bridge::Handle(const std::string& payload) {
+  v1::ConsoleFrame f;
+  std::function<void(const std::string&)> notify;
+  std::string reason;
+  std::string data;
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;
+    if (!f.ParseFromString(payload) || f.seq() != expect_seq_ || f.data().size() > kMaxFrameData ||
+        !out_credit_.Ack(f.acked()) ||
+        received_ + f.data().size() - delivered_ > opts_.window_bytes) {
+      // A lost or reordered frame, or a node ignoring the credit it was given.
+      reason = "relay_lost";
+      SendLocked("", true, reason);
+      EndLocked(reason, &notify);
+    } else {
+      ++expect_seq_;
+      received_ += f.data().size();
+      data = f.data();
+      if (f.close()) {
+        reason = f.close_reason().empty() ? "vm_closed" : f.close_reason();
+        EndLocked(reason, &notify);
+      } else {
+        FlushLocked(false);
+      }
+    }
+  }
+  if (!data.empty() && cb_.on_data) cb_.on_data(std::move(data));
+  if (notify) notify(reason);
+}
+
+void Bridge::FromClient(std::string_view bytes) {
+  std::function<void(const std::string&)> notify;
+  {
+    std::lock_guard lock(mu_);
+    if (ended_) return;
+    pending_.append(bytes);
+    if (pending_.size() > opts_.max_pending_bytes) {
+      SendLocked("", true, "client_flood");
+      EndLocked("client_flood", &notify);
+    } else {
+      FlushLocked(false);
+    }
+  }
+  if (notify) notify("client_flood");
+}
+
+void Bridge::Delivered(uint64_t n, bool idle) {
+  std::lock_guard lock(mu_);
+  if (ended_) return;
+  delivered_ += n;
+  // Acknowledge in steps of a quarter window, and whenever the browser caught up, so the node
+  // never waits on an acknowledgement the browser already earned.
+  if (delivered_ - acked_sent_ >= std::max<uint64_t>(1, opts_.window_bytes / 4) ||
+      (idle && delivered_ > acked_sent_)) {
+    FlushLocked(true);
+  }
+}
+
+void Bridge::FlushLocked(bool force_ack) {
+  bool sent = false;
+  while (!pending_.empty()) {
+    const uint64_t can = std::min<uint64_t>(out_credit_.Available(), kMaxFrameData);
+    if (can == 0) break;
+    const size_t n = std::min<size_t>(pending_.size(), can);
+    std::string chunk = pending_.substr(0, n);
+    pending_.erase(0, n);
+    out_credit_.sent += n;
+    SendLocked(std::move(chunk), false, "");
+    sent = true;
+  }
+  if (!sent && force_ack) SendLocked("", false, "");
+}
+
+void Bridge::SendLocked(std::string data, bool close, const std::string& reason) {
+  v1::ConsoleFrame f;
+  f.set_seq(next_seq_++);
+  *f.mutable_data() = std::move(data);
+  f.set_acked(delivered_);
+  acked_sent_ = delivered_;
+  f.set_close(close);
+  if (close) f.set_close_reason(reason);
+  // A failed publish (connection down) loses the frame: the node sees a gap and ends the relay.
+  (void)conn_->Publish(Subject("in"), f.SerializeAsString());
+}
+
+void Bridge::EndLocked(const std::string& reason, std::function<void(const std::string&)>* notify) {
+  ended_ = true;
+  if (sub_ != nullptr) natsSubscription_Unsubscribe(sub_);
+  if (notify != nullptr && cb_.on_end) *notify = cb_.on_end;
+  (void)reason;
+}
+
+void Bridge::Close(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  if (ended_) return;
+  SendLocked("", true, reason);
+  EndLocked(reason, nullptr);
+}
+
+uint64_t Bridge::BytesToClient() const {
+  std::lock_guard lock(mu_);
+  return received_;
+}
+
+uint64_t Bridge::BytesFromClient() const {
+  std::lock_guard lock(mu_);
+  return out_credit_.sent;
+}
+
+}  // namespace gpuaas::console_gw
