@@ -54,9 +54,11 @@ using ConsoleLocator =
 
 // The agent's own: the ledger's domain record (local store, key domain-<allocation_id>) must
 // name `domain`, and the live domain (libvirt at `libvirt_uri`, running) must serve VNC on a
-// UNIX socket. `libvirt_uri` "" (the simulated runtime): managed domains have no console.
-// `store` must outlive the locator.
-ConsoleLocator LedgerConsoleLocator(const LocalStore& store, std::string libvirt_uri);
+// UNIX socket. `libvirt_uri` "" (the simulated runtime): a managed domain's console is the
+// socket <sim_socket_dir>/<domain>.vnc when one is there (a stand-in qemu started by a test or
+// scripts/up), else it has none. `store` must outlive the locator.
+ConsoleLocator LedgerConsoleLocator(const LocalStore& store, std::string libvirt_uri,
+                                    std::string sim_socket_dir = "");
 
 struct ConsoleOptions {
   std::string node_id;

@@ -132,6 +132,10 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("console.max_duration_s", &console_max_duration_s,
         "The longest a console relay stays open (caps the session's max_duration_s)", 43200,
         config::Range(1, 604800));
+  s.Add("console.sim_socket_dir", &console_sim_socket_dir,
+        "Simulated VM runtime only: a managed domain's console is <dir>/<domain>.vnc when that "
+        "UNIX socket exists (a stand-in qemu -vnc unix:...; scripts/up and tests); \"\" = none",
+        "");
   s.Add("node_agent.sim_step_ms", &sim_step_ms, "Simulated VM runtime: sleep per lifecycle stage",
         20, config::Range(0, 60000));
 }
@@ -263,7 +267,8 @@ Result<void> NodeAgent::Start() {
     // Only a libvirt runtime has consoles; the ledger says which domains are this agent's.
     console_ = std::make_unique<ConsoleServer>(
         svc_.nats(), co,
-        LedgerConsoleLocator(*store_, cfg_.vm_runtime == "libvirt" ? cfg_.libvirt_uri : ""),
+        LedgerConsoleLocator(*store_, cfg_.vm_runtime == "libvirt" ? cfg_.libvirt_uri : "",
+                             cfg_.vm_runtime == "libvirt" ? "" : cfg_.console_sim_socket_dir),
         svc_.log(), &svc_.metrics());
     if (auto r = console_->Start(); !r.ok()) return r;
     // Relays end with agent_stopping while the connection can still say so.

@@ -112,6 +112,7 @@ struct NodeAgentConfig {
   int64_t console_window_bytes = 262144;  // the largest credit window an open may ask for
   int64_t console_max_sessions = 8;
   int64_t console_max_duration_s = 43200;  // cap (and default) of an open's max_duration_s
+  std::string console_sim_socket_dir;      // simulated runtime: <dir>/<domain>.vnc stand-ins
   void Register(config::Schema& schema);
 };
 
