@@ -136,6 +136,8 @@ Action AddCatalogCommands(CLI::App& app);
 Action AddAppCommands(CLI::App& app);
 // ingress pool set|list|delete, expose, unexpose, exposures, node (ingress_commands.cpp).
 Action AddIngressCommands(CLI::App& app);
+// console open|list|revoke (console_commands.cpp).
+Action AddConsoleCommands(CLI::App& app);
 
 // An action that works on the NATS connection itself (JetStream reads), not by requests.
 using ConnAction = std::function<std::optional<int>(messaging::Connection&, const Globals&)>;

@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   const std::vector<Action> actions = {AddNodeCommands(app),    AddInventoryCommands(app),
                                        AddAllocCommands(app),   AddIpamCommands(app),
                                        AddCatalogCommands(app), AddAppCommands(app),
-                                       AddIngressCommands(app)};
+                                       AddIngressCommands(app), AddConsoleCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto dlq_action = AddDlqCommands(app);
   const auto auth_action = AddAuthCommands(app);
