@@ -12,7 +12,7 @@
 namespace gpuaas::console_gw {
 
 namespace {
-constexpr size_t kMaxFrameData = 64 * 1024;
+constexpr size_t kMaxFrameData = size_t{64} * 1024;
 }
 
 Bridge::Bridge(std::shared_ptr<messaging::Connection> conn, Options opts, Callbacks cb)

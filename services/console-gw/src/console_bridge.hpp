@@ -20,9 +20,9 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   struct Options {
     std::string node_id;
     std::string session_id;
-    uint64_t window_bytes = 256 * 1024;
+    uint64_t window_bytes = uint64_t{256} * 1024;
     // The browser's bytes held for want of credit beyond this end the relay (client_flood).
-    uint64_t max_pending_bytes = 8 * 1024 * 1024;
+    uint64_t max_pending_bytes = uint64_t{8} * 1024 * 1024;
   };
   struct Callbacks {
     // The VM's bytes for the browser, in order (NATS' delivery thread; must not block long).

@@ -30,8 +30,8 @@ namespace {
 std::string_view SV(beast::string_view s) { return {s.data(), s.size()}; }
 
 constexpr const char* kCookie = "gpuaas_token";
-constexpr size_t kMaxBody = 1024 * 1024;
-constexpr size_t kMaxWsMessage = 1024 * 1024;
+constexpr size_t kMaxBody = size_t{1024} * 1024;
+constexpr size_t kMaxWsMessage = size_t{1024} * 1024;
 
 std::string CookieValue(std::string_view header, std::string_view name) {
   while (!header.empty()) {
@@ -103,7 +103,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
   WsSession(std::shared_ptr<Impl> owner, beast::tcp_stream stream, ConnectAttempt a)
       : owner_(std::move(owner)), ws_(std::move(stream)), attempt_(std::move(a)) {}
 
-  void Run(bhttp::request<bhttp::string_body> req) {
+  void Run(const bhttp::request<bhttp::string_body>& req) {
     beast::get_lowest_layer(ws_).expires_never();
     ws_.set_option(websocket::stream_base::timeout::suggested(beast::role_type::server));
     ws_.read_message_max(kMaxWsMessage);
@@ -156,9 +156,9 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
         }
         self->bridge_ = *bridge;
         self->owner_->AddLive(self);
-        std::weak_ptr<WsSession> live = self;
-        self->owner_->backend.Live(self->claimed_.session_id, [live](const std::string& reason) {
-          if (auto s = live.lock()) s->Stop(reason);
+        std::weak_ptr<WsSession> holder = self;
+        self->owner_->backend.Live(self->claimed_.session_id, [holder](const std::string& reason) {
+          if (auto s = holder.lock()) s->Stop(reason);
         });
         if (self->owner_->stopped) {
           self->End("gateway_stopping");
@@ -472,8 +472,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
                  std::string(req[bhttp::field::host]) + "')");
       return;
     }
-    std::make_shared<Gateway::Impl::WsSession>(owner_, std::move(stream_), std::move(a))
-        ->Run(std::move(req));
+    std::make_shared<Gateway::Impl::WsSession>(owner_, std::move(stream_), std::move(a))->Run(req);
   }
 
   std::shared_ptr<Gateway::Impl> owner_;

@@ -313,7 +313,7 @@ void ConsoleGwConfig::Register(config::Schema& s) {
         3600, config::Range(10, 86400));
   s.Add("console.window_bytes", &window_bytes,
         "Console relay credit: bytes a side may send beyond the other side's acknowledgement",
-        262144, config::Range(4096, 16 * 1024 * 1024));
+        262144, config::Range(4096, int64_t{16} * 1024 * 1024));
   s.Add("console.open_timeout_ms", &open_timeout_ms,
         "How long the node may take to open a console relay", 5000, config::Range(100, 60000));
   s.Add("console.sweep_ms", &sweep_ms,

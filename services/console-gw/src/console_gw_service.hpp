@@ -33,7 +33,7 @@ struct ConsoleGwConfig {
   std::string allowed_origins;  // comma-separated; "" = same origin only
   bool secure_cookies = false;
   int64_t max_session_s = 3600;
-  int64_t window_bytes = 256 * 1024;
+  int64_t window_bytes = int64_t{256} * 1024;
   int64_t open_timeout_ms = 5000;
   int64_t sweep_ms = 1000;
   void Register(config::Schema& schema);

@@ -125,8 +125,7 @@ TEST(ConsoleDomainTest, ThePageCallsExactlyTheOperationsTheContractLetsItForward
   std::set<std::string> via;
   for (const auto& op : access::EmbeddedContract().operations) {
     for (const auto& g : op.via) {
-      if (g == "console-gw")
-        via.insert(access::SubjectTokens(op.address).empty() ? "" : op.address);
+      if (g == "console-gw") via.insert(op.address);
     }
   }
   std::set<std::string> routes;
@@ -140,7 +139,7 @@ TEST(ConsoleDomainTest, ThePageCallsExactlyTheOperationsTheContractLetsItForward
 // the credit the gateway grants; or, with `burst`, first sends that many bytes of its own.
 class FakeNode {
  public:
-  FakeNode(std::shared_ptr<messaging::Connection> conn, log::Logger log)
+  FakeNode(std::shared_ptr<messaging::Connection> conn, const log::Logger& log)
       : conn_(std::move(conn)),
         server_(conn_, "fake-node", fmt::format("gpuaas.v1.node.{}.console.open", kNode), log,
                 nullptr) {
@@ -167,7 +166,7 @@ class FakeNode {
           SendLocked("RFB 003.008\n", false, "");
           for (uint64_t left = burst_; left > 0;) {
             // Waits for credit the way the real agent does; here the frames are small.
-            const uint64_t n = std::min<uint64_t>(left, 16 * 1024);
+            const uint64_t n = std::min<uint64_t>(left, uint64_t{16} * 1024);
             if (sent_ - acked_ + n > window_) {
               pending_burst_ = left;
               break;
@@ -236,7 +235,7 @@ class FakeNode {
     self->written_ += f.data().size();
     // The rest of the burst, as credit returns.
     while (self->pending_burst_ > 0) {
-      const uint64_t n = std::min<uint64_t>(self->pending_burst_, 16 * 1024);
+      const uint64_t n = std::min<uint64_t>(self->pending_burst_, uint64_t{16} * 1024);
       if (self->sent_ - self->acked_ + n > self->window_) break;
       self->SendLocked(std::string(n, 'x'), false, "");
       self->pending_burst_ -= n;
@@ -636,7 +635,7 @@ TEST_F(ConsoleGwTest, RevokingALiveSessionClosesItWithPolicyViolation) {
 }
 
 TEST_F(ConsoleGwTest, TheRelayKeepsToTheCreditAndDeliversEveryByteInOrder) {
-  node_->burst_ = 3 * 1024 * 1024;  // twelve windows of 256 KiB
+  node_->burst_ = uint64_t{3} * 1024 * 1024;  // twelve windows of 256 KiB
   auto created = Create(Allocation());
   ASSERT_TRUE(created.ok());
   auto ws = Connect(created->ws_path(), origin_, "", 12 + node_->burst_);
