@@ -2,9 +2,14 @@
 // (deploy/grafana/gpuaas-dashboard.json) name is exported by some service of a running platform:
 // ipam, inventory, the scheduler, ingress and a node-agent go through a slice's lifecycle (with
 // one public endpoint, applied and removed by the agent) and one create that finds no capacity,
-// then each one's /metrics is scraped. A renamed or dropped metric fails here instead of leaving
-// an alert that can never fire.
+// console-gw refuses a console connect, then each one's /metrics is scraped. A renamed or dropped
+// metric fails here instead of leaving an alert that can never fire.
 #include <gtest/gtest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <fstream>
 #include <regex>
@@ -12,9 +17,11 @@
 #include <sstream>
 #include <string>
 
+#include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
+#include "console_gw_service.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -78,6 +85,33 @@ void Exported(const std::string& exposition, std::set<std::string>& out) {
       out.insert(line.substr(0, line.find_first_of("{ ")));
     }
   }
+}
+
+// A console WebSocket upgrade from another origin, sent by hand: console-gw answers 403
+// cross_origin before any grant is looked at. Returns the status line.
+std::string CrossOriginUpgrade(uint16_t port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return "";
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string got;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
+    const std::string req = fmt::format(
+        "GET /console/ws/00000000-0000-7000-8000-000000000000?grant=metrics HTTP/1.1\r\n"
+        "Host: 127.0.0.1:{}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        "Origin: http://evil.example\r\n\r\n",
+        port);
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[512];
+      const ssize_t n = read(fd, buf, sizeof(buf));
+      if (n > 0) got.assign(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return got.substr(0, got.find("\r\n"));
 }
 
 TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
@@ -155,8 +189,16 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
       p.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel).ok());
   ASSERT_TRUE(state_is(v1::ALLOCATION_STATE_RELEASED));
 
+  // console-gw: its session gauges come from the sweeper; a refused connect counts by failure.
+  auto gw = std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
+      p.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
+  auto gw_started = gw->Start();
+  ASSERT_TRUE(gw_started.ok()) << gw_started.error().ToString();
+  EXPECT_EQ(CrossOriginUpgrade(gw->gateway_port()), "HTTP/1.1 403 Forbidden");
+
   std::vector<runtime::Service*> services = {&p.ipam->runtime(), &p.inventory->runtime(),
-                                             &p.scheduler->runtime(), &p.ingress->runtime()};
+                                             &p.scheduler->runtime(), &p.ingress->runtime(),
+                                             &gw->runtime()};
   for (auto& a : p.agents) services.push_back(&a->runtime());
   std::set<std::string> exported;
   auto scrape = [&] {
