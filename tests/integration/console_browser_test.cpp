@@ -13,7 +13,6 @@
 #include <fstream>
 
 #include <fmt/format.h>
-#include <nats/nats.h>
 
 #include "console_gw_service.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -138,25 +137,15 @@ TEST(ConsoleBrowserTest, AnOperatorApprovesASlotAndOpensASlicesConsoleInTheBrows
   bool connected_by_browser_user = false;
   ASSERT_TRUE(testing::WaitFor([&] {
     seen.clear();
-    auto last = messaging::StreamLastSequence(*p.conn, "GPUAAS_EVT_CONSOLE");
-    for (uint64_t seq = 1; last.ok() && seq <= *last; ++seq) {
-      natsMsg* m = nullptr;
-      jsErrCode jerr = static_cast<jsErrCode>(0);
-      if (js_GetMsg(&m, p.conn->js(), "GPUAAS_EVT_CONSOLE", seq, nullptr, &jerr) != NATS_OK) {
-        continue;
-      }
-      v1::Event ev;
+    for (const auto& e : testing::ReadStream(*p.conn, "GPUAAS_EVT_CONSOLE")) {
       v1::ConsoleSessionEvent d;
-      if (ev.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m)) &&
-          ev.data().UnpackTo(&d)) {
-        const std::string subject = natsMsg_GetSubject(m);
-        ++seen[subject + (d.failure().empty() ? "" : ":" + d.failure())];
-        if (subject == "gpuaas.v1.evt.console.session.connected" &&
-            d.session().allocation_id() == alloc && ev.actor().subject() == "user:browser-test") {
-          connected_by_browser_user = true;
-        }
+      if (!e.event.data().UnpackTo(&d)) continue;
+      ++seen[e.subject + (d.failure().empty() ? "" : ":" + d.failure())];
+      if (e.subject == "gpuaas.v1.evt.console.session.connected" &&
+          d.session().allocation_id() == alloc &&
+          e.event.actor().subject() == "user:browser-test") {
+        connected_by_browser_user = true;
       }
-      natsMsg_Destroy(m);
     }
     return seen.count("gpuaas.v1.evt.console.connect.refused:grant_used") &&
            seen.count("gpuaas.v1.evt.console.connect.refused:wrong_scope") &&

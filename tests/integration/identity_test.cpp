@@ -342,20 +342,8 @@ TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   // Events of `allocation` on `subject`, newest last.
   auto events = [&](const std::string& subject, const std::string& allocation) {
     std::vector<v1::Event> out;
-    auto n = messaging::StreamLastSequence(*p_.conn, "GPUAAS_EVT_SCHEDULER");
-    for (uint64_t seq = 1; n.ok() && seq <= *n; ++seq) {
-      natsMsg* m = nullptr;
-      jsErrCode jerr = static_cast<jsErrCode>(0);
-      if (js_GetMsg(&m, p_.conn->js(), "GPUAAS_EVT_SCHEDULER", seq, nullptr, &jerr) != NATS_OK) {
-        continue;
-      }
-      v1::Event ev;
-      if (natsMsg_GetSubject(m) == subject &&
-          ev.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m)) &&
-          ev.subject() == allocation) {
-        out.push_back(ev);
-      }
-      natsMsg_Destroy(m);
+    for (const auto& e : testing::ReadStream(*p_.conn, "GPUAAS_EVT_SCHEDULER")) {
+      if (e.subject == subject && e.event.subject() == allocation) out.push_back(e.event);
     }
     return out;
   };

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <nats/nats.h>
 #include <pqxx/pqxx>
 
 #include "gpuaas/common/access.hpp"
@@ -416,6 +417,24 @@ std::string TestPostgres::CreateDatabase(const std::string& prefix) {
   pqxx::nontransaction tx(c);
   tx.exec("CREATE DATABASE " + tx.quote_name(name));
   return Dsn(name);
+}
+
+std::vector<StreamEvent> ReadStream(messaging::Connection& conn, const std::string& stream,
+                                    uint64_t from) {
+  std::vector<StreamEvent> out;
+  auto last = messaging::StreamLastSequence(conn, stream);
+  for (uint64_t seq = from; last.ok() && seq <= *last; ++seq) {
+    natsMsg* m = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    if (js_GetMsg(&m, conn.js(), stream.c_str(), seq, nullptr, &jerr) != NATS_OK) continue;
+    StreamEvent e;
+    e.seq = seq;
+    e.subject = natsMsg_GetSubject(m);
+    if (!e.event.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m))) e.event.Clear();
+    natsMsg_Destroy(m);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 TestPostgres& SharedPostgres() {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "gpuaas/common/messaging.hpp"
+#include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::testing {
 
@@ -170,6 +171,17 @@ class TestPostgres {
 // One PostgreSQL cluster per test binary (started on first use); each test makes its own
 // database in it.
 TestPostgres& SharedPostgres();
+
+// One message of a stream as a test reads it back (JetStream direct reads by sequence).
+struct StreamEvent {
+  uint64_t seq = 0;
+  std::string subject;  // the NATS subject it was published on
+  v1::Event event;      // empty when the payload is not an Event
+};
+// Every message of `stream` from sequence `from` to its last, in order (gaps skipped): what a
+// test checks the outbox relays published, e.g. the audit trail.
+std::vector<StreamEvent> ReadStream(messaging::Connection& conn, const std::string& stream,
+                                    uint64_t from = 1);
 
 // Finds the PostgreSQL server binaries (GPUAAS_PG_BINDIR or /usr/lib/postgresql/<v>/bin).
 std::string PostgresBinDir();

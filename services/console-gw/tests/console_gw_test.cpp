@@ -451,20 +451,11 @@ class ConsoleGwTest : public ::testing::Test {
   // Events on GPUAAS_EVT_CONSOLE about `session`: (subject, data).
   std::vector<std::pair<std::string, v1::ConsoleSessionEvent>> Events(const std::string& session) {
     std::vector<std::pair<std::string, v1::ConsoleSessionEvent>> out;
-    auto last = messaging::StreamLastSequence(*conn_, "GPUAAS_EVT_CONSOLE");
-    for (uint64_t seq = 1; last.ok() && seq <= *last; ++seq) {
-      natsMsg* m = nullptr;
-      jsErrCode jerr = static_cast<jsErrCode>(0);
-      if (js_GetMsg(&m, conn_->js(), "GPUAAS_EVT_CONSOLE", seq, nullptr, &jerr) != NATS_OK) {
-        continue;
-      }
-      v1::Event ev;
+    for (const auto& e : testing::ReadStream(*conn_, "GPUAAS_EVT_CONSOLE")) {
       v1::ConsoleSessionEvent data;
-      if (ev.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m)) &&
-          ev.data().UnpackTo(&data) && ev.subject() == session) {
-        out.emplace_back(natsMsg_GetSubject(m), data);
+      if (e.event.subject() == session && e.event.data().UnpackTo(&data)) {
+        out.emplace_back(e.subject, data);
       }
-      natsMsg_Destroy(m);
     }
     return out;
   }
