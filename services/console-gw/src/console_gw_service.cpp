@@ -219,7 +219,7 @@ ApiReply ErrorReply(const Error& e) {
 // length, this gateway stopping) DISCONNECTED.
 bool IsFailure(const std::string& reason) {
   return reason == "relay_lost" || reason == "node_refused" || reason == "node_unreachable" ||
-         reason == "agent_stopping" || reason == "client_flood";
+         reason == "agent_stopping" || reason == "client_flood" || reason == "credit_exceeded";
 }
 
 std::string Bearer(const rpc::Context& ctx) {
