@@ -14,6 +14,14 @@
 //  * every protobuf type the document names exists in proto/, and every reference resolves.
 // GPUAAS_CONTRACT_PRINT=1 prints every entry the services recorded.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/beast/websocket.hpp>
 
 #include <google/protobuf/descriptor.h>
 #include <google/protobuf/descriptor.pb.h>
@@ -26,16 +34,19 @@
 #include <set>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "console_gw_service.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
@@ -247,12 +258,13 @@ bool Done(const std::vector<Recorded>& recorded, const Operation& op) {
 
 // Every service's /contract, as a user of its HTTP port reads it; "" or what failed.
 std::string Collect(testing::Platform& p, ingress::IngressService& ingress,
-                    std::vector<Recorded>& out) {
+                    console_gw::ConsoleGwService& console, std::vector<Recorded>& out) {
   std::vector<std::pair<std::string, runtime::Service*>> services = {
       {"ipam", &p.ipam->runtime()},
       {"inventory", &p.inventory->runtime()},
       {"scheduler", &p.scheduler->runtime()},
-      {"ingress", &ingress.runtime()}};
+      {"ingress", &ingress.runtime()},
+      {"console-gw", &console.runtime()}};
   for (auto& a : p.agents) services.emplace_back("node-agent", &a->runtime());
   std::vector<Recorded> all;
   for (const auto& [name, svc] : services) {
@@ -270,7 +282,7 @@ std::string Collect(testing::Platform& p, ingress::IngressService& ingress,
 void ExpectEveryServiceRecorded(const std::vector<Recorded>& recorded) {
   std::map<std::string, std::map<Role, int>> by_service;
   for (const auto& r : recorded) by_service[r.service][r.entry.role]++;
-  for (const char* s : {"ipam", "inventory", "scheduler", "ingress"}) {
+  for (const char* s : {"ipam", "inventory", "scheduler", "ingress", "console-gw"}) {
     EXPECT_GT(by_service[s][Role::kServe], 0) << s << " recorded no served subject";
     EXPECT_GT(by_service[s][Role::kConsume], 0) << s << " recorded no consumer";
     EXPECT_GT(by_service[s][Role::kPublish], 0) << s << " recorded no publish";
@@ -364,7 +376,98 @@ class ContractTest : public ::testing::Test {
   }
 
   void TearDown() override {
+    if (console_) console_->Shutdown();
     if (ingress_) ingress_->Shutdown();
+  }
+
+  // An operator's console of allocation `id`: a session, its WebSocket through console-gw, the
+  // node's relay to a stand-in VNC socket (the test's own: it says the RFB version and takes
+  // the client's), a refused cross-origin connect, and another session revoked and listed.
+  void RunConsole(const std::string& id, const std::string& socket_dir) {
+    namespace asio = boost::asio;
+    namespace beast = boost::beast;
+    namespace websocket = beast::websocket;
+    const std::string path = socket_dir + "/gpuaas-" + id + ".vnc";
+    const int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    ASSERT_LT(path.size(), sizeof addr.sun_path);
+    std::copy(path.begin(), path.end(), addr.sun_path);
+    ASSERT_EQ(bind(lfd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(listen(lfd, 1), 0);
+    std::string vm_got;
+    std::thread vm([&] {
+      const int c = accept(lfd, nullptr, nullptr);
+      if (c < 0) return;
+      (void)!write(c, "RFB 003.008\n", 12);
+      char buf[64];
+      for (ssize_t n; (n = read(c, buf, sizeof buf)) > 0;) vm_got.append(buf, n);
+      close(c);
+    });
+    v1::CreateConsoleSessionRequest create;
+    create.set_allocation_id(id);
+    create.set_reason("contract test");
+    auto session =
+        Call<v1::CreateConsoleSessionResponse>("gpuaas.v1.console.session.create", create);
+    ASSERT_TRUE(session.ok()) << session.error().ToString();
+    const uint16_t port = console_->gateway_port();
+    const std::string host = fmt::format("127.0.0.1:{}", port);
+    {
+      asio::io_context io;
+      websocket::stream<beast::tcp_stream> ws(io);
+      beast::get_lowest_layer(ws).connect({asio::ip::make_address("127.0.0.1"), port});
+      beast::get_lowest_layer(ws).expires_after(10s);
+      ws.set_option(websocket::stream_base::decorator([&](websocket::request_type& r) {
+        r.set(beast::http::field::origin, "http://" + host);
+      }));
+      ws.handshake(host, session->ws_path());
+      ws.binary(true);
+      beast::flat_buffer buf;
+      std::string got;
+      while (got.size() < 12) {
+        ws.read(buf);
+        got += beast::buffers_to_string(buf.data());
+        buf.consume(buf.size());
+      }
+      EXPECT_EQ(got, "RFB 003.008\n");
+      ws.write(asio::buffer(std::string("RFB 003.008\n")));
+      EXPECT_TRUE(testing::WaitFor([&] { return vm_got.size() >= 12; }));
+      ws.close(websocket::close_code::normal);
+    }
+    vm.join();
+    close(lfd);
+    // A page on another origin: the upgrade is refused (and audited).
+    {
+      asio::io_context io;
+      beast::tcp_stream s(io);
+      s.connect({asio::ip::make_address("127.0.0.1"), port});
+      beast::http::request<beast::http::empty_body> req(beast::http::verb::get, session->ws_path(),
+                                                        11);
+      req.set(beast::http::field::host, host);
+      req.set(beast::http::field::origin, "http://evil.example");
+      req.set(beast::http::field::connection, "Upgrade");
+      req.set(beast::http::field::upgrade, "websocket");
+      req.set(beast::http::field::sec_websocket_key, "dGhlIHNhbXBsZSBub25jZQ==");
+      req.set(beast::http::field::sec_websocket_version, "13");
+      beast::http::write(s, req);
+      beast::flat_buffer buf;
+      beast::http::response<beast::http::string_body> res;
+      beast::http::read(s, buf, res);
+      EXPECT_EQ(res.result_int(), 403U);
+    }
+    auto other = Call<v1::CreateConsoleSessionResponse>("gpuaas.v1.console.session.create", create);
+    ASSERT_TRUE(other.ok()) << other.error().ToString();
+    v1::RevokeConsoleSessionRequest revoke;
+    revoke.set_session_id(other->session().session_id());
+    revoke.set_reason("contract test");
+    auto revoked =
+        Call<v1::RevokeConsoleSessionResponse>("gpuaas.v1.console.session.revoke", revoke);
+    ASSERT_TRUE(revoked.ok()) << revoked.error().ToString();
+    v1::ListConsoleSessionsRequest list;
+    list.set_allocation_id(id);
+    auto listed = Call<v1::ListConsoleSessionsResponse>("gpuaas.v1.console.session.list", list);
+    ASSERT_TRUE(listed.ok()) << listed.error().ToString();
+    EXPECT_EQ(listed->sessions_size(), 2);
   }
 
   // One short lifecycle, so that every publish path runs: a node registers and reports its
@@ -380,11 +483,18 @@ class ContractTest : public ::testing::Test {
         p_.Env(testing::SharedPostgres().CreateDatabase("ingress"), "ingress")));
     auto started = ingress_->Start();
     ASSERT_TRUE(started.ok()) << started.error().ToString();
+    console_ =
+        std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
+            p_.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
+    auto console_started = console_->Start();
+    ASSERT_TRUE(console_started.ok()) << console_started.error().ToString();
+    const std::string consoles = testing::MakeTempDir("contract-consoles");
     const std::string node = "contract-node";
     p_.StartAgent(node, 2, "contract",
                   {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
                    {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
-                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
+                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"},
+                   {"GPUAAS_CONSOLE_SIM_SOCKET_DIR", consoles}});
     ASSERT_TRUE(testing::WaitFor([&] {
       v1::ShowNodeRequest r;
       r.set_node_id(node);
@@ -483,6 +593,8 @@ class ContractTest : public ::testing::Test {
     ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_APPLYING)) << exposure_id;
     ack_latest(true);
     ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_ACTIVE)) << exposure_id;
+    RunConsole(id, consoles);
+    if (HasFatalFailure()) return;
 
     v1::ReleaseAllocationRequest rel;
     rel.set_allocation_id(id);
@@ -582,6 +694,7 @@ class ContractTest : public ::testing::Test {
 
   testing::Platform p_;
   std::unique_ptr<ingress::IngressService> ingress_;
+  std::unique_ptr<console_gw::ConsoleGwService> console_;
 };
 
 // One test, one platform: the checks share the flow (a ctest entry per check would run it
@@ -595,7 +708,7 @@ TEST_F(ContractTest, ServicesDoWhatTheDocumentSays) {
   std::string error;
   testing::WaitFor(
       [&] {
-        error = Collect(p_, *ingress_, recorded);
+        error = Collect(p_, *ingress_, *console_, recorded);
         if (!error.empty()) return false;
         for (const auto& op : Doc().operations) {
           if (!kOutsideParties.count(op.name) && !op.channel.empty() && !Done(recorded, op)) {

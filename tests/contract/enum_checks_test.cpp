@@ -28,6 +28,9 @@ const std::vector<store::Migration>& Migrations();
 namespace gpuaas::ipam {
 const std::vector<store::Migration>& Migrations();
 }
+namespace gpuaas::console_gw {
+const std::vector<store::Migration>& Migrations();
+}
 namespace gpuaas::ingress {
 const std::vector<store::Migration>& Migrations();
 }
@@ -170,6 +173,13 @@ TEST(EnumChecksTest, IngressColumnsMatchTheirEnums) {
                           {"port_range", "public_ip"}},
                          {"exposures", "protocol", v1::TransportProtocol_descriptor()},
                          {"exposures", "state", v1::ExposureState_descriptor()},
+                     });
+}
+
+TEST(EnumChecksTest, ConsoleGwColumnsMatchTheirEnums) {
+  ExpectColumnsMatch("console", console_gw::Migrations(),
+                     {
+                         {"console_sessions", "state", v1::ConsoleSessionState_descriptor()},
                      });
 }
 

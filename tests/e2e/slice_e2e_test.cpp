@@ -24,6 +24,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/websocket.hpp>
+
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -35,8 +39,10 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "console_gw_service.hpp"
 #include "discovery.hpp"
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "host.hpp"
@@ -88,6 +94,7 @@ struct World {
   uint16_t http_port = 0;
   std::unique_ptr<testing::Process> agent;
   int agent_starts = 0;
+  std::unique_ptr<console_gw::ConsoleGwService> console;
 };
 World* w = nullptr;
 
@@ -193,9 +200,17 @@ class SliceE2eTest : public ::testing::Test {
         Ctl({"ingress", "pool", "set", "--name", kPool, "--kind", "port_range", "--region",
              "us-east-1", "--node", kNode, "--address", w->public_ip, "--ports", "20000-20009"});
     ASSERT_EQ(pool.exit_code, 0) << pool.err;
+
+    // console-gw, for the operator's console of a slice.
+    w->console =
+        std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
+            w->p.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
+    auto started = w->console->Start();
+    ASSERT_TRUE(started.ok()) << started.error().ToString();
   }
   static void TearDownTestSuite() {
     if (!w) return;
+    w->console.reset();
     if (w->agent) w->agent->Stop(20s);
     w->p.Stop();
     if (!w->mnt.empty()) (void)RunTool({Tool("umount"), w->mnt}, 30s);
@@ -365,6 +380,75 @@ class SliceE2eTest : public ::testing::Test {
         want_rc);
   }
   // `cmd` in the guest as root with `key`, from inside the slice network's namespace.
+  // An operator's console of allocation `id`, as a browser gets it: a session, the WebSocket
+  // through console-gw, the node's relay to the domain's VNC UNIX socket, and the RFB handshake
+  // up to the server's init. Returns the desktop name and size the VM's VNC server announced,
+  // or "error: ...".
+  static std::string ConsoleServerInit(const std::string& id) {
+    namespace asio = boost::asio;
+    namespace beast = boost::beast;
+    namespace websocket = beast::websocket;
+    v1::CreateConsoleSessionRequest req;
+    req.set_allocation_id(id);
+    req.set_reason("e2e: the VM's console");
+    auto s = w->p.Call<v1::CreateConsoleSessionResponse>("gpuaas.v1.console.session.create", req);
+    if (!s.ok()) return "error: " + s.error().ToString();
+    asio::io_context io;
+    websocket::stream<beast::tcp_stream> ws(io);
+    const uint16_t port = w->console->gateway_port();
+    beast::error_code ec;
+    beast::get_lowest_layer(ws).connect({asio::ip::make_address("127.0.0.1"), port}, ec);
+    if (ec) return "error: connect " + ec.message();
+    beast::get_lowest_layer(ws).expires_after(30s);
+    const std::string origin = fmt::format("http://127.0.0.1:{}", port);
+    ws.set_option(websocket::stream_base::decorator(
+        [&](websocket::request_type& r) { r.set(beast::http::field::origin, origin); }));
+    ws.handshake(fmt::format("127.0.0.1:{}", port), s->ws_path(), ec);
+    if (ec) return "error: handshake " + ec.message();
+    ws.binary(true);
+    std::string in;
+    auto need = [&](size_t n) -> bool {
+      beast::flat_buffer buf;
+      while (in.size() < n) {
+        ws.read(buf, ec);
+        if (ec) return false;
+        in += beast::buffers_to_string(buf.data());
+        buf.consume(buf.size());
+      }
+      return true;
+    };
+    auto take = [&](size_t n) {
+      std::string head = in.substr(0, n);
+      in.erase(0, n);
+      return head;
+    };
+    auto u32 = [](const std::string& b, size_t at) {
+      return (uint32_t{static_cast<uint8_t>(b[at])} << 24) |
+             (uint32_t{static_cast<uint8_t>(b[at + 1])} << 16) |
+             (uint32_t{static_cast<uint8_t>(b[at + 2])} << 8) | static_cast<uint8_t>(b[at + 3]);
+    };
+    if (!need(12)) return "error: no RFB banner: " + ec.message();
+    const std::string version = take(12);
+    if (version.rfind("RFB 003.", 0) != 0) return "error: banner " + version;
+    ws.write(asio::buffer(std::string("RFB 003.008\n")), ec);
+    if (!need(1)) return "error: no security types";
+    const size_t n = static_cast<uint8_t>(take(1)[0]);
+    if (n == 0 || !need(n)) return "error: security refused";
+    if (take(n).find('\x01') == std::string::npos) return "error: no security type None";
+    ws.write(asio::buffer(std::string("\x01", 1)), ec);
+    if (!need(4) || u32(take(4), 0) != 0) return "error: security result";
+    ws.write(asio::buffer(std::string("\x01", 1)), ec);  // ClientInit: shared
+    if (!need(24)) return "error: no ServerInit";
+    const std::string init = take(24);
+    const int width = (static_cast<uint8_t>(init[0]) << 8) | static_cast<uint8_t>(init[1]);
+    const int height = (static_cast<uint8_t>(init[2]) << 8) | static_cast<uint8_t>(init[3]);
+    const size_t name_len = u32(init, 20);
+    if (name_len > 4096 || !need(name_len)) return "error: no desktop name";
+    const std::string name = take(name_len);
+    ws.close(websocket::close_code::normal, ec);
+    return fmt::format("{} {}x{}", name, width, height);
+  }
+
   static node_agent::ToolResult Ssh(const std::string& key, const std::string& ip,
                                     const std::string& cmd) {
     return Exec(
@@ -461,6 +545,16 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   auto relay = Ssh(w->state_dir + "/terminal/id_ed25519", a.network().actual_ip(), "echo relay-ok");
   EXPECT_EQ(relay.exit_code, 0) << relay.err;
   EXPECT_EQ(Trim(relay.out), "relay-ok");
+
+  // The operator's console: the VM's own VNC server (qemu's, on the UNIX socket libvirt gave the
+  // domain) answers through console-gw and the node's relay, naming the domain. No qemu listens
+  // on TCP.
+  const std::string init = ConsoleServerInit(id);
+  std::cout << "console: " << init << "\n";
+  EXPECT_NE(init.find("(gpuaas-" + id + ") "), std::string::npos) << init;  // QEMU (<domain>) WxH
+  auto listeners = RunTool({Tool("ss"), "-ltnpH"}, 10s);
+  ASSERT_TRUE(listeners.ok());
+  EXPECT_EQ(listeners->out.find("qemu"), std::string::npos) << listeners->out;
 
   // Its SSH endpoint: a port of the node's public address (from the pool), active, with the
   // connect hint a tenant copies. From the client namespace, through the node's DNAT, that hint

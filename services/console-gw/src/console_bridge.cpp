@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/contract.hpp"
 #include "gpuaas/v1/console.pb.h"
 
 namespace gpuaas::console_gw {
@@ -47,6 +48,8 @@ Result<std::shared_ptr<Bridge>> Bridge::Start(std::shared_ptr<messaging::Connect
   natsSubscription_SetOnCompleteCB(
       b->sub_, [](void* c) { delete static_cast<std::weak_ptr<Bridge>*>(c); }, ref);
   natsSubscription_SetPendingLimits(b->sub_, -1, -1);
+  b->conn_->contract().Record(
+      {contract::Role::kConsume, out, "gpuaas.v1.ConsoleFrame", "", "console relay", 1});
   if (auto f = b->conn_->CheckPermitted(out, std::chrono::seconds(5)); !f.ok()) return f.error();
   return b;
 }

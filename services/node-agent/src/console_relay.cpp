@@ -29,6 +29,7 @@
 #include <prometheus/registry.h>
 
 #include "domain_xml.hpp"
+#include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/console.pb.h"
@@ -195,6 +196,8 @@ class ConsoleRelay {
                                             &ConsoleRelay::OnMsg, this);
     if (s != NATS_OK) return messaging::NatsError(s, "subscribe " + p_.in_subject);
     natsSubscription_SetPendingLimits(sub_, -1, -1);
+    server_.conn_->contract().Record({contract::Role::kConsume, p_.in_subject,
+                                      "gpuaas.v1.ConsoleFrame", "", "console relay", 1});
     // The gw may send as soon as it has the reply: the subscription must be in place by then.
     if (auto f = server_.conn_->CheckPermitted(p_.in_subject, std::chrono::seconds(5)); !f.ok()) {
       return f.error();
