@@ -19,8 +19,8 @@
 //   throughput  full-screen non-incremental updates back to back (request, read all, repeat),
 //               in alternating one-second slices.
 // Prints p50/p99 and relay/direct ratios; exits non-zero only when something fails.
-// Diagnosis switches (docs/benchmarks.md, P8): GPUAAS_BENCH_GW_NODELAY=1 sets TCP_NODELAY on
-// console-gw's accepted socket; GPUAAS_BENCH_WINDOW_BYTES sets the credit window on both sides.
+// Diagnosis switch (docs/benchmarks.md, P8): GPUAAS_BENCH_WINDOW_BYTES sets the credit window on
+// both sides.
 #include <utility>  // before Asio: its awaitable.hpp uses std::exchange without it (GCC 12)
 
 #include <boost/asio.hpp>
@@ -235,7 +235,6 @@ class RfbClient {
 
   Clock::time_point first_byte() const { return first_byte_; }
   uint16_t width() const { return width_; }
-  uint16_t local_port() { return beast::get_lowest_layer(ws_).socket().local_endpoint().port(); }
   uint16_t height() const { return height_; }
 
  private:
@@ -296,26 +295,6 @@ void FullScreenFor(RfbClient& c, Clock::duration slice, Throughput& t) {
     t.transfer_ms.push_back(Ms(now - c.first_byte()));
   }
   t.seconds += std::chrono::duration<double>(now - t0).count();
-}
-
-// Diagnosis only (GPUAAS_BENCH_GW_NODELAY=1): console-gw runs in this process, so its accepted
-// socket for `client_port` is one of our fds; TCP_NODELAY on it shows what the gateway would
-// gain from setting it itself.
-bool SetGatewayNoDelay(uint16_t gw_port, uint16_t client_port) {
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    const int fd = std::atoi(e.path().filename().c_str());
-    sockaddr_in local{}, peer{};
-    socklen_t ll = sizeof local, pl = sizeof peer;
-    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) != 0 ||
-        local.sin_family != AF_INET || ntohs(local.sin_port) != gw_port ||
-        getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0 ||
-        ntohs(peer.sin_port) != client_port) {
-      continue;
-    }
-    const int one = 1;
-    return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one) == 0;
-  }
-  return false;
 }
 
 std::string Which(const std::string& cmd) {
@@ -424,10 +403,6 @@ int Run(int rounds, int seconds) {
   RfbClient direct("direct", ws_port, "/", fmt::format("http://127.0.0.1:{}", ws_port));
   relay.Handshake();
   direct.Handshake();
-  if (const char* v = std::getenv("GPUAAS_BENCH_GW_NODELAY"); v != nullptr && *v == '1') {
-    if (!SetGatewayNoDelay(gw_port, relay.local_port())) throw Failure("gateway socket not found");
-    std::printf("diagnosis: TCP_NODELAY set on console-gw's accepted socket\n");
-  }
   if (relay.width() != direct.width() || relay.height() != direct.height()) {
     throw Failure("the two paths see different screens");
   }
