@@ -192,6 +192,25 @@ TEST(AccessTest, AnIncompleteContractIsAContractError) {
                    "      roles: [ipam]\n      callers: [node-agent, operator]")
                 .find("namespace"),
             std::string::npos);
+  // Only a service may forward a caller's token.
+  EXPECT_NE(broken("      callers: [operator, auditor]\n      via: [console-gw]",
+                   "      callers: [operator, auditor]\n      via: [auditor]")
+                .find("only a service may forward"),
+            std::string::npos);
+  // A core subscription must be on a subject no stream holds, and a receive needs a durable
+  // unless it is one.
+  EXPECT_NE(broken("      $ref: '#/channels/nodeConsoleIn'\n    summary: the node's agent writes "
+                   "them to the domain's VNC socket (core subscription).\n    x-gpuaas-access:\n"
+                   "      roles: [node-agent]\n      core: true",
+                   "      $ref: '#/channels/nodeConsoleIn'\n    summary: the node's agent writes "
+                   "them to the domain's VNC socket (core subscription).\n    x-gpuaas-access:\n"
+                   "      roles: [node-agent]")
+                .find("core: true"),
+            std::string::npos);
+  EXPECT_NE(broken("      $ref: '#/channels/nodeConsoleIn'\n    summary: the node's agent writes",
+                   "      $ref: '#/channels/nodeTask'\n    summary: the node's agent writes")
+                .find("which stream GPUAAS_NODE_TASKS holds"),
+            std::string::npos);
 }
 
 TEST(AccessTest, TheRenderedConfigListsEveryUserWithItsPermissions) {
