@@ -74,14 +74,14 @@ void Bridge::Handle(const std::string& payload) {
       // A lost or reordered frame, or a node ignoring the credit it was given.
       reason = "relay_lost";
       SendLocked("", true, reason);
-      EndLocked(reason, &notify);
+      EndLocked(&notify);
     } else {
       ++expect_seq_;
       received_ += f.data().size();
       data = f.data();
       if (f.close()) {
         reason = f.close_reason().empty() ? "vm_closed" : f.close_reason();
-        EndLocked(reason, &notify);
+        EndLocked(&notify);
       } else {
         FlushLocked(false);
       }
@@ -99,7 +99,7 @@ void Bridge::FromClient(std::string_view bytes) {
     pending_.append(bytes);
     if (pending_.size() > opts_.max_pending_bytes) {
       SendLocked("", true, "client_flood");
-      EndLocked("client_flood", &notify);
+      EndLocked(&notify);
     } else {
       FlushLocked(false);
     }
@@ -146,18 +146,17 @@ void Bridge::SendLocked(std::string data, bool close, const std::string& reason)
   (void)conn_->Publish(Subject("in"), f.SerializeAsString());
 }
 
-void Bridge::EndLocked(const std::string& reason, std::function<void(const std::string&)>* notify) {
+void Bridge::EndLocked(std::function<void(const std::string&)>* notify) {
   ended_ = true;
   if (sub_ != nullptr) natsSubscription_Unsubscribe(sub_);
   if (notify != nullptr && cb_.on_end) *notify = cb_.on_end;
-  (void)reason;
 }
 
 void Bridge::Close(const std::string& reason) {
   std::lock_guard lock(mu_);
   if (ended_) return;
   SendLocked("", true, reason);
-  EndLocked(reason, nullptr);
+  EndLocked(nullptr);
 }
 
 uint64_t Bridge::BytesToClient() const {

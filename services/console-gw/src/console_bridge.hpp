@@ -60,7 +60,9 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   // Sends what the credit allows of pending_ (and an acknowledgement) under mu_.
   void FlushLocked(bool force_ack);
   void SendLocked(std::string data, bool close, const std::string& reason);
-  void EndLocked(const std::string& reason, std::function<void(const std::string&)>* notify);
+  // Marks it ended and stops the subscription; `notify` (when given) gets on_end to call after
+  // the lock is released.
+  void EndLocked(std::function<void(const std::string&)>* notify);
 
   std::shared_ptr<messaging::Connection> conn_;
   Options opts_;

@@ -5,6 +5,8 @@
 
 #include <array>
 
+#include <nlohmann/json.hpp>
+
 #include "gpuaas/common/ids.hpp"
 
 namespace gpuaas::console_gw {
@@ -110,6 +112,46 @@ int CloseCodeFor(std::string_view end_reason) {
     return 1008;
   }
   return 1011;
+}
+
+std::string ErrorJson(const Error& e) {
+  nlohmann::json details = nlohmann::json::object();
+  for (const auto& [k, v] : e.details) details[k] = v;
+  return nlohmann::json{{"error",
+                         {{"code", CodeName(e.code)},
+                          {"reason", e.reason},
+                          {"message", e.message},
+                          {"details", details},
+                          {"retryable", e.retryable}}}}
+      .dump();
+}
+
+int HttpStatusFor(Code code) {
+  switch (code) {
+    case Code::kInvalidArgument:
+    case Code::kOutOfRange:
+      return 400;
+    case Code::kUnauthenticated:
+      return 401;
+    case Code::kPermissionDenied:
+      return 403;
+    case Code::kNotFound:
+      return 404;
+    case Code::kAlreadyExists:
+    case Code::kAborted:
+    case Code::kFailedPrecondition:
+      return 409;
+    case Code::kResourceExhausted:
+      return 429;
+    case Code::kUnimplemented:
+      return 501;
+    case Code::kUnavailable:
+      return 503;
+    case Code::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
 }
 
 std::optional<std::string> SafeJoin(const std::string& root, std::string_view path) {

@@ -53,6 +53,12 @@ struct Credit {
   }
 };
 
+// An error as the page's API and the gateway answer it:
+// {"error":{"code":"NOT_FOUND","reason":...,"message":...,"details":{...},"retryable":false}},
+// and the HTTP status of its code.
+std::string ErrorJson(const Error& e);
+int HttpStatusFor(Code code);
+
 // Static file paths: `path` (URL path below a mount, "" = index) resolved inside `root`; nullopt
 // for anything that could leave it ("..", a NUL, a backslash, an absolute path).
 std::optional<std::string> SafeJoin(const std::string& root, std::string_view path);

@@ -47,11 +47,6 @@ std::string CookieValue(std::string_view header, std::string_view name) {
   return "";
 }
 
-std::string ErrorJson(const std::string& code, const std::string& reason,
-                      const std::string& message) {
-  return json{{"error", {{"code", code}, {"reason", reason}, {"message", message}}}}.dump();
-}
-
 json IdentityJson(const Identity& id) {
   return json{{"principal", id.subject}, {"roles", id.roles}, {"expires_unix", id.expires_unix}};
 }
@@ -160,6 +155,12 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
           return;
         }
         self->bridge_ = *bridge;
+        // The VM may have spoken (and the browser taken it) while the node was still answering
+        // the open: acknowledge that now, or its credit would be short for good.
+        if (self->early_delivered_ > 0) {
+          self->bridge_->Delivered(self->early_delivered_, self->out_.empty());
+          self->early_delivered_ = 0;
+        }
         self->owner_->AddLive(self);
         std::weak_ptr<WsSession> holder = self;
         self->owner_->backend.Live(self->claimed_.session_id, [holder](const std::string& reason) {
@@ -208,7 +209,11 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
                         self->End("client_closed");
                         return;
                       }
-                      if (self->bridge_) self->bridge_->Delivered(n, self->out_.empty());
+                      if (self->bridge_) {
+                        self->bridge_->Delivered(n, self->out_.empty());
+                      } else {
+                        self->early_delivered_ += n;  // before Open returned the bridge
+                      }
                       if (!self->close_reason_.empty()) {
                         self->CloseNow(self->close_reason_);
                       } else if (!self->out_.empty() && !self->ended_) {
@@ -259,6 +264,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
   bool ended_ = false;
   bool closing_ = false;
   std::string close_reason_;
+  uint64_t early_delivered_ = 0;  // bytes written before bridge_ was set
 };
 
 namespace {
@@ -390,8 +396,11 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (req.method() == bhttp::verb::post && !SameOrigin(req)) {
       // A form or script on another site must not act with the operator's cookie.
       Send(req, Json(req, 403,
-                     ErrorJson("PERMISSION_DENIED", "cross_origin",
-                               "requests must come from this page's origin")));
+                     ErrorJson({Code::kPermissionDenied,
+                                "cross_origin",
+                                "requests must come from this page's origin",
+                                {},
+                                false})));
       return;
     }
     if (path == "/api/login" && req.method() == bhttp::verb::post) {
@@ -400,12 +409,12 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         try {
           tok = json::parse(r.body()).value("token", "");
         } catch (const std::exception&) {
-          return Json(r, 400, ErrorJson("INVALID_ARGUMENT", "malformed_json", "body is not JSON"));
+          return Json(r, 400,
+                      ErrorJson(Error::InvalidArgument("malformed_json", "body is not JSON")));
         }
         auto id = owner_->backend.Login(tok);
         if (!id.ok()) {
-          return Json(r, 401,
-                      ErrorJson(CodeName(id.error().code), id.error().reason, id.error().message));
+          return Json(r, 401, ErrorJson(id.error()));
         }
         auto res = Json(r, 200, IdentityJson(*id).dump());
         const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
@@ -427,8 +436,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       Async(std::move(req), [this, token](const Request& r) {
         auto id = owner_->backend.Login(token);
         if (!id.ok()) {
-          return Json(r, 401,
-                      ErrorJson(CodeName(id.error().code), id.error().reason, id.error().message));
+          return Json(r, 401, ErrorJson(id.error()));
         }
         return Json(r, 200, IdentityJson(*id).dump());
       });
@@ -438,14 +446,16 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       const std::string subject = path.substr(10);
       Async(std::move(req), [this, token, subject](const Request& r) {
         if (token.empty()) {
-          return Json(r, 401, ErrorJson("UNAUTHENTICATED", "not_logged_in", "log in first"));
+          return Json(
+              r, 401,
+              ErrorJson({Code::kUnauthenticated, "not_logged_in", "log in first", {}, false}));
         }
         auto reply = owner_->backend.Call(token, subject, r.body().empty() ? "{}" : r.body());
         return Json(r, reply.status, reply.json);
       });
       return;
     }
-    Send(req, Json(req, 404, ErrorJson("NOT_FOUND", "no_such_api", "no API at " + path)));
+    Send(req, Json(req, 404, ErrorJson(Error::NotFound("no_such_api", "no API at " + path))));
   }
 
   void Upgrade(Request req, const std::string& target) {
@@ -463,7 +473,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       asio::post(self->owner_->pool, [self, at, failure, detail] {
         self->owner_->backend.Refused(at, failure, detail);
       });
-      self->Send(req, self->Json(req, status, ErrorJson("PERMISSION_DENIED", failure, detail)));
+      self->Send(req, self->Json(req, status,
+                                 ErrorJson({Code::kPermissionDenied, failure, detail, {}, false})));
     };
     if (!parsed) {
       refuse(a, 400, "grant_unknown", "not /console/ws/<session id>?grant=<grant>");

@@ -175,45 +175,7 @@ v1::ConsoleSession Move(pqxx::work& tx, const std::string& session_id, const std
   return FromRow(rows[0]);
 }
 
-int HttpStatusFor(Code c) {
-  switch (c) {
-    case Code::kInvalidArgument:
-    case Code::kOutOfRange:
-      return 400;
-    case Code::kUnauthenticated:
-      return 401;
-    case Code::kPermissionDenied:
-      return 403;
-    case Code::kNotFound:
-      return 404;
-    case Code::kAlreadyExists:
-    case Code::kAborted:
-    case Code::kFailedPrecondition:
-      return 409;
-    case Code::kResourceExhausted:
-      return 429;
-    case Code::kUnimplemented:
-      return 501;
-    case Code::kUnavailable:
-      return 503;
-    case Code::kDeadlineExceeded:
-      return 504;
-    default:
-      return 500;
-  }
-}
-
-ApiReply ErrorReply(const Error& e) {
-  json details = json::object();
-  for (const auto& [k, v] : e.details) details[k] = v;
-  return {HttpStatusFor(e.code), json{{"error",
-                                       {{"code", CodeName(e.code)},
-                                        {"reason", e.reason},
-                                        {"message", e.message},
-                                        {"details", details},
-                                        {"retryable", e.retryable}}}}
-                                     .dump()};
-}
+ApiReply ErrorReply(const Error& e) { return {HttpStatusFor(e.code), ErrorJson(e)}; }
 
 // Relay failures end a session FAILED; everything else (either side closing, the maximum
 // length, this gateway stopping) DISCONNECTED.
@@ -238,53 +200,45 @@ std::vector<std::string> SplitComma(const std::string& s) {
   return out;
 }
 
-// Links the generated code of every message the page's API names, so the generated pool finds
-// them by name.
-void LinkApiTypes() {
-  static const std::vector<const pb::Descriptor*> types = {
-      v1::ListNodesRequest::descriptor(),      v1::ListProjectedSlotsRequest::descriptor(),
-      v1::GetNodeNetworkRequest::descriptor(), v1::ListExposuresRequest::descriptor(),
-      v1::GetAllocationRequest::descriptor(),  v1::CreateConsoleSessionRequest::descriptor()};
-  (void)types;
-}
-
 }  // namespace
 
 const std::vector<ApiRoute>& ApiRoutes() {
   // Exactly the operations the contract marks `via: [console-gw]` (a test checks they agree).
   static const std::vector<ApiRoute> routes = {
-      {"gpuaas.v1.inventory.node.list", "gpuaas.v1.ListNodesRequest",
-       "gpuaas.v1.ListNodesResponse"},
-      {"gpuaas.v1.inventory.node.discover", "gpuaas.v1.DiscoverNodeRequest",
-       "gpuaas.v1.DiscoverNodeResponse"},
-      {"gpuaas.v1.inventory.node.show", "gpuaas.v1.ShowNodeRequest", "gpuaas.v1.ShowNodeResponse"},
-      {"gpuaas.v1.inventory.slot.approve", "gpuaas.v1.ApproveSlotsRequest",
-       "gpuaas.v1.ApproveSlotsResponse"},
-      {"gpuaas.v1.inventory.slot.disable", "gpuaas.v1.DisableSlotRequest",
-       "gpuaas.v1.DisableSlotResponse"},
-      {"gpuaas.v1.inventory.slot.repair", "gpuaas.v1.RepairSlotRequest",
-       "gpuaas.v1.RepairSlotResponse"},
-      {"gpuaas.v1.inventory.node.desired.get", "gpuaas.v1.GetDesiredSlotsRequest",
-       "gpuaas.v1.GetDesiredSlotsResponse"},
-      {"gpuaas.v1.scheduler.slot.list", "gpuaas.v1.ListProjectedSlotsRequest",
-       "gpuaas.v1.ListProjectedSlotsResponse"},
-      {"gpuaas.v1.ipam.node.network.get", "gpuaas.v1.GetNodeNetworkRequest",
-       "gpuaas.v1.GetNodeNetworkResponse"},
-      {"gpuaas.v1.ipam.drift.list", "gpuaas.v1.ListDriftRequest", "gpuaas.v1.ListDriftResponse"},
-      {"gpuaas.v1.scheduler.allocation.get", "gpuaas.v1.GetAllocationRequest",
-       "gpuaas.v1.GetAllocationResponse"},
-      {"gpuaas.v1.scheduler.allocation.list", "gpuaas.v1.ListAllocationsRequest",
-       "gpuaas.v1.ListAllocationsResponse"},
-      {"gpuaas.v1.scheduler.allocation.timeline", "gpuaas.v1.GetAllocationTimelineRequest",
-       "gpuaas.v1.GetAllocationTimelineResponse"},
-      {"gpuaas.v1.ingress.exposure.list", "gpuaas.v1.ListExposuresRequest",
-       "gpuaas.v1.ListExposuresResponse"},
-      {"gpuaas.v1.console.session.create", "gpuaas.v1.CreateConsoleSessionRequest",
-       "gpuaas.v1.CreateConsoleSessionResponse"},
-      {"gpuaas.v1.console.session.revoke", "gpuaas.v1.RevokeConsoleSessionRequest",
-       "gpuaas.v1.RevokeConsoleSessionResponse"},
-      {"gpuaas.v1.console.session.list", "gpuaas.v1.ListConsoleSessionsRequest",
-       "gpuaas.v1.ListConsoleSessionsResponse"},
+      {"gpuaas.v1.inventory.node.list", v1::ListNodesRequest::descriptor(),
+       v1::ListNodesResponse::descriptor()},
+      {"gpuaas.v1.inventory.node.discover", v1::DiscoverNodeRequest::descriptor(),
+       v1::DiscoverNodeResponse::descriptor()},
+      {"gpuaas.v1.inventory.node.show", v1::ShowNodeRequest::descriptor(),
+       v1::ShowNodeResponse::descriptor()},
+      {"gpuaas.v1.inventory.slot.approve", v1::ApproveSlotsRequest::descriptor(),
+       v1::ApproveSlotsResponse::descriptor()},
+      {"gpuaas.v1.inventory.slot.disable", v1::DisableSlotRequest::descriptor(),
+       v1::DisableSlotResponse::descriptor()},
+      {"gpuaas.v1.inventory.slot.repair", v1::RepairSlotRequest::descriptor(),
+       v1::RepairSlotResponse::descriptor()},
+      {"gpuaas.v1.inventory.node.desired.get", v1::GetDesiredSlotsRequest::descriptor(),
+       v1::GetDesiredSlotsResponse::descriptor()},
+      {"gpuaas.v1.scheduler.slot.list", v1::ListProjectedSlotsRequest::descriptor(),
+       v1::ListProjectedSlotsResponse::descriptor()},
+      {"gpuaas.v1.ipam.node.network.get", v1::GetNodeNetworkRequest::descriptor(),
+       v1::GetNodeNetworkResponse::descriptor()},
+      {"gpuaas.v1.ipam.drift.list", v1::ListDriftRequest::descriptor(),
+       v1::ListDriftResponse::descriptor()},
+      {"gpuaas.v1.scheduler.allocation.get", v1::GetAllocationRequest::descriptor(),
+       v1::GetAllocationResponse::descriptor()},
+      {"gpuaas.v1.scheduler.allocation.list", v1::ListAllocationsRequest::descriptor(),
+       v1::ListAllocationsResponse::descriptor()},
+      {"gpuaas.v1.scheduler.allocation.timeline", v1::GetAllocationTimelineRequest::descriptor(),
+       v1::GetAllocationTimelineResponse::descriptor()},
+      {"gpuaas.v1.ingress.exposure.list", v1::ListExposuresRequest::descriptor(),
+       v1::ListExposuresResponse::descriptor()},
+      {"gpuaas.v1.console.session.create", v1::CreateConsoleSessionRequest::descriptor(),
+       v1::CreateConsoleSessionResponse::descriptor()},
+      {"gpuaas.v1.console.session.revoke", v1::RevokeConsoleSessionRequest::descriptor(),
+       v1::RevokeConsoleSessionResponse::descriptor()},
+      {"gpuaas.v1.console.session.list", v1::ListConsoleSessionsRequest::descriptor(),
+       v1::ListConsoleSessionsResponse::descriptor()},
   };
   return routes;
 }
@@ -322,9 +276,7 @@ void ConsoleGwConfig::Register(config::Schema& s) {
 }
 
 ConsoleGwService::ConsoleGwService(ConsoleGwConfig cfg)
-    : cfg_(std::move(cfg)), svc_(runtime::Component{"console-gw", &Migrations()}, cfg_.common) {
-  LinkApiTypes();
-}
+    : cfg_(std::move(cfg)), svc_(runtime::Component{"console-gw", &Migrations()}, cfg_.common) {}
 
 ConsoleGwService::~ConsoleGwService() {
   {
@@ -339,8 +291,8 @@ ConsoleGwService::~ConsoleGwService() {
 
 Result<void> ConsoleGwService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
-  for (const auto& spec : {messaging::ConsoleEventsStream(), messaging::DeadLetterStream()}) {
-    if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
+  if (auto r = messaging::EnsureStream(*svc_.nats(), messaging::ConsoleEventsStream()); !r.ok()) {
+    return r;
   }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<ConsoleMetrics>(svc_.metrics());
@@ -532,23 +484,17 @@ ApiReply ConsoleGwService::Call(const std::string& token, const std::string& sub
     return ErrorReply(
         Error::NotFound("subject_not_allowed", "the operator page may not call " + subject));
   }
-  const auto* pool = pb::DescriptorPool::generated_pool();
-  const pb::Descriptor* req_d = pool->FindMessageTypeByName(route->request_type);
-  const pb::Descriptor* res_d = pool->FindMessageTypeByName(route->result_type);
-  if (req_d == nullptr || res_d == nullptr) {
-    return ErrorReply(Error::Internal("type_unknown", "no generated type for " + subject));
-  }
   std::unique_ptr<pb::Message> req(
-      pb::MessageFactory::generated_factory()->GetPrototype(req_d)->New());
+      pb::MessageFactory::generated_factory()->GetPrototype(route->request)->New());
   if (auto r = protojson::FromJson(body, req.get()); !r.ok()) return ErrorReply(r.error());
   auto raw = rpc::Client(svc_.nats())
                  .WithToken(token)
                  .CallRaw(subject, req->SerializeAsString(),
                           std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms), "",
-                          route->result_type, route->request_type);
+                          route->result->full_name(), route->request->full_name());
   if (!raw.ok()) return ErrorReply(raw.error());
   std::unique_ptr<pb::Message> res(
-      pb::MessageFactory::generated_factory()->GetPrototype(res_d)->New());
+      pb::MessageFactory::generated_factory()->GetPrototype(route->result)->New());
   if (!res->ParseFromString(*raw)) {
     return ErrorReply(Error::Internal("malformed_reply", "reply does not parse"));
   }
@@ -807,6 +753,8 @@ void ConsoleGwService::Sweep() {
   std::vector<std::pair<std::string, std::string>> to_stop;  // session, reason
   std::map<std::string, int64_t> by_state;
   const std::string source = svc_.source();
+  const auto now = std::chrono::steady_clock::now();
+  const bool count = now - counted_ >= kGaugeEvery;
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     to_stop.clear();
     by_state.clear();
@@ -844,8 +792,12 @@ void ConsoleGwService::Sweep() {
         }
       }
     }
-    for (const auto& row : tx.exec("SELECT state, count(*) FROM console_sessions GROUP BY state")) {
-      by_state[row[0].as<std::string>()] = row[1].as<int64_t>();
+    // The gauges scan every session ever made: sampled every kGaugeEvery, not every sweep.
+    if (count) {
+      for (const auto& row :
+           tx.exec("SELECT state, count(*) FROM console_sessions GROUP BY state")) {
+        by_state[row[0].as<std::string>()] = row[1].as<int64_t>();
+      }
     }
     return Ok();
   });
@@ -853,7 +805,10 @@ void ConsoleGwService::Sweep() {
     svc_.log().Warn("console sweep failed", {{"error", r.error().ToString()}});
     return;
   }
-  metrics_->SetSessions(by_state);
+  if (count) {
+    metrics_->SetSessions(by_state);
+    counted_ = now;
+  }
   for (const auto& [id, reason] : to_stop) {
     std::function<void(const std::string&)> stop;
     {

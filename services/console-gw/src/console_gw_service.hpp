@@ -5,8 +5,7 @@
 // over NATS with the operator's own token, and the console relay to the VM's node
 // (console_bridge.hpp). Every session step is an outbox event on GPUAAS_EVT_CONSOLE. Pure rules
 // live in console_domain.hpp.
-#include <pqxx/pqxx>
-
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,8 +15,8 @@
 #include "console_gateway.hpp"
 #include "gpuaas/common/runtime.hpp"
 
-namespace gpuaas::v1 {
-class ConsoleSession;
+namespace google::protobuf {
+class Descriptor;
 }
 
 namespace gpuaas::console_gw {
@@ -44,8 +43,8 @@ class ConsoleMetrics;
 // The page's API: the subjects it may call, with their request and result types.
 struct ApiRoute {
   std::string subject;
-  std::string request_type;
-  std::string result_type;
+  const google::protobuf::Descriptor* request;
+  const google::protobuf::Descriptor* result;
 };
 const std::vector<ApiRoute>& ApiRoutes();
 
@@ -88,6 +87,8 @@ class ConsoleGwService : public Backend {
   uint16_t gateway_port_ = 0;
   std::mutex live_mu_;
   std::map<std::string, std::function<void(const std::string&)>> live_;
+  std::chrono::steady_clock::time_point counted_{};  // sessions by state last sampled
+  static constexpr std::chrono::seconds kGaugeEvery{15};
   std::thread sweeper_;
   std::mutex sweep_mu_;
   std::condition_variable sweep_cv_;

@@ -363,7 +363,8 @@ class ConsoleGwTest : public ::testing::Test {
     tcp::resolver resolver(io);
     websocket::stream<beast::tcp_stream> ws(io);
     beast::get_lowest_layer(ws).connect(tcp::endpoint(asio::ip::make_address("127.0.0.1"), port_));
-    beast::get_lowest_layer(ws).expires_after(10s);
+    // A stalled relay fails the test in seconds, not at ctest's timeout.
+    ws.set_option(websocket::stream_base::timeout{10s, 30s, false});
     ws.set_option(websocket::stream_base::decorator(
         [&](websocket::request_type& req) { req.set(bhttp::field::origin, origin); }));
     websocket::response_type res;

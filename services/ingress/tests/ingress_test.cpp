@@ -297,19 +297,9 @@ class IngressTest : public ::testing::Test {
   // ---- events on GPUAAS_EVT_INGRESS ----
   // Events about `entity` (an exposure or node id) as (subject, event), oldest first.
   std::vector<std::pair<std::string, v1::Event>> Events(const std::string& entity) {
-    auto last = messaging::StreamLastSequence(*conn_, "GPUAAS_EVT_INGRESS");
-    for (; last.ok() && read_seq_ < *last; ++read_seq_) {
-      natsMsg* m = nullptr;
-      jsErrCode jerr = static_cast<jsErrCode>(0);
-      if (js_GetMsg(&m, conn_->js(), "GPUAAS_EVT_INGRESS", read_seq_ + 1, nullptr, &jerr) !=
-          NATS_OK) {
-        continue;
-      }
-      v1::Event ev;
-      if (ev.ParseFromArray(natsMsg_GetData(m), natsMsg_GetDataLength(m))) {
-        events_.emplace_back(natsMsg_GetSubject(m), ev);
-      }
-      natsMsg_Destroy(m);
+    for (auto& e : testing::ReadStream(*conn_, "GPUAAS_EVT_INGRESS", read_seq_ + 1)) {
+      read_seq_ = e.seq;
+      events_.emplace_back(e.subject, std::move(e.event));
     }
     std::vector<std::pair<std::string, v1::Event>> out;
     for (const auto& e : events_) {
