@@ -16,7 +16,6 @@
 #include <array>
 #include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <optional>
 #include <thread>
 
@@ -46,62 +45,21 @@ Error Refusal(Code code, std::string reason, std::string message) {
   return {code, std::move(reason), std::move(message), {}, false};
 }
 
-// The value of attribute `name` in the start tag `tag` ('...' or "..."), XML entities decoded;
-// nullopt when absent.
-std::optional<std::string> Attr(const std::string& tag, const std::string& name) {
-  for (size_t at = tag.find(name + "="); at != std::string::npos;
-       at = tag.find(name + "=", at + 1)) {
-    // A whole attribute name: preceded by whitespace.
-    if (at == 0 || std::isspace(static_cast<unsigned char>(tag[at - 1])) == 0) continue;
-    const size_t q = at + name.size() + 1;
-    if (q >= tag.size() || (tag[q] != '\'' && tag[q] != '"')) continue;
-    const size_t end = tag.find(tag[q], q + 1);
-    if (end == std::string::npos) return std::nullopt;
-    std::string raw = tag.substr(q + 1, end - q - 1);
-    std::string out;
-    for (size_t i = 0; i < raw.size(); ++i) {
-      if (raw[i] != '&') {
-        out += raw[i];
-        continue;
-      }
-      static const std::pair<const char*, char> kEntities[] = {
-          {"&apos;", '\''}, {"&quot;", '"'}, {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}};
-      bool matched = false;
-      for (const auto& [ent, ch] : kEntities) {
-        if (raw.compare(i, std::strlen(ent), ent) == 0) {
-          out += ch;
-          i += std::strlen(ent) - 1;
-          matched = true;
-          break;
-        }
-      }
-      if (!matched) out += raw[i];
-    }
-    return out;
-  }
-  return std::nullopt;
-}
-
-std::string StartTag(const std::string& xml, size_t pos) {
-  const size_t end = xml.find('>', pos);
-  return xml.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
-}
-
 }  // namespace
 
 std::string VncSocketFromXml(const std::string& xml) {
   for (size_t pos = xml.find("<graphics"); pos != std::string::npos;
        pos = xml.find("<graphics", pos + 1)) {
-    const std::string tag = StartTag(xml, pos);
-    if (Attr(tag, "type").value_or("") != "vnc") continue;
-    if (auto s = Attr(tag, "socket"); s && !s->empty()) return *s;
+    const std::string tag = XmlStartTag(xml, pos);
+    if (XmlAttr(tag, "type").value_or("") != "vnc") continue;
+    if (auto s = XmlAttr(tag, "socket"); s && !s->empty()) return *s;
     if (!tag.empty() && tag.back() == '/') continue;  // <graphics .../>: no children
     const size_t close = xml.find("</graphics>", pos);
     for (size_t l = xml.find("<listen", pos); l != std::string::npos && l < close;
          l = xml.find("<listen", l + 1)) {
-      const std::string ltag = StartTag(xml, l);
-      if (Attr(ltag, "type").value_or("") != "socket") continue;
-      if (auto s = Attr(ltag, "socket"); s && !s->empty()) return *s;
+      const std::string ltag = XmlStartTag(xml, l);
+      if (XmlAttr(ltag, "type").value_or("") != "socket") continue;
+      if (auto s = XmlAttr(ltag, "socket"); s && !s->empty()) return *s;
     }
   }
   return "";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <set>
 #include <vector>
 
@@ -364,6 +365,47 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   add("  </devices>");
   add("</domain>");
   return x;
+}
+
+// (domain_xml.hpp) The value of attribute `name` in the start tag `tag` ('...' or "..."), XML
+// entities decoded; nullopt when absent.
+std::optional<std::string> XmlAttr(const std::string& tag, const std::string& name) {
+  for (size_t at = tag.find(name + "="); at != std::string::npos;
+       at = tag.find(name + "=", at + 1)) {
+    // A whole attribute name: preceded by whitespace.
+    if (at == 0 || std::isspace(static_cast<unsigned char>(tag[at - 1])) == 0) continue;
+    const size_t q = at + name.size() + 1;
+    if (q >= tag.size() || (tag[q] != '\'' && tag[q] != '"')) continue;
+    const size_t end = tag.find(tag[q], q + 1);
+    if (end == std::string::npos) return std::nullopt;
+    std::string raw = tag.substr(q + 1, end - q - 1);
+    std::string out;
+    for (size_t i = 0; i < raw.size(); ++i) {
+      if (raw[i] != '&') {
+        out += raw[i];
+        continue;
+      }
+      static const std::pair<const char*, char> kEntities[] = {
+          {"&apos;", '\''}, {"&quot;", '"'}, {"&amp;", '&'}, {"&lt;", '<'}, {"&gt;", '>'}};
+      bool matched = false;
+      for (const auto& [ent, ch] : kEntities) {
+        if (raw.compare(i, std::strlen(ent), ent) == 0) {
+          out += ch;
+          i += std::strlen(ent) - 1;
+          matched = true;
+          break;
+        }
+      }
+      if (!matched) out += raw[i];
+    }
+    return out;
+  }
+  return std::nullopt;
+}
+
+std::string XmlStartTag(const std::string& xml, size_t pos) {
+  const size_t end = xml.find('>', pos);
+  return xml.substr(pos, end == std::string::npos ? std::string::npos : end - pos);
 }
 
 }  // namespace gpuaas::node_agent

@@ -82,4 +82,10 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& bundle,
 // True for 127.0.0.0/8 and ::1.
 bool IsLoopbackAddress(const std::string& addr);
 
+// Reading back what libvirt returns (virDomainGetXMLDesc), without an XML library: the start tag
+// of the element at `pos` (up to its '>'), and the value of attribute `name` in such a tag
+// ('...' or "...", the five XML entities decoded; nullopt when absent).
+std::string XmlStartTag(const std::string& xml, size_t pos);
+std::optional<std::string> XmlAttr(const std::string& tag, const std::string& name);
+
 }  // namespace gpuaas::node_agent

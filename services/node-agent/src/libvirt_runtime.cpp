@@ -247,13 +247,10 @@ std::string DomainState(virDomainPtr d) {
 std::vector<std::string> HostdevPciAddresses(const std::string& xml) {
   std::vector<std::string> out;
   auto attr = [](const std::string& tag, const std::string& name) -> std::optional<unsigned> {
-    const auto at = tag.find(name + "='");
-    if (at == std::string::npos) return std::nullopt;
-    const auto start = at + name.size() + 2;
-    const auto end = tag.find('\'', start);
-    if (end == std::string::npos) return std::nullopt;
+    const auto v = XmlAttr(tag, name);
+    if (!v) return std::nullopt;
     try {
-      return static_cast<unsigned>(std::stoul(tag.substr(start, end - start), nullptr, 0));
+      return static_cast<unsigned>(std::stoul(*v, nullptr, 0));
     } catch (...) {
       return std::nullopt;
     }
