@@ -213,6 +213,11 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   auto forced = Release(q.allocation_id(), true);
   ASSERT_TRUE(forced.ok());
   for (const auto& c : forced->claims()) EXPECT_FALSE(c.has_released_at());
+  // The allocation stays failed throughout, so wait for the positive signal: the second cleanup
+  // timed out (right after the force-release its task may not be in flight yet).
+  EXPECT_TRUE(testing::WaitFor(
+      [&] { return Count(Timeline(q.allocation_id()), "task_timed_out", "slot.cleanup") == 2; },
+      20s));
   q = WaitSettled(quiet->allocation_id(), "failed");
   for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
   EXPECT_EQ(Count(Timeline(q.allocation_id()), "task_timed_out", "slot.cleanup"), 2);
