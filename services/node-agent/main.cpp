@@ -27,6 +27,8 @@ void AddDiscoveryFlags(CLI::App& app, DiscoveryOptions& o) {
   app.add_option("--gateway-cidr", o.gateway_cidr, "Gateway address expected on the bridge");
   app.add_option("--libvirt-uri", o.libvirt_uri, "libvirt URI to probe (\"\" skips the check)");
   app.add_option("--network-mode", o.network_mode, "private-nat | private-routed | ...");
+  app.add_option("--ovs-db", o.ovs_db,
+                 "Open vSwitch database for ovs-vsctl (unix:/run/x/db.sock; default: its own)");
 }
 
 std::string CheckCounts(const google::protobuf::RepeatedPtrField<gpuaas::v1::Check>& checks) {

@@ -20,6 +20,7 @@
 
 #include <fmt/format.h>
 #include <google/protobuf/util/time_util.h>
+#include <nlohmann/json.hpp>
 
 #include "gpuaas/common/enums.hpp"
 
@@ -946,6 +947,189 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
 }
 
 // ---------------------------------------------------------------------------------------------
+// Open vSwitch evidence, read-only through ovs-vsctl.
+
+namespace {
+
+// ovs-vsctl gives up on an unreachable database after kOvsTimeoutS; RunTool's limit is the
+// backstop should it hang anyway. Discovery runs on the agent's report path: never wait long.
+constexpr int kOvsTimeoutS = 2;
+constexpr auto kOvsToolTimeout = std::chrono::seconds(4);
+
+// Why an ovs-vsctl run did not answer, for a note.
+std::string ToolFailure(const Result<ToolResult>& r) {
+  if (!r.ok()) return r.error().message;
+  if (r->timed_out) return "timed out";
+  std::string err = Trim(r->err);
+  return "exited " + std::to_string(r->exit_code) + (err.empty() ? "" : ": " + err);
+}
+
+// ovs-vsctl quotes a string value that would read as another type ("true", "", "1").
+std::string Unquote(std::string s) {
+  s = Trim(s);
+  if (s.size() >= 2 && s.front() == '"' && s.back() == '"') s = s.substr(1, s.size() - 2);
+  return s;
+}
+
+struct OvsCtl {
+  std::string tool;
+  std::string db;  // "" = ovs-vsctl's default socket
+  Result<ToolResult> Run(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{tool};
+    if (!db.empty()) argv.push_back("--db=" + db);
+    argv.push_back("--timeout=" + std::to_string(kOvsTimeoutS));
+    argv.insert(argv.end(), args.begin(), args.end());
+    return RunTool(argv, kOvsToolTimeout);
+  }
+  std::string Text(const std::vector<std::string>& args) const {
+    std::string out = "ovs-vsctl";
+    for (const auto& a : args) out += " " + a;
+    return out;
+  }
+};
+
+// Fills the OVS fields of `b` when `ovs-vsctl br-exists` says the bridge is OVS; returns whether
+// it is. Every failure is a note (under "bridge", or "ovs_offload" for the offload query).
+bool ProbeOvs(const HostRoot& host, const DiscoveryOptions& opts, NetworkProbe& probe) {
+  v1::NetworkBaseline& b = probe.baseline;
+  auto tool = host.FindCommand("ovs-vsctl");
+  if (!tool) {
+    probe.notes["bridge"] = "ovs-vsctl not found";
+    return false;
+  }
+  // --version never touches the database.
+  if (auto v = RunTool({*tool, "--version"}, kOvsToolTimeout); v.ok() && v->exit_code == 0) {
+    auto lines = SplitLines(v->out);
+    auto words = lines.empty() ? std::vector<std::string>{} : SplitWs(lines.front());
+    if (!words.empty()) b.set_ovs_version(words.back());
+  }
+  const OvsCtl ctl{*tool, opts.ovs_db};
+  auto exists = ctl.Run({"br-exists", opts.bridge});
+  // br-exists: 0 = an OVS bridge, 2 = no such bridge, anything else = OVS could not tell.
+  if (exists.ok() && !exists->timed_out && exists->exit_code == 2) return false;
+  if (!exists.ok() || exists->timed_out || exists->exit_code != 0) {
+    probe.notes["bridge"] =
+        ctl.Text({"br-exists", opts.bridge}) + " failed: " + ToolFailure(exists);
+    return false;
+  }
+  std::vector<std::string> problems;
+
+  const std::vector<std::string> dp_args{"get", "bridge", opts.bridge, "datapath_type"};
+  auto dp = ctl.Run(dp_args);
+  if (dp.ok() && !dp->timed_out && dp->exit_code == 0) {
+    std::string t = Unquote(dp->out);
+    b.set_ovs_datapath_type(t.empty() ? "system" : t);  // OVS reads "" as the kernel datapath
+  } else {
+    problems.push_back(ctl.Text(dp_args) + " failed: " + ToolFailure(dp));
+  }
+
+  const std::vector<std::string> if_args{"list-ifaces", opts.bridge};
+  auto ifaces = ctl.Run(if_args);
+  const std::vector<std::string> table_args{
+      "--format=json",
+      "--columns=name,ofport,type,external_ids,ingress_policing_rate,ingress_policing_burst",
+      "list", "Interface"};
+  if (!ifaces.ok() || ifaces->timed_out || ifaces->exit_code != 0) {
+    problems.push_back(ctl.Text(if_args) + " failed: " + ToolFailure(ifaces));
+  } else if (auto names = SplitWs(ifaces->out); !names.empty()) {
+    auto table = ctl.Run(table_args);
+    if (!table.ok() || table->timed_out || table->exit_code != 0) {
+      problems.push_back(ctl.Text(table_args) + " failed: " + ToolFailure(table));
+    } else if (auto parsed = ParseOvsInterfaces(table->out); !parsed.ok()) {
+      problems.push_back(parsed.error().message);
+    } else {
+      const std::set<std::string> wanted(names.begin(), names.end());
+      std::set<std::string> seen;
+      for (auto& p : *parsed) {
+        if (wanted.count(p.name()) == 0) continue;
+        seen.insert(p.name());
+        *b.add_ovs_ports() = std::move(p);
+      }
+      // Listed on the bridge but without an Interface row: keep the name as evidence.
+      for (const auto& n : wanted) {
+        if (seen.count(n) == 0) b.add_ovs_ports()->set_name(n);
+      }
+      std::sort(b.mutable_ovs_ports()->begin(), b.mutable_ovs_ports()->end(),
+                [](const auto& x, const auto& y) { return x.name() < y.name(); });
+    }
+  }
+  if (!problems.empty()) probe.notes["bridge"] = Join(problems, "; ");
+
+  const std::vector<std::string> off_args{"--if-exists", "get", "Open_vSwitch", ".",
+                                          "other_config:hw-offload"};
+  auto off = ctl.Run(off_args);
+  if (off.ok() && !off->timed_out && off->exit_code == 0) {
+    b.set_ovs_hw_offload(Lower(Unquote(off->out)) == "true");
+  } else {
+    probe.notes["ovs_offload"] = ctl.Text(off_args) + " failed: " + ToolFailure(off);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<std::vector<v1::OvsPortInfo>> ParseOvsInterfaces(const std::string& json) {
+  using Json = nlohmann::json;
+  // Values come as atoms (a string, a number), ["set", [atoms]] or ["map", [[key, value]]].
+  auto atom = [](const Json& v) -> const Json* {
+    if (v.is_array() && v.size() == 2 && v[0] == "set") {
+      return v[1].is_array() && v[1].size() == 1 ? &v[1][0] : nullptr;
+    }
+    return &v;
+  };
+  auto text = [&](const Json& v) {
+    const Json* a = atom(v);
+    return a != nullptr && a->is_string() ? a->get<std::string>() : std::string();
+  };
+  auto number = [&](const Json& v) -> long long {
+    const Json* a = atom(v);
+    return a != nullptr && a->is_number_integer() ? a->get<long long>() : 0;
+  };
+  try {
+    Json doc = Json::parse(json);
+    std::map<std::string, size_t> col;
+    const auto& headings = doc.at("headings");
+    for (size_t i = 0; i < headings.size(); ++i) col[headings.at(i).get<std::string>()] = i;
+    if (col.count("name") == 0) {
+      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl Interface table has no name");
+    }
+    std::vector<v1::OvsPortInfo> out;
+    for (const auto& row : doc.at("data")) {
+      auto cell = [&](const char* name) -> const Json* {
+        auto it = col.find(name);
+        return it == col.end() || it->second >= row.size() ? nullptr : &row.at(it->second);
+      };
+      v1::OvsPortInfo p;
+      if (const Json* c = cell("name")) p.set_name(text(*c));
+      if (const Json* c = cell("ofport")) p.set_ofport(static_cast<int32_t>(number(*c)));
+      if (const Json* c = cell("type")) p.set_type(text(*c));
+      if (const Json* c = cell("ingress_policing_rate")) {
+        p.set_ingress_policing_rate_kbps(number(*c));
+      }
+      if (const Json* c = cell("ingress_policing_burst")) {
+        p.set_ingress_policing_burst_kb(number(*c));
+      }
+      if (const Json* c = cell("external_ids");
+          c != nullptr && c->is_array() && c->size() == 2 && (*c)[0] == "map") {
+        for (const auto& kv : (*c)[1]) {
+          if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
+            continue;
+          }
+          const auto key = kv[0].get<std::string>();
+          if (key == "attached-mac") p.set_attached_mac(kv[1].get<std::string>());
+          if (key == "gpuaas-slot") p.set_slot(kv[1].get<std::string>());
+        }
+      }
+      if (!p.name().empty()) out.push_back(std::move(p));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return Error::InvalidArgument("ovs_table_invalid",
+                                  std::string("ovs-vsctl Interface table: ") + e.what());
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Network baseline.
 
 NetworkProbe ProbeNetwork(const HostRoot& host, const DiscoveryOptions& opts) {
@@ -964,7 +1148,18 @@ NetworkProbe ProbeNetwork(const HostRoot& host, const DiscoveryOptions& opts) {
     probe.notes["nat_masquerade"] = probe.notes["gateway"];
   }
 
-  b.set_bridge_present(!opts.bridge.empty() && host.Exists("/sys/class/net/" + opts.bridge));
+  // Present = the network device exists (what the gateway address and the VMs' vNICs need). The
+  // kind says what owns it; an OVS bridge whose device is missing (ovs-vswitchd down) is "ovs"
+  // yet not present.
+  const std::string dev = "/sys/class/net/" + opts.bridge;
+  const bool device = !opts.bridge.empty() && host.Exists(dev);
+  b.set_bridge_present(device);
+  const bool ovs = !opts.bridge.empty() && ProbeOvs(host, opts, probe);
+  if (ovs) {
+    b.set_bridge_kind("ovs");
+  } else if (device) {
+    b.set_bridge_kind(host.IsDir(dev + "/bridge") ? "linux-bridge" : "other");
+  }
   b.set_ip_forward(host.ReadLine("/proc/sys/net/ipv4/ip_forward").value_or("") == "1");
 
   // Interface addresses: `ip -o -4 addr show` when the root has an ip tool, else /proc.
@@ -1041,10 +1236,26 @@ std::vector<Check> NetworkChecks(const v1::NetworkBaseline& b,
   };
   std::string mode_note = nat_mode ? "" : " [mode " + enums::Text(b.mode()) + ": not a blocker]";
 
-  if (b.bridge_present()) {
-    out.push_back(MakeCheck("bridge", kPass, b.bridge() + " present"));
+  const bool ovs = b.bridge_kind() == "ovs";
+  if (b.bridge_present() && ovs) {
+    out.push_back(MakeCheck("bridge", kPass,
+                            b.bridge() + " present (ovs, datapath " + b.ovs_datapath_type() + ", " +
+                                std::to_string(b.ovs_ports_size()) + " ports)" + note("bridge")));
+  } else if (b.bridge_present()) {
+    out.push_back(MakeCheck("bridge", kPass,
+                            b.bridge() + " present (" + b.bridge_kind() + ")" + note("bridge")));
+  } else if (ovs) {
+    out.push_back(MakeCheck("bridge", kBad,
+                            "bridge " + b.bridge() +
+                                " missing: in Open vSwitch's database but no network device" +
+                                note("bridge") + mode_note,
+                            "start Open vSwitch (systemctl restart openvswitch-switch) so "
+                            "ovs-vswitchd creates " +
+                                b.bridge(),
+                            true));
   } else {
-    out.push_back(MakeCheck("bridge", kBad, "bridge " + b.bridge() + " missing" + mode_note,
+    out.push_back(MakeCheck("bridge", kBad,
+                            "bridge " + b.bridge() + " missing" + note("bridge") + mode_note,
                             "create it: ovs-vsctl --may-exist add-br " + b.bridge() +
                                 " (gpuaas-slice-network-baseline service)",
                             true));
@@ -1094,6 +1305,19 @@ std::vector<Check> NetworkChecks(const v1::NetworkBaseline& b,
                             "no IPv4 address on tmfifo_net0 (BlueField management evidence)",
                             "install rshim and give tmfifo_net0 192.168.100.1/30 if the host has a "
                             "BlueField DPU; ignore otherwise"));
+  }
+  // Evidence only, never a blocker: slices run without offload, just with the host's CPUs doing
+  // the switching.
+  if (ovs) {
+    if (b.ovs_hw_offload()) {
+      out.push_back(MakeCheck("ovs_offload", kPass, "hw-offload on"));
+    } else {
+      out.push_back(MakeCheck("ovs_offload", v1::CHECK_STATUS_WARN,
+                              "hw-offload off" + note("ovs_offload"),
+                              "where the NIC supports it (a BlueField eswitch in switchdev mode): "
+                              "ovs-vsctl set Open_vSwitch . other_config:hw-offload=true, then "
+                              "restart openvswitch-switch"));
+    }
   }
   return out;
 }

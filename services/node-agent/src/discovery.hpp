@@ -31,6 +31,9 @@ struct DiscoveryOptions {
   std::string bridge = "ovsbr0";
   std::string gateway_cidr = "10.100.0.1/24";  // slice subnet derived from it (10.100.0.0/24)
   std::string libvirt_uri = "qemu:///system";  // "" = skip the libvirt check (WARN)
+  // Open vSwitch database ovs-vsctl reads ("unix:/run/x/db.sock", passed as --db=); "" = its
+  // default socket.
+  std::string ovs_db;
   v1::RuntimeProfile profile = DefaultRuntimeProfile();
 };
 
@@ -55,13 +58,20 @@ struct NetworkProbe {
   v1::NetworkBaseline baseline;
   std::map<std::string, std::string> notes;
 };
+// When the root has ovs-vsctl it is asked, read-only with a short timeout, whether the bridge is
+// OVS and, if so, for its datapath type, interfaces and hw-offload setting (opts.ovs_db picks
+// the database). Its failures are notes, never errors.
 NetworkProbe ProbeNetwork(const HostRoot& host, const DiscoveryOptions& opts);
 v1::NetworkBaseline ReadNetworkBaseline(const HostRoot& host, const DiscoveryOptions& opts);
-// bridge, gateway, ip_forward, nat_masquerade, default_route, tmfifo. In private-nat mode a
-// missing bridge, gateway, forwarding or NAT rule is a FAIL with blocker=true; in other modes
-// they are WARNs.
+// bridge, gateway, ip_forward, nat_masquerade, default_route, tmfifo, and ovs_offload when the
+// bridge is OVS. In private-nat mode a missing bridge, gateway, forwarding or NAT rule is a FAIL
+// with blocker=true; in other modes they are WARNs. ovs_offload is evidence: PASS or WARN only.
 std::vector<v1::Check> NetworkChecks(const v1::NetworkBaseline& baseline,
                                      const std::map<std::string, std::string>& notes = {});
+
+// `ovs-vsctl --format=json list Interface` (any columns, `name` required) as one entry per row;
+// an error when it is not such a table. Pure.
+Result<std::vector<v1::OvsPortInfo>> ParseOvsInterfaces(const std::string& json);
 
 // The node blocker a failed blocker check stands for ("nat_masquerade" ->
 // "nat_masquerade_missing").

@@ -609,6 +609,246 @@ TEST(DiscoveryTest, MissingNatForwardingOrBridgeAreBlockers) {
   EXPECT_EQ(FindCheck(r3.network_checks(), "bridge")->status(), v1::CHECK_STATUS_WARN);
 }
 
+// ---------------------------------------------------------------------------------------------
+// Open vSwitch evidence.
+
+TEST(DiscoveryTest, WithoutOvsTheOvsFieldsStayEmpty) {
+  // The fixture has ovsbr0's device but no ovs-vsctl: OVS cannot be asked, so no OVS evidence.
+  TempHost host;
+  auto rep = host.Discover();
+  const auto& b = rep.network();
+  EXPECT_TRUE(b.bridge_present());
+  EXPECT_EQ(b.bridge_kind(), "other");
+  EXPECT_EQ(b.ovs_datapath_type(), "");
+  EXPECT_EQ(b.ovs_ports_size(), 0);
+  EXPECT_FALSE(b.ovs_hw_offload());
+  EXPECT_EQ(b.ovs_version(), "");
+  EXPECT_EQ(FindCheck(rep.network_checks(), "ovs_offload"), nullptr);
+  EXPECT_EQ(rep.network_checks_size(), 6);
+  const auto* bridge = FindCheck(rep.network_checks(), "bridge");
+  ASSERT_NE(bridge, nullptr);
+  EXPECT_EQ(bridge->status(), v1::CHECK_STATUS_PASS);
+  EXPECT_EQ(bridge->detail(), "ovsbr0 present (other) (ovs-vsctl not found)");
+
+  // A Linux bridge says so in sysfs.
+  fs::create_directories(host.dir() + "/sys/devices/virtual/net/ovsbr0/bridge");
+  EXPECT_EQ(host.Discover().network().bridge_kind(), "linux-bridge");
+
+  FixtureOptions o;
+  o.gpus = 0;
+  o.bridge = false;
+  TempHost none(o);
+  auto r2 = none.Discover();
+  EXPECT_FALSE(r2.network().bridge_present());
+  EXPECT_EQ(r2.network().bridge_kind(), "");
+  EXPECT_EQ(FindCheck(r2.network_checks(), "ovs_offload"), nullptr);
+  EXPECT_NE(FindCheck(r2.network_checks(), "bridge")->remediation().find("ovs-vsctl --may-exist"),
+            std::string::npos);
+}
+
+TEST(DiscoveryTest, ParseOvsInterfacesReadsOvsJsonTables) {
+  auto ports = ParseOvsInterfaces(
+      R"({"data":[["vnet8",["set",[]],"internal",["map",[]],0,0],)"
+      R"(["vnet7",5,"",["map",[["attached-mac","52:54:00:aa:bb:cc"],["gpuaas-slot","gpu-0000:18:00.0"],["iface-id","x"]]],10000,1000],)"
+      R"(["bond0a",["set",[-1]],"",["map",[]],["set",[]],0]],)"
+      R"("headings":["name","ofport","type","external_ids","ingress_policing_rate","ingress_policing_burst"]})");
+  ASSERT_TRUE(ports.ok()) << ports.error().ToString();
+  ASSERT_EQ(ports->size(), 3u);
+  EXPECT_EQ((*ports)[0].name(), "vnet8");
+  EXPECT_EQ((*ports)[0].ofport(), 0);
+  EXPECT_EQ((*ports)[0].type(), "internal");
+  const auto& p = (*ports)[1];
+  EXPECT_EQ(p.ofport(), 5);
+  EXPECT_EQ(p.attached_mac(), "52:54:00:aa:bb:cc");
+  EXPECT_EQ(p.slot(), "gpu-0000:18:00.0");
+  EXPECT_EQ(p.ingress_policing_rate_kbps(), 10000);
+  EXPECT_EQ(p.ingress_policing_burst_kb(), 1000);
+  EXPECT_EQ(p.type(), "");
+  EXPECT_EQ((*ports)[2].ofport(), -1);
+  EXPECT_EQ((*ports)[2].ingress_policing_rate_kbps(), 0);
+
+  // Columns in another order, and fewer of them.
+  auto few = ParseOvsInterfaces(R"({"headings":["type","name"],"data":[["dpdk","p0"]]})");
+  ASSERT_TRUE(few.ok());
+  ASSERT_EQ(few->size(), 1u);
+  EXPECT_EQ((*few)[0].name(), "p0");
+  EXPECT_EQ((*few)[0].type(), "dpdk");
+  // A short row is read as far as it goes.
+  auto short_row = ParseOvsInterfaces(R"({"headings":["name","type"],"data":[["p1"]]})");
+  ASSERT_TRUE(short_row.ok());
+  EXPECT_EQ((*short_row)[0].type(), "");
+
+  for (const char* bad : {"", "not json", "[]", R"({"headings":["type"],"data":[]})",
+                          R"({"headings":["name"],"data":7})"}) {
+    auto r = ParseOvsInterfaces(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_EQ(r.error().reason, "ovs_table_invalid");
+  }
+}
+
+// A private ovsdb-server (no ovs-vswitchd, no kernel module: the database alone answers every
+// query discovery makes), its state in a temporary directory, stopped by its PID at the end.
+class PrivateOvsdb {
+ public:
+  PrivateOvsdb() : dir_(testing::MakeTempDir("gpuaas-ovs")) {}
+  ~PrivateOvsdb() {
+    server_.Stop(std::chrono::seconds(5));
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  PrivateOvsdb(const PrivateOvsdb&) = delete;
+  PrivateOvsdb& operator=(const PrivateOvsdb&) = delete;
+
+  // Fails the test (never skips) when Open vSwitch is missing: scripts/install-deps installs it.
+  void Start() {
+    for (const char* tool : {kTool, kServer, kVsctl, kSchema}) {
+      ASSERT_TRUE(fs::exists(tool))
+          << tool << " missing: install openvswitch-switch (scripts/install-deps)";
+    }
+    Must({kTool, "create", dir_ + "/conf.db", kSchema});
+    server_.Spawn({kServer, dir_ + "/conf.db", "--remote=punix:" + db_path(),
+                   "--unixctl=" + dir_ + "/ovsdb-server.ctl", "--no-chdir",
+                   "--pidfile=" + dir_ + "/ovsdb-server.pid"},
+                  dir_ + "/ovsdb-server.log");
+    ASSERT_TRUE(testing::WaitFor([&] { return fs::exists(db_path()); }))
+        << "ovsdb-server did not open " << db_path();
+    Vsctl({"--no-wait", "init"});
+  }
+  std::string db() const { return "unix:" + db_path(); }
+  // ovs-vsctl against this database, --no-wait since no ovs-vswitchd will ever apply anything.
+  void Vsctl(std::vector<std::string> args) {
+    args.insert(args.begin(), {kVsctl, "--db=" + db(), "--timeout=5"});
+    Must(args);
+  }
+
+ private:
+  static constexpr const char* kTool = "/usr/bin/ovsdb-tool";
+  static constexpr const char* kServer = "/usr/sbin/ovsdb-server";
+  static constexpr const char* kVsctl = "/usr/bin/ovs-vsctl";
+  static constexpr const char* kSchema = "/usr/share/openvswitch/vswitch.ovsschema";
+  std::string db_path() const { return dir_ + "/db.sock"; }
+  static void Must(const std::vector<std::string>& argv) {
+    auto r = RunTool(argv, std::chrono::seconds(10));
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    ASSERT_EQ(r->exit_code, 0) << argv[0] << " " << argv[1] << ": " << r->err;
+  }
+  std::string dir_;
+  testing::Process server_;
+};
+
+// The fixture gets an ovs-vsctl that is this machine's, so discovery finds it inside the root.
+void AddOvsVsctl(const TempHost& host) {
+  const std::string bin = host.dir() + "/usr/bin";
+  fs::create_directories(bin);
+  std::ofstream(bin + "/ovs-vsctl") << "#!/bin/sh\nexec /usr/bin/ovs-vsctl \"$@\"\n";
+  fs::permissions(bin + "/ovs-vsctl", fs::perms::owner_all | fs::perms::group_read |
+                                          fs::perms::group_exec | fs::perms::others_read |
+                                          fs::perms::others_exec);
+}
+
+TEST(DiscoveryTest, OvsBridgeFromRealOvsdbServer) {
+  PrivateOvsdb ovs;
+  ASSERT_NO_FATAL_FAILURE(ovs.Start());
+  ovs.Vsctl(
+      {"--no-wait", "add-br", "ovsbr0", "--", "set", "bridge", "ovsbr0", "datapath_type=netdev"});
+  ovs.Vsctl({"--no-wait", "add-port", "ovsbr0", "vnet7", "--", "set", "interface", "vnet7",
+             "external_ids:attached-mac=52:54:00:aa:bb:cc",
+             "external_ids:gpuaas-slot=gpu-0000:18:00.0", "ingress_policing_rate=10000",
+             "ingress_policing_burst=1000"});
+  ovs.Vsctl({"--no-wait", "add-port", "ovsbr0", "uplink0"});
+  // A port on another bridge is not ovsbr0's.
+  ovs.Vsctl({"--no-wait", "add-br", "other0", "--", "add-port", "other0", "vnet9"});
+
+  FixtureOptions o;
+  o.gpus = 0;
+  TempHost host(o);
+  AddOvsVsctl(host);
+  auto opts = host.Options();
+  opts.ovs_db = ovs.db();
+
+  auto rep = TempHost::Discover(opts);
+  const auto& b = rep.network();
+  EXPECT_TRUE(b.bridge_present());
+  EXPECT_EQ(b.bridge_kind(), "ovs");
+  EXPECT_EQ(b.ovs_datapath_type(), "netdev");
+  EXPECT_FALSE(b.ovs_hw_offload());
+  EXPECT_TRUE(std::regex_match(b.ovs_version(), std::regex(R"(\d+\.\d+\.\d+.*)")))
+      << b.ovs_version();
+  ASSERT_EQ(b.ovs_ports_size(), 2);
+  EXPECT_EQ(b.ovs_ports(0).name(), "uplink0");
+  EXPECT_EQ(b.ovs_ports(0).attached_mac(), "");
+  const auto& vnet = b.ovs_ports(1);
+  EXPECT_EQ(vnet.name(), "vnet7");
+  EXPECT_EQ(vnet.attached_mac(), "52:54:00:aa:bb:cc");
+  EXPECT_EQ(vnet.slot(), "gpu-0000:18:00.0");
+  EXPECT_EQ(vnet.ingress_policing_rate_kbps(), 10000);
+  EXPECT_EQ(vnet.ingress_policing_burst_kb(), 1000);
+  EXPECT_EQ(vnet.ofport(), 0);  // no ovs-vswitchd assigned one
+  EXPECT_EQ(vnet.type(), "");
+  const auto* bridge = FindCheck(rep.network_checks(), "bridge");
+  ASSERT_NE(bridge, nullptr);
+  EXPECT_EQ(bridge->status(), v1::CHECK_STATUS_PASS);
+  EXPECT_EQ(bridge->detail(), "ovsbr0 present (ovs, datapath netdev, 2 ports)");
+  const auto* off = FindCheck(rep.network_checks(), "ovs_offload");
+  ASSERT_NE(off, nullptr);
+  EXPECT_EQ(off->status(), v1::CHECK_STATUS_WARN);
+  EXPECT_EQ(off->detail(), "hw-offload off");
+  EXPECT_FALSE(off->blocker());
+  EXPECT_EQ(rep.network_checks_size(), 7);
+  EXPECT_TRUE(rep.node_blockers().empty());
+  // The parity checker prints it like any other check, and a WARN does not fail it.
+  std::vector<v1::Check> checks(rep.network_checks().begin(), rep.network_checks().end());
+  EXPECT_NE(FormatParity(checks).find("status=WARN check=ovs_offload detail=hw-offload\\ off"),
+            std::string::npos)
+      << FormatParity(checks);
+  EXPECT_EQ(ParityExitCode(checks), 0);
+
+  ovs.Vsctl({"--no-wait", "set", "Open_vSwitch", ".", "other_config:hw-offload=true"});
+  auto on = TempHost::Discover(opts);
+  EXPECT_TRUE(on.network().ovs_hw_offload());
+  EXPECT_EQ(FindCheck(on.network_checks(), "ovs_offload")->status(), v1::CHECK_STATUS_PASS);
+  EXPECT_EQ(FindCheck(on.network_checks(), "ovs_offload")->detail(), "hw-offload on");
+
+  // The kernel datapath: OVS leaves datapath_type empty.
+  ovs.Vsctl({"--no-wait", "set", "bridge", "ovsbr0", "datapath_type=\"\""});
+  EXPECT_EQ(TempHost::Discover(opts).network().ovs_datapath_type(), "system");
+
+  // In OVS's database but without a network device (ovs-vswitchd down): OVS, yet missing.
+  FixtureOptions nd;
+  nd.gpus = 0;
+  nd.bridge = false;
+  TempHost no_device(nd);
+  AddOvsVsctl(no_device);
+  auto nd_opts = no_device.Options();
+  nd_opts.ovs_db = ovs.db();
+  auto r2 = TempHost::Discover(nd_opts);
+  EXPECT_FALSE(r2.network().bridge_present());
+  EXPECT_EQ(r2.network().bridge_kind(), "ovs");
+  const auto* missing = FindCheck(r2.network_checks(), "bridge");
+  EXPECT_EQ(missing->status(), v1::CHECK_STATUS_FAIL);
+  EXPECT_TRUE(missing->blocker());
+  EXPECT_NE(missing->remediation().find("openvswitch-switch"), std::string::npos);
+
+  // A bridge OVS does not have: no OVS evidence, the device decides.
+  auto other = opts;
+  other.bridge = "nope0";
+  auto r3 = ProbeNetwork(HostRoot(host.dir()), other);
+  EXPECT_EQ(r3.baseline.bridge_kind(), "");
+  EXPECT_EQ(r3.baseline.ovs_ports_size(), 0);
+  EXPECT_EQ(r3.notes.count("bridge"), 0u);
+
+  // An unreachable database is a note, promptly, never an error.
+  auto gone = opts;
+  gone.ovs_db = "unix:" + host.dir() + "/no-such.sock";
+  auto t0 = std::chrono::steady_clock::now();
+  auto r4 = TempHost::Discover(gone);
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  EXPECT_EQ(r4.network().bridge_kind(), "other");
+  EXPECT_EQ(FindCheck(r4.network_checks(), "ovs_offload"), nullptr);
+  const auto* note = FindCheck(r4.network_checks(), "bridge");
+  EXPECT_NE(note->detail().find("br-exists ovsbr0 failed"), std::string::npos) << note->detail();
+}
+
 TEST(DiscoveryTest, SymlinkLoopsDoNotHang) {
   FixtureOptions o;
   o.gpus = 2;
@@ -661,7 +901,8 @@ TEST(DiscoveryTest, RealRootDoesNotCrash) {
   EXPECT_EQ(r->candidates_size(), nvidia);
   EXPECT_EQ(r->root(), "/");
   EXPECT_FALSE(r->prereqs().empty());
-  EXPECT_EQ(r->network_checks_size(), 6);
+  // ovs_offload only where this machine's ovsbr0 is an OVS bridge.
+  EXPECT_EQ(r->network_checks_size(), r->network().bridge_kind() == "ovs" ? 7 : 6);
   std::vector<v1::Check> checks(r->prereqs().begin(), r->prereqs().end());
   checks.insert(checks.end(), r->network_checks().begin(), r->network_checks().end());
   const std::regex line(
