@@ -159,6 +159,9 @@ TEST(EnumChecksTest, IpamColumnsMatchTheirEnums) {
   ExpectColumnsMatch("ipam", ipam::Migrations(),
                      {
                          {"allocation_bindings", "state", v1::AllocationState_descriptor()},
+                         // '' on a rule: inherit; on a node row: made before datapaths.
+                         {"subnet_rules", "datapath", v1::NetworkDatapath_descriptor(), true},
+                         {"node_subnets", "datapath", v1::NetworkDatapath_descriptor(), true},
                      });
 }
 

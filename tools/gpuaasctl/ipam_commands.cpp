@@ -20,11 +20,12 @@ void PrintDocument(const v1::GetNodeNetworkResponse& r) {
   }
   std::cout << fmt::format(
       "node {}  document v{} (latest v{})  applied v{}{}\n"
-      "bridge {}  subnet {}  gateway {}  masquerade {}  ip_forward {}  deny_cross_slice {}\n",
+      "datapath {}  bridge {}  subnet {}  gateway {}  masquerade {}  ip_forward {}  "
+      "deny_cross_slice {}\n",
       d.node_id(), d.version(), r.latest_version(), r.applied_version(),
       r.applied_version() == 0 ? " (never acked)"
                                : (r.has_acked_at() ? " at " + Time(r.acked_at()) : ""),
-      d.bridge(), d.subnet(), d.gateway(), d.nat().masquerade() ? "on" : "off",
+      Txt(d.datapath()), d.bridge(), d.subnet(), d.gateway(), d.nat().masquerade() ? "on" : "off",
       d.nat().ip_forward() ? "on" : "off", d.isolation().deny_cross_slice() ? "on" : "off");
   if (r.blockers_size() > 0) {
     std::cout << "blockers: "
@@ -41,7 +42,7 @@ void PrintDocument(const v1::GetNodeNetworkResponse& r) {
 
 Action AddIpamCommands(CLI::App& app) {
   struct Opts {
-    std::string node, slot, reason, region, pool, subnet, gateway;
+    std::string node, slot, reason, region, pool, subnet, gateway, datapath, bridge;
     std::vector<std::string> host_cidrs;
     int64_t version = 0;
     int64_t min_age = -1;  // -1: the service's default
@@ -72,6 +73,10 @@ Action AddIpamCommands(CLI::App& app) {
   subnet->add_option("--gateway", o->gateway, "Gateway (default: the subnet's first host)");
   subnet->add_option("--host-cidr", o->host_cidrs,
                      "A network already used on the scope's hosts (repeatable)");
+  OneOfEnum<v1::NetworkDatapath>(subnet->add_option(
+      "--datapath", o->datapath, "Datapath of the scope's nodes (default: inherit)"));
+  subnet->add_option("--bridge", o->bridge,
+                     "Bridge of --datapath (default: ipam.bridge / ipam.ovs_bridge)");
   auto* release = ipam->add_subcommand("release", "Release a slot's IP reservation (idempotent)");
   release->add_option("--node", o->node, "Node id")->required();
   release->add_option("--slot", o->slot, "Slot key")->required();
@@ -158,7 +163,12 @@ Action AddIpamCommands(CLI::App& app) {
       return Print(g, *r, [&] { PrintDocument(*r); });
     }
     if (subnet->parsed()) {
+      int rc = kExitOk;
+      auto datapath = ParseFlag<v1::NetworkDatapath>(g, "datapath", o->datapath, &rc);
+      if (!datapath) return rc;
       v1::SetSubnetRequest req;
+      req.set_datapath(*datapath);
+      req.set_bridge(o->bridge);
       req.set_region(o->region);
       req.set_pool(o->pool);
       req.set_node_id(o->node);
@@ -169,11 +179,12 @@ Action AddIpamCommands(CLI::App& app) {
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
         const auto& x = r->rule();
-        std::cout << fmt::format("{} rule {}: {} gateway {}{}\n", x.scope(),
+        std::cout << fmt::format("{} rule {}: {} gateway {}  datapath {}  bridge {}{}\n", x.scope(),
                                  x.scope() == "node"   ? x.node_id()
                                  : x.scope() == "pool" ? x.region() + "/" + x.pool()
                                                        : x.region(),
-                                 x.subnet(), x.gateway(), r->changed() ? "" : " (unchanged)");
+                                 x.subnet(), x.gateway(), Txt(x.datapath(), "(inherited)"),
+                                 Or(x.bridge(), "(default)"), r->changed() ? "" : " (unchanged)");
         if (r->document_version() > 0) {
           std::cout << "node network document v" << r->document_version() << "\n";
         }

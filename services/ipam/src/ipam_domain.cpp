@@ -235,12 +235,35 @@ std::map<std::string, std::string> Hostnames(const std::vector<ReservedSlot>& sl
   return out;
 }
 
+bool ValidBridgeName(std::string_view name) {
+  if (name.empty() || name.size() > 15) return false;
+  return std::all_of(name.begin(), name.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' ||
+           c == '.' || c == '-';
+  });
+}
+
+const std::string& DefaultBridge(v1::NetworkDatapath datapath, const NetworkDefaults& defaults) {
+  return datapath == v1::NETWORK_DATAPATH_OVS ? defaults.ovs_bridge : defaults.bridge;
+}
+
+Datapath ResolveDatapath(const std::vector<Datapath>& rules, const NetworkDefaults& defaults) {
+  for (const auto& r : rules) {
+    if (r.datapath == v1::NETWORK_DATAPATH_UNSPECIFIED) continue;
+    return {r.datapath, r.bridge.empty() ? DefaultBridge(r.datapath, defaults) : r.bridge};
+  }
+  return {defaults.datapath, DefaultBridge(defaults.datapath, defaults)};
+}
+
 v1::NodeNetworkDocument BuildDocument(const std::string& node_id, const std::string& subnet,
-                                      const std::string& gateway, const NetworkDefaults& defaults,
+                                      const std::string& gateway, const Datapath& datapath,
+                                      const NetworkDefaults& defaults,
                                       const std::vector<ReservedSlot>& slots) {
   v1::NodeNetworkDocument d;
   d.set_node_id(node_id);
-  d.set_bridge(defaults.bridge);
+  const Datapath path = ResolveDatapath({datapath}, defaults);
+  d.set_datapath(path.datapath);
+  d.set_bridge(path.bridge);
   d.set_subnet(subnet);
   d.set_gateway(gateway);
   d.mutable_nat()->set_masquerade(defaults.masquerade);

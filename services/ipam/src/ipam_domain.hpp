@@ -95,11 +95,29 @@ class MacLedger {
 // ---- Node network document ----
 
 struct NetworkDefaults {
-  std::string bridge = "gpuaasbr0";
+  v1::NetworkDatapath datapath = v1::NETWORK_DATAPATH_LINUX_BRIDGE;
+  std::string bridge = "gpuaasbr0";   // the Linux bridge's name
+  std::string ovs_bridge = "ovsbr0";  // the OVS bridge's name
   bool masquerade = true;
   bool ip_forward = true;
   bool deny_cross_slice = true;
 };
+
+// A node's datapath and bridge, or what one subnet rule says of them (UNSPECIFIED / "": inherit).
+struct Datapath {
+  v1::NetworkDatapath datapath = v1::NETWORK_DATAPATH_UNSPECIFIED;
+  std::string bridge;
+  bool operator==(const Datapath&) const = default;
+};
+
+// 1-15 of [A-Za-z0-9_.-]: what the kernel and Open vSwitch accept as an interface name.
+bool ValidBridgeName(std::string_view name);
+// The bridge a datapath gets when no rule names one: ipam.bridge or ipam.ovs_bridge.
+const std::string& DefaultBridge(v1::NetworkDatapath datapath, const NetworkDefaults& defaults);
+// A node's datapath from its rules, most specific first (node, pool, region; absent ones left
+// out): the first that sets a datapath, with its bridge or that datapath's default; else the
+// configured datapath and its default bridge. Never UNSPECIFIED.
+Datapath ResolveDatapath(const std::vector<Datapath>& rules, const NetworkDefaults& defaults);
 
 struct ReservedSlot {
   std::string slot_key;
@@ -117,9 +135,12 @@ std::set<std::string> PrimarySlots(const std::vector<ReservedSlot>& slots);
 // on the node with "-<last 6 of the id>" when two allocations would share it.
 std::map<std::string, std::string> Hostnames(const std::vector<ReservedSlot>& slots);
 
-// The document's content (version 0, no created_at), reservations ordered by IP.
+// The document's content (version 0, no created_at), reservations ordered by IP. `datapath` is
+// the node's (ResolveDatapath); an unresolved one (a node row older than datapaths) takes the
+// configured datapath and bridge.
 v1::NodeNetworkDocument BuildDocument(const std::string& node_id, const std::string& subnet,
-                                      const std::string& gateway, const NetworkDefaults& defaults,
+                                      const std::string& gateway, const Datapath& datapath,
+                                      const NetworkDefaults& defaults,
                                       const std::vector<ReservedSlot>& slots);
 // Same content, ignoring version and created_at?
 bool SameContent(v1::NodeNetworkDocument a, v1::NodeNetworkDocument b);

@@ -3,7 +3,6 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <algorithm>
-#include <cctype>
 
 #include <fmt/format.h>
 
@@ -39,16 +38,6 @@ std::vector<std::string> SplitCsv(const std::string& s) {
   return out;
 }
 
-bool ValidBridge(const std::string& b) {
-  if (b.empty() || b.size() > 15) return false;
-  for (char c : b) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') {
-      return false;
-    }
-  }
-  return true;
-}
-
 Result<void> CheckNodeId(const std::string& id, const std::string& reason) {
   if (id.empty()) {
     return Error::InvalidArgument(reason, "node_id is required", {{"node_id", "required"}});
@@ -81,6 +70,7 @@ struct RuleRow {
   std::string subnet;
   std::string gateway;
   std::vector<std::string> host_cidrs;
+  Datapath datapath;  // UNSPECIFIED / "": inherit
 };
 
 std::vector<std::string> TextArray(const pqxx::field& f) {
@@ -95,11 +85,15 @@ std::vector<std::string> TextArray(const pqxx::field& f) {
 std::optional<RuleRow> LoadRule(pqxx::work& tx, const std::string& scope, const std::string& region,
                                 const std::string& pool, const std::string& node_id) {
   auto r = tx.exec_params(
-      "SELECT subnet::text, host(gateway), host_cidrs FROM subnet_rules WHERE scope = $1 AND "
-      "region = $2 AND pool = $3 AND node_id = $4",
+      "SELECT subnet::text, host(gateway), host_cidrs, datapath, bridge FROM subnet_rules WHERE "
+      "scope = $1 AND region = $2 AND pool = $3 AND node_id = $4",
       scope, region, pool, node_id);
   if (r.empty()) return std::nullopt;
-  return RuleRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(), TextArray(r[0][2])};
+  return RuleRow{r[0][0].as<std::string>(),
+                 r[0][1].as<std::string>(),
+                 TextArray(r[0][2]),
+                 {enums::FromColumn<v1::NetworkDatapath>(r[0][3].as<std::string>()),
+                  r[0][4].as<std::string>()}};
 }
 
 // How long a request may wait for ipam's projection of inventory to catch up: at most this, and
@@ -137,6 +131,43 @@ std::pair<std::string, std::string> ResolveSubnet(pqxx::work& tx, const IpamConf
   return {subnet->ToString(), FormatIpv4(*gw)};
 }
 
+// The datapath a node gets: the most specific of its node, pool and region rules that sets one,
+// else the configured one. Chosen independently of the subnet: a node rule that only moves the
+// subnet keeps the region's datapath.
+Datapath ResolveNodeDatapath(pqxx::work& tx, const IpamConfig& cfg, const std::string& node_id,
+                             const std::string& region, const std::string& pool) {
+  std::vector<Datapath> rules;
+  if (auto r = LoadRule(tx, "node", "", "", node_id)) rules.push_back(r->datapath);
+  if (!region.empty() && !pool.empty()) {
+    if (auto r = LoadRule(tx, "pool", region, pool, "")) rules.push_back(r->datapath);
+  }
+  if (!region.empty()) {
+    if (auto r = LoadRule(tx, "region", region, "", "")) rules.push_back(r->datapath);
+  }
+  return ResolveDatapath(rules, cfg.Network());
+}
+
+// A subnet rule's datapath and bridge: UNSPECIFIED or a declared value (INVALID_ARGUMENT
+// datapath_invalid); a bridge only with a datapath, and a valid interface name (invalid_bridge).
+Result<Datapath> ValidateRuleDatapath(const v1::SetSubnetRequest& req) {
+  if (req.datapath() != v1::NETWORK_DATAPATH_UNSPECIFIED && enums::Text(req.datapath()).empty()) {
+    return enums::InvalidValue("datapath", std::to_string(static_cast<int>(req.datapath())),
+                               v1::NetworkDatapath_descriptor());
+  }
+  if (!req.bridge().empty() && !ValidBridgeName(req.bridge())) {
+    return Error::InvalidArgument("invalid_bridge",
+                                  "bridge must be 1-15 of [A-Za-z0-9_.-]: '" + req.bridge() + "'",
+                                  {{"bridge", "1-15 of [A-Za-z0-9_.-]"}});
+  }
+  // A bridge name means something only for a datapath: inheriting the datapath but not the
+  // bridge could pair an OVS bridge name with a Linux bridge.
+  if (!req.bridge().empty() && req.datapath() == v1::NETWORK_DATAPATH_UNSPECIFIED) {
+    return Error::InvalidArgument("invalid_bridge", "a bridge is set only with its datapath",
+                                  {{"bridge", "requires datapath"}});
+  }
+  return Datapath{req.datapath(), req.bridge()};
+}
+
 AddressPlan PlanOf(const IpamConfig& cfg, const std::string& subnet, const std::string& gateway) {
   AddressPlan p;
   auto c = ParseCidr(subnet, "subnet", 0, 32);
@@ -167,8 +198,15 @@ void IpamConfig::Register(config::Schema& s) {
         "Comma-separated networks present on every host (uplink, control plane); no management "
         "subnet may overlap them",
         "");
-  s.Add("ipam.bridge", &bridge, "Linux bridge of the management network in every document",
+  s.Add("ipam.datapath", &datapath,
+        "Datapath of a node no subnet rule chooses one for: linux-bridge or ovs (Open vSwitch)",
+        "linux-bridge", config::OneOf(enums::Texts<v1::NetworkDatapath>()));
+  s.Add("ipam.bridge", &bridge,
+        "Bridge of the management network for the linux-bridge datapath (unless a rule names one)",
         "gpuaasbr0", config::NonEmpty());
+  s.Add("ipam.ovs_bridge", &ovs_bridge,
+        "Bridge of the management network for the ovs datapath (unless a rule names one)", "ovsbr0",
+        config::NonEmpty());
   s.Add("ipam.masquerade", &masquerade, "Documents ask for MASQUERADE of the subnet (private-nat)",
         true);
   s.Add("ipam.ip_forward", &ip_forward, "Documents ask for net.ipv4.ip_forward=1", true);
@@ -180,7 +218,12 @@ void IpamConfig::Register(config::Schema& s) {
 }
 
 NetworkDefaults IpamConfig::Network() const {
-  return {bridge, masquerade, ip_forward, deny_cross_slice};
+  return {enums::FromColumn<v1::NetworkDatapath>(datapath),
+          bridge,
+          ovs_bridge,
+          masquerade,
+          ip_forward,
+          deny_cross_slice};
 }
 
 Result<void> IpamConfig::Validate() const {
@@ -210,7 +253,11 @@ Result<void> IpamConfig::Validate() const {
       problems["ipam.default_subnet"] = "overlaps " + r + " of ipam.reserved_cidrs";
     }
   }
-  if (!ValidBridge(bridge)) problems["ipam.bridge"] = "1-15 of [A-Za-z0-9_.-]";
+  if (!ValidBridgeName(bridge)) problems["ipam.bridge"] = "1-15 of [A-Za-z0-9_.-]";
+  if (!ValidBridgeName(ovs_bridge)) problems["ipam.ovs_bridge"] = "1-15 of [A-Za-z0-9_.-]";
+  if (!enums::Parse<v1::NetworkDatapath>(datapath)) {
+    problems["ipam.datapath"] = "one of " + enums::JoinTexts(v1::NetworkDatapath_descriptor());
+  }
   if (!problems.empty()) {
     return Error::InvalidArgument(
         "invalid_config", fmt::format("{} ipam config problem(s)", problems.size()), problems);
@@ -287,10 +334,13 @@ Result<void> IpamService::Start() {
           }
           const auto [subnet, gateway] =
               ResolveSubnet(tx, cfg, req.node_id(), req.region(), req.pool());
+          const Datapath path =
+              ResolveNodeDatapath(tx, cfg, req.node_id(), req.region(), req.pool());
           tx.exec_params(
-              "INSERT INTO node_subnets (node_id, subnet, gateway, region, pool) "
-              "VALUES ($1, $2::cidr, $3::inet, $4, $5) ON CONFLICT (node_id) DO NOTHING",
-              req.node_id(), subnet, gateway, req.region(), req.pool());
+              "INSERT INTO node_subnets (node_id, subnet, gateway, region, pool, datapath, bridge) "
+              "VALUES ($1, $2::cidr, $3::inet, $4, $5, $6, $7) ON CONFLICT (node_id) DO NOTHING",
+              req.node_id(), subnet, gateway, req.region(), req.pool(), enums::Text(path.datapath),
+              path.bridge);
           // Every change of one node's reservations is serialised on its subnet row.
           auto node = LockNode(tx, req.node_id());
           if (auto existing = FindReservation(tx, req.node_id(), req.slot_key())) {
@@ -304,15 +354,18 @@ Result<void> IpamService::Start() {
                                  .empty();
           const bool moved =
               !req.region().empty() && (node->region != req.region() || node->pool != req.pool());
-          if (empty && (node->subnet != subnet || node->gateway != gateway || moved)) {
+          if (empty && (node->subnet != subnet || node->gateway != gateway || moved ||
+                        node->datapath != path)) {
             // No address handed out yet: the rules of today apply (they may have changed since
             // the node's row was made).
             tx.exec_params(
                 "UPDATE node_subnets SET subnet = $2::cidr, gateway = $3::inet, region = $4, "
-                "pool = $5 WHERE node_id = $1",
-                req.node_id(), subnet, gateway, req.region(), req.pool());
+                "pool = $5, datapath = $6, bridge = $7 WHERE node_id = $1",
+                req.node_id(), subnet, gateway, req.region(), req.pool(),
+                enums::Text(path.datapath), path.bridge);
             node->subnet = subnet;
             node->gateway = gateway;
+            node->datapath = path;
           } else if (moved) {
             tx.exec_params("UPDATE node_subnets SET region = $2, pool = $3 WHERE node_id = $1",
                            req.node_id(), req.region(), req.pool());
@@ -629,6 +682,8 @@ Result<void> IpamService::Start() {
         if (!subnet.ok()) return subnet.error();
         auto gw = ResolveGateway(*subnet, req.gateway());
         if (!gw.ok()) return gw.error();
+        auto rule_path = ValidateRuleDatapath(req);
+        if (!rule_path.ok()) return rule_path.error();
         std::vector<Cidr> own_hosts;
         for (int i = 0; i < req.host_cidrs_size(); ++i) {
           auto h = ParseCidr(req.host_cidrs(i), fmt::format("host_cidrs[{}]", i), 1, 32);
@@ -728,14 +783,18 @@ Result<void> IpamService::Start() {
           std::vector<std::string> host_list(req.host_cidrs().begin(), req.host_cidrs().end());
           tx.exec_params(
               "INSERT INTO subnet_rules (scope, region, pool, node_id, subnet, gateway, "
-              "host_cidrs) VALUES ($1, $2, $3, $4, $5::cidr, $6::inet, $7::text[]) "
+              "host_cidrs, datapath, bridge) VALUES ($1, $2, $3, $4, $5::cidr, $6::inet, "
+              "$7::text[], $8, $9) "
               "ON CONFLICT (scope, region, pool, node_id) DO UPDATE SET subnet = EXCLUDED.subnet, "
-              "gateway = EXCLUDED.gateway, host_cidrs = EXCLUDED.host_cidrs, updated_at = now()",
+              "gateway = EXCLUDED.gateway, host_cidrs = EXCLUDED.host_cidrs, "
+              "datapath = EXCLUDED.datapath, bridge = EXCLUDED.bridge, updated_at = now()",
               scope, req.region(), req.pool(), req.node_id(), subnet->ToString(), FormatIpv4(*gw),
-              store::TextArrayLiteral(host_list));
+              store::TextArrayLiteral(host_list), enums::Text(rule_path->datapath),
+              rule_path->bridge);
           v1::SetSubnetResponse resp;
           resp.set_changed(!before || before->subnet != subnet->ToString() ||
-                           before->gateway != FormatIpv4(*gw) || before->host_cidrs != host_list);
+                           before->gateway != FormatIpv4(*gw) || before->host_cidrs != host_list ||
+                           before->datapath != *rule_path);
           auto* rule = resp.mutable_rule();
           rule->set_scope(scope);
           rule->set_region(req.region());
@@ -744,11 +803,24 @@ Result<void> IpamService::Start() {
           rule->set_subnet(subnet->ToString());
           rule->set_gateway(FormatIpv4(*gw));
           for (const auto& h : host_list) rule->add_host_cidrs(h);
+          rule->set_datapath(rule_path->datapath);
+          rule->set_bridge(rule_path->bridge);
           *rule->mutable_updated_at() = TimeUtil::GetCurrentTime();
           if (node) {
             tx.exec_params(
                 "UPDATE node_subnets SET subnet = $2::cidr, gateway = $3::inet WHERE node_id = $1",
                 req.node_id(), subnet->ToString(), FormatIpv4(*gw));
+            // A node rule that chooses a datapath, or stops choosing one, moves the node at once;
+            // one that never chose keeps the datapath the node got with its first reservation.
+            const bool chose =
+                before && before->datapath.datapath != v1::NETWORK_DATAPATH_UNSPECIFIED;
+            if (rule_path->datapath != v1::NETWORK_DATAPATH_UNSPECIFIED || chose) {
+              const Datapath path =
+                  ResolveNodeDatapath(tx, cfg, req.node_id(), node->region, node->pool);
+              tx.exec_params(
+                  "UPDATE node_subnets SET datapath = $2, bridge = $3 WHERE node_id = $1",
+                  req.node_id(), enums::Text(path.datapath), path.bridge);
+            }
             auto d = UpdateDocument(tx, req.node_id(), cfg);
             if (!d.ok()) return d.error();
             resp.set_document_version(*d);
@@ -758,7 +830,9 @@ Result<void> IpamService::Start() {
                                              {"region", req.region()},
                                              {"pool", req.pool()},
                                              {"node_id", req.node_id()},
-                                             {"subnet", subnet->ToString()}});
+                                             {"subnet", subnet->ToString()},
+                                             {"datapath", enums::Text(rule_path->datapath)},
+                                             {"bridge", rule_path->bridge}});
           }
           return resp;
         });

@@ -35,7 +35,9 @@ struct IpamConfig {
   int64_t last_host = 250;
   int64_t slots_per_node = 8;  // a subnet must hold at least this many slot addresses
   std::string reserved_cidrs;  // comma-separated networks no management subnet may overlap
-  std::string bridge = "gpuaasbr0";
+  std::string datapath = "linux-bridge";  // a NetworkDatapath text
+  std::string bridge = "gpuaasbr0";       // the Linux bridge's default name
+  std::string ovs_bridge = "ovsbr0";      // the OVS bridge's default name
   bool masquerade = true;
   bool ip_forward = true;
   bool deny_cross_slice = true;
@@ -43,7 +45,7 @@ struct IpamConfig {
   void Register(config::Schema& schema);
   // Every problem of the values together (INVALID_ARGUMENT invalid_config, details per key).
   Result<void> Validate() const;
-  // What every node network document asks for (bridge, NAT, isolation).
+  // What every node network document asks for (default datapath and bridges, NAT, isolation).
   NetworkDefaults Network() const;
 };
 

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "ipam_domain.hpp"
 #include "ipam_service.hpp"
@@ -85,12 +86,17 @@ Result<void> AnnounceDrift(pqxx::work& tx, const std::string& event, const v1::I
 
 std::optional<NodeNet> LockNode(pqxx::work& tx, const std::string& node_id) {
   auto r = tx.exec_params(
-      "SELECT subnet::text, host(gateway), region, pool FROM node_subnets WHERE node_id = $1 "
-      "FOR UPDATE",
+      "SELECT subnet::text, host(gateway), region, pool, datapath, bridge FROM node_subnets "
+      "WHERE node_id = $1 FOR UPDATE",
       node_id);
   if (r.empty()) return std::nullopt;
-  return NodeNet{node_id, r[0][0].as<std::string>(), r[0][1].as<std::string>(),
-                 r[0][2].as<std::string>(), r[0][3].as<std::string>()};
+  return NodeNet{node_id,
+                 r[0][0].as<std::string>(),
+                 r[0][1].as<std::string>(),
+                 r[0][2].as<std::string>(),
+                 r[0][3].as<std::string>(),
+                 {enums::FromColumn<v1::NetworkDatapath>(r[0][4].as<std::string>()),
+                  r[0][5].as<std::string>()}};
 }
 
 std::optional<v1::SlotReservation> FindReservation(pqxx::work& tx, const std::string& node_id,
@@ -186,7 +192,8 @@ Result<int64_t> UpdateDocument(pqxx::work& tx, const std::string& node_id, const
   auto node = LockNode(tx, node_id);
   if (!node) return int64_t{0};
   const auto slots = LoadReservedSlots(tx, node_id);
-  auto want = BuildDocument(node_id, node->subnet, node->gateway, cfg.Network(), slots);
+  auto want =
+      BuildDocument(node_id, node->subnet, node->gateway, node->datapath, cfg.Network(), slots);
   return documents::Publish(tx, NetworkDocumentTables(), node_id, want, slots.empty());
 }
 

@@ -24,6 +24,9 @@ struct NodeNet {
   std::string gateway;
   std::string region;
   std::string pool;
+  // Resolved at the node's first reservation, or by a node rule; unresolved (UNSPECIFIED) on
+  // rows older than datapaths, whose documents take the configured one.
+  Datapath datapath;
 };
 
 // The node's subnet row, locked FOR UPDATE; nullopt when ipam has never reserved on the node.

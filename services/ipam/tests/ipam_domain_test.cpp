@@ -217,7 +217,8 @@ std::vector<ReservedSlot> Slots() {
 }
 
 TEST(DocumentTest, ExactReservationsWithHostnamesOnPrimarySlots) {
-  auto d = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", NetworkDefaults{}, Slots());
+  auto d = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", {}, NetworkDefaults{}, Slots());
+  EXPECT_EQ(d.datapath(), v1::NETWORK_DATAPATH_LINUX_BRIDGE) << "an unresolved node: the config's";
   EXPECT_EQ(d.bridge(), "gpuaasbr0");
   EXPECT_TRUE(d.nat().masquerade());
   EXPECT_TRUE(d.nat().ip_forward());
@@ -233,13 +234,86 @@ TEST(DocumentTest, ExactReservationsWithHostnamesOnPrimarySlots) {
   EXPECT_EQ(d.reservations(3).hostname(), "slice-0190aaaa-000002");
   auto alone = Slots();
   alone.resize(2);
-  auto d2 = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", NetworkDefaults{}, alone);
+  auto d2 = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", {}, NetworkDefaults{}, alone);
   EXPECT_EQ(d2.reservations(0).hostname(), "slice-0190aaaa");
   auto later = d;
   later.set_version(7);
   EXPECT_TRUE(SameContent(d, later));
   later.mutable_reservations(0)->set_allocation_id("x");
   EXPECT_FALSE(SameContent(d, later));
+  for (const auto& r : d.reservations()) {
+    EXPECT_EQ(r.network_id(), "") << "room for the seed's networks: never set";
+    EXPECT_EQ(r.network_policy_id(), "");
+    EXPECT_EQ(r.project_network_id(), "");
+  }
+}
+
+TEST(DocumentTest, DatapathAndBridgeComeFromTheNodeAndChangeTheContent) {
+  const NetworkDefaults defaults;
+  const auto linux_doc =
+      BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1",
+                    {v1::NETWORK_DATAPATH_LINUX_BRIDGE, "gpuaasbr0"}, defaults, Slots());
+  const auto ovs_doc = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1",
+                                     {v1::NETWORK_DATAPATH_OVS, "ovsbr0"}, defaults, Slots());
+  EXPECT_EQ(ovs_doc.datapath(), v1::NETWORK_DATAPATH_OVS);
+  EXPECT_EQ(ovs_doc.bridge(), "ovsbr0");
+  EXPECT_FALSE(SameContent(linux_doc, ovs_doc)) << "a datapath change is a new version";
+  const auto renamed = BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1",
+                                     {v1::NETWORK_DATAPATH_OVS, "br-slice"}, defaults, Slots());
+  EXPECT_EQ(renamed.bridge(), "br-slice");
+  EXPECT_FALSE(SameContent(ovs_doc, renamed)) << "so is a bridge rename";
+  // A datapath without a bridge takes that datapath's configured bridge.
+  EXPECT_EQ(BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", {v1::NETWORK_DATAPATH_OVS, ""},
+                          defaults, Slots())
+                .bridge(),
+            "ovsbr0");
+  // Configured for OVS: an unresolved node gets OVS and ipam.ovs_bridge.
+  NetworkDefaults ovs_config;
+  ovs_config.datapath = v1::NETWORK_DATAPATH_OVS;
+  ovs_config.ovs_bridge = "br0";
+  const auto from_config =
+      BuildDocument("gpu-01", "10.100.0.0/24", "10.100.0.1", {}, ovs_config, Slots());
+  EXPECT_EQ(from_config.datapath(), v1::NETWORK_DATAPATH_OVS);
+  EXPECT_EQ(from_config.bridge(), "br0");
+}
+
+TEST(DocumentTest, TheMostSpecificRuleThatSetsADatapathWins) {
+  NetworkDefaults d;
+  d.bridge = "lbr0";
+  d.ovs_bridge = "obr0";
+  using P = Datapath;
+  const P inherit{};
+  const P ovs{v1::NETWORK_DATAPATH_OVS, ""};
+  const P ovs_named{v1::NETWORK_DATAPATH_OVS, "br-pool"};
+  const P linux_named{v1::NETWORK_DATAPATH_LINUX_BRIDGE, "br-node"};
+  const P linux_plain{v1::NETWORK_DATAPATH_LINUX_BRIDGE, ""};
+  // No rule, or rules that all inherit: the configuration (never UNSPECIFIED).
+  EXPECT_EQ(ResolveDatapath({}, d), (P{v1::NETWORK_DATAPATH_LINUX_BRIDGE, "lbr0"}));
+  EXPECT_EQ(ResolveDatapath({inherit, inherit, inherit}, d),
+            (P{v1::NETWORK_DATAPATH_LINUX_BRIDGE, "lbr0"}));
+  // node, pool, region: the first that sets a datapath, with its bridge or the default.
+  EXPECT_EQ(ResolveDatapath({inherit, inherit, ovs}, d), (P{v1::NETWORK_DATAPATH_OVS, "obr0"}));
+  EXPECT_EQ(ResolveDatapath({inherit, ovs_named, linux_plain}, d), ovs_named);
+  EXPECT_EQ(ResolveDatapath({linux_named, ovs_named, ovs}, d), linux_named);
+  EXPECT_EQ(ResolveDatapath({linux_plain, ovs_named}, d),
+            (P{v1::NETWORK_DATAPATH_LINUX_BRIDGE, "lbr0"}))
+      << "the bridge comes from the rule that chose the datapath, not a less specific one";
+  d.datapath = v1::NETWORK_DATAPATH_OVS;
+  EXPECT_EQ(ResolveDatapath({inherit}, d), (P{v1::NETWORK_DATAPATH_OVS, "obr0"}));
+  EXPECT_EQ(DefaultBridge(v1::NETWORK_DATAPATH_LINUX_BRIDGE, d), "lbr0");
+}
+
+TEST(DocumentTest, BridgeNamesAreInterfaceNames) {
+  for (const char* ok : {"ovsbr0", "gpuaasbr0", "br-ex", "a", "br_0.100", "abcdefghijklmno"}) {
+    EXPECT_TRUE(ValidBridgeName(ok)) << ok;
+  }
+  for (const char* bad : {"", "abcdefghijklmnop", "br 0", "br/0", "br0;", "ovsbr0\n"}) {
+    EXPECT_FALSE(ValidBridgeName(bad)) << bad;
+  }
+  EXPECT_EQ(enums::Text(v1::NETWORK_DATAPATH_LINUX_BRIDGE), "linux-bridge");
+  EXPECT_EQ(enums::Text(v1::NETWORK_DATAPATH_OVS), "ovs");
+  EXPECT_EQ(enums::Parse<v1::NetworkDatapath>("ovs"), v1::NETWORK_DATAPATH_OVS);
+  EXPECT_FALSE(enums::Parse<v1::NetworkDatapath>("linux_bridge").has_value());
 }
 
 v1::LeaseObservation Obs(const std::string& slot, const std::string& mac, const std::string& ip,
@@ -311,11 +385,15 @@ TEST(IpamConfigTest, EveryProblemIsReportedAtOnce) {
   cfg.default_subnet = "10.100.0.0/28";
   cfg.reserved_cidrs = "192.168.0.0/16, 10.100.0.0/16";
   cfg.bridge = "a-bridge-name-too-long";
+  cfg.ovs_bridge = "ovs br";
+  cfg.datapath = "linux_bridge";
   auto v = cfg.Validate();
   ASSERT_FALSE(v.ok());
   EXPECT_EQ(v.error().reason, "invalid_config");
   EXPECT_TRUE(v.error().details.count("ipam.default_subnet"));
   EXPECT_TRUE(v.error().details.count("ipam.bridge"));
+  EXPECT_TRUE(v.error().details.count("ipam.ovs_bridge"));
+  EXPECT_TRUE(v.error().details.count("ipam.datapath"));
   cfg = LoadConfig<IpamConfig>({{"GPUAAS_POSTGRES_DSN", "x"}});
   cfg.default_subnet = "10.100.0.7/24";
   cfg.reserved_cidrs = "nonsense";
@@ -323,6 +401,26 @@ TEST(IpamConfigTest, EveryProblemIsReportedAtOnce) {
   ASSERT_FALSE(v.ok());
   EXPECT_TRUE(v.error().details.count("ipam.default_subnet"));
   EXPECT_TRUE(v.error().details.count("ipam.reserved_cidrs"));
+}
+
+TEST(IpamConfigTest, DatapathIsTheLinuxBridgeUnlessConfigured) {
+  auto cfg = LoadConfig<IpamConfig>({{"GPUAAS_POSTGRES_DSN", "x"}});
+  EXPECT_EQ(cfg.datapath, "linux-bridge");
+  EXPECT_EQ(cfg.Network().datapath, v1::NETWORK_DATAPATH_LINUX_BRIDGE);
+  EXPECT_EQ(cfg.Network().bridge, "gpuaasbr0");
+  EXPECT_EQ(cfg.Network().ovs_bridge, "ovsbr0");
+  auto ovs =
+      LoadConfig<IpamConfig>({{"GPUAAS_POSTGRES_DSN", "x"}, {"GPUAAS_IPAM_DATAPATH", "ovs"}});
+  EXPECT_TRUE(ovs.Validate().ok());
+  EXPECT_EQ(ovs.Network().datapath, v1::NETWORK_DATAPATH_OVS);
+  // An unknown text is refused when the file is read, naming the valid ones.
+  IpamConfig bad;
+  config::Schema schema;
+  bad.Register(schema);
+  auto r =
+      schema.LoadFromString("ipam:\n  datapath: openvswitch\n", {{"GPUAAS_POSTGRES_DSN", "x"}});
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(r.error().details.count("ipam.datapath")) << r.error().ToString();
 }
 
 }  // namespace

@@ -160,13 +160,17 @@ class IpamTest : public ::testing::Test {
   Result<v1::SetSubnetResponse> SetSubnet(const std::string& region, const std::string& pool,
                                           const std::string& node, const std::string& subnet,
                                           const std::vector<std::string>& hosts = {},
-                                          const std::string& gateway = "") {
+                                          const std::string& gateway = "",
+                                          v1::NetworkDatapath datapath = {},
+                                          const std::string& bridge = "") {
     v1::SetSubnetRequest req;
     req.set_region(region);
     req.set_pool(pool);
     req.set_node_id(node);
     req.set_subnet(subnet);
     req.set_gateway(gateway);
+    req.set_datapath(datapath);
+    req.set_bridge(bridge);
     for (const auto& h : hosts) req.add_host_cidrs(h);
     return Call<v1::SetSubnetResponse>("gpuaas.v1.ipam.subnet.set", req);
   }
@@ -523,6 +527,100 @@ TEST_F(IpamTest, SubnetRulesApplyByScopeAndBadInputIsStructured) {
   EXPECT_EQ(wider->document_version(), 2);
 }
 
+TEST_F(IpamTest, DatapathComesFromTheRulesAndANodeRuleMovesTheNodeAtOnce) {
+  constexpr auto kOvs = v1::NETWORK_DATAPATH_OVS;
+  constexpr auto kLinux = v1::NETWORK_DATAPATH_LINUX_BRIDGE;
+  // The default: a Linux bridge named by ipam.bridge.
+  ASSERT_TRUE(Reserve("gpu-01", "s0").ok());
+  auto first = Network("gpu-01");
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(first->document().version(), 1);
+  EXPECT_EQ(first->document().datapath(), kLinux);
+  EXPECT_EQ(first->document().bridge(), "gpuaasbr0");
+
+  // A node rule choosing OVS applies at once: a new version with OVS and ipam.ovs_bridge.
+  auto ovs = SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", kOvs);
+  ASSERT_TRUE(ovs.ok()) << ovs.error().ToString();
+  EXPECT_TRUE(ovs->changed());
+  EXPECT_EQ(ovs->rule().datapath(), kOvs);
+  EXPECT_EQ(ovs->rule().bridge(), "") << "the rule inherits the bridge name";
+  EXPECT_EQ(ovs->document_version(), 2);
+  auto v2 = Network("gpu-01");
+  ASSERT_TRUE(v2.ok());
+  EXPECT_EQ(v2->document().version(), 2);
+  EXPECT_EQ(v2->document().datapath(), kOvs);
+  EXPECT_EQ(v2->document().bridge(), "ovsbr0");
+  ASSERT_EQ(v2->document().reservations_size(), 1);
+  EXPECT_EQ(v2->document().reservations(0).network_id(), "") << "never set by ipam";
+  auto again = SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", kOvs);
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->changed());
+  EXPECT_EQ(again->document_version(), 2) << "same datapath, no new version";
+  auto named = SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", kOvs, "br-slice");
+  ASSERT_TRUE(named.ok()) << named.error().ToString();
+  EXPECT_TRUE(named->changed());
+  EXPECT_EQ(named->document_version(), 3);
+  EXPECT_EQ(Network("gpu-01")->document().bridge(), "br-slice");
+
+  // Refused, with the reason and the field.
+  auto expect_invalid = [&](const Result<v1::SetSubnetResponse>& r, const std::string& reason,
+                            const std::string& field) {
+    ASSERT_FALSE(r.ok()) << reason;
+    EXPECT_EQ(r.error().code, Code::kInvalidArgument) << r.error().ToString();
+    EXPECT_EQ(r.error().reason, reason) << r.error().ToString();
+    EXPECT_TRUE(r.error().details.count(field)) << r.error().ToString();
+  };
+  expect_invalid(SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", kOvs, "ovs bridge!"),
+                 "invalid_bridge", "bridge");
+  expect_invalid(SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", kOvs, "a-name-of-16-chr"),
+                 "invalid_bridge", "bridge");
+  expect_invalid(SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", {}, "ovsbr0"),
+                 "invalid_bridge", "bridge");
+  expect_invalid(
+      SetSubnet("", "", "gpu-01", "10.100.0.0/24", {}, "", static_cast<v1::NetworkDatapath>(7)),
+      "datapath_invalid", "datapath");
+  EXPECT_EQ(Network("gpu-01")->document().version(), 3) << "a refused rule changes nothing";
+
+  // Region and pool rules apply at a node's first reservation; the pool's is more specific.
+  auto region = SetSubnet("us-east-1", "", "", "10.20.0.0/24", {}, "", kOvs);
+  ASSERT_TRUE(region.ok()) << region.error().ToString();
+  EXPECT_EQ(region->document_version(), 0);
+  auto pool = SetSubnet("us-east-1", "h200", "", "10.30.0.0/24", {}, "", kLinux, "br-pool");
+  ASSERT_TRUE(pool.ok()) << pool.error().ToString();
+  // A node rule that sets only a subnet inherits the datapath of its region.
+  ASSERT_TRUE(SetSubnet("", "", "gpu-04", "10.40.0.0/24").ok());
+  ASSERT_TRUE(Reserve("gpu-02", "s0", "us-east-1", "other").ok());
+  ASSERT_TRUE(Reserve("gpu-03", "s0", "us-east-1", "h200").ok());
+  ASSERT_TRUE(Reserve("gpu-04", "s0", "us-east-1", "other").ok());
+  ASSERT_TRUE(Reserve("gpu-05", "s0", "eu-west-1").ok());
+  const auto datapath_of = [&](const std::string& node) {
+    auto d = Network(node);
+    EXPECT_TRUE(d.ok());
+    return std::make_pair(d->document().datapath(), d->document().bridge());
+  };
+  EXPECT_EQ(datapath_of("gpu-02"), std::make_pair(kOvs, std::string("ovsbr0")));
+  EXPECT_EQ(datapath_of("gpu-03"), std::make_pair(kLinux, std::string("br-pool")));
+  EXPECT_EQ(datapath_of("gpu-04"), std::make_pair(kOvs, std::string("ovsbr0")));
+  EXPECT_EQ(Network("gpu-04")->document().subnet(), "10.40.0.0/24");
+  EXPECT_EQ(datapath_of("gpu-05"), std::make_pair(kLinux, std::string("gpuaasbr0")));
+  // A region rule changed later leaves nodes that have reservations as they are.
+  ASSERT_TRUE(SetSubnet("us-east-1", "", "", "10.20.0.0/24", {}, "", kLinux).ok());
+  EXPECT_EQ(datapath_of("gpu-02"), std::make_pair(kOvs, std::string("ovsbr0")));
+  EXPECT_EQ(Network("gpu-02")->document().version(), 1);
+  // A node rule that stops choosing moves the node back to what it inherits, at once.
+  auto inherit = SetSubnet("", "", "gpu-01", "10.100.0.0/24");
+  ASSERT_TRUE(inherit.ok()) << inherit.error().ToString();
+  EXPECT_EQ(inherit->document_version(), 4);
+  EXPECT_EQ(datapath_of("gpu-01"), std::make_pair(kLinux, std::string("gpuaasbr0")));
+
+  // Configured for OVS: a node no rule chooses for gets OVS and ipam.ovs_bridge.
+  Restart({{"GPUAAS_IPAM_DATAPATH", "ovs"}, {"GPUAAS_IPAM_OVS_BRIDGE", "br-ovs"}});
+  ASSERT_TRUE(Reserve("gpu-06", "s0").ok());
+  EXPECT_EQ(datapath_of("gpu-06"), std::make_pair(kOvs, std::string("br-ovs")));
+  EXPECT_EQ(datapath_of("gpu-05"), std::make_pair(kLinux, std::string("gpuaasbr0")))
+      << "a node keeps the datapath it got with its first reservation";
+}
+
 TEST_F(IpamTest, NetworkDocumentIsVersionedAndAppliedOnlyOnAck) {
   auto none = Network("gpu-01");
   ASSERT_TRUE(none.ok());
@@ -533,6 +631,7 @@ TEST_F(IpamTest, NetworkDocumentIsVersionedAndAppliedOnlyOnAck) {
   ASSERT_TRUE(v1.ok());
   EXPECT_EQ(v1->document().version(), 1);
   EXPECT_EQ(v1->document().bridge(), "gpuaasbr0");
+  EXPECT_EQ(v1->document().datapath(), gpuaas::v1::NETWORK_DATAPATH_LINUX_BRIDGE);
   EXPECT_EQ(v1->document().subnet(), "10.100.0.0/24");
   EXPECT_EQ(v1->document().gateway(), "10.100.0.1");
   EXPECT_TRUE(v1->document().nat().masquerade());

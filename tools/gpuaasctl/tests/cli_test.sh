@@ -57,7 +57,7 @@ declare -A ARGS=(
   ['ipam leases']='--node n1'
   ['ipam drift']='--node n1 --all'
   ['ipam network']='--node n1'
-  ['ipam subnet']='--region r --subnet 10.100.0.0/24'
+  ['ipam subnet']='--region r --subnet 10.100.0.0/24 --datapath ovs --bridge ovsbr0'
   ['ipam release']='--node n1 --slot s1'
   ['ipam reprovision']='--node n1 --slot s1'
   ['ipam orphans']='--remove --node n1'
@@ -132,6 +132,9 @@ case $CASE in
     expect_rc 2 ingress expose --alloc a --name ssh --port 22 --protocol sctp
     expect_rc 2 ingress expose --alloc a --port 22  # the name is required
     expect_rc 2 ingress exposures --state gone
+    if expect_rc 2 ipam subnet --node n1 --subnet 10.100.0.0/24 --datapath linux_bridge; then
+      [[ $ERR == *linux-bridge* ]] || fail "--datapath linux_bridge does not name the valid ones: $ERR"
+    fi
     if expect_rc 0 --help; then
       [[ $OUT == *"Exit codes:"* ]] || fail "--help names no exit codes"
     fi
@@ -176,6 +179,8 @@ case $CASE in
     check public_ip ingress pool set --kind ''
     check udp ingress expose --protocol ''
     check applying ingress exposures --state ''
+    check linux-bridge ipam subnet --datapath ''
+    check ovs ipam subnet --datapath o
     # The script knows every command the parser does (walked from the same tree).
     for path in "${!ARGS[@]}"; do
       parent=${path% *}
