@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstring>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <set>
@@ -22,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "net_host.hpp"
+#include "ovs.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -114,7 +116,7 @@ struct Plan {
   std::string subnet_s;  // canonical "10.100.0.0/24"
   std::string gateway_cidr;
   std::vector<NetReservation> res;  // lowercased MACs, sorted by IP
-  std::string conf, hosts, leases, pid, log, lock;
+  std::string conf, hosts, leases, pid, log, lock, flows;
   std::string nat_tag, fwd_chain;
 };
 
@@ -254,6 +256,7 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   p.pid = dir + "/dnsmasq.pid";
   p.log = dir + "/dnsmasq.log";
   p.lock = dir + "/.lock";
+  p.flows = dir + "/ovs-flows";
   p.nat_tag = "gpuaas-nat-" + spec.bridge;
   p.fwd_chain = "GPUAAS-FWD-" + spec.bridge;  // <= 26 chars, iptables allows 28
   return p;
@@ -488,7 +491,9 @@ Args Cat(Args a, const Args& b) {
 
 struct BridgeState {
   bool exists = false;
-  bool is_bridge = false;
+  bool is_bridge = false;  // a Linux bridge
+  std::string kind;        // ip's info_kind: "bridge", "openvswitch" (OVS kernel datapath's
+                           // internal port), "tun" (userspace datapath's), ...
   bool up = false;
   bool has_gateway = false;
 };
@@ -504,7 +509,8 @@ Result<BridgeState> ProbeBridge(const NetHost& h, const NetworkSpec& spec, const
   }
   b.exists = true;
   const auto& l = j[0];
-  b.is_bridge = l.contains("linkinfo") && l["linkinfo"].value("info_kind", "") == "bridge";
+  b.kind = l.contains("linkinfo") ? l["linkinfo"].value("info_kind", "") : "";
+  b.is_bridge = b.kind == "bridge";
   if (l.contains("flags") && l["flags"].is_array()) {
     for (const auto& f : l["flags"]) {
       if (f.is_string() && f.get<std::string>() == "UP") b.up = true;
@@ -705,6 +711,199 @@ Result<bool> ChainComplete(const NetHost& h, const std::string& table, const std
   return true;
 }
 
+// ---------------------------------------------------------------- conflicts, taps, OVS
+
+// Interfaces other than the bridge that carry the gateway address (any prefix): another bridge
+// already serving the slice subnet.
+Result<std::vector<std::string>> GatewayOwners(const NetHost& h, const NetworkSpec& spec,
+                                               const Plan& p) {
+  auto r = h.Must("ip", {"-j", "-4", "addr", "show"});
+  if (!r.ok()) return r.error();
+  std::vector<std::string> out;
+  auto j = nlohmann::json::parse(r->out, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) return out;
+  const std::string gw = Ipv4String(p.gateway);
+  for (const auto& link : j) {
+    const std::string name = link.value("ifname", "");
+    if (name == spec.bridge || !link.contains("addr_info")) continue;
+    for (const auto& ai : link["addr_info"]) {
+      if (ai.value("local", "") == gw) out.push_back(name);
+    }
+  }
+  return out;
+}
+
+Error GatewayConflict(const NetworkSpec& spec, const Plan& p,
+                      const std::vector<std::string>& owners) {
+  Error e = Error::FailedPrecondition(
+      "gateway_conflict", fmt::format("the gateway {} is already on {} (not {}): another bridge "
+                                      "serves the slice subnet; move it or change ipam's rule",
+                                      Ipv4String(p.gateway), Join(owners), spec.bridge));
+  e.details["owners"] = Join(owners);
+  return e;
+}
+
+// libvirt names a guest's tap by the guest MAC with fe: first ("fe:54:00:ab:cd:ef").
+std::string TapMac(const std::string& guest_mac) { return "fe" + guest_mac.substr(2); }
+
+struct Tap {
+  std::string name, master, slot_key, mac;
+};
+
+// The taps of the reservations' guests, with the Linux master they hang on ("" for none; OVS
+// ports of the kernel datapath show "ovs-system").
+Result<std::vector<Tap>> ProbeTaps(const NetHost& h, const NetworkSpec& spec, const Plan& p) {
+  auto r = h.Must("ip", {"-j", "link", "show"});
+  if (!r.ok()) return r.error();
+  std::map<std::string, const NetReservation*> by_tap_mac;
+  for (const auto& res : p.res) by_tap_mac[TapMac(res.mac)] = &res;
+  std::vector<Tap> out;
+  auto j = nlohmann::json::parse(r->out, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) return out;
+  for (const auto& link : j) {
+    auto it = by_tap_mac.find(Lower(link.value("address", "")));
+    // A Linux bridge takes its only port's MAC: the bridge is no tap.
+    if (it == by_tap_mac.end() || link.value("ifname", "") == spec.bridge) continue;
+    out.push_back({link.value("ifname", ""), link.value("master", ""), it->second->slot_key,
+                   it->second->mac});
+  }
+  return out;
+}
+
+struct OvsState {
+  OvsBridge bridge;
+  std::vector<OvsInterface> ifaces;
+  OvsFlowTable flows;
+};
+
+Result<OvsState> ProbeOvs(const Ovs& ovs, const std::string& bridge) {
+  OvsState s;
+  auto b = ovs.Bridge(bridge);
+  if (!b.ok()) return b.error();
+  s.bridge = *b;
+  auto ifaces = ovs.Interfaces();
+  if (!ifaces.ok()) return ifaces.error();
+  s.ifaces = std::move(*ifaces);
+  if (s.bridge.exists) {
+    auto flows = ovs.Flows(bridge);
+    if (!flows.ok()) return flows.error();
+    s.flows = std::move(*flows);
+    // OVS's own default flow on a bridge not yet in fail_mode=secure (which removes it).
+    if (s.bridge.fail_mode != "secure") {
+      std::erase(s.flows.foreign, std::string("cookie=0x0, priority=0 actions=NORMAL"));
+    }
+  }
+  return s;
+}
+
+Error ForeignFlows(const NetworkSpec& spec, const std::vector<std::string>& flows) {
+  Error e = Error::FailedPrecondition(
+      "foreign_flows", fmt::format("{} has {} OpenFlow rule(s) the platform did not install; they "
+                                   "could bridge slices: remove them (ovs-ofctl del-flows) or "
+                                   "give the platform another bridge",
+                                   spec.bridge, flows.size()));
+  e.details["flows"] = Join(flows, "; ");
+  return e;
+}
+
+// Taps not on the bridge, as "<slot_key>" -> tap.
+std::map<std::string, Tap> DetachedTaps(const NetworkSpec& spec, const std::vector<Tap>& taps,
+                                        const std::vector<OvsInterface>& ifaces) {
+  std::map<std::string, Tap> out;
+  for (const auto& t : taps) {
+    bool on = false;
+    if (spec.datapath == Datapath::kOvs) {
+      for (const auto& i : ifaces) on = on || (i.name == t.name && i.bridge == spec.bridge);
+    } else {
+      on = t.master == spec.bridge;
+    }
+    if (!on) out[t.slot_key.empty() ? t.mac : t.slot_key] = t;
+  }
+  return out;
+}
+
+// The OVS interfaces of the reservations on the bridge, in the datapath (ofport > 0).
+std::vector<std::pair<const OvsInterface*, const NetReservation*>> OvsVnics(
+    const NetworkSpec& spec, const Plan& p, const std::vector<OvsInterface>& ifaces) {
+  std::map<std::string, const NetReservation*> by_mac;
+  for (const auto& r : p.res) by_mac[r.mac] = &r;
+  std::vector<std::pair<const OvsInterface*, const NetReservation*>> out;
+  for (const auto& i : ifaces) {
+    auto it = by_mac.find(i.attached_mac);
+    if (it == by_mac.end() || i.bridge != spec.bridge || i.ofport <= 0) continue;
+    out.emplace_back(&i, it->second);
+  }
+  return out;
+}
+
+bool VnicConfigured(const NetworkSpec& spec, const OvsInterface& i, const NetReservation& r) {
+  return i.ingress_rate_kbps == spec.vnic_ingress_kbps &&
+         i.ingress_burst_kb == spec.vnic_ingress_burst_kb && i.slot == r.slot_key;
+}
+
+// A vNIC port is no IP interface of the host. With the userspace datapath the host's own stack
+// also receives the port's frames (OVS reads them off a socket; the kernel keeps its copy), so
+// without these the host would answer a slice's ARP for the gateway with the port's MAC and
+// route the slice's packets from the port itself, past the bridge's FORWARD rules.
+const std::vector<std::pair<std::string, std::string>> kVnicSysctls = {{"arp_ignore", "8"},
+                                                                       {"forwarding", "0"}};
+
+// Ports whose sysctls are not kVnicSysctls ("" when all are).
+Result<std::set<std::string>> VnicSysctlsOff(const NetHost& h,
+                                             const std::vector<std::string>& ports) {
+  std::set<std::string> off;
+  if (ports.empty()) return off;
+  Args keys{"-n"};
+  for (const auto& port : ports) {
+    for (const auto& [k, v] : kVnicSysctls) keys.push_back("net/ipv4/conf/" + port + "/" + k);
+  }
+  auto r = h.Run("sysctl", keys);
+  if (!r.ok()) return r.error();
+  const auto values = SplitLines(r->out);
+  size_t at = 0;
+  for (const auto& port : ports) {
+    for (const auto& [k, v] : kVnicSysctls) {
+      if (at >= values.size() || Trim(values[at]) != v) off.insert(port);
+      ++at;
+    }
+  }
+  return off;
+}
+
+std::vector<std::string> WantFlows(
+    const NetworkSpec& spec,
+    const std::vector<std::pair<const OvsInterface*, const NetReservation*>>& vnics) {
+  std::vector<OvsVnic> v;
+  for (const auto& [i, r] : vnics) v.push_back({i->ofport, r->mac});
+  auto want = DesiredOvsFlows(spec.isolate_ports, v);
+  std::sort(want.begin(), want.end());
+  return want;
+}
+
+// gpuaas-*.conf files of the host's dnsmasq that hold nothing but dhcp-host reservations.
+std::vector<std::string> StaleDnsmasqFiles(const std::string& dir) {
+  std::vector<std::string> out;
+  if (dir.empty()) return out;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_regular_file() || !StartsWith(name, "gpuaas-") || name.size() < 12 ||
+        name.substr(name.size() - 5) != ".conf") {
+      continue;
+    }
+    bool only_hosts = true, any = false;
+    for (const auto& raw : SplitLines(ReadWhole(entry.path().string()).value_or(""))) {
+      const std::string line = Trim(raw);
+      if (line.empty() || line[0] == '#') continue;
+      any = true;
+      if (!StartsWith(line, "dhcp-host=")) only_hosts = false;
+    }
+    if (any && only_hosts) out.push_back(name);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 size_t LogSize(const Plan& p) {
   struct stat st {};
   return ::stat(p.log.c_str(), &st) == 0 ? static_cast<size_t>(st.st_size) : 0;
@@ -738,7 +937,19 @@ Error CannotReadHosts(const Plan& p) {
 Result<int> StartDnsmasq(const NetHost& h, const Plan& p) {
   ::unlink(p.pid.c_str());
   const size_t offset = LogSize(p);
-  if (auto r = h.Must("dnsmasq", {"--conf-file=" + p.conf}); !r.ok()) return r.error();
+  if (auto r = h.Run("dnsmasq", {"--conf-file=" + p.conf}); !r.ok()) {
+    return r.error();
+  } else if (r->exit_code != 0) {
+    if (r->err.find("Address already in use") != std::string::npos) {
+      Error e = Error::FailedPrecondition(
+          "dhcp_server_conflict",
+          "another DHCP server already listens on this host (" + Trim(r->err) +
+              "): stop the host's own dnsmasq for the slice subnet; the agent's is the one "
+              "that serves ipam's reservations");
+      return e;
+    }
+    return NetHost::Failed("dnsmasq --conf-file=" + p.conf, *r);
+  }
   // dnsmasq writes its pid file once it is up; the launcher returns as it daemonises.
   auto deadline = Clock::now() + std::chrono::seconds(3);
   for (;;) {
@@ -805,6 +1016,11 @@ std::vector<std::string> ApplyReport::Changes() const {
   Note(out, added_forward_rules, "added_forward_rules");
   Note(out, removed_stale_rules, "removed_stale_rules");
   Note(out, !isolation_changed_ports.empty(), "changed_port_isolation");
+  Note(out, adopted_bridge, "adopted_bridge");
+  Note(out, !reattached_vnics.empty(), "reattached_vnics");
+  Note(out, !configured_vnics.empty(), "configured_vnics");
+  Note(out, replaced_flows, "replaced_flows");
+  Note(out, !removed_stale_dnsmasq_files.empty(), "removed_stale_dnsmasq_files");
   Note(out, wrote_dnsmasq_config, "wrote_dnsmasq_config");
   Note(out, !added_reservations.empty(), "added_reservations");
   Note(out, !changed_reservations.empty(), "changed_reservations");
@@ -827,7 +1043,12 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   const Plan& p = *plan;
   NetHost h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
-  for (const char* tool : {"ip", "iptables", "bridge", "sysctl", "dnsmasq"}) {
+  const std::vector<std::string> tools =
+      spec.datapath == Datapath::kOvs
+          ? std::vector<std::string>{"ip",      "iptables",  "sysctl",
+                                     "dnsmasq", "ovs-vsctl", "ovs-ofctl"}
+          : std::vector<std::string>{"ip", "iptables", "bridge", "sysctl", "dnsmasq"};
+  for (const auto& tool : tools) {
     if (auto t = h.Tool(tool); !t.ok()) return t.error();
   }
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
@@ -839,20 +1060,77 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   ApplyReport rep;
   rep.version = spec.version;
 
-  // 1. Bridge with the gateway address, up.
+  // 1. Bridge with the gateway address, up. Conflicts are refused before anything changes.
+  const bool ovs_dp = spec.datapath == Datapath::kOvs;
+  const Ovs ovs(h, ctx.ovs_rundir);
+  auto owners = GatewayOwners(h, spec, p);
+  if (!owners.ok()) return owners.error();
+  if (!owners->empty()) return GatewayConflict(spec, p, *owners);
   auto br = ProbeBridge(h, spec, p);
   if (!br.ok()) return br.error();
-  if (br->exists && !br->is_bridge) {
-    return Error::FailedPrecondition("bridge_name_conflict",
-                                     spec.bridge + " exists and is not a bridge");
-  }
-  if (!br->exists) {
-    if (auto r = h.Must("ip", {"link", "add", spec.bridge, "type", "bridge", "stp_state", "0",
-                               "forward_delay", "0"});
-        !r.ok()) {
-      return WithApplied(r.error(), rep);
+  if (ovs_dp) {
+    if (br->is_bridge) {
+      return Error::FailedPrecondition(
+          "bridge_name_conflict", spec.bridge + " exists as a Linux bridge, not an OVS bridge");
     }
-    rep.created_bridge = true;
+    auto st = ProbeOvs(ovs, spec.bridge);
+    if (!st.ok()) return st.error();
+    if (br->exists && !st->bridge.exists) {
+      return Error::FailedPrecondition("bridge_name_conflict",
+                                       spec.bridge + " exists and is not an OVS bridge");
+    }
+    if (!st->flows.foreign.empty()) return ForeignFlows(spec, st->flows.foreign);
+    if (!st->bridge.exists) {
+      Args add{"--may-exist",
+               "add-br",
+               spec.bridge,
+               "--",
+               "set",
+               "bridge",
+               spec.bridge,
+               "fail_mode=secure",
+               "external_ids:gpuaas-managed=true"};
+      if (!ctx.ovs_datapath_type.empty()) add.push_back("datapath_type=" + ctx.ovs_datapath_type);
+      if (auto r = ovs.Vsctl(add); !r.ok()) return WithApplied(r.error(), rep);
+      rep.created_bridge = true;
+    } else if (st->bridge.fail_mode != "secure" || !st->bridge.managed) {
+      // A runbook host's ovsbr0: ours from now on; its datapath and ports stay as they are.
+      if (auto r = ovs.Vsctl({"set", "bridge", spec.bridge, "fail_mode=secure",
+                              "external_ids:gpuaas-managed=true"});
+          !r.ok()) {
+        return WithApplied(r.error(), rep);
+      }
+      rep.adopted_bridge = true;
+    }
+    if (rep.created_bridge) {
+      // ovs-vswitchd creates the internal port a moment after the database says so.
+      const auto deadline = Clock::now() + std::chrono::seconds(5);
+      for (;;) {
+        br = ProbeBridge(h, spec, p);
+        if (!br.ok()) return WithApplied(br.error(), rep);
+        if (br->exists || Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      if (!br->exists) {
+        return WithApplied(
+            Error::Unavailable("bridge_not_created", "ovs-vswitchd did not create " + spec.bridge +
+                                                         "'s internal port (is it running?)"),
+            rep);
+      }
+    }
+  } else {
+    if (br->exists && !br->is_bridge) {
+      return Error::FailedPrecondition("bridge_name_conflict",
+                                       spec.bridge + " exists and is not a bridge");
+    }
+    if (!br->exists) {
+      if (auto r = h.Must("ip", {"link", "add", spec.bridge, "type", "bridge", "stp_state", "0",
+                                 "forward_delay", "0"});
+          !r.ok()) {
+        return WithApplied(r.error(), rep);
+      }
+      rep.created_bridge = true;
+    }
   }
   if (!br->has_gateway) {
     if (auto r = h.Must("ip", {"addr", "add", p.gateway_cidr, "dev", spec.bridge}); !r.ok()) {
@@ -888,17 +1166,110 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   rep.added_forward_rules = fwd->added;
   rep.removed_stale_rules = nat->rebuilt || fwd->rebuilt;
 
-  // 4. Port isolation on every port of the bridge.
-  auto ports = ProbePorts(h, spec);
-  if (!ports.ok()) return WithApplied(ports.error(), rep);
-  for (const auto& [port, isolated] : *ports) {
-    if (isolated == spec.isolate_ports) continue;
-    if (auto r = h.Must(
-            "bridge", {"link", "set", "dev", port, "isolated", spec.isolate_ports ? "on" : "off"});
-        !r.ok()) {
-      return WithApplied(r.error(), rep);
+  // 4. The slice vNICs: every reserved guest's tap on the bridge; then, on a Linux bridge,
+  // every port isolated; on OVS, every vNIC policed and tagged, and exactly our flows.
+  auto taps = ProbeTaps(h, spec, p);
+  if (!taps.ok()) return WithApplied(taps.error(), rep);
+  std::vector<OvsInterface> ifaces;
+  if (ovs_dp) {
+    auto listed = ovs.Interfaces();
+    if (!listed.ok()) return WithApplied(listed.error(), rep);
+    ifaces = std::move(*listed);
+  }
+  for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ifaces)) {
+    Result<ToolResult> r = ToolResult{};
+    if (!ovs_dp) {
+      r = h.Must("ip", {"link", "set", "dev", tap.name, "master", spec.bridge});
+    } else {
+      if (!tap.master.empty() && tap.master != "ovs-system") {
+        r = h.Must("ip", {"link", "set", "dev", tap.name, "nomaster"});
+      }
+      // --if-exists del-port: off another OVS bridge in the same transaction.
+      if (r.ok()) {
+        r = ovs.Vsctl({"--if-exists", "del-port", tap.name, "--", "add-port", spec.bridge, tap.name,
+                       "--", "set", "interface", tap.name, "external_ids:attached-mac=" + tap.mac});
+      }
     }
-    rep.isolation_changed_ports.push_back(port);
+    if (!r.ok()) return WithApplied(r.error(), rep);
+    rep.reattached_vnics.push_back(tap.name);
+  }
+  if (ovs_dp) {
+    if (!rep.reattached_vnics.empty()) {
+      // Re-read: the re-added ports get their OpenFlow port numbers from ovs-vswitchd.
+      const auto deadline = Clock::now() + std::chrono::seconds(3);
+      for (;;) {
+        auto listed = ovs.Interfaces();
+        if (!listed.ok()) return WithApplied(listed.error(), rep);
+        ifaces = std::move(*listed);
+        bool numbered = true;
+        for (const auto& i : ifaces) {
+          for (const auto& n : rep.reattached_vnics)
+            numbered = numbered && (i.name != n || i.ofport > 0);
+        }
+        if (numbered || Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    const auto vnics = OvsVnics(spec, p, ifaces);
+    std::vector<std::string> names;
+    for (const auto& [i, r] : vnics) names.push_back(i->name);
+    auto sys_off = VnicSysctlsOff(h, names);
+    if (!sys_off.ok()) return WithApplied(sys_off.error(), rep);
+    for (const auto& [i, r] : vnics) {
+      const bool db_ok = VnicConfigured(spec, *i, *r);
+      if (db_ok && !sys_off->count(i->name)) continue;
+      if (sys_off->count(i->name)) {
+        Args set{"-q", "-w"};
+        for (const auto& [k, v] : kVnicSysctls) {
+          set.push_back("net/ipv4/conf/" + i->name + "/" + k + "=" + v);
+        }
+        if (auto w = h.Must("sysctl", set); !w.ok()) return WithApplied(w.error(), rep);
+      }
+      rep.configured_vnics.push_back(i->name);
+      if (db_ok) continue;
+      if (auto set =
+              ovs.Vsctl({"set", "interface", i->name,
+                         fmt::format("ingress_policing_rate={}", spec.vnic_ingress_kbps),
+                         fmt::format("ingress_policing_burst={}", spec.vnic_ingress_burst_kb),
+                         "external_ids:gpuaas-slot=" + r->slot_key});
+          !set.ok()) {
+        return WithApplied(set.error(), rep);
+      }
+    }
+    auto flows = ovs.Flows(spec.bridge);
+    if (!flows.ok()) return WithApplied(flows.error(), rep);
+    if (!flows->foreign.empty()) return WithApplied(ForeignFlows(spec, flows->foreign), rep);
+    const auto want = WantFlows(spec, vnics);
+    if (flows->ours != want) {
+      if (auto r = ovs.ReplaceOurFlows(spec.bridge, want, p.flows); !r.ok()) {
+        return WithApplied(r.error(), rep);
+      }
+      rep.replaced_flows = true;
+    }
+  } else {
+    auto ports = ProbePorts(h, spec);
+    if (!ports.ok()) return WithApplied(ports.error(), rep);
+    for (const auto& [port, isolated] : *ports) {
+      if (isolated == spec.isolate_ports) continue;
+      if (auto r = h.Must("bridge", {"link", "set", "dev", port, "isolated",
+                                     spec.isolate_ports ? "on" : "off"});
+          !r.ok()) {
+        return WithApplied(r.error(), rep);
+      }
+      rep.isolation_changed_ports.push_back(port);
+    }
+  }
+
+  // The seed incident: reservation files an earlier manual run left for the host's dnsmasq.
+  for (const auto& name : StaleDnsmasqFiles(ctx.host_dnsmasq_dir)) {
+    const std::string aside = spec.state_dir + "/stale-dnsmasq";
+    ::mkdir(aside.c_str(), 0755);
+    if (::rename((ctx.host_dnsmasq_dir + "/" + name).c_str(), (aside + "/" + name).c_str()) != 0) {
+      return WithApplied(Error::Internal("state_write_failed", ctx.host_dnsmasq_dir + "/" + name +
+                                                                   ": " + std::strerror(errno)),
+                         rep);
+    }
+    rep.removed_stale_dnsmasq_files.push_back(name);
   }
 
   // 5. dnsmasq files: the hosts file holds exactly the reservations.
@@ -1014,18 +1385,34 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   NetCheck c;
   auto block = [&](const char* b) { c.blockers.emplace_back(b); };
 
+  const bool ovs_dp = spec.datapath == Datapath::kOvs;
+  const Ovs ovs(h, ctx.ovs_rundir);
   auto br = ProbeBridge(h, spec, p);
   if (!br.ok()) return br.error();
-  const bool bridge_ok = br->exists && br->is_bridge;
-  c.evidence["bridge"] = !br->exists      ? "absent"
-                         : !br->is_bridge ? "not_a_bridge"
-                         : br->up         ? "up"
-                                          : "down";
+  OvsState ovs_state;
+  if (ovs_dp) {
+    auto st = ProbeOvs(ovs, spec.bridge);
+    if (!st.ok()) return st.error();
+    ovs_state = std::move(*st);
+  }
+  const bool bridge_ok =
+      br->exists && (ovs_dp ? ovs_state.bridge.exists && !br->is_bridge : br->is_bridge);
+  c.evidence["datapath"] = ovs_dp ? "ovs" : "linux-bridge";
+  c.evidence["bridge"] = !br->exists  ? "absent"
+                         : !bridge_ok ? (ovs_dp ? "not_an_ovs_bridge" : "not_a_bridge")
+                         : br->up     ? "up"
+                                      : "down";
   if (!bridge_ok) {
     block("bridge_missing");
   } else {
     if (!br->up) block("bridge_down");
     if (!br->has_gateway) block("gateway_address_missing");
+  }
+  auto owners = GatewayOwners(h, spec, p);
+  if (!owners.ok()) return owners.error();
+  if (!owners->empty()) {
+    c.evidence["gateway_owners"] = Join(*owners);
+    block("gateway_conflict");
   }
 
   if (spec.ip_forward) {
@@ -1044,7 +1431,8 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   if (!fwd_ok.ok()) return fwd_ok.error();
   if (!*fwd_ok) block("forward_rules_missing");
 
-  if (bridge_ok) {
+  std::vector<std::string> slot_drift;
+  if (bridge_ok && !ovs_dp) {
     auto ports = ProbePorts(h, spec);
     if (!ports.ok()) return ports.error();
     std::vector<std::string> ev;
@@ -1056,12 +1444,52 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     c.evidence["ports"] = Join(ev);
     if (open) block("ports_not_isolated");
   }
+  if (bridge_ok && ovs_dp) {
+    std::vector<std::string> ev;
+    for (const auto& i : ovs_state.ifaces) {
+      if (i.bridge != spec.bridge || i.name == spec.bridge) continue;
+      ev.push_back(
+          fmt::format("{}:{}:{}", i.name, i.ofport, i.attached_mac.empty() ? "-" : i.attached_mac));
+    }
+    c.evidence["ports"] = Join(ev);
+    c.evidence["fail_mode"] = ovs_state.bridge.fail_mode;
+    c.evidence["datapath_type"] = ovs_state.bridge.datapath_type;
+    if (!ovs_state.flows.foreign.empty()) {
+      c.evidence["foreign_flows"] = Join(ovs_state.flows.foreign, "; ");
+      block("foreign_flows");
+    }
+    const auto vnics = OvsVnics(spec, p, ovs_state.ifaces);
+    if (ovs_state.bridge.fail_mode != "secure" || ovs_state.flows.ours != WantFlows(spec, vnics)) {
+      block("flows_stale");
+    }
+    std::vector<std::string> names;
+    for (const auto& [i, r] : vnics) names.push_back(i->name);
+    auto sys_off = VnicSysctlsOff(h, names);
+    if (!sys_off.ok()) return sys_off.error();
+    for (const auto& [i, r] : vnics) {
+      if (!VnicConfigured(spec, *i, *r)) slot_drift.push_back("qos_missing:" + r->slot_key);
+      if (sys_off->count(i->name)) slot_drift.push_back("vnic_host_stack_open:" + r->slot_key);
+    }
+  }
+  if (bridge_ok) {
+    auto taps = ProbeTaps(h, spec, p);
+    if (!taps.ok()) return taps.error();
+    for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ovs_state.ifaces)) {
+      slot_drift.push_back("vnic_detached:" + slot);
+    }
+  }
 
   auto pid = RunningDnsmasq(p);
   c.evidence["dnsmasq_pid"] = pid ? std::to_string(*pid) : "";
   if (!pid) block("dnsmasq_not_running");
   if (ReadWhole(p.conf) != RenderConf(p, spec)) block("dnsmasq_config_stale");
   if (ReadWhole(p.hosts) != RenderHosts(p.res)) block("reservations_stale");
+  if (auto stale = StaleDnsmasqFiles(ctx.host_dnsmasq_dir); !stale.empty()) {
+    c.evidence["stale_dnsmasq_files"] = Join(stale);
+    block("stale_dnsmasq_files");
+  }
+  std::sort(slot_drift.begin(), slot_drift.end());
+  c.blockers.insert(c.blockers.end(), slot_drift.begin(), slot_drift.end());
   return c;
 }
 
@@ -1209,12 +1637,20 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
       if (auto r = Ipt(h, "filter", {"-F", p.fwd_chain}, true); !r.ok()) keep(r.error());
       if (auto r = Ipt(h, "filter", {"-X", p.fwd_chain}, true); !r.ok()) keep(r.error());
     }
-    auto link = h.Run("ip", {"link", "show", "dev", spec.bridge});
-    if (link.ok() && link->exit_code == 0) {
-      if (auto r = h.Must("ip", {"link", "del", spec.bridge}); !r.ok()) keep(r.error());
+    if (spec.datapath == Datapath::kOvs) {
+      if (auto r = Ovs(h, ctx.ovs_rundir).Vsctl({"--if-exists", "del-br", spec.bridge}); !r.ok()) {
+        keep(r.error());
+      }
+    } else {
+      auto link = h.Run("ip", {"link", "show", "dev", spec.bridge});
+      if (link.ok() && link->exit_code == 0) {
+        if (auto r = h.Must("ip", {"link", "del", spec.bridge}); !r.ok()) keep(r.error());
+      }
     }
   }
-  for (const auto& f : {p.conf, p.hosts, p.leases, p.pid, p.log, p.lock}) ::unlink(f.c_str());
+  for (const auto& f : {p.conf, p.hosts, p.leases, p.pid, p.log, p.lock, p.flows}) {
+    ::unlink(f.c_str());
+  }
   ::rmdir(spec.state_dir.c_str());
   if (first) return *first;
   return Ok();

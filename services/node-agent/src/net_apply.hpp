@@ -1,8 +1,27 @@
 #pragma once
 // Slice networking on a node (private-nat mode): the control plane (ipam) owns every slice VM's
-// MAC/IP/hostname; this applies exactly that and reports what really happened.
+// MAC/IP/hostname; this applies exactly that and reports what really happened. Two datapaths:
 //
-//   bridge <bridge> with <gateway_cidr>, up         ip link / ip addr
+//   linux-bridge: bridge <bridge> with <gateway_cidr>, up (ip link / ip addr); slices apart by
+//                 bridge port isolation
+//   ovs:          Open vSwitch bridge <bridge> (ovs-vsctl --may-exist add-br, fail_mode=secure,
+//                 external_ids:gpuaas-managed=true), its internal port with <gateway_cidr>, up;
+//                 one port per slice vNIC (the one whose external_ids:attached-mac is the slot's
+//                 MAC, as libvirt's <virtualport type='openvswitch'/> sets it) tagged
+//                 external_ids:gpuaas-slot and policed (ingress_policing_rate/_burst); slices
+//                 apart by OpenFlow rules with the platform's cookie (ovs.hpp: only the gateway
+//                 is reachable, with the vNIC's own MAC; everything else drops). An existing
+//                 bridge is adopted (fail_mode=secure, marked managed); a Linux bridge of that
+//                 name, the gateway address on another interface, or flows that are not ours
+//                 are refused (FAILED_PRECONDITION bridge_name_conflict, gateway_conflict,
+//                 foreign_flows), never worked around with a second bridge.
+// and on both:
+//   vNIC taps: a host interface whose MAC is the slot MAC with fe: first (libvirt's tap of that
+//              guest) that is not a port of <bridge> (hand-deleted, or on another bridge) is put
+//              back on <bridge>
+//   stale dnsmasq files: <host_dnsmasq_dir>/gpuaas-*.conf holding only dhcp-host lines (the
+//              seed runbook's leftover reservations from manual runs) are moved to
+//              <state_dir>/stale-dnsmasq/ so they never hand out an address ipam did not reserve
 //   net.ipv4.ip_forward=1                           sysctl (of the namespace it runs in)
 //   nat    POSTROUTING -s <subnet> ! -d <subnet> [-o egress] -m comment --comment
 //          gpuaas-nat-<bridge> -j MASQUERADE        (directly in POSTROUTING, where discovery's
@@ -36,8 +55,11 @@ struct NetReservation {
   std::string slot_key;  // carried into observations only
 };
 
+enum class Datapath { kLinuxBridge, kOvs };
+
 struct NetworkSpec {
-  std::string bridge;        // Linux bridge name (1-15 of [A-Za-z0-9_.-])
+  Datapath datapath = Datapath::kLinuxBridge;
+  std::string bridge;        // bridge name (1-15 of [A-Za-z0-9_.-])
   std::string gateway_cidr;  // "10.100.0.1/24": the bridge's address; same prefix as subnet
   std::string subnet_cidr;   // "10.100.0.0/24"
   std::vector<NetReservation> reservations;
@@ -46,6 +68,9 @@ struct NetworkSpec {
   bool isolate_ports = true;
   std::string egress_iface;  // "" = any interface but the bridge
   std::string state_dir;     // absolute; dnsmasq conf, hosts file, lease file, pid live here
+  // OVS: every slice vNIC's ingress policing (the runtime profile's); 0 = no policing.
+  int64_t vnic_ingress_kbps = 0;
+  int64_t vnic_ingress_burst_kb = 0;
   int64_t version = 0;
 };
 
@@ -59,6 +84,14 @@ struct NetContext {
   // RemoveReservation releases leases with dhcp_release (dnsmasq-utils) when this is set and
   // the tool exists; otherwise it stops dnsmasq, edits the lease file and starts it again.
   bool use_dhcp_release = true;
+  // Open vSwitch: the directory of ovsdb-server's db.sock and ovs-vswitchd's <bridge>.mgmt
+  // ("" = the system's), and the datapath_type of a bridge the agent creates ("" = the kernel
+  // datapath; "netdev" = userspace, no kernel module). An adopted bridge keeps its own.
+  std::string ovs_rundir;
+  std::string ovs_datapath_type;
+  // Where the host's own dnsmasq reads extra config ("" = do not look): stale gpuaas-*.conf
+  // reservation files there are moved aside.
+  std::string host_dnsmasq_dir;
   NetRunFn run;
 };
 
@@ -72,6 +105,11 @@ struct ApplyReport {
   bool added_forward_rules = false;  // a FORWARD rule or its jump was (re)added
   bool removed_stale_rules = false;  // tagged NAT rules / FORWARD chain rules the spec lacks
   std::vector<std::string> isolation_changed_ports;  // ports whose isolated flag was flipped
+  bool adopted_bridge = false;  // OVS: an existing bridge switched to fail_mode=secure, marked ours
+  bool replaced_flows = false;  // OVS: our flows did not match the spec and were replaced
+  std::vector<std::string> configured_vnics;  // OVS ports whose QoS or slot tag was (re)set
+  std::vector<std::string> reattached_vnics;  // taps put (back) on the bridge
+  std::vector<std::string> removed_stale_dnsmasq_files;  // moved to <state_dir>/stale-dnsmasq/
   bool wrote_dnsmasq_config = false;
   std::vector<std::string> added_reservations;    // MACs
   std::vector<std::string> changed_reservations;  // MACs whose IP or hostname changed
@@ -121,9 +159,13 @@ Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec,
 
 struct NetCheck {
   // Stable strings, in this order: bridge_missing, bridge_down, gateway_address_missing,
-  // ip_forward_off, masquerade_missing, forward_rules_missing, ports_not_isolated,
-  // dnsmasq_not_running, dnsmasq_config_stale, reservations_stale. Any is a hard blocker for
-  // private-nat slots (missing NAT leaks 10.100.x.x sources to the uplink).
+  // gateway_conflict, ip_forward_off, masquerade_missing, forward_rules_missing,
+  // ports_not_isolated (linux-bridge), foreign_flows, flows_stale (ovs), dnsmasq_not_running,
+  // dnsmasq_config_stale, reservations_stale, stale_dnsmasq_files. Any is a hard blocker for
+  // private-nat slots (missing NAT leaks 10.100.x.x sources to the uplink). Then one per
+  // drifted slice vNIC, "<kind>:<slot_key>", kind vnic_detached (its tap is on no bridge or
+  // another one), qos_missing or vnic_host_stack_open (ovs: the port still answers ARP or
+  // forwards in the host stack): the slot's drift, not the node's.
   std::vector<std::string> blockers;
   std::map<std::string, std::string> evidence;  // ip_forward, dnsmasq_pid, ports, ...
   bool ok() const { return blockers.empty(); }

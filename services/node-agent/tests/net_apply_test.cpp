@@ -267,14 +267,48 @@ bool Alive(int pid) {
   return rp != std::string::npos && rp + 2 < stat.size() && stat[rp + 2] != 'Z';
 }
 
-class NetApplyTest : public ::testing::Test {
+// Every test runs on both datapaths: a Linux bridge, and Open vSwitch with the userspace
+// datapath (ovsdb-server and ovs-vswitchd started in the test's host namespace, state in a temp
+// dir), with the same expectations wherever a user sees the same thing.
+class NetApplyTest : public ::testing::TestWithParam<Datapath> {
  protected:
   void SetUp() override {
     if (auto why = lab_.Open("t"); !why.empty()) GTEST_SKIP() << why;
     host_ns_ = lab_.host();
     spec_ = BaseSpec(dir_.path() + "/net");
     ctx_.netns = host_ns_;
+    if (Ovs()) {
+      const std::string rundir = dir_.path() + "/ovs";
+      ASSERT_EQ(::mkdir(rundir.c_str(), 0755), 0);
+      auto why = lab_.StartOvs(rundir);
+      ASSERT_EQ(why, "") << "Open vSwitch is part of scripts/install-deps";
+      spec_.datapath = Datapath::kOvs;
+      spec_.bridge = "ovsbr0";
+      spec_.vnic_ingress_kbps = 200000;
+      spec_.vnic_ingress_burst_kb = 20000;
+      ctx_.ovs_rundir = rundir;
+      ctx_.ovs_datapath_type = "netdev";
+    }
     t0_ = std::chrono::steady_clock::now();
+  }
+  bool Ovs() const { return GetParam() == Datapath::kOvs; }
+  // What attaching new VM ports makes the next apply change: their isolation (Linux bridge), or
+  // their QoS/slot tag and the flows that admit them (OVS).
+  std::vector<std::string> PortChanges() const {
+    return Ovs() ? std::vector<std::string>{"configured_vnics", "replaced_flows"}
+                 : std::vector<std::string>{"changed_port_isolation"};
+  }
+  std::string Fwd() const { return "GPUAAS-FWD-" + spec_.bridge; }
+  // The slot's VM came back with another MAC (libvirt would give its new tap the new MAC).
+  void NewGuestMac(const std::string& vm, const std::string& port, const std::string& mac,
+                   const NetworkSpec& spec) {
+    Ip(vm, {"link", "set", "eth0", "address", mac});
+    Ip(host_ns_, {"link", "set", port, "address", "fe" + std::string(mac).substr(2)});
+    if (Ovs()) {
+      ASSERT_EQ(
+          lab_.Vsctl({"set", "interface", port, "external_ids:attached-mac=" + mac}).exit_code, 0);
+      MustApply(spec);
+    }
   }
 
   void TearDown() override {
@@ -339,7 +373,7 @@ class NetApplyTest : public ::testing::Test {
   std::chrono::steady_clock::time_point t0_;
 };
 
-TEST_F(NetApplyTest, ReservedMacGetsItsIpUnknownMacGetsNothing) {
+TEST_P(NetApplyTest, ReservedMacGetsItsIpUnknownMacGetsNothing) {
   auto first = MustApply(spec_);
   EXPECT_TRUE(first.created_bridge);
   EXPECT_TRUE(first.added_gateway_address);
@@ -353,8 +387,12 @@ TEST_F(NetApplyTest, ReservedMacGetsItsIpUnknownMacGetsNothing) {
   auto stranger = AddVm("vm2", kStranger, "vnet2");
   // New ports get isolated by the next apply, and that is all it changes.
   auto ports = MustApply(spec_);
-  EXPECT_THAT(ports.isolation_changed_ports, ElementsAre("vnet1", "vnet2"));
-  EXPECT_THAT(ports.Changes(), ElementsAre("changed_port_isolation"));
+  if (Ovs()) {
+    EXPECT_THAT(ports.configured_vnics, ElementsAre("vnet1"));  // the stranger is no slice
+  } else {
+    EXPECT_THAT(ports.isolation_changed_ports, ElementsAre("vnet1", "vnet2"));
+  }
+  EXPECT_EQ(ports.Changes(), PortChanges());
 
   EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
   EXPECT_EQ(Dhcp(stranger, 2), std::nullopt);
@@ -368,7 +406,7 @@ TEST_F(NetApplyTest, ReservedMacGetsItsIpUnknownMacGetsNothing) {
   EXPECT_THAT(Blockers(), IsEmpty());
 }
 
-TEST_F(NetApplyTest, SecondApplyChangesNothingAndStaleReservationsGo) {
+TEST_P(NetApplyTest, SecondApplyChangesNothingAndStaleReservationsGo) {
   auto first = MustApply(spec_);
   auto again = MustApply(spec_);
   EXPECT_THAT(again.Changes(), IsEmpty());
@@ -384,7 +422,11 @@ TEST_F(NetApplyTest, SecondApplyChangesNothingAndStaleReservationsGo) {
   smaller.version = 2;
   auto removed = MustApply(smaller);
   EXPECT_THAT(removed.removed_reservations, ElementsAre(kMac2));
-  EXPECT_THAT(removed.Changes(), ElementsAre("removed_reservations", "reloaded_dnsmasq"));
+  // On OVS vm2's port is no slice's any more: the flows that admitted it go.
+  const std::vector<std::string> removed_changes =
+      Ovs() ? std::vector<std::string>{"replaced_flows", "removed_reservations", "reloaded_dnsmasq"}
+            : std::vector<std::string>{"removed_reservations", "reloaded_dnsmasq"};
+  EXPECT_EQ(removed.Changes(), removed_changes);
   EXPECT_EQ(removed.dnsmasq_pid, first.dnsmasq_pid);
   EXPECT_EQ(Hosts(),
             "# Managed by gpuaas-node-agent: exactly the control plane's reservations.\n"
@@ -406,7 +448,7 @@ TEST_F(NetApplyTest, SecondApplyChangesNothingAndStaleReservationsGo) {
   spec_ = moved;
 }
 
-TEST_F(NetApplyTest, TamperedLeaseShowsAsMismatch) {
+TEST_P(NetApplyTest, TamperedLeaseShowsAsMismatch) {
   MustApply(spec_);
   auto vm1 = AddVm("vm1", kMac1, "vnet1");
   MustApply(spec_);
@@ -433,7 +475,7 @@ TEST_F(NetApplyTest, TamperedLeaseShowsAsMismatch) {
   EXPECT_EQ((*obs)[2].actual_ip, "10.100.0.77");
 }
 
-TEST_F(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
+TEST_P(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
   MustApply(spec_);
   // An "uplink" to a namespace that only knows 192.0.2.0/24: a slice reaches it only when its
   // source is masqueraded (the reply to 10.100.0.10 has no route there).
@@ -456,12 +498,13 @@ TEST_F(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
   auto postrouting = InNs(host_ns_, {"iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING"});
   EXPECT_THAT(postrouting.out,
               ::testing::HasSubstr("-A POSTROUTING -s 10.100.0.0/24 ! -d 10.100.0.0/24 -m comment "
-                                   "--comment gpuaas-nat-gpuaasbr0 -j MASQUERADE"));
+                                   "--comment gpuaas-nat-" +
+                                   spec_.bridge + " -j MASQUERADE"));
 
   // The runbook incident: the rule is gone while bridge, dnsmasq and forwarding look healthy.
   ASSERT_EQ(InNs(host_ns_, {"iptables", "-w", "5", "-t", "nat", "-D", "POSTROUTING", "-s",
                             "10.100.0.0/24", "!", "-d", "10.100.0.0/24", "-m", "comment",
-                            "--comment", "gpuaas-nat-gpuaasbr0", "-j", "MASQUERADE"})
+                            "--comment", "gpuaas-nat-" + spec_.bridge, "-j", "MASQUERADE"})
                 .exit_code,
             0);
   EXPECT_THAT(Blockers(), ElementsAre("masquerade_missing"));
@@ -473,11 +516,11 @@ TEST_F(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
   EXPECT_TRUE(Ping(vm1, "192.0.2.2"));
 
   // A tagged rule for a subnet the spec no longer has is stale: removed, ours kept.
-  ASSERT_EQ(
-      InNs(host_ns_, {"iptables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-s", "10.99.0.0/24",
-                      "-m", "comment", "--comment", "gpuaas-nat-gpuaasbr0", "-j", "MASQUERADE"})
-          .exit_code,
-      0);
+  ASSERT_EQ(InNs(host_ns_,
+                 {"iptables", "-w", "5", "-t", "nat", "-A", "POSTROUTING", "-s", "10.99.0.0/24",
+                  "-m", "comment", "--comment", "gpuaas-nat-" + spec_.bridge, "-j", "MASQUERADE"})
+                .exit_code,
+            0);
   EXPECT_THAT(MustApply(spec_).Changes(), ElementsAre("removed_stale_rules"));
   postrouting = InNs(host_ns_, {"iptables", "-w", "5", "-t", "nat", "-S", "POSTROUTING"});
   EXPECT_THAT(postrouting.out, Not(::testing::HasSubstr("10.99.0.0/24")));
@@ -485,7 +528,7 @@ TEST_F(NetApplyTest, MissingMasqueradeIsABlockerAndApplyRepairsIt) {
   EXPECT_TRUE(Ping(vm1, "192.0.2.2"));
 }
 
-TEST_F(NetApplyTest, CheckNetworkNamesEachBlockerAndApplyRepairsThem) {
+TEST_P(NetApplyTest, CheckNetworkNamesEachBlockerAndApplyRepairsThem) {
   auto first = MustApply(spec_);
   auto check = CheckNetwork(spec_, ctx_);
   ASSERT_TRUE(check.ok());
@@ -494,39 +537,48 @@ TEST_F(NetApplyTest, CheckNetworkNamesEachBlockerAndApplyRepairsThem) {
   EXPECT_EQ(check->evidence.at("dnsmasq_pid"), std::to_string(first.dnsmasq_pid));
 
   ASSERT_EQ(InNs(host_ns_, {"sysctl", "-qw", "net.ipv4.ip_forward=0"}).exit_code, 0);
-  ASSERT_EQ(InNs(host_ns_, {"iptables", "-w", "5", "-D", "FORWARD", "-j", "GPUAAS-FWD-gpuaasbr0"})
-                .exit_code,
-            0);
+  ASSERT_EQ(InNs(host_ns_, {"iptables", "-w", "5", "-D", "FORWARD", "-j", Fwd()}).exit_code, 0);
   Ip(host_ns_, {"link", "add", "vstray", "type", "veth", "peer", "name", "vstrayp"});
-  Ip(host_ns_, {"link", "set", "vstray", "master", spec_.bridge});
+  if (Ovs()) {
+    // A stray port is harmless on OVS (nothing admits it); a flow of ours deleted by hand is not.
+    ASSERT_EQ(lab_.Vsctl({"add-port", spec_.bridge, "vstray"}).exit_code, 0);
+    ASSERT_EQ(lab_.Ofctl({"--strict", "del-flows"}, spec_.bridge, {"priority=0"}).exit_code, 0);
+  } else {
+    Ip(host_ns_, {"link", "set", "vstray", "master", spec_.bridge});
+  }
   ::kill(first.dnsmasq_pid, SIGTERM);
   for (int i = 0; i < 300 && Alive(first.dnsmasq_pid); ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   Spit(spec_.state_dir + "/dhcp-hosts", Hosts() + "52:54:00:a0:00:09,10.100.0.99,leftover\n");
 
-  EXPECT_THAT(Blockers(),
-              ElementsAre("ip_forward_off", "forward_rules_missing", "ports_not_isolated",
-                          "dnsmasq_not_running", "reservations_stale"));
+  EXPECT_THAT(Blockers(), ElementsAre("ip_forward_off", "forward_rules_missing",
+                                      Ovs() ? "flows_stale" : "ports_not_isolated",
+                                      "dnsmasq_not_running", "reservations_stale"));
   auto repair = MustApply(spec_);
-  EXPECT_THAT(repair.Changes(),
-              ElementsAre("enabled_ip_forward", "added_forward_rules", "changed_port_isolation",
-                          "removed_reservations", "started_dnsmasq"));
+  EXPECT_THAT(repair.Changes(), ElementsAre("enabled_ip_forward", "added_forward_rules",
+                                            Ovs() ? "replaced_flows" : "changed_port_isolation",
+                                            "removed_reservations", "started_dnsmasq"));
   EXPECT_THAT(repair.removed_reservations, ElementsAre("52:54:00:a0:00:09"));
   EXPECT_THAT(Blockers(), IsEmpty());
 
   // A bridge deleted under a running dnsmasq: re-created, and dnsmasq restarted to bind it.
-  Ip(host_ns_, {"link", "del", spec_.bridge});
+  if (Ovs()) {
+    ASSERT_EQ(lab_.Vsctl({"del-br", spec_.bridge}).exit_code, 0);
+  } else {
+    Ip(host_ns_, {"link", "del", spec_.bridge});
+  }
   EXPECT_THAT(Blockers(), ElementsAre("bridge_missing"));
   auto again = MustApply(spec_);
   EXPECT_TRUE(again.created_bridge);
   EXPECT_TRUE(again.restarted_dnsmasq);
   EXPECT_THAT(Blockers(), IsEmpty());
   auto vm1 = AddVm("vm1", kMac1, "vnet1");
+  MustApply(spec_);
   EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
 }
 
-TEST_F(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
+TEST_P(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
   MustApply(spec_);
   auto vm1 = AddVm("vm1", kMac1, "vnet1");
   auto vm2 = AddVm("vm2", kMac2, "vnet2");
@@ -539,8 +591,9 @@ TEST_F(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
 
   EXPECT_TRUE(Ping(vm1, "10.100.0.1"));
   EXPECT_TRUE(Ping(vm2, "10.100.0.1"));
-  // L2: isolated ports never forward to each other, not even ARP (which no iptables rule sees,
-  // with or without br_netfilter), so vm1 never learns vm2's MAC.
+  // L2: isolated ports (or, on OVS, flows that admit only gateway traffic) never forward to each
+  // other, not even ARP (which no iptables rule sees, with or without br_netfilter), so vm1
+  // never learns vm2's MAC.
   EXPECT_FALSE(Ping(vm1, "10.100.0.11"));
   EXPECT_THAT(InNs(vm1, {"ip", "neigh", "show", "10.100.0.11"}).out,
               Not(::testing::HasSubstr("lladdr")));
@@ -548,8 +601,7 @@ TEST_F(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
   Ip(vm1, {"route", "add", "10.100.0.11/32", "via", "10.100.0.1"});
   Ip(vm2, {"route", "add", "10.100.0.10/32", "via", "10.100.0.1"});
   EXPECT_FALSE(Ping(vm1, "10.100.0.11"));
-  auto counters =
-      InNs(host_ns_, {"iptables", "-w", "5", "-v", "-n", "-x", "-L", "GPUAAS-FWD-gpuaasbr0"});
+  auto counters = InNs(host_ns_, {"iptables", "-w", "5", "-v", "-n", "-x", "-L", Fwd()});
   bool dropped = false;
   for (const auto& line : SplitLines(counters.out)) {
     auto f = SplitWs(line);
@@ -561,7 +613,11 @@ TEST_F(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
   auto open = spec_;
   open.isolate_ports = false;
   auto opened = MustApply(open);
-  EXPECT_THAT(opened.isolation_changed_ports, ElementsAre("vnet1", "vnet2"));
+  if (Ovs()) {
+    EXPECT_TRUE(opened.replaced_flows);
+  } else {
+    EXPECT_THAT(opened.isolation_changed_ports, ElementsAre("vnet1", "vnet2"));
+  }
   EXPECT_TRUE(opened.removed_stale_rules);
   Ip(vm1, {"route", "del", "10.100.0.11/32"});
   Ip(vm2, {"route", "del", "10.100.0.10/32"});
@@ -570,7 +626,7 @@ TEST_F(NetApplyTest, SlicesCannotReachEachOtherButReachTheGateway) {
   spec_ = open;
 }
 
-TEST_F(NetApplyTest, RemoveReservationLeavesNoHostsEntryNoLeaseAndTheSlotIsReusable) {
+TEST_P(NetApplyTest, RemoveReservationLeavesNoHostsEntryNoLeaseAndTheSlotIsReusable) {
   MustApply(spec_);
   auto vm1 = AddVm("vm1", kMac1, "vnet1");
   MustApply(spec_);
@@ -587,10 +643,12 @@ TEST_F(NetApplyTest, RemoveReservationLeavesNoHostsEntryNoLeaseAndTheSlotIsReusa
   EXPECT_THAT(Hosts(), ::testing::HasSubstr(kMac2));
   EXPECT_THAT(Leases(), Not(::testing::HasSubstr(kMac1)));
   EXPECT_THAT(Leases(), Not(::testing::HasSubstr("10.100.0.10 ")));
-  // The hosts file is what ApplyNetwork of the smaller spec writes: applying it changes nothing.
+  // The hosts file is what ApplyNetwork of the smaller spec writes: applying it changes nothing
+  // there (on OVS it drops the flows that admitted the released vNIC).
   auto smaller = spec_;
   smaller.reservations.erase(smaller.reservations.begin());
-  EXPECT_THAT(MustApply(smaller).Changes(), IsEmpty());
+  EXPECT_EQ(MustApply(smaller).Changes(),
+            Ovs() ? std::vector<std::string>{"replaced_flows"} : std::vector<std::string>{});
   auto obs = ObserveLeases(smaller);
   ASSERT_TRUE(obs.ok());
   EXPECT_EQ(obs->size(), 1u);  // slice-2 missing, nothing unexpected
@@ -602,12 +660,12 @@ TEST_F(NetApplyTest, RemoveReservationLeavesNoHostsEntryNoLeaseAndTheSlotIsReusa
   auto applied = MustApply(reuse);
   EXPECT_THAT(applied.added_reservations, ElementsAre(kMac3));
   EXPECT_THAT(applied.removed_reservations, IsEmpty());
-  Ip(vm1, {"link", "set", "eth0", "address", kMac3});
+  NewGuestMac(vm1, "vnet1", kMac3, reuse);
   EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
   spec_ = reuse;
 }
 
-TEST_F(NetApplyTest, RemoveReservationWithoutDhcpReleaseRestartsDnsmasq) {
+TEST_P(NetApplyTest, RemoveReservationWithoutDhcpReleaseRestartsDnsmasq) {
   auto first = MustApply(spec_);
   auto vm1 = AddVm("vm1", kMac1, "vnet1");
   MustApply(spec_);
@@ -628,12 +686,12 @@ TEST_F(NetApplyTest, RemoveReservationWithoutDhcpReleaseRestartsDnsmasq) {
   auto reuse = spec_;
   reuse.reservations[0] = {kMac3, "10.100.0.10", "slice-1b", "node-a/0"};
   MustApply(reuse);
-  Ip(vm1, {"link", "set", "eth0", "address", kMac3});
+  NewGuestMac(vm1, "vnet1", kMac3, reuse);
   EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
   spec_ = reuse;
 }
 
-TEST_F(NetApplyTest, StateDirDnsmasqCannotReadIsRefusedBeforeAnythingChanges) {
+TEST_P(NetApplyTest, StateDirDnsmasqCannotReadIsRefusedBeforeAnythingChanges) {
   // dnsmasq drops root before reading dhcp-hostsfile: a 0700 parent would leave it with no
   // reservations and only a log line, so ApplyNetwork refuses up front.
   const std::string locked = dir_.path() + "/locked";
@@ -646,6 +704,13 @@ TEST_F(NetApplyTest, StateDirDnsmasqCannotReadIsRefusedBeforeAnythingChanges) {
   EXPECT_EQ(r.error().details.at("path"), locked);
   EXPECT_THAT(Blockers(), ::testing::Contains("bridge_missing"));
 }
+
+INSTANTIATE_TEST_SUITE_P(Datapaths, NetApplyTest,
+                         ::testing::Values(Datapath::kLinuxBridge, Datapath::kOvs),
+                         [](const ::testing::TestParamInfo<Datapath>& p) {
+                           return p.param == Datapath::kOvs ? std::string("Ovs")
+                                                            : std::string("LinuxBridge");
+                         });
 
 }  // namespace
 }  // namespace gpuaas::node_agent

@@ -5,6 +5,7 @@
 // Everything it creates is deleted on destruction; traffic never leaves this machine.
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +54,17 @@ class NetnsLab {
   NetnsLab(const NetnsLab&) = delete;
   NetnsLab& operator=(const NetnsLab&) = delete;
   ~NetnsLab() {
+    for (const char* daemon : {"ovs-vswitchd", "ovsdb-server"}) {
+      if (ovs_rundir_.empty()) break;
+      std::ifstream f(ovs_rundir_ + "/" + daemon + ".pid");
+      int pid = 0;
+      if (f >> pid && pid > 1) {
+        ::kill(pid, SIGTERM);
+        for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+      }
+    }
     for (auto it = namespaces_.rbegin(); it != namespaces_.rend(); ++it) {
       (void)RunTool({Tool("ip"), "netns", "del", *it}, std::chrono::seconds(10));
     }
@@ -81,6 +94,48 @@ class NetnsLab {
     return "";
   }
   const std::string& host() const { return host_; }
+
+  // Open vSwitch for the host namespace, userspace datapath (no kernel module): ovsdb-server and
+  // ovs-vswitchd with their database, sockets and logs in `rundir` (so nothing of the machine's
+  // own OVS, if any, is used), stopped by PID on destruction. "" when it runs; else why not.
+  // After it, AddVm plugs VMs in as OVS ports the way libvirt does (external_ids:attached-mac).
+  std::string StartOvs(const std::string& rundir) {
+    if (auto why = Need({"ovsdb-tool", "ovsdb-server", "ovs-vswitchd", "ovs-vsctl", "ovs-ofctl"});
+        !why.empty()) {
+      return why;
+    }
+    const std::string schema = "/usr/share/openvswitch/vswitch.ovsschema";
+    for (const auto& args : std::vector<std::vector<std::string>>{
+             {"ovsdb-tool", "create", rundir + "/conf.db", schema},
+             {"env", "OVS_RUNDIR=" + rundir, "ovsdb-server", rundir + "/conf.db",
+              "--remote=punix:" + rundir + "/db.sock", "--pidfile=" + rundir + "/ovsdb-server.pid",
+              "--detach", "--log-file=" + rundir + "/ovsdb-server.log"}}) {
+      auto r = args[0] == "env" ? InNs(host_, args) : Run(args);
+      if (r.exit_code != 0) return fmt::format("{} failed: {}", args[0], r.err);
+    }
+    ovs_rundir_ = rundir;
+    if (auto r = Vsctl({"--no-wait", "init"}); r.exit_code != 0) return "ovs-vsctl init: " + r.err;
+    // ovs-vswitchd puts its <bridge>.mgmt sockets in OVS_RUNDIR.
+    auto r =
+        InNs(host_, {"env", "OVS_RUNDIR=" + rundir, "ovs-vswitchd", "unix:" + rundir + "/db.sock",
+                     "--pidfile=" + rundir + "/ovs-vswitchd.pid", "--detach",
+                     "--log-file=" + rundir + "/ovs-vswitchd.log"});
+    if (r.exit_code != 0) return "ovs-vswitchd failed: " + r.err;
+    return "";
+  }
+  ToolResult Vsctl(std::vector<std::string> args) {
+    args.insert(args.begin(),
+                {"ovs-vsctl", "--timeout=5", "--db=unix:" + ovs_rundir_ + "/db.sock"});
+    return Run(args);
+  }
+  // ovs-ofctl <command...> <bridge's mgmt socket> <args...>
+  ToolResult Ofctl(std::vector<std::string> command, const std::string& bridge,
+                   const std::vector<std::string>& args = {}) {
+    command.insert(command.begin(), "ovs-ofctl");
+    command.push_back("unix:" + ovs_rundir_ + "/" + bridge + ".mgmt");
+    command.insert(command.end(), args.begin(), args.end());
+    return Run(command);
+  }
   // "" when every tool is installed (then Run/InNs find them by name); otherwise which is not.
   std::string Need(const std::vector<std::string>& tools) {
     for (const auto& tool : tools) {
@@ -124,8 +179,9 @@ class NetnsLab {
     args.insert(args.begin(), {"ip", "netns", "exec", ns});
     return Run(args, timeout);
   }
-  // A "VM" namespace whose eth0 has `mac` and is a veth to `port` on `bridge` in the host ns.
-  // Returns the namespace, "" on failure.
+  // A "VM" namespace whose eth0 has `mac` and is a veth to `port` on `bridge` in the host ns;
+  // the host end carries the MAC libvirt gives a guest's tap (fe: first). Returns the
+  // namespace, "" on failure.
   std::string AddVm(const std::string& name, const std::string& mac, const std::string& port,
                     const std::string& bridge) {
     std::string ns = AddNamespace(name);
@@ -133,12 +189,17 @@ class NetnsLab {
     for (const auto& args : std::vector<std::vector<std::string>>{
              {"ip", "-n", host_, "link", "add", port, "type", "veth", "peer", "name", "eth0",
               "netns", ns},
-             {"ip", "-n", host_, "link", "set", port, "master", bridge, "up"},
+             {"ip", "-n", host_, "link", "set", port, "address", "fe" + mac.substr(2)},
+             {"ip", "-n", host_, "link", "set", port, "up"},
              {"ip", "-n", ns, "link", "set", "lo", "up"},
              {"ip", "-n", ns, "link", "set", "eth0", "address", mac, "up"}}) {
       if (Run(args).exit_code != 0) return "";
     }
-    return ns;
+    const auto plugged = ovs_rundir_.empty()
+                             ? Run({"ip", "-n", host_, "link", "set", port, "master", bridge})
+                             : Vsctl({"add-port", bridge, port, "--", "set", "interface", port,
+                                      "external_ids:attached-mac=" + mac});
+    return plugged.exit_code == 0 ? ns : "";
   }
   // busybox udhcpc in the VM: the leased IP, or nullopt when no server answered.
   std::optional<std::string> Dhcp(const std::string& ns, int tries = 3) {
@@ -158,7 +219,7 @@ class NetnsLab {
     return it == tools_.end() ? name : it->second;
   }
   std::map<std::string, std::string> tools_;
-  std::string prefix_, host_;
+  std::string prefix_, host_, ovs_rundir_;
   std::vector<std::string> namespaces_;
 };
 
