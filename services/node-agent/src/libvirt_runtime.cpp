@@ -1021,6 +1021,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     }
   }
   std::string bridge = opts_.domain.bridge;
+  bool bridge_is_ovs = opts_.domain.bridge_is_ovs;
   if (opts_.applied_bridge) {
     // The agent runs the slice network itself: the bridge of the document it applied.
     auto applied = opts_.applied_bridge();
@@ -1028,7 +1029,8 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
       return StageError(Code::kUnavailable, "network_not_applied",
                         "this node has not applied a slice network document yet", "validate");
     }
-    bridge = *applied;
+    bridge = applied->name;
+    bridge_is_ovs = applied->ovs;
   } else if (opts_.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
     return StageError(Code::kFailedPrecondition, "bridge_missing",
                       "slice bridge " + bridge + " does not exist on this host", "validate",
@@ -1105,6 +1107,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   // ---- define ----
   DomainXmlOptions xo = opts_.domain;
   xo.bridge = bridge;
+  xo.bridge_is_ovs = bridge_is_ovs;
   xo.seed_iso = *seed;
   // The console is relayed from a UNIX socket only (console_relay.hpp): no VNC port on TCP.
   if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;

@@ -58,7 +58,11 @@ struct LibvirtOptions {
   // Set when the agent applies the slice network itself (network.apply): the bridge of the
   // applied document, which VMs attach to instead of domain.bridge; nullopt while none is
   // applied (provision fails with network_not_applied, retryable).
-  std::function<std::optional<std::string>()> applied_bridge;
+  struct AppliedBridge {
+    std::string name;
+    bool ovs = false;  // an Open vSwitch bridge: the vNIC gets <virtualport type='openvswitch'/>
+  };
+  std::function<std::optional<AppliedBridge>()> applied_bridge;
   std::string lease_file = "/var/lib/gpuaas/net/dnsmasq.leases";
   std::chrono::milliseconds lease_timeout{std::chrono::minutes(5)};
   std::chrono::milliseconds ssh_timeout{std::chrono::minutes(2)};

@@ -118,6 +118,24 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("network.state_dir", &net_state_dir,
         "dnsmasq config, hosts and lease files of the slice network (\"\" = <node.state_dir>/net)",
         "");
+  s.Add("network.ovs_rundir", &net_ovs_rundir,
+        "Open vSwitch run directory (ovsdb-server's db.sock, ovs-vswitchd's <bridge>.mgmt); "
+        "\"\" = the system's",
+        "");
+  s.Add("network.ovs_datapath_type", &net_ovs_datapath_type,
+        "datapath_type of an OVS bridge the agent creates: \"\" (kernel) | netdev (userspace); "
+        "an adopted bridge keeps its own",
+        "", config::OneOf({"", "system", "netdev"}));
+  s.Add("network.host_dnsmasq_dir", &net_host_dnsmasq_dir,
+        "The host dnsmasq's config directory, where stale gpuaas-*.conf reservation files of "
+        "earlier manual runs are moved aside (\"\" = do not look)",
+        "/etc/dnsmasq.d");
+  s.Add("vm.vnic_ingress_kbps", &vm_vnic_ingress_kbps,
+        "Runtime profile: OVS ingress policing rate of each slice vNIC, kbit/s (0 = none)", 0,
+        config::Range(0, 1000000000));
+  s.Add("vm.vnic_ingress_burst_kb", &vm_vnic_ingress_burst_kb,
+        "Runtime profile: OVS ingress policing burst of each slice vNIC, kbit (0 = OVS default)", 0,
+        config::Range(0, 1000000000));
   s.Add("network.report_ms", &net_report_ms,
         "How often the applied network is checked (and repaired) and leases are reported", 5000,
         config::Range(50, 600000));
@@ -236,10 +254,11 @@ Result<void> NodeAgent::Start() {
     // The slice network (and so the VM's SSH port) lives where the agent applies it.
     lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
     if (cfg_.net_apply != "off") {
-      lo.applied_bridge = [this]() -> std::optional<std::string> {
+      lo.applied_bridge = [this]() -> std::optional<LibvirtOptions::AppliedBridge> {
         std::lock_guard lock(net_mu_);
         if (!net_->applied()) return std::nullopt;
-        return net_->applied()->bridge();
+        return LibvirtOptions::AppliedBridge{
+            net_->applied()->bridge(), net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS};
       };
       lo.network_cleanup = network_cleanup;
     }
@@ -422,6 +441,7 @@ DiscoveryOptions NodeAgent::Options() const {
   opts.network_mode = cfg_.network_mode;
   opts.bridge = cfg_.bridge;
   opts.gateway_cidr = cfg_.gateway_cidr;
+  if (!cfg_.net_ovs_rundir.empty()) opts.ovs_db = "unix:" + cfg_.net_ovs_rundir + "/db.sock";
   opts.libvirt_uri = cfg_.libvirt_uri;
   opts.profile.set_name(cfg_.vm_profile_name);
   opts.profile.set_vcpus_per_gpu(static_cast<int32_t>(cfg_.vm_vcpus_per_gpu));
@@ -671,15 +691,28 @@ NodeAgent::TaskRun NodeAgent::RunChecks(v1::ChecksOutput& out, bool prereq,
   return {};
 }
 
+NetContext NodeAgent::NetCtx() const {
+  NetContext ctx;
+  ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
+  ctx.ovs_rundir = cfg_.net_ovs_rundir;
+  ctx.ovs_datapath_type = cfg_.net_ovs_datapath_type;
+  ctx.host_dnsmasq_dir = cfg_.net_host_dnsmasq_dir;
+  return ctx;
+}
+
 namespace {
 
 std::string NetStateDir(const NodeAgentConfig& cfg) {
   return cfg.net_state_dir.empty() ? cfg.state_dir + "/net" : cfg.net_state_dir;
 }
 
-// ipam's document as the applier's spec.
-NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& state_dir) {
+// ipam's document as the applier's spec (the vNIC QoS is the host's runtime profile's).
+NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const NodeAgentConfig& cfg) {
   NetworkSpec spec;
+  spec.datapath =
+      doc.datapath() == v1::NETWORK_DATAPATH_OVS ? Datapath::kOvs : Datapath::kLinuxBridge;
+  spec.vnic_ingress_kbps = cfg.vm_vnic_ingress_kbps;
+  spec.vnic_ingress_burst_kb = cfg.vm_vnic_ingress_burst_kb;
   spec.bridge = doc.bridge();
   spec.subnet_cidr = doc.subnet();
   const auto slash = doc.subnet().find('/');
@@ -691,9 +724,25 @@ NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& stat
   spec.masquerade = doc.nat().masquerade();
   spec.ip_forward = doc.nat().ip_forward();
   spec.isolate_ports = doc.isolation().deny_cross_slice();
-  spec.state_dir = state_dir;
+  spec.state_dir = NetStateDir(cfg);
   spec.version = doc.version();
   return spec;
+}
+
+// The seed's VLAN/project networks have room in the document but no datapath here yet: a
+// document that uses them is refused rather than applied as if they were not there.
+Result<void> RefuseProjectNetworks(const v1::NodeNetworkDocument& doc) {
+  for (const auto& r : doc.reservations()) {
+    if (!r.network_id().empty() || !r.network_policy_id().empty() ||
+        !r.project_network_id().empty()) {
+      return Error::InvalidArgument("project_networks_unsupported",
+                                    "reservation " + r.slot_key() +
+                                        " names a project network; this agent applies only "
+                                        "the node's management network",
+                                    {{"slot_key", r.slot_key()}});
+    }
+  }
+  return Ok();
 }
 
 }  // namespace
@@ -701,9 +750,8 @@ NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const std::string& stat
 std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
   std::lock_guard lock(net_mu_);
   if (!net_->applied()) return "";  // no network applied yet: no DHCP state on this host
-  NetContext ctx;
-  ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
-  const NetworkSpec spec = SpecFrom(*net_->applied(), NetStateDir(cfg_));
+  const NetContext ctx = NetCtx();
+  const NetworkSpec spec = SpecFrom(*net_->applied(), cfg_);
   std::vector<std::string> problems;
   for (const auto& slot : params.slots()) {
     if (slot.mac().empty()) continue;
@@ -797,9 +845,8 @@ void NodeAgent::MakeFollowers() {
     desired_->Restore(std::move(kept));
   }
 
-  NetContext ctx;
-  ctx.netns = cfg_.net_apply == "netns" ? cfg_.net_netns : "";
-  const std::string state_dir = NetStateDir(cfg_);
+  const NetContext ctx = NetCtx();
+  const NodeAgentConfig& cfg = cfg_;
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
   DocumentFollower<v1::NodeNetworkDocument>::Hooks net;
   net.fetch = [this, timeout]() -> Result<v1::NodeNetworkDocument> {
@@ -811,8 +858,9 @@ void NodeAgent::MakeFollowers() {
     if (!doc.ok()) return doc.error();
     return doc->document();
   };
-  net.apply = [ctx, state_dir, log](const v1::NodeNetworkDocument& doc) -> Result<void> {
-    const NetworkSpec spec = SpecFrom(doc, state_dir);
+  net.apply = [ctx, cfg, log](const v1::NodeNetworkDocument& doc) -> Result<void> {
+    if (auto refused = RefuseProjectNetworks(doc); !refused.ok()) return refused.error();
+    const NetworkSpec spec = SpecFrom(doc, cfg);
     auto applied = ApplyNetwork(spec, ctx);
     if (!applied.ok()) {
       log.Error("network document not applied",
@@ -825,9 +873,9 @@ void NodeAgent::MakeFollowers() {
     return Ok();
   };
   // Check what is really there; repair what is missing (the runbook's silent MASQUERADE loss).
-  net.check = [ctx, state_dir,
+  net.check = [ctx, cfg,
                log](const v1::NodeNetworkDocument& doc) -> Result<std::vector<std::string>> {
-    const NetworkSpec spec = SpecFrom(doc, state_dir);
+    const NetworkSpec spec = SpecFrom(doc, cfg);
     std::vector<std::string> blockers;
     if (auto check = CheckNetwork(spec, ctx); !check.ok()) {
       blockers.emplace_back("network_check_failed");
@@ -895,7 +943,7 @@ void NodeAgent::ReconcileNetwork() {
   net_version_ = net_->acked_version();
   // Leases are reported after each check whose blockers ipam has.
   if (!net_->applied() || !round.checked || round.ack_error) return;
-  const NetworkSpec spec = SpecFrom(*net_->applied(), NetStateDir(cfg_));
+  const NetworkSpec spec = SpecFrom(*net_->applied(), cfg_);
   const bool applied_now = round.applied_now;
   const std::vector<std::string>& blockers = round.blockers;
   // Leases as dnsmasq has them, judged against the applied document.

@@ -105,6 +105,11 @@ struct NodeAgentConfig {
   int64_t exposure_cleanup_wait_ms = 120000;
   std::string net_netns;
   std::string net_state_dir;  // "" = <state_dir>/net
+  std::string net_ovs_rundir;
+  std::string net_ovs_datapath_type;
+  std::string net_host_dnsmasq_dir = "/etc/dnsmasq.d";
+  int64_t vm_vnic_ingress_kbps = 0;
+  int64_t vm_vnic_ingress_burst_kb = 0;
   int64_t net_report_ms = 5000;
   // The VM console relay (console_relay.hpp): console-gw's opens on
   // gpuaas.v1.node.<node_id>.console.open.
@@ -165,6 +170,7 @@ class NodeAgent {
   std::string CleanNetworkState(const v1::CleanupParams& params);
   Result<void> PublishTopology(const std::string& correlation_id, const log::Logger& log);
   DiscoveryOptions Options() const;
+  NetContext NetCtx() const;
   // An event about this node (entity = node id), with a new event id.
   v1::Event NodeEvent(const std::string& subject, const std::string& correlation_id,
                       const google::protobuf::Message& data) const;

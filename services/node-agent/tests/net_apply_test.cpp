@@ -705,6 +705,132 @@ TEST_P(NetApplyTest, StateDirDnsmasqCannotReadIsRefusedBeforeAnythingChanges) {
   EXPECT_THAT(Blockers(), ::testing::Contains("bridge_missing"));
 }
 
+TEST_P(NetApplyTest, AVnicTakenOffTheBridgeIsPutBack) {
+  MustApply(spec_);
+  auto vm1 = AddVm("vm1", kMac1, "vnet1");
+  MustApply(spec_);
+  ASSERT_EQ(Dhcp(vm1), "10.100.0.10");
+  if (Ovs()) {
+    ASSERT_EQ(lab_.Vsctl({"del-port", spec_.bridge, "vnet1"}).exit_code, 0);
+  } else {
+    Ip(host_ns_, {"link", "set", "vnet1", "nomaster"});
+  }
+  // The slot's drift, named by its slot key (on OVS its flows now name a port that is gone).
+  const std::vector<std::string> drift =
+      Ovs() ? std::vector<std::string>{"flows_stale", "vnic_detached:node-a/0"}
+            : std::vector<std::string>{"vnic_detached:node-a/0"};
+  EXPECT_EQ(Blockers(), drift);
+  auto repair = MustApply(spec_);
+  EXPECT_THAT(repair.reattached_vnics, ElementsAre("vnet1"));
+  EXPECT_THAT(Blockers(), IsEmpty());
+  EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
+}
+
+TEST_P(NetApplyTest, GatewayOnAnotherBridgeIsAConflictNotASecondBridge) {
+  Ip(host_ns_, {"link", "add", "oldbr", "type", "bridge"});
+  Ip(host_ns_, {"addr", "add", "10.100.0.1/24", "dev", "oldbr"});
+  auto r = ApplyNetwork(spec_, ctx_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().reason, "gateway_conflict");
+  EXPECT_EQ(r.error().details.at("owners"), "oldbr");
+  EXPECT_NE(Run({"ip", "-n", host_ns_, "link", "show", "dev", spec_.bridge}).exit_code, 0);
+  if (Ovs()) {
+    EXPECT_EQ(lab_.Vsctl({"list-br"}).out, "");
+  }
+  EXPECT_THAT(Blockers(), ::testing::IsSupersetOf({"bridge_missing", "gateway_conflict"}));
+  Ip(host_ns_, {"link", "del", "oldbr"});
+}
+
+// The cases only Open vSwitch has.
+class OvsApplyTest : public NetApplyTest {
+ protected:
+  std::string Iface(const std::string& port, const std::string& column) {
+    return Trim(lab_.Vsctl({"get", "interface", port, column}).out);
+  }
+};
+
+TEST_P(OvsApplyTest, RunbookHostIsAdoptedWithoutASecondBridge) {
+  // The seed runbook's host: ovsbr0 made by hand (fail_mode standalone, OVS's NORMAL flow) with
+  // the gateway, and the host dnsmasq's directory with a reservation an earlier manual run left.
+  ASSERT_EQ(
+      lab_.Vsctl({"add-br", "ovsbr0", "--", "set", "bridge", "ovsbr0", "datapath_type=netdev"})
+          .exit_code,
+      0);
+  for (int i = 0; i < 250 && Run({"ip", "-n", host_ns_, "link", "show", "dev", "ovsbr0"}).exit_code;
+       ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  Ip(host_ns_, {"addr", "add", "10.100.0.1/24", "dev", "ovsbr0"});
+  Ip(host_ns_, {"link", "set", "ovsbr0", "up"});
+  const std::string etc = dir_.path() + "/dnsmasq.d";
+  ASSERT_EQ(::mkdir(etc.c_str(), 0755), 0);
+  Spit(etc + "/gpuaas-gpuaas-slice-5f1c.conf",
+       std::string("# lab attempt\ndhcp-host=") + kStranger + ",10.100.0.10,slice-old\n");
+  Spit(etc + "/gpuaas-slice-network.conf", "interface=ovsbr0\ndhcp-range=10.100.0.10,static\n");
+  Spit(etc + "/site.conf", std::string("dhcp-host=") + kStranger + ",10.100.0.99\n");
+  ctx_.host_dnsmasq_dir = etc;
+
+  auto adopted = MustApply(spec_);
+  EXPECT_TRUE(adopted.adopted_bridge);
+  EXPECT_FALSE(adopted.created_bridge);
+  EXPECT_FALSE(adopted.added_gateway_address);
+  EXPECT_THAT(adopted.removed_stale_dnsmasq_files, ElementsAre("gpuaas-gpuaas-slice-5f1c.conf"));
+  EXPECT_TRUE(
+      std::filesystem::exists(spec_.state_dir + "/stale-dnsmasq/gpuaas-gpuaas-slice-5f1c.conf"));
+  // Only the leftover reservation file moved; the host's own config is not the platform's.
+  EXPECT_TRUE(std::filesystem::exists(etc + "/gpuaas-slice-network.conf"));
+  EXPECT_TRUE(std::filesystem::exists(etc + "/site.conf"));
+  // One bridge: the adopted one, now in fail_mode secure, no Linux bridge beside it.
+  EXPECT_EQ(lab_.Vsctl({"list-br"}).out, "ovsbr0\n");
+  EXPECT_EQ(Trim(lab_.Vsctl({"get", "bridge", "ovsbr0", "fail_mode"}).out), "secure");
+  EXPECT_EQ(Trim(lab_.Vsctl({"get", "bridge", "ovsbr0", "datapath_type"}).out), "netdev");
+  EXPECT_EQ(Trim(Run({"ip", "-n", host_ns_, "-o", "link", "show", "type", "bridge"}).out), "");
+  EXPECT_THAT(Blockers(), IsEmpty());
+  EXPECT_THAT(MustApply(spec_).Changes(), IsEmpty());
+
+  auto vm1 = AddVm("vm1", kMac1, "vnet1");
+  auto old = AddVm("vm2", kStranger, "vnet2");
+  MustApply(spec_);
+  EXPECT_EQ(Dhcp(vm1), "10.100.0.10");
+  EXPECT_EQ(Dhcp(old, 2), std::nullopt);
+  EXPECT_THAT(Blockers(), IsEmpty());
+}
+
+TEST_P(OvsApplyTest, ForeignFlowsAreABlockerAndLeftAlone) {
+  MustApply(spec_);
+  ASSERT_EQ(
+      lab_.Ofctl({"add-flow"}, spec_.bridge, {"cookie=0x1,priority=300,actions=NORMAL"}).exit_code,
+      0);
+  EXPECT_THAT(Blockers(), ElementsAre("foreign_flows"));
+  auto r = ApplyNetwork(spec_, ctx_);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().reason, "foreign_flows");
+  EXPECT_THAT(r.error().details.at("flows"), ::testing::HasSubstr("priority=300"));
+  EXPECT_THAT(lab_.Ofctl({"dump-flows"}, spec_.bridge).out, ::testing::HasSubstr("cookie=0x1,"));
+  ASSERT_EQ(lab_.Ofctl({"del-flows"}, spec_.bridge, {"cookie=0x1/-1"}).exit_code, 0);
+  EXPECT_THAT(Blockers(), IsEmpty());
+}
+
+TEST_P(OvsApplyTest, EachVnicIsPolicedAndTaggedAndRestoredWhenCleared) {
+  MustApply(spec_);
+  AddVm("vm1", kMac1, "vnet1");
+  auto applied = MustApply(spec_);
+  EXPECT_THAT(applied.configured_vnics, ElementsAre("vnet1"));
+  EXPECT_EQ(Iface("vnet1", "ingress_policing_rate"), "200000");
+  EXPECT_EQ(Iface("vnet1", "ingress_policing_burst"), "20000");
+  EXPECT_EQ(Iface("vnet1", "external_ids:gpuaas-slot"), "\"node-a/0\"");
+  ASSERT_EQ(lab_.Vsctl({"set", "interface", "vnet1", "ingress_policing_rate=0"}).exit_code, 0);
+  EXPECT_THAT(Blockers(), ElementsAre("qos_missing:node-a/0"));
+  EXPECT_THAT(MustApply(spec_).Changes(), ElementsAre("configured_vnics"));
+  EXPECT_EQ(Iface("vnet1", "ingress_policing_rate"), "200000");
+  EXPECT_THAT(Blockers(), IsEmpty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Datapaths, OvsApplyTest, ::testing::Values(Datapath::kOvs),
+                         [](const ::testing::TestParamInfo<Datapath>&) {
+                           return std::string("Ovs");
+                         });
+
 INSTANTIATE_TEST_SUITE_P(Datapaths, NetApplyTest,
                          ::testing::Values(Datapath::kLinuxBridge, Datapath::kOvs),
                          [](const ::testing::TestParamInfo<Datapath>& p) {

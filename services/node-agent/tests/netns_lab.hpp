@@ -60,7 +60,15 @@ class NetnsLab {
       int pid = 0;
       if (f >> pid && pid > 1) {
         ::kill(pid, SIGTERM);
-        for (int i = 0; i < 300 && ::kill(pid, 0) == 0; ++i) {
+        // Exited once it is gone or a zombie (a daemon's parent here does not reap it).
+        auto running = [pid] {
+          std::ifstream stat(fmt::format("/proc/{}/stat", pid));
+          std::string line;
+          std::getline(stat, line);
+          const size_t rp = line.rfind(')');
+          return rp != std::string::npos && rp + 2 < line.size() && line[rp + 2] != 'Z';
+        };
+        for (int i = 0; i < 300 && running(); ++i) {
           std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
       }
