@@ -855,7 +855,9 @@ Result<std::set<std::string>> VnicSysctlsOff(const NetHost& h,
   if (ports.empty()) return off;
   Args keys{"-n"};
   for (const auto& port : ports) {
-    for (const auto& [k, v] : kVnicSysctls) keys.push_back("net/ipv4/conf/" + port + "/" + k);
+    for (const auto& [k, v] : kVnicSysctls) {
+      keys.push_back(fmt::format("net/ipv4/conf/{}/{}", port, k));
+    }
   }
   auto r = h.Run("sysctl", keys);
   if (!r.ok()) return r.error();
@@ -874,6 +876,7 @@ std::vector<std::string> WantFlows(
     const NetworkSpec& spec,
     const std::vector<std::pair<const OvsInterface*, const NetReservation*>>& vnics) {
   std::vector<OvsVnic> v;
+  v.reserve(vnics.size());
   for (const auto& [i, r] : vnics) v.push_back({i->ofport, r->mac});
   auto want = DesiredOvsFlows(spec.isolate_ports, v);
   std::sort(want.begin(), want.end());
@@ -1203,8 +1206,9 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
         ifaces = std::move(*listed);
         bool numbered = true;
         for (const auto& i : ifaces) {
-          for (const auto& n : rep.reattached_vnics)
+          for (const auto& n : rep.reattached_vnics) {
             numbered = numbered && (i.name != n || i.ofport > 0);
+          }
         }
         if (numbered || Clock::now() >= deadline) break;
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -1212,6 +1216,7 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
     }
     const auto vnics = OvsVnics(spec, p, ifaces);
     std::vector<std::string> names;
+    names.reserve(vnics.size());
     for (const auto& [i, r] : vnics) names.push_back(i->name);
     auto sys_off = VnicSysctlsOff(h, names);
     if (!sys_off.ok()) return WithApplied(sys_off.error(), rep);
@@ -1221,7 +1226,7 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
       if (sys_off->count(i->name)) {
         Args set{"-q", "-w"};
         for (const auto& [k, v] : kVnicSysctls) {
-          set.push_back("net/ipv4/conf/" + i->name + "/" + k + "=" + v);
+          set.push_back(fmt::format("net/ipv4/conf/{}/{}={}", i->name, k, v));
         }
         if (auto w = h.Must("sysctl", set); !w.ok()) return WithApplied(w.error(), rep);
       }
@@ -1264,7 +1269,8 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   for (const auto& name : StaleDnsmasqFiles(ctx.host_dnsmasq_dir)) {
     const std::string aside = spec.state_dir + "/stale-dnsmasq";
     ::mkdir(aside.c_str(), 0755);
-    if (::rename((ctx.host_dnsmasq_dir + "/" + name).c_str(), (aside + "/" + name).c_str()) != 0) {
+    const std::string from = fmt::format("{}/{}", ctx.host_dnsmasq_dir, name);
+    if (::rename(from.c_str(), fmt::format("{}/{}", aside, name).c_str()) != 0) {
       return WithApplied(Error::Internal("state_write_failed", ctx.host_dnsmasq_dir + "/" + name +
                                                                    ": " + std::strerror(errno)),
                          rep);
@@ -1463,6 +1469,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
       block("flows_stale");
     }
     std::vector<std::string> names;
+    names.reserve(vnics.size());
     for (const auto& [i, r] : vnics) names.push_back(i->name);
     auto sys_off = VnicSysctlsOff(h, names);
     if (!sys_off.ok()) return sys_off.error();

@@ -160,11 +160,11 @@ Result<OvsBridge> Ovs::Bridge(const std::string& bridge) const {
 Result<std::vector<OvsInterface>> Ovs::Interfaces() const {
   // One transaction, three tables: which interfaces belong to which port, which ports to which
   // bridge.
-  auto r = Vsctl({"--format=json", "--",
-                  "--columns=_uuid,name,ofport,type,external_ids,"
-                  "ingress_policing_rate,ingress_policing_burst",
-                  "list", "Interface", "--", "--columns=_uuid,interfaces", "list", "Port", "--",
-                  "--columns=name,ports", "list", "Bridge"});
+  const std::string iface_columns =
+      "--columns=_uuid,name,ofport,type,external_ids,ingress_policing_rate,ingress_policing_burst";
+  auto r = Vsctl({"--format=json", "--", iface_columns, "list", "Interface", "--",
+                  "--columns=_uuid,interfaces", "list", "Port", "--", "--columns=name,ports",
+                  "list", "Bridge"});
   if (!r.ok()) return r.error();
   std::vector<std::string> docs;
   for (const auto& line : SplitLines(r->out)) {
