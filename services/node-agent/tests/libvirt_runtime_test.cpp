@@ -1176,6 +1176,10 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   o.domain.cpu_mode = "maximum";
   o.domain.passthrough = false;  // no GPUs/VFs to hand over on this machine
   o.domain.bridge = bridge;
+  // vm-e2e.sh's DATAPATH=ovs: the bridge is Open vSwitch (libvirtd finds its database through
+  // OVS_RUNDIR), and the vNIC attaches with <virtualport type='openvswitch'/>.
+  const bool ovs = !Env("GPUAAS_VM_E2E_OVS").empty();
+  o.domain.bridge_is_ovs = ovs;
   o.domain.kernel = guest_ + "/vmlinuz";
   o.domain.initrd = guest_ + "/initrd.img";
   o.domain.cmdline = "console=ttyS0 quiet panic=-1";
@@ -1209,6 +1213,20 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
                         << ReadAll(sb_->work() + "/serial.log");
   EXPECT_EQ(out->lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(out->actual_ip(), b.slots(0).private_ip());
+  if (ovs) {
+    // The guest's tap is an OVS port of the bridge, tagged with the slot MAC by libvirt: what
+    // the agent's flows and policing key on.
+    const std::string db = "--db=unix:" + Env("OVS_RUNDIR") + "/db.sock";
+    auto port = RunTool({*Tool("ovs-vsctl"), db, "--bare", "--columns=name", "find", "Interface",
+                         "external_ids:attached-mac=\"" + b.slots(0).mac() + "\""});
+    ASSERT_TRUE(port.ok());
+    const std::string name = Trim(port->out);
+    ASSERT_FALSE(name.empty()) << port->err;
+    auto on = RunTool({*Tool("ovs-vsctl"), db, "port-to-br", name});
+    ASSERT_TRUE(on.ok());
+    EXPECT_EQ(Trim(on->out), bridge);
+    progress("check", "vNIC " + name + " is a port of OVS bridge " + bridge, 100);
+  }
 
   // Into the guest with the seeded key: the seed's hostname, UEFI, the slice disk with the image.
   const std::string probe =
