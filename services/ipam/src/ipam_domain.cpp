@@ -7,6 +7,7 @@
 #include <charconv>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -320,6 +321,18 @@ Result<void> ValidateLeaseReport(const v1::LeaseReport& report) {
     }
     if (o.slot_key().size() > 128) problems[at + "slot_key"] = "at most 128 characters";
   }
+  for (int i = 0; i < report.vnic_drift_size(); ++i) {
+    const auto& d = report.vnic_drift(i);
+    const std::string at = fmt::format("vnic_drift[{}].", i);
+    if (d.slot_key().empty() || d.slot_key().size() > 128) {
+      problems[at + "slot_key"] = "1-128 characters";
+    }
+    const bool snake = !d.kind().empty() && d.kind().size() <= 64 &&
+                       std::all_of(d.kind().begin(), d.kind().end(), [](char c) {
+                         return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+                       });
+    if (!snake) problems[at + "kind"] = "snake_case, 1-64 characters";
+  }
   if (!problems.empty()) {
     return Error::InvalidArgument("malformed_lease_report",
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
@@ -422,6 +435,27 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     }
     out.leases[key] = l;
     out.drift[f.subject] = f;
+  }
+
+  // The agent's vNIC drift of a bound slot: that slot's, unless its lease already drifted (one
+  // finding per subject; the lease is what readiness and tenants see first).
+  std::map<std::string, const ReservedSlot*> by_key;
+  for (const auto& s : slots) by_key[s.slot_key] = &s;
+  std::map<std::string, std::vector<std::string>> vnic;
+  for (const auto& d : report.vnic_drift()) vnic[d.slot_key()].push_back(d.kind());
+  for (const auto& [key, kinds] : vnic) {
+    auto it = by_key.find(key);
+    if (it == by_key.end() || it->second->allocation_id.empty() || out.drift.count(key)) continue;
+    const ReservedSlot& s = *it->second;
+    out.drift[key] =
+        Finding{key,
+                key,
+                s.mac,
+                kDriftVnic,
+                fmt::format("the node reports its vNIC drifted: {}", fmt::join(kinds, ", ")),
+                s.ip,
+                "",
+                s.allocation_id};
   }
   return out;
 }

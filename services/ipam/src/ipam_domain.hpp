@@ -154,6 +154,7 @@ Result<void> ValidateLeaseReport(const v1::LeaseReport& report);
 inline constexpr const char* kDriftMismatch = "ipam_lease_mismatch";
 inline constexpr const char* kDriftMissing = "ipam_lease_missing";
 inline constexpr const char* kDriftUnexpected = "ipam_lease_unexpected";
+inline constexpr const char* kDriftVnic = "ipam_vnic_drift";
 
 struct Finding {
   std::string subject;  // slot key, or "mac:<mac>" for an unexpected lease on no reserved IP
@@ -176,7 +177,8 @@ struct LeaseJudgement {
 // Judges `report` against the node's reservations. A slot bound to an allocation drifts when its
 // lease has another IP or MAC (mismatch) or, for the allocation's primary slot, when it has none
 // `readiness_timeout_ms` after binding (missing). A lease whose MAC nobody reserved drifts
-// (unexpected), attributed to the slot whose IP it holds if any.
+// (unexpected), attributed to the slot whose IP it holds if any. A bound slot the agent reports
+// vNIC drift for (LeaseReport.vnic_drift) drifts too (vnic), unless its lease already does.
 LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::LeaseReport& report,
                            int64_t observed_at_ms, int64_t readiness_timeout_ms);
 

@@ -366,6 +366,41 @@ TEST(LeaseJudgementTest, BoundSlotsDriftOnMismatchMissingPastTimeoutAndUnexpecte
   EXPECT_EQ(s.drift.at("gpu-a").kind, kDriftMismatch);
 }
 
+TEST(LeaseJudgementTest, AgentVnicDriftDegradesOnlyThatBoundSlot) {
+  auto slots = Slots();
+  for (auto& s : slots) s.bound_at_ms = 1000;
+  v1::LeaseReport r;
+  r.set_node_id("gpu-01");
+  *r.add_observations() = Obs("gpu-a", "52:54:00:00:00:01", "10.100.0.10", "bound");
+  *r.add_observations() = Obs("gpu-c", "52:54:00:00:00:03", "", "missing");
+  for (const auto& [slot, kind] :
+       std::vector<std::pair<std::string, std::string>>{{"gpu-a", "vnic_detached"},
+                                                        {"gpu-a", "qos_missing"},
+                                                        {"gpu-c", "qos_missing"},
+                                                        {"gpu-d", "vnic_detached"},
+                                                        {"gpu-zz", "vnic_detached"}}) {
+    auto* d = r.add_vnic_drift();
+    d->set_slot_key(slot);
+    d->set_kind(kind);
+  }
+  ASSERT_TRUE(ValidateLeaseReport(r).ok());
+  auto j = JudgeLeases(slots, r, 5000, 1000);
+  ASSERT_EQ(j.drift.size(), 2u) << "gpu-d is unbound, gpu-zz is no slot of ipam's";
+  EXPECT_EQ(j.drift.at("gpu-a").kind, kDriftVnic);
+  EXPECT_EQ(j.drift.at("gpu-a").detail,
+            "the node reports its vNIC drifted: vnic_detached, qos_missing");
+  EXPECT_EQ(j.drift.at("gpu-a").allocation_id, slots[1].allocation_id);
+  EXPECT_EQ(j.drift.at("gpu-c").kind, kDriftMissing) << "the lease finding stays the slot's";
+
+  auto bad = r;
+  bad.mutable_vnic_drift(0)->set_kind("Vnic-Detached");
+  bad.mutable_vnic_drift(1)->set_slot_key("");
+  auto v = ValidateLeaseReport(bad);
+  ASSERT_FALSE(v.ok());
+  EXPECT_TRUE(v.error().details.count("vnic_drift[0].kind"));
+  EXPECT_TRUE(v.error().details.count("vnic_drift[1].slot_key"));
+}
+
 TEST(LeaseJudgementTest, MalformedReportsListEveryProblem) {
   v1::LeaseReport r;
   r.set_node_id("Bad.Node");

@@ -756,6 +756,45 @@ v1::LeaseObservation Obs(const v1::SlotReservation& r, const std::string& actual
   return o;
 }
 
+TEST_F(IpamTest, AgentVnicDriftIsTheBoundSlotsDriftUntilACleanReport) {
+  for (const char* s : {"gpu-a", "gpu-b"}) {
+    auto r = Reserve("gpu-01", s);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  const std::string alloc = ids::NewUuidV7();
+  PublishAllocation(alloc, "gpu-01", "active", 4, {"gpu-a"});
+  ASSERT_TRUE(WaitAllocation("gpu-01", "gpu-a", alloc));
+  const auto a = *Find("gpu-01", "gpu-a");
+  const int64_t bound_ms = TimeUtil::TimestampToMilliseconds(a.bound_at());
+  const int64_t version = Network("gpu-01")->document().version();
+  auto report = [&](int64_t at_ms) {
+    v1::LeaseReport r;
+    r.set_node_id("gpu-01");
+    r.set_document_version(version);
+    *r.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(at_ms);
+    *r.add_observations() = Obs(a, a.ip(), "bound");
+    return r;
+  };
+  // The agent could not put gpu-a's tap back on the bridge; gpu-b (unbound) drifts too, but
+  // nothing runs there: only the bound slot is degraded.
+  auto r1 = report(bound_ms + 1000);
+  for (const char* slot : {"gpu-a", "gpu-b"}) {
+    auto* d = r1.add_vnic_drift();
+    d->set_slot_key(slot);
+    d->set_kind("vnic_detached");
+  }
+  PublishLeases(r1);
+  ASSERT_TRUE(testing::WaitFor([&] { return Drift("gpu-01").size() == 1; }));
+  const auto d = Drift("gpu-01")[0];
+  EXPECT_EQ(d.slot_key(), "gpu-a");
+  EXPECT_EQ(d.kind(), "ipam_vnic_drift");
+  EXPECT_EQ(d.allocation_id(), alloc);
+  EXPECT_NE(d.detail().find("vnic_detached"), std::string::npos) << d.detail();
+  // Repaired: the next report has no vNIC drift.
+  PublishLeases(report(bound_ms + 2000));
+  ASSERT_TRUE(testing::WaitFor([&] { return Drift("gpu-01").empty(); }));
+}
+
 TEST_F(IpamTest, LeaseReportsBecomeDriftAndAreResolved) {
   Restart({{"GPUAAS_IPAM_LEASE_READINESS_TIMEOUT_MS", "60000"}});
   for (const char* s : {"gpu-a", "gpu-b", "gpu-c"}) {

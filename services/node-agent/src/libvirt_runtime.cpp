@@ -1145,6 +1145,14 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   }
   if (auto r = record("started", "start"); !r.ok()) return r.error();
   progress("start", "domain " + domain + " started", 100);
+  if (opts_.vnic_attached) {
+    auto admitted = opts_.vnic_attached();
+    progress("start",
+             admitted.ok() ? "slice network applied with the new vNIC"
+                           : "slice network not re-applied (the next check repairs it): " +
+                                 admitted.error().ToString(),
+             100);
+  }
 
   return AwaitReadiness(dom.get(), b, *plan, record, progress);
 }

@@ -76,6 +76,11 @@ struct LibvirtOptions {
   std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, digest, convert
   std::chrono::milliseconds wipe_timeout{std::chrono::hours(4)};   // discard or zero, per disk
   NetworkCleanupFn network_cleanup;  // unset: proofs say network_state_removed=false
+  // Called once the domain runs, before readiness waits for its lease: the slice network admits
+  // the new vNIC now (on Open vSwitch its port exists only from here, and the flows and policing
+  // key on it) instead of at the next periodic check. A failure is progress, not fatal: the
+  // check repairs it.
+  std::function<Result<void>()> vnic_attached;
   // Set when the agent follows ingress's exposure documents (no exposure maps to the slots any
   // more); unset: the node has no exposure state (exposure_state_removed=true).
   NetworkCleanupFn exposure_cleanup;

@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include <fmt/format.h>
@@ -1437,7 +1438,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   if (!fwd_ok.ok()) return fwd_ok.error();
   if (!*fwd_ok) block("forward_rules_missing");
 
-  std::vector<std::string> slot_drift;
+  std::vector<SlotDrift> slot_drift;
   if (bridge_ok && !ovs_dp) {
     auto ports = ProbePorts(h, spec);
     if (!ports.ok()) return ports.error();
@@ -1474,15 +1475,15 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     auto sys_off = VnicSysctlsOff(h, names);
     if (!sys_off.ok()) return sys_off.error();
     for (const auto& [i, r] : vnics) {
-      if (!VnicConfigured(spec, *i, *r)) slot_drift.push_back("qos_missing:" + r->slot_key);
-      if (sys_off->count(i->name)) slot_drift.push_back("vnic_host_stack_open:" + r->slot_key);
+      if (!VnicConfigured(spec, *i, *r)) slot_drift.push_back({r->slot_key, "qos_missing"});
+      if (sys_off->count(i->name)) slot_drift.push_back({r->slot_key, "vnic_host_stack_open"});
     }
   }
   if (bridge_ok) {
     auto taps = ProbeTaps(h, spec, p);
     if (!taps.ok()) return taps.error();
     for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ovs_state.ifaces)) {
-      slot_drift.push_back("vnic_detached:" + slot);
+      slot_drift.push_back({slot, "vnic_detached"});
     }
   }
 
@@ -1495,8 +1496,10 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     c.evidence["stale_dnsmasq_files"] = Join(stale);
     block("stale_dnsmasq_files");
   }
-  std::sort(slot_drift.begin(), slot_drift.end());
-  c.blockers.insert(c.blockers.end(), slot_drift.begin(), slot_drift.end());
+  std::sort(slot_drift.begin(), slot_drift.end(), [](const SlotDrift& a, const SlotDrift& b) {
+    return std::tie(a.slot_key, a.kind) < std::tie(b.slot_key, b.kind);
+  });
+  c.slot_drift = std::move(slot_drift);
   return c;
 }
 

@@ -157,18 +157,24 @@ struct LeaseObservation {
 Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec,
                                                     int* skipped = nullptr);
 
+struct SlotDrift {
+  std::string slot_key;
+  std::string kind;  // vnic_detached | qos_missing | vnic_host_stack_open
+};
+
 struct NetCheck {
-  // Stable strings, in this order: bridge_missing, bridge_down, gateway_address_missing,
+  // Stable snake_case names, in this order: bridge_missing, bridge_down, gateway_address_missing,
   // gateway_conflict, ip_forward_off, masquerade_missing, forward_rules_missing,
   // ports_not_isolated (linux-bridge), foreign_flows, flows_stale (ovs), dnsmasq_not_running,
   // dnsmasq_config_stale, reservations_stale, stale_dnsmasq_files. Any is a hard blocker for
-  // private-nat slots (missing NAT leaks 10.100.x.x sources to the uplink). Then one per
-  // drifted slice vNIC, "<kind>:<slot_key>", kind vnic_detached (its tap is on no bridge or
-  // another one), qos_missing or vnic_host_stack_open (ovs: the port still answers ARP or
-  // forwards in the host stack): the slot's drift, not the node's.
+  // private-nat slots (missing NAT leaks 10.100.x.x sources to the uplink).
   std::vector<std::string> blockers;
+  // One per drifted slice vNIC, sorted: the slot's drift, not the node's: vnic_detached (the
+  // guest's tap is on no bridge or another one), qos_missing and vnic_host_stack_open (ovs: the
+  // port still answers ARP or forwards in the host stack).
+  std::vector<SlotDrift> slot_drift;
   std::map<std::string, std::string> evidence;  // ip_forward, dnsmasq_pid, ports, ...
-  bool ok() const { return blockers.empty(); }
+  bool ok() const { return blockers.empty() && slot_drift.empty(); }
 };
 
 // Read-only: changes nothing. Errors only for an invalid spec or a tool that cannot run.

@@ -159,6 +159,9 @@ void NodeAgentConfig::Register(config::Schema& s) {
 }
 
 namespace {
+// ipam's document as the applier's spec (defined with the network follower below).
+NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const NodeAgentConfig& cfg);
+
 // A node receives replies only on its own prefix (the server allows it nothing else).
 runtime::CommonConfig NodeCommon(runtime::CommonConfig c, const std::string& node_id) {
   if (c.nats_inbox_prefix.empty()) c.nats_inbox_prefix = "_INBOX." + node_id;
@@ -261,6 +264,13 @@ Result<void> NodeAgent::Start() {
             net_->applied()->bridge(), net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS};
       };
       lo.network_cleanup = network_cleanup;
+      lo.vnic_attached = [this]() -> Result<void> {
+        std::lock_guard lock(net_mu_);
+        if (!net_->applied()) return Ok();
+        auto applied = ApplyNetwork(SpecFrom(*net_->applied(), cfg_), NetCtx());
+        if (!applied.ok()) return applied.error();
+        return Ok();
+      };
     }
     lo.exposure_cleanup = exposure_cleanup;
     auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
@@ -873,21 +883,29 @@ void NodeAgent::MakeFollowers() {
     return Ok();
   };
   // Check what is really there; repair what is missing (the runbook's silent MASQUERADE loss).
-  net.check = [ctx, cfg,
+  // The node's blockers go with the ack; the slots' vNIC drift with the next lease report
+  // (net_slot_drift_, under net_mu_ like every step of the follower).
+  net.check = [this, ctx, cfg,
                log](const v1::NodeNetworkDocument& doc) -> Result<std::vector<std::string>> {
     const NetworkSpec spec = SpecFrom(doc, cfg);
     std::vector<std::string> blockers;
+    net_slot_drift_.clear();
     if (auto check = CheckNetwork(spec, ctx); !check.ok()) {
       blockers.emplace_back("network_check_failed");
       log.Warn("network check failed", {{"error", check.error().ToString()}});
     } else if (!check->ok()) {
+      std::vector<std::string> drift;
+      for (const auto& d : check->slot_drift) drift.push_back(d.kind + ":" + d.slot_key);
       log.Warn("network drifted from the applied document; repairing",
-               {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))}});
+               {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))},
+                {"slot_drift", fmt::format("{}", fmt::join(drift, ","))}});
       if (auto repaired = ApplyNetwork(spec, ctx); !repaired.ok()) {
         log.Error("network repair failed", {{"error", repaired.error().ToString()}});
       }
       auto again = CheckNetwork(spec, ctx);
-      blockers = again.ok() ? again->blockers : check->blockers;
+      const NetCheck& left = again.ok() ? *again : *check;
+      blockers = left.blockers;
+      net_slot_drift_ = left.slot_drift;
     }
     return blockers;
   };
@@ -951,6 +969,11 @@ void NodeAgent::ReconcileNetwork() {
   report.set_node_id(cfg_.node_id);
   report.set_document_version(spec.version);
   for (const auto& b : blockers) report.add_blockers(b);
+  for (const auto& d : net_slot_drift_) {
+    auto* v = report.add_vnic_drift();
+    v->set_slot_key(d.slot_key);
+    v->set_kind(d.kind);
+  }
   int skipped_leases = 0;
   auto leases = ObserveLeases(spec, &skipped_leases);
   if (!leases.ok()) {

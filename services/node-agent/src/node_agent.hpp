@@ -218,6 +218,7 @@ class NodeAgent {
   std::unique_ptr<DocumentFollower<v1::DesiredSlotSet>> desired_;
   std::atomic<uint64_t> tasks_run_{0};
   std::atomic<int64_t> net_version_{0};
+  std::vector<SlotDrift> net_slot_drift_;  // of the last network check; under net_mu_
   std::atomic<bool> adopted_{true};
   LibvirtRuntime* libvirt_ = nullptr;  // set when vm_runtime is libvirt (owned above)
   // The network document's follower (its applied document), the last report and its time

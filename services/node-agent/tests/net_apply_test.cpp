@@ -357,10 +357,14 @@ class NetApplyTest : public ::testing::TestWithParam<Datapath> {
     EXPECT_TRUE(r.ok()) << r.error().ToString();
     return r.ok() ? *r : ApplyReport{};
   }
+  // The node's blockers, then the slots' drift as "<kind>:<slot key>".
   std::vector<std::string> Blockers() {
     auto c = CheckNetwork(spec_, ctx_);
     EXPECT_TRUE(c.ok()) << c.error().ToString();
-    return c.ok() ? c->blockers : std::vector<std::string>{"check_failed"};
+    if (!c.ok()) return {"check_failed"};
+    auto out = c->blockers;
+    for (const auto& d : c->slot_drift) out.push_back(d.kind + ":" + d.slot_key);
+    return out;
   }
   std::string Leases() { return Slurp(spec_.state_dir + "/dnsmasq.leases"); }
   std::string Hosts() { return Slurp(spec_.state_dir + "/dhcp-hosts"); }
