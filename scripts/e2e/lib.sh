@@ -12,7 +12,8 @@
 #                                  a second namespace CLIENT (removed on exit) wired to NS by a
 #                                  veth pair: IF in NS with NODE_CIDR (the node's public uplink),
 #                                  eth0 in CLIENT with CLIENT_CIDR (a client on the internet)
-#   e2e_libvirtd NAME LOGDIR       virtlogd + libvirtd inside namespace NAME
+#   e2e_libvirtd NAME LOGDIR       virtlogd + libvirtd inside namespace NAME (gpuaas-* domains
+#                                  defined after it started are destroyed/undefined on exit)
 #   e2e_on_exit CMD                run CMD (a string) on exit, before the daemons stop
 #   e2e_step MSG                   a timestamped progress line
 E2E_HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -89,4 +90,21 @@ e2e_libvirtd() {
   E2E_LIBVIRTD_PID=$(cat /run/libvirtd.pid)
   for i in $(seq 1 300); do [ -S /run/libvirt/libvirt-sock ] && break; sleep 0.1; done
   [ -S /run/libvirt/libvirt-sock ] || { echo "libvirtd did not open its socket" >&2; return 1; }
+  # Domain definitions outlive this libvirtd (/etc/libvirt/qemu): a test that stops half-way
+  # must not leave its VM defined (or running) for the next libvirtd to find as an orphan. The
+  # domains there now are not ours; any gpuaas-* domain that appears later is, and goes on exit.
+  E2E_DOMAINS_BEFORE=$(virsh -c qemu:///system list --all --name 2>/dev/null || true)
+  e2e_on_exit 'e2e_forget_new_domains'
+}
+
+e2e_forget_new_domains() {
+  local d
+  for d in $(virsh -c qemu:///system list --all --name 2>/dev/null); do
+    [[ $d == gpuaas-* ]] || continue
+    grep -qxF "$d" <<<"$E2E_DOMAINS_BEFORE" && continue
+    echo "e2e: removing domain $d left by the test"
+    virsh -c qemu:///system destroy "$d" >/dev/null 2>&1
+    virsh -c qemu:///system undefine --nvram "$d" >/dev/null 2>&1 ||
+      virsh -c qemu:///system undefine "$d" >/dev/null 2>&1
+  done
 }

@@ -8,9 +8,10 @@
 # host's own network. Exit 77 = skipped (not root, or a libvirtd is already running).
 # DATAPATH=ovs (the default; the seeds' slice hosts run Open vSwitch) puts the VM on an OVS
 # bridge: ovsdb-server + ovs-vswitchd (userspace datapath, no kernel module) in the namespace,
-# state in WORK/ovs, libvirtd pointed at it with OVS_RUNDIR; the domain's vNIC carries
-# <virtualport type='openvswitch'/>. DATAPATH=linux-bridge uses a Linux bridge (slice-e2e.sh
-# runs the agent's own Linux bridge with a real VM).
+# state in WORK/ovs, libvirtd pointed at it with OVS_RUNDIR; the test applies the slice network
+# with the agent's own applier (bridge, dnsmasq, flows, policing) and the domain's vNIC carries
+# <virtualport type='openvswitch'/>. DATAPATH=linux-bridge: a Linux bridge and dnsmasq made here
+# (slice-e2e.sh runs the agent's own Linux bridge with a real VM).
 # Env: WORK (default BUILD_DIR/vm-e2e), NETNS (gpuaas-vme2e), BR (ovsbr0 | gpuaasbr0),
 #      MAC (52:54:00:a0:00:01), IP (10.100.0.10), SKIP_GUEST_BUILD=1, DATAPATH
 set -euo pipefail
@@ -46,21 +47,22 @@ if [ "$DATAPATH" = ovs ]; then
   ovs-vsctl --no-wait init
   $NS ovs-vswitchd "unix:$O/db.sock" --pidfile="$O/ovs-vswitchd.pid" --detach \
     --log-file="$O/ovs-vswitchd.log"
-  ovs-vsctl add-br "$BR" -- set bridge "$BR" datapath_type=netdev
-  for _ in $(seq 1 100); do $NS ip link show dev "$BR" >/dev/null 2>&1 && break; sleep 0.05; done
-  OVS_ENV=(GPUAAS_VM_E2E_OVS=1 OVS_RUNDIR="$O")
+  # The test applies the network itself with the agent's applier (bridge, dnsmasq, flows).
+  rm -rf "$WORK/net"
+  OVS_ENV=(GPUAAS_VM_E2E_OVS=1 OVS_RUNDIR="$O" GPUAAS_VM_E2E_NET_DIR="$WORK/net")
+  step "netns $NETNS: Open vSwitch up (the test applies bridge $BR, dnsmasq, flows)"
 else
   $NS ip link add "$BR" type bridge stp_state 0 forward_delay 0
+  $NS ip addr add "$GW/24" dev "$BR"
+  $NS ip link set "$BR" up
+  : > "$WORK/dnsmasq.leases"
+  $NS dnsmasq --conf-file=/dev/null --pid-file="$WORK/dnsmasq.pid" --interface="$BR" \
+    --bind-interfaces --except-interface=lo --port=0 --dhcp-range="${GW%.*}.100,${GW%.*}.200,255.255.255.0,1h" \
+    --dhcp-authoritative --dhcp-host="$MAC,$IP" --dhcp-leasefile="$WORK/dnsmasq.leases" \
+    --log-dhcp --log-facility="$WORK/dnsmasq.log"
+  DNSMASQ_PID=$(cat "$WORK/dnsmasq.pid")
+  step "netns $NETNS: bridge $BR $GW/24, dnsmasq $DNSMASQ_PID ($MAC -> $IP)"
 fi
-$NS ip addr add "$GW/24" dev "$BR"
-$NS ip link set "$BR" up
-: > "$WORK/dnsmasq.leases"
-$NS dnsmasq --conf-file=/dev/null --pid-file="$WORK/dnsmasq.pid" --interface="$BR" \
-  --bind-interfaces --except-interface=lo --port=0 --dhcp-range="${GW%.*}.100,${GW%.*}.200,255.255.255.0,1h" \
-  --dhcp-authoritative --dhcp-host="$MAC,$IP" --dhcp-leasefile="$WORK/dnsmasq.leases" \
-  --log-dhcp --log-facility="$WORK/dnsmasq.log"
-DNSMASQ_PID=$(cat "$WORK/dnsmasq.pid")
-step "netns $NETNS: $DATAPATH bridge $BR $GW/24, dnsmasq $DNSMASQ_PID ($MAC -> $IP)"
 
 e2e_libvirtd "$NETNS" "$WORK"
 step "libvirtd $E2E_LIBVIRTD_PID + virtlogd $E2E_VIRTLOGD_PID up in $NETNS"

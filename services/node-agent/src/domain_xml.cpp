@@ -330,6 +330,7 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   add(fmt::format("      <source bridge='{}'/>", Esc(o.bridge)));
   if (o.bridge_is_ovs) add("      <virtualport type='openvswitch'/>");
   add("      <model type='virtio'/>");
+  if (o.bridge_is_ovs && o.userspace_datapath) add("      <driver><host csum='off'/></driver>");
   if (o.isolated_port && !o.bridge_is_ovs) add("      <port isolated='yes'/>");
   add("    </interface>");
   add("    <serial type='pty'>");

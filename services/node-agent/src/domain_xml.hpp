@@ -44,6 +44,10 @@ struct DomainXmlOptions {
   // Open vSwitch bridge: adds <virtualport type='openvswitch'/> and no <port isolated/>
   // (libvirt isolates ports on Linux bridges only; OVS isolation is flow rules).
   bool bridge_is_ovs = false;
+  // OVS with the userspace datapath (datapath_type=netdev) reads a tap's frames off a socket and
+  // cannot finish a checksum the guest left to the device: the vNIC then runs with
+  // <driver><host csum='off'/></driver> (the guest computes its checksums itself).
+  bool userspace_datapath = false;
   bool isolated_port = true;
   // Direct kernel boot (test guests): used when `kernel` is set; otherwise the first slot's
   // disk is the boot disk.

@@ -1022,6 +1022,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   }
   std::string bridge = opts_.domain.bridge;
   bool bridge_is_ovs = opts_.domain.bridge_is_ovs;
+  bool userspace_datapath = opts_.domain.userspace_datapath;
   if (opts_.applied_bridge) {
     // The agent runs the slice network itself: the bridge of the document it applied.
     auto applied = opts_.applied_bridge();
@@ -1031,6 +1032,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     }
     bridge = applied->name;
     bridge_is_ovs = applied->ovs;
+    userspace_datapath = applied->userspace;
   } else if (opts_.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
     return StageError(Code::kFailedPrecondition, "bridge_missing",
                       "slice bridge " + bridge + " does not exist on this host", "validate",
@@ -1108,6 +1110,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   DomainXmlOptions xo = opts_.domain;
   xo.bridge = bridge;
   xo.bridge_is_ovs = bridge_is_ovs;
+  xo.userspace_datapath = userspace_datapath;
   xo.seed_iso = *seed;
   // The console is relayed from a UNIX socket only (console_relay.hpp): no VNC port on TCP.
   if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;

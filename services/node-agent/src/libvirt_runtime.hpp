@@ -61,6 +61,7 @@ struct LibvirtOptions {
   struct AppliedBridge {
     std::string name;
     bool ovs = false;  // an Open vSwitch bridge: the vNIC gets <virtualport type='openvswitch'/>
+    bool userspace = false;  // its datapath is userspace (netdev): no checksum offload
   };
   std::function<std::optional<AppliedBridge>()> applied_bridge;
   std::string lease_file = "/var/lib/gpuaas/net/dnsmasq.leases";

@@ -260,8 +260,9 @@ Result<void> NodeAgent::Start() {
       lo.applied_bridge = [this]() -> std::optional<LibvirtOptions::AppliedBridge> {
         std::lock_guard lock(net_mu_);
         if (!net_->applied()) return std::nullopt;
-        return LibvirtOptions::AppliedBridge{
-            net_->applied()->bridge(), net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS};
+        const bool ovs = net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS;
+        return LibvirtOptions::AppliedBridge{net_->applied()->bridge(), ovs,
+                                             ovs && cfg_.net_ovs_datapath_type == "netdev"};
       };
       lo.network_cleanup = network_cleanup;
       lo.vnic_attached = [this]() -> Result<void> {

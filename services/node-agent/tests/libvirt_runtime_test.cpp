@@ -37,6 +37,8 @@
 #include "host.hpp"
 #include "libvirt_runtime.hpp"
 #include "local_store.hpp"
+#include "net_apply.hpp"
+#include "net_host.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::node_agent {
@@ -207,6 +209,24 @@ TEST(DomainXmlTest, OneSlotHasGpuAndVfHostdevsDiskSeedAndIsolatedNic) {
   EXPECT_NE(x.find("<serial type='pty'>"), std::string::npos);
   EXPECT_EQ(x.find("<memoryBacking>"), std::string::npos);
   EXPECT_VALID_DOMAIN(x);
+}
+
+TEST(DomainXmlTest, AnOvsBridgeGetsAVirtualportAndNoPortIsolation) {
+  Sandbox sb;
+  auto b = sb.Bundle(1, ids::NewUuidV7());
+  auto o = XmlOptions();
+  o.bridge_is_ovs = true;
+  auto xml = GenerateDomainXml(b, o);
+  ASSERT_TRUE(xml.ok()) << xml.error().ToString();
+  EXPECT_NE(xml->find("<virtualport type='openvswitch'/>"), std::string::npos);
+  EXPECT_EQ(xml->find("<port isolated"), std::string::npos) << "OVS isolates with flows";
+  EXPECT_EQ(xml->find("csum='off'"), std::string::npos) << "the kernel datapath keeps offloads";
+  EXPECT_VALID_DOMAIN(*xml);
+  o.userspace_datapath = true;
+  xml = GenerateDomainXml(b, o);
+  ASSERT_TRUE(xml.ok()) << xml.error().ToString();
+  EXPECT_NE(xml->find("<driver><host csum='off'/></driver>"), std::string::npos);
+  EXPECT_VALID_DOMAIN(*xml);
 }
 
 TEST(DomainXmlTest, SeveralGpusPinnedToTheirNumaNode) {
@@ -1176,10 +1196,47 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   o.domain.cpu_mode = "maximum";
   o.domain.passthrough = false;  // no GPUs/VFs to hand over on this machine
   o.domain.bridge = bridge;
-  // vm-e2e.sh's DATAPATH=ovs: the bridge is Open vSwitch (libvirtd finds its database through
-  // OVS_RUNDIR), and the vNIC attaches with <virtualport type='openvswitch'/>.
+  // vm-e2e.sh's DATAPATH=ovs: the agent's own applier builds the slice network on Open vSwitch
+  // (bridge, gateway, dnsmasq with the one reservation, NAT, flows, policing), the vNIC attaches
+  // with <virtualport type='openvswitch'/> (libvirtd finds OVS through OVS_RUNDIR), and the
+  // runtime's vnic_attached hook re-applies it so the flows admit the new port before readiness.
   const bool ovs = !Env("GPUAAS_VM_E2E_OVS").empty();
   o.domain.bridge_is_ovs = ovs;
+  o.domain.userspace_datapath = ovs;
+  NetworkSpec net;
+  NetContext net_ctx;
+  // The network goes when the test ends, however it ends (its dnsmasq would outlive the netns).
+  struct NetDown {
+    const NetworkSpec* spec = nullptr;
+    const NetContext* ctx = nullptr;
+    ~NetDown() {
+      if (spec != nullptr) (void)TeardownNetwork(*spec, *ctx);
+    }
+  } net_down;
+  if (ovs) {
+    net.datapath = Datapath::kOvs;
+    net.bridge = bridge;
+    net.gateway_cidr = "10.100.0.1/24";
+    net.subnet_cidr = "10.100.0.0/24";
+    net.reservations = {{Env("GPUAAS_VM_E2E_MAC"), Env("GPUAAS_VM_E2E_IP"), "gpuslice-e2e",
+                         bundle_.slots(0).slot_key()}};
+    net.state_dir = Env("GPUAAS_VM_E2E_NET_DIR");
+    net.vnic_ingress_kbps = 1000000;
+    net.vnic_ingress_burst_kb = 100000;
+    net.version = 1;
+    net_ctx.ovs_rundir = Env("OVS_RUNDIR");
+    net_ctx.ovs_datapath_type = "netdev";
+    net_down = {&net, &net_ctx};
+    auto applied = ApplyNetwork(net, net_ctx);
+    ASSERT_TRUE(applied.ok()) << applied.error().ToString();
+    EXPECT_TRUE(applied->created_bridge);
+    o.lease_file = net.state_dir + "/dnsmasq.leases";
+    o.vnic_attached = [net, net_ctx]() -> Result<void> {
+      auto r = ApplyNetwork(net, net_ctx);
+      if (!r.ok()) return r.error();
+      return Ok();
+    };
+  }
   o.domain.kernel = guest_ + "/vmlinuz";
   o.domain.initrd = guest_ + "/initrd.img";
   o.domain.cmdline = "console=ttyS0 quiet panic=-1";
@@ -1214,8 +1271,9 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   EXPECT_EQ(out->lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(out->actual_ip(), b.slots(0).private_ip());
   if (ovs) {
-    // The guest's tap is an OVS port of the bridge, tagged with the slot MAC by libvirt: what
-    // the agent's flows and policing key on.
+    // The guest's tap is an OVS port of the bridge, tagged with the slot MAC by libvirt, then
+    // policed and tagged with its slot by the agent, and admitted by the agent's flows; the
+    // check sees nothing to repair.
     const std::string db = "--db=unix:" + Env("OVS_RUNDIR") + "/db.sock";
     auto port = RunTool({*Tool("ovs-vsctl"), db, "--bare", "--columns=name", "find", "Interface",
                          "external_ids:attached-mac=\"" + b.slots(0).mac() + "\""});
@@ -1225,7 +1283,22 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
     auto on = RunTool({*Tool("ovs-vsctl"), db, "port-to-br", name});
     ASSERT_TRUE(on.ok());
     EXPECT_EQ(Trim(on->out), bridge);
-    progress("check", "vNIC " + name + " is a port of OVS bridge " + bridge, 100);
+    auto tag = RunTool({*Tool("ovs-vsctl"), db, "get", "interface", name,
+                        "external_ids:gpuaas-slot", "ingress_policing_rate"});
+    ASSERT_TRUE(tag.ok());
+    EXPECT_EQ(tag->out, "\"" + bundle_.slots(0).slot_key() + "\"\n1000000\n");
+    auto flows = RunTool({*Tool("ovs-ofctl"), "--no-names", "dump-flows",
+                          "unix:" + Env("OVS_RUNDIR") + "/" + bridge + ".mgmt", "--no-stats"});
+    ASSERT_TRUE(flows.ok());
+    EXPECT_NE(flows->out.find("dl_src=" + b.slots(0).mac() + " actions=LOCAL"), std::string::npos)
+        << flows->out;
+    auto check = CheckNetwork(net, net_ctx);
+    ASSERT_TRUE(check.ok()) << check.error().ToString();
+    EXPECT_TRUE(check->blockers.empty()) << Join(check->blockers);
+    progress("check",
+             "vNIC " + name + " is a policed port of OVS bridge " + bridge +
+                 ", admitted by the agent's flows",
+             100);
   }
 
   // Into the guest with the seeded key: the seed's hostname, UEFI, the slice disk with the image.
