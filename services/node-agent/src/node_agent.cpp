@@ -25,6 +25,8 @@
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 #include "libvirt_runtime.hpp"
+#include "net_host.hpp"
+#include "ovs.hpp"
 #include "vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
@@ -261,8 +263,17 @@ Result<void> NodeAgent::Start() {
         std::lock_guard lock(net_mu_);
         if (!net_->applied()) return std::nullopt;
         const bool ovs = net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS;
-        return LibvirtOptions::AppliedBridge{net_->applied()->bridge(), ovs,
-                                             ovs && cfg_.net_ovs_datapath_type == "netdev"};
+        LibvirtOptions::AppliedBridge applied{net_->applied()->bridge(), ovs, false};
+        if (ovs) {
+          // The bridge's own datapath (an adopted one keeps its own), else the configured one.
+          const NetContext ctx = NetCtx();
+          const NetHost host(ctx);
+          auto bridge = Ovs(host, ctx.ovs_rundir).Bridge(applied.name);
+          applied.userspace = bridge.ok() && bridge->exists
+                                  ? bridge->datapath_type == "netdev"
+                                  : cfg_.net_ovs_datapath_type == "netdev";
+        }
+        return applied;
       };
       lo.network_cleanup = network_cleanup;
       lo.vnic_attached = [this]() -> Result<void> {

@@ -745,6 +745,33 @@ TEST_P(NetApplyTest, GatewayOnAnotherBridgeIsAConflictNotASecondBridge) {
   Ip(host_ns_, {"link", "del", "oldbr"});
 }
 
+TEST_P(NetApplyTest, AnotherDhcpServerOnTheHostIsAConflict) {
+  // The runbook host's own dnsmasq serving the slice subnet (here: on the bridge the agent is
+  // about to use, bound to every address). The agent's dnsmasq cannot bind beside it, and says so.
+  MustApply(spec_);
+  const int pid = std::stoi(Trim(Slurp(spec_.state_dir + "/dnsmasq.pid")));
+  ASSERT_EQ(::kill(pid, SIGTERM), 0);
+  for (int i = 0; i < 300 && Alive(pid); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  const std::string site_pid = dir_.path() + "/site-dnsmasq.pid";
+  ASSERT_EQ(InNs(host_ns_, {"dnsmasq", "--conf-file=/dev/null", "--port=0",
+                            "--pid-file=" + site_pid, "--dhcp-range=10.100.0.100,10.100.0.200,12h"})
+                .exit_code,
+            0);
+  auto r = ApplyNetwork(spec_, ctx_);
+  const int site = std::stoi(Trim(Slurp(site_pid)));
+  ::kill(site, SIGTERM);
+  for (int i = 0; i < 300 && Alive(site); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().reason, "dhcp_server_conflict") << r.error().ToString();
+  EXPECT_THAT(Blockers(), ::testing::Contains("dnsmasq_not_running"));
+  // With the host's server gone the agent's starts again.
+  EXPECT_TRUE(MustApply(spec_).started_dnsmasq);
+}
+
 // The cases only Open vSwitch has.
 class OvsApplyTest : public NetApplyTest {
  protected:
