@@ -243,6 +243,14 @@ class IpamTest : public ::testing::Test {
     auto r = messaging::JsPublish(*conn_, subject, ev.SerializeAsString(), msg_id);
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
+  // An empty lease report of `node` for document `version`, observed at `at_ms`.
+  static v1::LeaseReport LeaseReportOf(const std::string& node, int64_t version, int64_t at_ms) {
+    v1::LeaseReport r;
+    r.set_node_id(node);
+    r.set_document_version(version);
+    *r.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(at_ms);
+    return r;
+  }
   void PublishLeases(const v1::LeaseReport& report) {
     const auto subject = LeaseReportSubject(report.node_id());
     auto ev =
@@ -768,10 +776,7 @@ TEST_F(IpamTest, AgentVnicDriftIsTheBoundSlotsDriftUntilACleanReport) {
   const int64_t bound_ms = TimeUtil::TimestampToMilliseconds(a.bound_at());
   const int64_t version = Network("gpu-01")->document().version();
   auto report = [&](int64_t at_ms) {
-    v1::LeaseReport r;
-    r.set_node_id("gpu-01");
-    r.set_document_version(version);
-    *r.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(at_ms);
+    auto r = LeaseReportOf("gpu-01", version, at_ms);
     *r.add_observations() = Obs(a, a.ip(), "bound");
     return r;
   };
@@ -809,13 +814,7 @@ TEST_F(IpamTest, LeaseReportsBecomeDriftAndAreResolved) {
   const auto c = *Find("gpu-01", "gpu-c");
   const int64_t bound_ms = TimeUtil::TimestampToMilliseconds(a.bound_at());
   const int64_t version = Network("gpu-01")->document().version();
-  auto report = [&](int64_t at_ms) {
-    v1::LeaseReport r;
-    r.set_node_id("gpu-01");
-    r.set_document_version(version);
-    *r.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(at_ms);
-    return r;
-  };
+  auto report = [&](int64_t at_ms) { return LeaseReportOf("gpu-01", version, at_ms); };
 
   // 1. gpu-a (the VM's vNIC) has its lease; gpu-b's MAC leased another IP: drift.
   auto r1 = report(bound_ms + 1000);

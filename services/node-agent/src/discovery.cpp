@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/enums.hpp"
+#include "ovs.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -1069,64 +1070,21 @@ bool ProbeOvs(const HostRoot& host, const DiscoveryOptions& opts, NetworkProbe& 
 }  // namespace
 
 Result<std::vector<v1::OvsPortInfo>> ParseOvsInterfaces(const std::string& json) {
-  using Json = nlohmann::json;
-  // Values come as atoms (a string, a number), ["set", [atoms]] or ["map", [[key, value]]].
-  auto atom = [](const Json& v) -> const Json* {
-    if (v.is_array() && v.size() == 2 && v[0] == "set") {
-      return v[1].is_array() && v[1].size() == 1 ? &v[1][0] : nullptr;
-    }
-    return &v;
-  };
-  auto text = [&](const Json& v) {
-    const Json* a = atom(v);
-    return a != nullptr && a->is_string() ? a->get<std::string>() : std::string();
-  };
-  auto number = [&](const Json& v) -> long long {
-    const Json* a = atom(v);
-    return a != nullptr && a->is_number_integer() ? a->get<long long>() : 0;
-  };
-  try {
-    Json doc = Json::parse(json);
-    std::map<std::string, size_t> col;
-    const auto& headings = doc.at("headings");
-    for (size_t i = 0; i < headings.size(); ++i) col[headings.at(i).get<std::string>()] = i;
-    if (col.count("name") == 0) {
-      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl Interface table has no name");
-    }
-    std::vector<v1::OvsPortInfo> out;
-    for (const auto& row : doc.at("data")) {
-      auto cell = [&](const char* name) -> const Json* {
-        auto it = col.find(name);
-        return it == col.end() || it->second >= row.size() ? nullptr : &row.at(it->second);
-      };
-      v1::OvsPortInfo p;
-      if (const Json* c = cell("name")) p.set_name(text(*c));
-      if (const Json* c = cell("ofport")) p.set_ofport(static_cast<int32_t>(number(*c)));
-      if (const Json* c = cell("type")) p.set_type(text(*c));
-      if (const Json* c = cell("ingress_policing_rate")) {
-        p.set_ingress_policing_rate_kbps(number(*c));
-      }
-      if (const Json* c = cell("ingress_policing_burst")) {
-        p.set_ingress_policing_burst_kb(number(*c));
-      }
-      if (const Json* c = cell("external_ids");
-          c != nullptr && c->is_array() && c->size() == 2 && (*c)[0] == "map") {
-        for (const auto& kv : (*c)[1]) {
-          if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) {
-            continue;
-          }
-          const auto key = kv[0].get<std::string>();
-          if (key == "attached-mac") p.set_attached_mac(kv[1].get<std::string>());
-          if (key == "gpuaas-slot") p.set_slot(kv[1].get<std::string>());
-        }
-      }
-      if (!p.name().empty()) out.push_back(std::move(p));
-    }
-    return out;
-  } catch (const std::exception& e) {
-    return Error::InvalidArgument("ovs_table_invalid",
-                                  std::string("ovs-vsctl Interface table: ") + e.what());
+  auto rows = ParseOvsTable(json, {"name"});
+  if (!rows.ok()) return rows.error();
+  std::vector<v1::OvsPortInfo> out;
+  for (auto& row : *rows) {
+    v1::OvsPortInfo p;
+    p.set_name(OvsText(row["name"]));
+    p.set_ofport(static_cast<int32_t>(OvsInt(row["ofport"])));
+    p.set_type(OvsText(row["type"]));
+    p.set_ingress_policing_rate_kbps(OvsInt(row["ingress_policing_rate"]));
+    p.set_ingress_policing_burst_kb(OvsInt(row["ingress_policing_burst"]));
+    p.set_attached_mac(OvsMapGet(row["external_ids"], "attached-mac"));
+    p.set_slot(OvsMapGet(row["external_ids"], "gpuaas-slot"));
+    if (!p.name().empty()) out.push_back(std::move(p));
   }
+  return out;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -777,14 +777,18 @@ struct OvsState {
   OvsFlowTable flows;
 };
 
-Result<OvsState> ProbeOvs(const Ovs& ovs, const std::string& bridge) {
+// The bridge and its flows; its interfaces too when `interfaces` (the check needs them, the
+// apply reads them later, after it may have changed them).
+Result<OvsState> ProbeOvs(const Ovs& ovs, const std::string& bridge, bool interfaces) {
   OvsState s;
   auto b = ovs.Bridge(bridge);
   if (!b.ok()) return b.error();
   s.bridge = *b;
-  auto ifaces = ovs.Interfaces();
-  if (!ifaces.ok()) return ifaces.error();
-  s.ifaces = std::move(*ifaces);
+  if (interfaces) {
+    auto ifaces = ovs.Interfaces();
+    if (!ifaces.ok()) return ifaces.error();
+    s.ifaces = std::move(*ifaces);
+  }
   if (s.bridge.exists) {
     auto flows = ovs.Flows(bridge);
     if (!flows.ok()) return flows.error();
@@ -1077,7 +1081,7 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
       return Error::FailedPrecondition(
           "bridge_name_conflict", spec.bridge + " exists as a Linux bridge, not an OVS bridge");
     }
-    auto st = ProbeOvs(ovs, spec.bridge);
+    auto st = ProbeOvs(ovs, spec.bridge, false);
     if (!st.ok()) return st.error();
     if (br->exists && !st->bridge.exists) {
       return Error::FailedPrecondition("bridge_name_conflict",
@@ -1398,7 +1402,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   if (!br.ok()) return br.error();
   OvsState ovs_state;
   if (ovs_dp) {
-    auto st = ProbeOvs(ovs, spec.bridge);
+    auto st = ProbeOvs(ovs, spec.bridge, true);
     if (!st.ok()) return st.error();
     ovs_state = std::move(*st);
   }

@@ -15,7 +15,7 @@ namespace {
 
 using Json = nlohmann::json;
 
-// ovsdb's JSON values: an atom, ["uuid", "..."], ["set", [...]] or ["map", [[k, v], ...]].
+// The items of a set column (a lone atom is a set of one).
 std::vector<Json> SetItems(const Json& v) {
   if (v.is_array() && v.size() == 2 && v[0] == "set" && v[1].is_array()) {
     return {v[1].begin(), v[1].end()};
@@ -29,7 +29,54 @@ std::string Uuid(const Json& v) {
              : "";
 }
 
-std::string MapGet(const Json& v, const std::string& key) {
+// The atom of an atom or one-element set; nullptr otherwise.
+const Json* Atom(const Json& v) {
+  if (v.is_array() && v.size() == 2 && v[0] == "set") {
+    return v[1].is_array() && v[1].size() == 1 ? &v[1][0] : nullptr;
+  }
+  return &v;
+}
+
+}  // namespace
+
+Result<std::vector<OvsRow>> ParseOvsTable(const std::string& json,
+                                          const std::vector<std::string>& required) {
+  auto doc = Json::parse(json, nullptr, false);
+  if (doc.is_discarded() || !doc.is_object() || !doc.contains("headings") ||
+      !doc["headings"].is_array() || !doc.contains("data") || !doc["data"].is_array()) {
+    return Error::InvalidArgument("ovs_table_invalid",
+                                  "not an ovs-vsctl JSON table: " + json.substr(0, 200));
+  }
+  std::vector<std::string> head;
+  for (const auto& h : doc["headings"]) head.push_back(h.is_string() ? h.get<std::string>() : "");
+  for (const auto& r : required) {
+    if (std::find(head.begin(), head.end(), r) == head.end()) {
+      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl table has no " + r + " column");
+    }
+  }
+  std::vector<OvsRow> out;
+  for (const auto& row : doc["data"]) {
+    if (!row.is_array()) {
+      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl table row is not an array");
+    }
+    OvsRow r;
+    for (size_t i = 0; i < head.size() && i < row.size(); ++i) r[head[i]] = row[i];
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string OvsText(const Json& v) {
+  const Json* a = Atom(v);
+  return a != nullptr && a->is_string() ? a->get<std::string>() : "";
+}
+
+int64_t OvsInt(const Json& v) {
+  const Json* a = Atom(v);
+  return a != nullptr && a->is_number_integer() ? a->get<int64_t>() : 0;
+}
+
+std::string OvsMapGet(const Json& v, const std::string& key) {
   if (!(v.is_array() && v.size() == 2 && v[0] == "map" && v[1].is_array())) return "";
   for (const auto& kv : v[1]) {
     if (kv.is_array() && kv.size() == 2 && kv[0] == key && kv[1].is_string()) {
@@ -38,40 +85,6 @@ std::string MapGet(const Json& v, const std::string& key) {
   }
   return "";
 }
-
-std::string Str(const Json& v) {
-  for (const auto& item : SetItems(v)) {
-    if (item.is_string()) return item.get<std::string>();
-  }
-  return "";
-}
-
-int64_t Int(const Json& v, int64_t none) {
-  for (const auto& item : SetItems(v)) {
-    if (item.is_number_integer()) return item.get<int64_t>();
-  }
-  return none;
-}
-
-// One `--format=json list <table>` result as rows of column -> value.
-Result<std::vector<std::map<std::string, Json>>> Rows(const std::string& line) {
-  auto j = Json::parse(line, nullptr, false);
-  if (j.is_discarded() || !j.contains("headings") || !j.contains("data")) {
-    return Error::Internal("unexpected_tool_output", "ovs-vsctl: " + line.substr(0, 200));
-  }
-  std::vector<std::map<std::string, Json>> out;
-  const auto& head = j["headings"];
-  for (const auto& row : j["data"]) {
-    std::map<std::string, Json> r;
-    for (size_t i = 0; i < head.size() && i < row.size(); ++i) {
-      r[head[i].get<std::string>()] = row[i];
-    }
-    out.push_back(std::move(r));
-  }
-  return out;
-}
-
-}  // namespace
 
 std::vector<std::string> DesiredOvsFlows(bool isolate, std::vector<OvsVnic> vnics) {
   const std::string c = fmt::format("cookie={}, ", kOvsCookie);
@@ -146,13 +159,13 @@ Result<OvsBridge> Ovs::Bridge(const std::string& bridge) const {
   auto r = Vsctl({"--format=json", "--columns=fail_mode,datapath_type,external_ids", "list",
                   "Bridge", bridge});
   if (!r.ok()) return r.error();
-  auto rows = Rows(Trim(r->out));
+  auto rows = ParseOvsTable(Trim(r->out));
   if (!rows.ok()) return rows.error();
   if (!rows->empty()) {
     auto& row = rows->front();
-    b.fail_mode = Str(row["fail_mode"]);
-    b.datapath_type = Str(row["datapath_type"]);
-    b.managed = MapGet(row["external_ids"], "gpuaas-managed") == "true";
+    b.fail_mode = OvsText(row["fail_mode"]);
+    b.datapath_type = OvsText(row["datapath_type"]);
+    b.managed = OvsMapGet(row["external_ids"], "gpuaas-managed") == "true";
   }
   return b;
 }
@@ -175,15 +188,15 @@ Result<std::vector<OvsInterface>> Ovs::Interfaces() const {
         "unexpected_tool_output",
         "ovs-vsctl list: " + r->out.substr(0, std::min<size_t>(200, r->out.size())));
   }
-  auto ifaces = Rows(docs[0]);
-  auto ports = Rows(docs[1]);
-  auto bridges = Rows(docs[2]);
+  auto ifaces = ParseOvsTable(docs[0]);
+  auto ports = ParseOvsTable(docs[1]);
+  auto bridges = ParseOvsTable(docs[2]);
   if (!ifaces.ok()) return ifaces.error();
   if (!ports.ok()) return ports.error();
   if (!bridges.ok()) return bridges.error();
   std::map<std::string, std::string> port_bridge;  // port uuid -> bridge name
   for (auto& b : *bridges) {
-    for (const auto& p : SetItems(b["ports"])) port_bridge[Uuid(p)] = Str(b["name"]);
+    for (const auto& p : SetItems(b["ports"])) port_bridge[Uuid(p)] = OvsText(b["name"]);
   }
   std::map<std::string, std::string> iface_bridge;  // interface uuid -> bridge name
   for (auto& p : *ports) {
@@ -193,14 +206,14 @@ Result<std::vector<OvsInterface>> Ovs::Interfaces() const {
   std::vector<OvsInterface> out;
   for (auto& row : *ifaces) {
     OvsInterface i;
-    i.name = Str(row["name"]);
+    i.name = OvsText(row["name"]);
     i.bridge = iface_bridge[Uuid(row["_uuid"])];
-    i.ofport = Int(row["ofport"], -1);
-    i.type = Str(row["type"]);
-    i.attached_mac = Lower(MapGet(row["external_ids"], "attached-mac"));
-    i.slot = MapGet(row["external_ids"], "gpuaas-slot");
-    i.ingress_rate_kbps = Int(row["ingress_policing_rate"], 0);
-    i.ingress_burst_kb = Int(row["ingress_policing_burst"], 0);
+    i.ofport = OvsInt(row["ofport"]);
+    i.type = OvsText(row["type"]);
+    i.attached_mac = Lower(OvsMapGet(row["external_ids"], "attached-mac"));
+    i.slot = OvsMapGet(row["external_ids"], "gpuaas-slot");
+    i.ingress_rate_kbps = OvsInt(row["ingress_policing_rate"]);
+    i.ingress_burst_kb = OvsInt(row["ingress_policing_burst"]);
     out.push_back(std::move(i));
   }
   std::sort(out.begin(), out.end(),

@@ -8,8 +8,11 @@
 // (cookie 0, priority 0, actions=NORMAL, installed on a bridge in fail_mode standalone) goes away
 // when the bridge is switched to fail_mode=secure, which adopting a bridge does.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "gpuaas/common/result.hpp"
 #include "net_host.hpp"
@@ -18,10 +21,24 @@ namespace gpuaas::node_agent {
 
 inline constexpr const char* kOvsCookie = "0x67706173";  // "gpas"
 
+// One `ovs-vsctl --format=json list <table>` result: a row per record, column -> value. Values
+// are ovsdb's JSON: an atom, ["uuid", id], ["set", [atoms]] or ["map", [[key, value]...]]. A
+// short row has only the columns it reaches. INVALID_ARGUMENT ovs_table_invalid when `json` is
+// not such a table or lacks a `required` heading. (The agent's applier and discovery both read
+// OVS through this.)
+using OvsRow = std::map<std::string, nlohmann::json>;
+Result<std::vector<OvsRow>> ParseOvsTable(const std::string& json,
+                                          const std::vector<std::string>& required = {});
+// An atom or a one-element set as text / integer; "" / 0 for anything else (an empty set).
+std::string OvsText(const nlohmann::json& v);
+int64_t OvsInt(const nlohmann::json& v);
+// A map column's value for `key` ("" when absent).
+std::string OvsMapGet(const nlohmann::json& v, const std::string& key);
+
 struct OvsInterface {
   std::string name;
   std::string bridge;        // the bridge whose port it is ("" when none)
-  int64_t ofport = -1;       // -1: not (yet) attached to the datapath
+  int64_t ofport = 0;        // 0: not yet numbered by ovs-vswitchd; -1: it could not attach it
   std::string type;          // "" (system), "internal", ...
   std::string attached_mac;  // external_ids:attached-mac (libvirt sets the guest's MAC)
   std::string slot;          // external_ids:gpuaas-slot (set by the agent)
