@@ -4,7 +4,9 @@
 # tap lands on a bridge in that namespace; the daemons' UNIX socket is reachable from the host
 # namespace), and an EXIT trap that stops what was started, by PID, and deletes the namespace.
 # Nothing here touches the host's own network.
-#   e2e_require_root NAME          exit 77 (skipped) unless root and no libvirt daemon runs
+#   e2e_require_root NAME          exit 77 (skipped) unless root and no libvirt daemon runs;
+#                                  then scripts/host-bootstrap (e.g. /dev/kvm for libvirt's qemu,
+#                                  so a run straight from ctest gets a set-up host too)
 #   e2e_guest DIR                  build the guest (idempotent; SKIP_GUEST_BUILD=1 skips); the
 #                                  scripts share BUILD_DIR/e2e-guest (env GUEST overrides)
 #   e2e_netns NAME                 create the namespace (lo up); removed on exit
@@ -48,6 +50,7 @@ e2e_on_exit() { E2E_ON_EXIT+=("$1"); }
 e2e_require_root() {
   E2E_NAME=$1
   [ "$(id -u)" = 0 ] || { echo "$E2E_NAME: needs root (skipped)"; exit 77; }
+  "$E2E_HERE/../host-bootstrap"
   local p
   for p in /run/libvirtd.pid /run/virtqemud.pid; do
     if [ -f "$p" ] && kill -0 "$(cat "$p")" 2>/dev/null; then

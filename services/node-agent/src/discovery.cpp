@@ -761,6 +761,92 @@ std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host) {
 // ---------------------------------------------------------------------------------------------
 // Prerequisites.
 
+namespace {
+
+// The last uncommented `key = "value"` of the root's qemu.conf (libvirt reads the file top to
+// bottom, so a later line wins); nullopt when unset.
+std::optional<std::string> QemuConfValue(const HostRoot& host, std::string_view key) {
+  std::optional<std::string> out;
+  for (const auto& raw : SplitLines(host.ReadFile("/etc/libvirt/qemu.conf").value_or(""))) {
+    std::string line = Trim(raw);
+    if (!StartsWith(line, key)) continue;
+    std::string_view rest = std::string_view(line).substr(key.size());
+    while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
+    if (rest.empty() || rest.front() != '=') continue;  // "group_foo = ..." is another key
+    size_t open = rest.find('"');
+    size_t close = open == std::string_view::npos ? open : rest.find('"', open + 1);
+    if (close == std::string_view::npos) continue;
+    out = std::string(rest.substr(open + 1, close - open - 1));
+  }
+  return out;
+}
+
+// Name and id columns of the root's /etc/passwd or /etc/group ("name:x:id:...").
+std::vector<std::pair<std::string, long long>> IdTable(const HostRoot& host,
+                                                       std::string_view file) {
+  std::vector<std::pair<std::string, long long>> out;
+  for (const auto& line : SplitLines(host.ReadFile(file).value_or(""))) {
+    size_t a = line.find(':');
+    size_t b = a == std::string::npos ? a : line.find(':', a + 1);
+    size_t c = b == std::string::npos ? b : line.find(':', b + 1);
+    if (c == std::string::npos) continue;
+    if (auto id = ParseInt(std::string_view(line).substr(b + 1, c - b - 1))) {
+      out.emplace_back(line.substr(0, a), *id);
+    }
+  }
+  return out;
+}
+
+std::string NameOf(const std::vector<std::pair<std::string, long long>>& table, unsigned id) {
+  for (const auto& [name, i] : table) {
+    if (i == id) return name;
+  }
+  return std::to_string(id);
+}
+
+// libvirt's "+N" is the numeric id N; anything else is a name looked up in the root's
+// /etc/group.
+std::optional<long long> GroupId(const std::vector<std::pair<std::string, long long>>& groups,
+                                 const std::string& group) {
+  if (StartsWith(group, "+")) return ParseInt(std::string_view(group).substr(1));
+  for (const auto& [name, id] : groups) {
+    if (name == group) return id;
+  }
+  return std::nullopt;
+}
+
+// Whether libvirt's qemu can open /dev/kvm. It runs as qemu.conf's user and group (Debian's
+// build defaults: libvirt-qemu, kvm); when it cannot, libvirt 9.0 finds no usable KVM in its
+// capability cache and re-probes qemu on every API call, which is slow but works, so a WARN.
+std::optional<Check> KvmAccessCheck(const HostRoot& host) {
+  auto st = host.Stat("/dev/kvm");
+  if (!st) return std::nullopt;  // the kvm check already FAILs
+  const std::string group = QemuConfValue(host, "group").value_or("kvm");
+  const std::string user = QemuConfValue(host, "user").value_or("libvirt-qemu");
+  const auto groups = IdTable(host, "/etc/group");
+  const std::string owned =
+      fmt::format("{}:{} {:04o}", NameOf(IdTable(host, "/etc/passwd"), st->uid),
+                  NameOf(groups, st->gid), st->mode);
+  const std::string desc = "/dev/kvm " + owned;
+  if (user == "root" || user == "+0") {
+    return MakeCheck("kvm_access", v1::CHECK_STATUS_PASS, desc + " (qemu runs as root)");
+  }
+  auto gid = GroupId(groups, group);
+  const bool others_rw = (st->mode & 006u) == 006u;
+  const bool group_rw = gid && *gid == st->gid && (st->mode & 060u) == 060u;
+  if (others_rw || group_rw) return MakeCheck("kvm_access", v1::CHECK_STATUS_PASS, desc);
+  std::string detail = "/dev/kvm is " + owned + ": libvirt's qemu (group " + group +
+                       ") cannot open it, and libvirt re-probes qemu on every call (about 90 s "
+                       "per define)";
+  if (!gid) detail += "; group " + group + " is not in /etc/group";
+  return MakeCheck("kvm_access", v1::CHECK_STATUS_WARN, detail,
+                   fmt::format("run scripts/host-bootstrap (or: chgrp {} /dev/kvm && chmod 0660 "
+                               "/dev/kvm, and a udev rule)",
+                               group));
+}
+
+}  // namespace
+
 std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& opts,
                                 const std::vector<v1::GpuDevice>& gpus, bool* reboot_required) {
   std::vector<Check> out;
@@ -789,6 +875,7 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
                             "enable VT-x/VMX (AMD-V/SVM) in firmware and load kvm_intel/kvm_amd",
                             true));
   }
+  if (auto c = KvmAccessCheck(host)) out.push_back(std::move(*c));
 
   size_t groups = host.ListDir("/sys/kernel/iommu_groups").size();
   std::vector<std::string> no_group;

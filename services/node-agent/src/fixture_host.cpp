@@ -1,5 +1,8 @@
 #include "fixture_host.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -109,6 +112,41 @@ struct Builder {
   int iommu_group = 10;
   std::vector<std::string> mounts;
   std::vector<std::string> cpulists = {"0-47,96-143", "48-95,144-191"};
+
+  // /dev/kvm plus the /etc/passwd and /etc/group that name its owner. Files get this process's
+  // ids; as root the node is moved to a gid of its own so that "kvm" is not also "root".
+  void KvmNode() {
+    constexpr unsigned kKvmGid = 993;
+    unsigned file_gid = static_cast<unsigned>(::getegid());
+    if (o.kvm) {
+      t.File("/dev/kvm", "");
+      std::string p = t.P("/dev/kvm").string();
+      if (o.kvm_access && ::chown(p.c_str(), static_cast<uid_t>(-1), kKvmGid) == 0) {
+        file_gid = kKvmGid;
+      }
+      if (::chmod(p.c_str(), o.kvm_access ? 0660 : 0600) != 0) {
+        throw std::runtime_error("cannot chmod " + p);
+      }
+      struct stat st {};
+      if (::stat(p.c_str(), &st) == 0) file_gid = st.st_gid;
+    }
+    const unsigned kvm_gid =
+        o.kvm_access ? file_gid : (file_gid == kKvmGid ? kKvmGid + 1 : kKvmGid);
+    std::string group = "root:x:0:\n";
+    if (file_gid != 0 && file_gid != kvm_gid) {
+      group += "users:x:" + std::to_string(file_gid) + ":\n";
+    }
+    group += "kvm:x:" + std::to_string(kvm_gid) + ":libvirt-qemu\n";
+    t.File("/etc/group", group);
+    std::string passwd = "root:x:0:0:root:/root:/bin/bash\n";
+    if (::geteuid() != 0) {
+      passwd += "builder:x:" + std::to_string(::geteuid()) + ":" + std::to_string(file_gid) +
+                "::/nonexistent:/usr/sbin/nologin\n";
+    }
+    passwd += "libvirt-qemu:x:64055:" + std::to_string(kvm_gid) +
+              ":Libvirt Qemu:/var/lib/libvirt:/usr/sbin/nologin\n";
+    t.File("/etc/passwd", passwd);
+  }
 
   // A PCI function under `parent` (a root complex or a bridge directory); returns its directory.
   std::string Pci(const std::string& parent, const std::string& addr, const std::string& vendor,
@@ -326,7 +364,7 @@ struct Builder {
     // Prerequisites.
     t.File("/proc/sys/kernel/hostname", o.hostname + "\n");
     t.File("/etc/hostname", o.hostname + "\n");
-    if (o.kvm) t.File("/dev/kvm", "");
+    KvmNode();
     if (o.iommu) t.Dir("/sys/kernel/iommu_groups");
     t.File("/proc/cmdline", std::string("BOOT_IMAGE=/vmlinuz-6.8.0-60-generic root=/dev/mapper/"
                                         "vg0-root ro") +

@@ -40,6 +40,9 @@ struct FixtureOptions {
   std::string link_layer = "InfiniBand";  // or "Ethernet" (RoCE)
   // Prerequisites.
   bool kvm = true;
+  // /dev/kvm is group kvm (the root's /etc/group names the file's group kvm) and 0660, as on a
+  // Debian host with udev; false: 0600 and kvm is another group, as where no udev ran.
+  bool kvm_access = true;
   bool iommu = true;
   bool iommu_cmdline = true;
   bool vfio = true;

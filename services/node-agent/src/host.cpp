@@ -174,6 +174,20 @@ bool HostRoot::IsSymlink(std::string_view logical) const {
   return ::lstat(real.c_str(), &st) == 0 && S_ISLNK(st.st_mode);
 }
 
+std::optional<FileStat> HostRoot::Stat(std::string_view logical) const {
+  auto r = Resolve(logical);
+  if (!r) return std::nullopt;
+  struct stat st {};
+  if (::lstat(Real(*r).c_str(), &st) != 0) return std::nullopt;
+  FileStat out;
+  out.char_device = S_ISCHR(st.st_mode);
+  out.regular = S_ISREG(st.st_mode);
+  out.mode = st.st_mode & 07777;
+  out.uid = st.st_uid;
+  out.gid = st.st_gid;
+  return out;
+}
+
 std::optional<std::string> HostRoot::ReadFile(std::string_view logical) const {
   auto r = Resolve(logical);
   if (!r) return std::nullopt;

@@ -15,6 +15,16 @@
 
 namespace gpuaas::node_agent {
 
+// What Stat reports: type, permission bits and numeric owner (names come from the root's own
+// /etc/passwd and /etc/group, not this process's).
+struct FileStat {
+  bool char_device = false;
+  bool regular = false;
+  unsigned mode = 0;  // permission bits only (0660)
+  unsigned uid = 0;
+  unsigned gid = 0;
+};
+
 class HostRoot {
  public:
   explicit HostRoot(std::string root = "/");
@@ -33,6 +43,8 @@ class HostRoot {
   bool Exists(std::string_view logical) const;
   bool IsDir(std::string_view logical) const;
   bool IsSymlink(std::string_view logical) const;  // the last component itself is a link
+  // stat(2) of what `logical` resolves to; nullopt when missing.
+  std::optional<FileStat> Stat(std::string_view logical) const;
   // Whole file (capped at 4 MiB); nullopt when missing or unreadable.
   std::optional<std::string> ReadFile(std::string_view logical) const;
   // At most `n` bytes from the start of a regular file or block device (a disk's first sectors

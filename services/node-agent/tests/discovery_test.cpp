@@ -487,6 +487,7 @@ TEST(DiscoveryTest, PrereqChecksOnFixture) {
   };
   EXPECT_EQ(status("gpus"), v1::CHECK_STATUS_PASS);
   EXPECT_EQ(status("kvm"), v1::CHECK_STATUS_FAIL);
+  EXPECT_EQ(FindCheck(rep.prereqs(), "kvm_access"), nullptr);  // nothing to open
   EXPECT_EQ(status("iommu_groups"), v1::CHECK_STATUS_PASS);
   EXPECT_EQ(status("iommu_cmdline"), v1::CHECK_STATUS_WARN);  // groups exist anyway
   EXPECT_EQ(status("vfio_modules"), v1::CHECK_STATUS_FAIL);
@@ -519,6 +520,85 @@ TEST(DiscoveryTest, PrereqChecksOnFixture) {
   EXPECT_EQ(FindCheck(brep.prereqs(), "iommu_groups")->status(), v1::CHECK_STATUS_FAIL);
   EXPECT_EQ(FindCheck(brep.prereqs(), "libvirt")->status(), v1::CHECK_STATUS_WARN);
   EXPECT_TRUE(brep.candidates().empty());
+}
+
+TEST(DiscoveryTest, KvmAccessPassesWhenQemusGroupCanOpenIt) {
+  FixtureOptions o;
+  o.gpus = 1;
+  TempHost host(o);
+  auto st = HostRoot(host.dir()).Stat("/dev/kvm");
+  ASSERT_TRUE(st.has_value());
+  EXPECT_EQ(st->mode, 0660u);
+  EXPECT_TRUE(st->regular);
+  EXPECT_FALSE(st->char_device);
+  auto rep = host.Discover();
+  const auto* c = FindCheck(rep.prereqs(), "kvm_access");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status(), v1::CHECK_STATUS_PASS) << c->detail();
+  EXPECT_NE(c->detail().find(":kvm 0660"), std::string::npos) << c->detail();
+  if (::geteuid() == 0) {
+    EXPECT_EQ(c->detail(), "/dev/kvm root:kvm 0660");
+  }
+  EXPECT_TRUE(c->remediation().empty());
+}
+
+TEST(DiscoveryTest, KvmAccessWarnsWhenOnlyItsOwnerCanOpenIt) {
+  FixtureOptions o;
+  o.gpus = 1;
+  o.kvm_access = false;
+  TempHost host(o);
+  auto rep = host.Discover();
+  const auto* c = FindCheck(rep.prereqs(), "kvm_access");
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->status(), v1::CHECK_STATUS_WARN);
+  EXPECT_NE(c->detail().find(" 0600: libvirt's qemu (group kvm) cannot open it, and libvirt "
+                             "re-probes qemu on every call (about 90 s per define)"),
+            std::string::npos)
+      << c->detail();
+  if (::geteuid() == 0) {
+    EXPECT_EQ(c->detail().rfind("/dev/kvm is root:root 0600:", 0), 0u) << c->detail();
+  }
+  EXPECT_EQ(c->remediation(),
+            "run scripts/host-bootstrap (or: chgrp kvm /dev/kvm && chmod 0660 /dev/kvm, and a "
+            "udev rule)");
+  // Slow, not broken: advisory only, never a blocker, and parity still exits 0.
+  EXPECT_FALSE(c->blocker());
+  EXPECT_EQ(FindCheck(rep.prereqs(), "kvm")->status(), v1::CHECK_STATUS_PASS);
+  EXPECT_TRUE(rep.node_blockers().empty());
+  std::vector<v1::Check> checks(rep.prereqs().begin(), rep.prereqs().end());
+  EXPECT_NE(FormatParity(checks).find("GPUAAS_SLICE_PARITY status=WARN check=kvm_access detail="),
+            std::string::npos);
+  EXPECT_EQ(ParityExitCode(checks), 0);
+
+  // Anyone may read and write it (systemd's own default, 0666): qemu can open it.
+  ASSERT_EQ(::chmod((host.dir() + "/dev/kvm").c_str(), 0666), 0);
+  EXPECT_EQ(FindCheck(host.Discover().prereqs(), "kvm_access")->status(), v1::CHECK_STATUS_PASS);
+}
+
+TEST(DiscoveryTest, KvmAccessFollowsQemuConf) {
+  FixtureOptions o;
+  o.gpus = 1;
+  TempHost host(o);
+  auto write_conf = [&](const std::string& text) {
+    fs::create_directories(host.dir() + "/etc/libvirt");
+    std::ofstream(host.dir() + "/etc/libvirt/qemu.conf") << text;
+  };
+  auto access = [&] { return *FindCheck(host.Discover().prereqs(), "kvm_access"); };
+  // Commented lines are libvirt's documentation, not settings; a later line wins.
+  write_conf(
+      "#group = \"libvirt-qemu\"\ngroup_x = \"nobody\"\ngroup = \"nobody\"\n"
+      "group = \"kvm\"\n");
+  EXPECT_EQ(access().status(), v1::CHECK_STATUS_PASS) << access().detail();
+  // A group the root does not know: qemu cannot be in it.
+  write_conf("group = \"libvirt-qemu\"\n");
+  auto c = access();
+  EXPECT_EQ(c.status(), v1::CHECK_STATUS_WARN);
+  EXPECT_NE(c.detail().find("(group libvirt-qemu) cannot open it"), std::string::npos);
+  EXPECT_NE(c.detail().find("group libvirt-qemu is not in /etc/group"), std::string::npos);
+  EXPECT_NE(c.remediation().find("chgrp libvirt-qemu /dev/kvm"), std::string::npos);
+  // qemu running as root opens anything.
+  write_conf("group = \"libvirt-qemu\"\nuser = \"+0\"\n");
+  EXPECT_EQ(access().status(), v1::CHECK_STATUS_PASS) << access().detail();
 }
 
 TEST(DiscoveryTest, LibvirtUnreachableFails) {
@@ -1016,7 +1096,7 @@ TEST(ParityTest, FixtureHostPassesAndBrokenNatFails) {
   std::vector<v1::Check> checks(rep.prereqs().begin(), rep.prereqs().end());
   checks.insert(checks.end(), rep.network_checks().begin(), rep.network_checks().end());
   auto out = FormatParity(checks);
-  EXPECT_NE(out.find("summary checks=16 failures=0 warnings=0"), std::string::npos) << out;
+  EXPECT_NE(out.find("summary checks=17 failures=0 warnings=0"), std::string::npos) << out;
   EXPECT_EQ(ParityExitCode(checks), 0);
 
   FixtureOptions o;
