@@ -14,5 +14,7 @@ find_package(OpenSSL REQUIRED)
 pkg_check_modules(NATS REQUIRED IMPORTED_TARGET libnats)
 pkg_check_modules(PQXX REQUIRED IMPORTED_TARGET libpqxx)
 pkg_check_modules(LIBVIRT REQUIRED IMPORTED_TARGET libvirt)
+# The node-agent's image fetch (file://, http://, https://; resumable).
+pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
 # Request tokens (gpuaas::auth): JWT ES256.
 pkg_check_modules(JWT REQUIRED IMPORTED_TARGET libjwt)

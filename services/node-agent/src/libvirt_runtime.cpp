@@ -41,6 +41,8 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host.hpp"
+#include "image_cache.hpp"
+#include "tool_run.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -52,138 +54,6 @@ using std::chrono::milliseconds;
 constexpr const char* kRuntime = "libvirt";
 
 std::string Errno(int e) { return std::strerror(e); }
-
-// ---------------------------------------------------------------------------------------------
-// Tools.
-
-struct StreamResult {
-  int exit_code = -1;
-  bool timed_out = false;
-  std::string out;
-  std::string err;
-};
-
-// Like RunTool (absolute argv[0], no shell, stdin /dev/null, fixed environment, own process
-// group killed on timeout), but hands stdout to `on_out` as it arrives: qemu-img -p progress.
-Result<StreamResult> RunStreaming(const std::vector<std::string>& argv, milliseconds timeout,
-                                  const std::function<void(const std::string&)>& on_out) {
-  if (argv.empty() || argv[0].empty() || argv[0][0] != '/') {
-    return Error::InvalidArgument("tool_path", "tool path must be absolute");
-  }
-  std::vector<char*> args;
-  args.reserve(argv.size() + 1);
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  static const char* kEnv[] = {"LC_ALL=C", "PATH=/usr/sbin:/usr/bin:/sbin:/bin", nullptr};
-  int out_pipe[2], err_pipe[2], exec_pipe[2];
-  if (::pipe2(out_pipe, O_CLOEXEC) != 0) return Error::Internal("pipe", Errno(errno));
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
-    ::close(out_pipe[0]);
-    ::close(out_pipe[1]);
-    return Error::Internal("pipe", Errno(errno));
-  }
-  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) {
-    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
-    return Error::Internal("pipe", Errno(errno));
-  }
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    for (int fd :
-         {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1]}) {
-      ::close(fd);
-    }
-    return Error::Internal("fork", Errno(errno));
-  }
-  if (pid == 0) {
-    ::setpgid(0, 0);
-    const int devnull = ::open("/dev/null", O_RDONLY);
-    if (devnull >= 0) ::dup2(devnull, 0);
-    ::dup2(out_pipe[1], 1);
-    ::dup2(err_pipe[1], 2);
-    ::execve(args[0], args.data(), const_cast<char* const*>(kEnv));
-    const int e = errno;
-    [[maybe_unused]] auto n = ::write(exec_pipe[1], &e, sizeof(e));
-    ::_exit(127);
-  }
-  ::setpgid(pid, pid);
-  ::close(out_pipe[1]);
-  ::close(err_pipe[1]);
-  ::close(exec_pipe[1]);
-  int exec_errno = 0;
-  if (::read(exec_pipe[0], &exec_errno, sizeof(exec_errno)) != sizeof(exec_errno)) exec_errno = 0;
-  ::close(exec_pipe[0]);
-
-  StreamResult res;
-  const auto deadline = Clock::now() + timeout;
-  pollfd fds[2] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0}};
-  int open_fds = 2;
-  char buf[8192];
-  constexpr size_t kCap = 1 << 20;
-  while (open_fds > 0) {
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline - Clock::now()).count();
-    if (left <= 0) {
-      res.timed_out = true;
-      break;
-    }
-    const int n = ::poll(fds, 2, static_cast<int>(std::min<long long>(left, 1000)));
-    if (n < 0 && errno != EINTR) break;
-    for (int i = 0; i < 2; ++i) {
-      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      const ssize_t r = ::read(fds[i].fd, buf, sizeof(buf));
-      if (r <= 0) {
-        ::close(fds[i].fd);
-        fds[i].fd = -1;
-        --open_fds;
-        continue;
-      }
-      std::string chunk(buf, static_cast<size_t>(r));
-      auto& sink = i == 0 ? res.out : res.err;
-      if (sink.size() < kCap) sink += chunk.substr(0, kCap - sink.size());
-      if (i == 0 && on_out) on_out(chunk);
-    }
-  }
-  for (auto& f : fds) {
-    if (f.fd >= 0) ::close(f.fd);
-  }
-  // A tool that closed its output but keeps running is still bounded by the deadline.
-  int status = 0;
-  while (!res.timed_out) {
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid || (w < 0 && errno != EINTR)) break;
-    if (Clock::now() >= deadline) {
-      res.timed_out = true;
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(5));
-  }
-  if (res.timed_out) {
-    ::kill(-pid, SIGKILL);
-    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-    }
-  }
-  if (exec_errno != 0) {
-    return Error::Internal("tool_exec_failed",
-                           fmt::format("cannot run {}: {}", argv[0], Errno(exec_errno)));
-  }
-  res.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return res;
-}
-
-std::string FirstLine(const std::string& s) {
-  auto t = Trim(s);
-  auto nl = t.find('\n');
-  return nl == std::string::npos ? t : t.substr(0, nl);
-}
-
-// A tool ran and said no: message with its stderr.
-Error ToolFailed(const std::string& stage, const std::string& reason, const std::string& tool,
-                 const StreamResult& r, std::map<std::string, std::string> det = {}) {
-  det["tool"] = tool;
-  det["exit_code"] = std::to_string(r.exit_code);
-  std::string why = r.timed_out ? "timed out" : FirstLine(r.err.empty() ? r.out : r.err);
-  return StageError(r.timed_out ? Code::kDeadlineExceeded : Code::kInternal, reason,
-                    fmt::format("{} failed: {}", Basename(tool), why), stage, std::move(det));
-}
 
 // ---------------------------------------------------------------------------------------------
 // libvirt.
@@ -421,20 +291,6 @@ bool IsHostname(const std::string& h) {
 // A YAML double-quoted scalar (JSON strings are valid YAML).
 std::string Quote(const std::string& s) { return nlohmann::json(s).dump(); }
 
-std::string PercentDecode(const std::string& s) {
-  std::string out;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
-        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
-      out += static_cast<char>(std::stoi(s.substr(i + 1, 2), nullptr, 16));
-      i += 2;
-    } else {
-      out += s[i];
-    }
-  }
-  return out;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -644,39 +500,15 @@ Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& b) {
 // ---------------------------------------------------------------------------------------------
 // The runtime.
 
-namespace {
-
-// Tool lookup in the real root (tools never come from a fixture tree).
-Result<std::string> FindToolIn(const std::string& root, const std::string& name,
-                               const std::string& stage) {
-  HostRoot r(root);
-  if (auto t = r.FindCommand(name)) return *t;
-  return StageError(Code::kFailedPrecondition, "tool_missing",
-                    name + " is not installed on this host", stage, {{"tool", name}});
-}
-
-// Runs the tool and insists on exit 0.
-Result<StreamResult> RunOk(const std::vector<std::string>& argv, milliseconds timeout,
-                           const std::string& stage, const std::string& reason,
-                           const std::function<void(const std::string&)>& on_out = {},
-                           std::map<std::string, std::string> det = {}) {
-  auto r = RunStreaming(argv, timeout, on_out);
-  if (!r.ok()) return WithStage(r.error(), stage);
-  if (r->exit_code != 0 || r->timed_out) {
-    return ToolFailed(stage, reason, argv[0], *r, std::move(det));
-  }
-  return r;
-}
-
-struct ImageInfo {
-  std::string format;
-  uint64_t virtual_size = 0;
-};
-
-}  // namespace
+namespace {}  // namespace
 
 LibvirtRuntime::LibvirtRuntime(LocalStore& store, LibvirtOptions opts)
     : store_(store), opts_(std::move(opts)) {
+  ImageCacheOptions io;
+  io.dir = opts_.image_cache_dir;
+  io.tools_root = opts_.tools_root;
+  io.timeout = opts_.image_timeout;
+  images_ = std::make_unique<ImageCache>(std::move(io));
   static std::once_flag once;
   std::call_once(once, [] {
     virInitialize();
@@ -747,165 +579,6 @@ bool LibvirtRuntime::Adopted() const {
 }
 
 namespace {
-
-Result<std::string> Sha256Of(const LibvirtOptions& o, const std::string& path) {
-  auto tool = FindToolIn(o.tools_root, "sha256sum", "image");
-  if (!tool.ok()) return tool.error();
-  auto r = RunOk({*tool, "--", path}, o.image_timeout, "image", "image_digest_failed");
-  if (!r.ok()) return r.error();
-  auto f = SplitWs(r->out);
-  if (f.empty() || !IsValidSha256(f[0])) {
-    return StageError(Code::kInternal, "image_digest_failed", "sha256sum said nothing", "image");
-  }
-  return f[0];
-}
-
-// The image in the cache, fetched when missing, its digest verified now (before every use).
-Result<std::string> EnsureImage(const LibvirtOptions& o, const v1::ImageRef& img,
-                                const ProgressFn& progress) {
-  const std::string kStage = "image";
-  const std::string& want = img.sha256();
-  std::error_code ec;
-  fs::create_directories(o.image_cache_dir, ec);
-  if (ec) {
-    return StageError(Code::kInternal, "image_cache_unusable",
-                      o.image_cache_dir + ": " + ec.message(), kStage);
-  }
-  const std::string cached = fmt::format("{}/{}.img", o.image_cache_dir, want);
-  if (fs::exists(cached)) {
-    progress(kStage, fmt::format("{}: cached, verifying sha256", img.name()), 0);
-    auto got = Sha256Of(o, cached);
-    if (!got.ok()) return got.error();
-    if (*got == want) return cached;
-    fs::remove(cached, ec);  // a corrupted cache entry: fetch again
-  }
-  progress(kStage, fmt::format("fetching {} from {}", img.name(), img.url()), 0);
-  const std::string partial = fmt::format("{}.partial-{}", cached, ::getpid());
-  const std::string& url = img.url();
-  if (url.rfind("file://", 0) == 0) {
-    const std::string src = PercentDecode(url.substr(7));
-    if (src.empty() || src[0] != '/' || !fs::is_regular_file(src, ec)) {
-      return StageError(Code::kNotFound, "image_not_found",
-                        "image " + img.name() + ": no file at " + src, kStage, {{"url", url}});
-    }
-    fs::copy_file(src, partial, fs::copy_options::overwrite_existing, ec);
-    if (ec) {
-      fs::remove(partial, ec);
-      return StageError(Code::kInternal, "image_fetch_failed",
-                        "copying " + src + ": " + ec.message(), kStage, {{"url", url}});
-    }
-  } else if (url.rfind("http://", 0) == 0 || url.rfind("https://", 0) == 0) {
-    auto curl = FindToolIn(o.tools_root, "curl", kStage);
-    if (!curl.ok()) return curl.error();
-    auto r = RunOk({*curl, "-fsSL", "--proto", "=http,https", "-o", partial, "--", url},
-                   o.image_timeout, kStage, "image_fetch_failed", {}, {{"url", url}});
-    if (!r.ok()) {
-      fs::remove(partial, ec);
-      return r.error();
-    }
-  } else {
-    return StageError(Code::kInvalidArgument, "image_url_unsupported",
-                      "image URL must be file://, http:// or https://: '" + url + "'", kStage,
-                      {{"url", url}});
-  }
-  auto got = Sha256Of(o, partial);
-  if (!got.ok()) {
-    fs::remove(partial, ec);
-    return got.error();
-  }
-  if (*got != want) {
-    fs::remove(partial, ec);
-    return StageError(
-        Code::kFailedPrecondition, "image_digest_mismatch",
-        fmt::format("image {} has sha256 {}, the bundle wants {}", img.name(), *got, want), kStage,
-        {{"expected_sha256", want}, {"actual_sha256", *got}, {"url", url}});
-  }
-  fs::rename(partial, cached, ec);
-  if (ec) {
-    fs::remove(partial, ec);
-    return StageError(Code::kInternal, "image_cache_unusable", cached + ": " + ec.message(),
-                      kStage);
-  }
-  return cached;
-}
-
-Result<ImageInfo> InspectImage(const LibvirtOptions& o, const std::string& path) {
-  const std::string kStage = "image";
-  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
-  if (!qemu_img.ok()) return qemu_img.error();
-  auto r = RunOk({*qemu_img, "info", "--output=json", path}, milliseconds(60000), kStage,
-                 "image_unreadable");
-  if (!r.ok()) return r.error();
-  auto j = nlohmann::json::parse(r->out, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return StageError(Code::kInternal, "image_unreadable", "qemu-img info printed no JSON", kStage);
-  }
-  ImageInfo info;
-  info.format = j.value("format", "");
-  info.virtual_size = j.value("virtual-size", uint64_t{0});
-  // A backing file would make qemu read another file of the image's choosing.
-  if (j.contains("backing-filename") || j.contains("full-backing-filename")) {
-    return StageError(Code::kFailedPrecondition, "image_has_backing_file",
-                      "images with a backing file are refused", kStage);
-  }
-  if (info.format != "raw" && info.format != "qcow2") {
-    return StageError(Code::kFailedPrecondition, "image_format_unsupported",
-                      "image format '" + info.format + "' (only raw and qcow2)", kStage,
-                      {{"format", info.format}});
-  }
-  return info;
-}
-
-// qemu-img convert onto the boot disk, with its -p percentages mapped to 50..100.
-Result<void> ConvertImage(const LibvirtOptions& o, const std::string& image, const ImageInfo& info,
-                          const DiskTarget& target, const ProgressFn& progress) {
-  const std::string kStage = "image";
-  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
-  if (!qemu_img.ok()) return qemu_img.error();
-  if (info.virtual_size > target.size) {
-    if (target.block) {
-      return StageError(Code::kFailedPrecondition, "disk_too_small",
-                        fmt::format("image needs {} bytes, {} has {}", info.virtual_size,
-                                    target.path, target.size),
-                        kStage, {{"path", target.path}});
-    }
-    // A fixture's stand-in file grows to the image's size.
-    std::error_code ec;
-    fs::resize_file(target.path, info.virtual_size, ec);
-    if (ec) {
-      return StageError(Code::kInternal, "image_write_failed", target.path + ": " + ec.message(),
-                        kStage);
-    }
-  }
-  int last = 50;
-  std::string carry;
-  auto on_out = [&](const std::string& chunk) {
-    carry += chunk;
-    // "    (12.34/100%)\r" repeated; take the last complete one.
-    const size_t end = carry.rfind("/100%)");
-    if (end == std::string::npos) return;
-    const size_t open = carry.rfind('(', end);
-    if (open != std::string::npos) {
-      double pct = 0;
-      try {
-        pct = std::stod(carry.substr(open + 1, end - open - 1));
-      } catch (const std::exception&) {
-        pct = 0;
-      }
-      const int mapped = 50 + static_cast<int>(pct / 2);
-      if (mapped >= last + 10 && mapped < 100) {
-        last = mapped;
-        progress(kStage, fmt::format("writing image: {:.0f}%", pct), mapped);
-      }
-    }
-    carry = carry.substr(end + 6);
-  };
-  auto r = RunOk({*qemu_img, "convert", "-p", "-n", "-f", info.format, "-O", "raw", "-t",
-                  target.block ? "none" : "writeback", image, target.path},
-                 o.image_timeout, kStage, "image_write_failed", on_out, {{"path", target.path}});
-  if (!r.ok()) return r.error();
-  return Ok();
-}
 
 Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle& b) {
   const std::string kStage = "seed";
@@ -1082,22 +755,31 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   auto seed_job =
       std::async(std::launch::async, [this, &seeded] { return BuildSeed(opts_, seeded); });
 
-  // ---- image: onto the boot disk (the first slot disk) ----
+  // ---- image: onto the boot disk (the first slot disk), one read of the cached raw bytes ----
   if (!disks.empty()) {
-    auto image = EnsureImage(opts_, b.image(), progress);
+    auto image = images_->Ensure(b.image(), progress);
     if (!image.ok()) return image.error();
-    progress("image", fmt::format("{}: sha256:{} verified", b.image().name(), b.image().sha256()),
-             50);
-    auto info = InspectImage(opts_, *image);
-    if (!info.ok()) return info.error();
     // Re-check the disk right before the write: nothing may have mounted it meanwhile.
     auto t = CheckDiskTarget(disks[0].target_path, opts_.allow_regular_file_disks, "image");
     if (!t.ok()) return t.error();
-    if (auto c = ConvertImage(opts_, *image, *info, *t, progress); !c.ok()) return c.error();
-    progress("image",
-             fmt::format("{} ({}, {} bytes) written to {}", b.image().name(), info->format,
-                         info->virtual_size, disks[0].by_id),
-             100);
+    auto wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
+    if (!wrote.ok() && wrote.error().reason == "image_digest_mismatch") {
+      // The cache's copy rotted since it was verified: fetched again, written again, once.
+      progress("image",
+               fmt::format("{}: the cached copy no longer matches its digest; fetching it again",
+                           b.image().name()),
+               0);
+      images_->Evict(b.image().sha256());
+      image = images_->Ensure(b.image(), progress);
+      if (!image.ok()) return image.error();
+      wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
+    }
+    if (!wrote.ok()) return wrote.error();
+    progress(
+        "image",
+        fmt::format("{} ({}, {} bytes) written to {} in {:.2f} s, sha256 verified",
+                    b.image().name(), image->format, image->size, disks[0].by_id, wrote->seconds),
+        100);
   } else {
     progress("image", "no slot disk: image not written (kernel boot)", 100);
   }

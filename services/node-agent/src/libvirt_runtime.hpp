@@ -5,23 +5,25 @@
 //
 // Provision: ValidateBundle against a fresh DiscoverDevices of the host root, then the kernel's
 // own view of every target disk (a block device, not mounted, no mounted partition, no holder,
-// exclusive open possible) BEFORE anything is written; TakeLease; the image (cached by digest,
-// sha256 verified before every use, `qemu-img convert -n -O raw` onto the boot slot's disk with
-// progress); the NoCloud seed ISO (genisoimage, label cidata); define; start; readiness = the
-// boot MAC's lease in the dnsmasq lease file, then an SSH banner. A failure after the lease leaves
-// the lease, the domain and the disk for release/cleanup (the slot is dirty).
-// Release: virDomainShutdown, wait, virDomainDestroy on timeout; undefine with NVRAM (retried);
-// seed removed. Cleanup: leftover domain destroyed and undefined, the disk-safety checks again
-// right before each write, wipefs -a, blkdiscard (or zeroing the whole disk when discard is not
-// supported), verification that no signature remains, the caller's network hook, DropLease.
-// Adopt (agent restart): this agent's domains against the ledger.
+// exclusive open possible) BEFORE anything is written; TakeLease; the image (image_cache.hpp:
+// fetched once into the node's cache by digest, qcow2 converted once to raw there, then one
+// sequential pass per provision that hashes and writes it onto the boot slot's disk with O_DIRECT,
+// the disk made bootable only once the digest matched); the NoCloud seed ISO (genisoimage, label
+// cidata); define; start; readiness = the boot MAC's lease in the dnsmasq lease file, then an SSH
+// banner. A failure after the lease leaves the lease, the domain and the disk for release/cleanup
+// (the slot is dirty). Release: virDomainShutdown, wait, virDomainDestroy on timeout; undefine with
+// NVRAM (retried); seed removed. Cleanup: leftover domain destroyed and undefined, the disk-safety
+// checks again right before each write, wipefs -a, blkdiscard (or zeroing the whole disk when
+// discard is not supported), verification that no signature remains, the caller's network hook,
+// DropLease. Adopt (agent restart): this agent's domains against the ledger.
 //
-// Tools (qemu-img, genisoimage, wipefs, blkdiscard, blkid, sha256sum, curl) run from the real
+// Tools (qemu-img, genisoimage, wipefs, blkdiscard, blkid) run from the real
 // root with RunTool-style bounded runs; the devices are read under `host_root`, so a fixture
 // host works (its device nodes are regular files, or block nodes made for loop devices).
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -31,6 +33,10 @@
 #include "gpuaas/common/result.hpp"
 #include "local_store.hpp"
 #include "vm_runtime.hpp"
+
+namespace gpuaas::node_agent {
+class ImageCache;
+}
 
 struct _virConnect;  // libvirt's connection and domain; libvirt headers stay out of this header
 struct _virDomain;
@@ -74,7 +80,7 @@ struct LibvirtOptions {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(60)};
   int undefine_attempts = 3;
   std::chrono::milliseconds undefine_retry_delay{std::chrono::milliseconds(500)};
-  std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, digest, convert
+  std::chrono::milliseconds image_timeout{std::chrono::hours(1)};  // fetch, convert, write
   std::chrono::milliseconds wipe_timeout{std::chrono::hours(4)};   // discard or zero, per disk
   NetworkCleanupFn network_cleanup;  // unset: proofs say network_state_removed=false
   // Called once the domain runs, before readiness waits for its lease: the slice network admits
@@ -145,6 +151,7 @@ class LibvirtRuntime : public VmRuntime {
   std::mutex conn_mu_;     // the connection
   _virConnect* conn_ = nullptr;
   bool adopted_ = false;
+  std::unique_ptr<ImageCache> images_;  // the node's image cache (image_cache.hpp)
 };
 
 // Building blocks, public for tests and for the agent's own checks.

@@ -566,7 +566,8 @@ void ObserveStage(prometheus::Family<prometheus::Histogram>& family, const std::
 }  // namespace
 
 void NodeAgent::PublishProgress(const v1::NodeTask& task, TaskScope& scope,
-                                const std::string& stage, const std::string& detail, int percent) {
+                                const std::string& stage, const std::string& detail, int percent,
+                                const ByteProgress* bytes) {
   const auto now = TaskScopeClock::now();
   if (stage != scope.stage) {
     if (!scope.stage.empty()) {
@@ -584,6 +585,13 @@ void NodeAgent::PublishProgress(const v1::NodeTask& task, TaskScope& scope,
   p.set_stage(enums::FromColumn<v1::TaskStage>(stage));
   p.set_detail(detail);
   p.set_percent(percent);
+  if (bytes != nullptr) {
+    auto* b = p.mutable_bytes();
+    b->set_phase(bytes->phase);
+    b->set_done(bytes->done);
+    b->set_total(bytes->total);
+    b->set_bytes_per_second(bytes->bytes_per_second);
+  }
   const std::string subject =
       fmt::format("gpuaas.v1.evt.node.{node_id}.task.progress", fmt::arg("node_id", cfg_.node_id));
   // Progress is advisory: a fresh event id each time, nothing stored, a lost one is only logged.
@@ -634,8 +642,9 @@ void RecordVmOutcome(const v1::NodeTask& task, Result<Out> r, Out* out, v1::Node
 void NodeAgent::RegisterTasks() {
   using T = v1::NodeTask;
   auto progress = [this](const T& t, TaskScope& scope) -> ProgressFn {
-    return [this, &t, &scope](const std::string& stage, const std::string& detail, int percent) {
-      PublishProgress(t, scope, stage, detail, percent);
+    return [this, &t, &scope](const std::string& stage, const std::string& detail, int percent,
+                              const ByteProgress* bytes) {
+      PublishProgress(t, scope, stage, detail, percent, bytes);
     };
   };
   tasks_by_type_ = {

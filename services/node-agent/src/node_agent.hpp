@@ -32,6 +32,7 @@
 #include "gpuaas/v1/node.pb.h"
 #include "local_store.hpp"
 #include "net_apply.hpp"
+#include "vm_runtime.hpp"
 
 namespace google::protobuf {
 class Message;
@@ -198,7 +199,7 @@ class NodeAgent {
   TaskRun RunChecks(v1::ChecksOutput& out, bool prereq, v1::NodeTaskResult& res);
   // Publishes a progress event and starts or extends `stage` on the task's stage clock.
   void PublishProgress(const v1::NodeTask& task, TaskScope& scope, const std::string& stage,
-                       const std::string& detail, int percent);
+                       const std::string& detail, int percent, const ByteProgress* bytes = nullptr);
   // A finished task into gpuaas_node_task_seconds: its last stage (or the one its failure
   // names) and the whole task (stage "total").
   void ObserveTask(TaskScope& scope, const v1::NodeTaskResult& res,

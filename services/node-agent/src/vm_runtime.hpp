@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
@@ -77,8 +78,46 @@ Result<void> PutDomainRecord(LocalStore& store, const v1::ProvisionBundle& bundl
 Result<void> CheckCleanup(const v1::CleanupParams& params, const LocalStore& store,
                           const v1::TopologyReport& devices, const std::string& stage);
 
-// stage, detail, percent (stage-specific; "image" reports 0, 50, 100).
-using ProgressFn = std::function<void(const std::string&, const std::string&, int)>;
+// How far a transfer is (the image's download into the cache, its write onto the boot disk).
+struct ByteProgress {
+  std::string phase;  // "fetch" | "write"
+  uint64_t done = 0;
+  uint64_t total = 0;  // 0 while unknown
+  uint64_t bytes_per_second = 0;
+};
+
+// A runtime's progress: stage, detail, percent (stage-specific; "image" reports 0..100 as it
+// fetches and writes), and while bytes move, how many. Built from either a callable taking all
+// four (the fourth a `const ByteProgress*`, null when no bytes move) or one taking only the
+// first three.
+class ProgressFn {
+ public:
+  using Sink =
+      std::function<void(const std::string&, const std::string&, int, const ByteProgress*)>;
+  ProgressFn() = default;
+  template <typename F>
+  requires std::is_invocable_v<F&, const std::string&, const std::string&, int, const ByteProgress*>
+  ProgressFn(F f) : sink_(std::move(f)) {}  // NOLINT(google-explicit-constructor)
+  template <typename F>
+  requires(
+      !std::is_invocable_v<F&, const std::string&, const std::string&, int, const ByteProgress*> &&
+      std::is_invocable_v<F&, const std::string&, const std::string&, int>)
+      ProgressFn(F f)  // NOLINT(google-explicit-constructor)
+      : sink_([f = std::move(f)](const std::string& stage, const std::string& detail, int pct,
+                                 const ByteProgress*) mutable { f(stage, detail, pct); }) {}
+
+  void operator()(const std::string& stage, const std::string& detail, int percent) const {
+    if (sink_) sink_(stage, detail, percent, nullptr);
+  }
+  void operator()(const std::string& stage, const std::string& detail, int percent,
+                  const ByteProgress& bytes) const {
+    if (sink_) sink_(stage, detail, percent, &bytes);
+  }
+  explicit operator bool() const { return static_cast<bool>(sink_); }
+
+ private:
+  Sink sink_;
+};
 // Removes an allocation's network state on the host (the agent's networking code: the slot
 // MACs' DHCP leases); both runtimes call it from Cleanup and prove the result per slot.
 using NetworkCleanupFn = std::function<Result<void>(const v1::CleanupParams&)>;

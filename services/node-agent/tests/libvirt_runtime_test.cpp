@@ -13,6 +13,7 @@
 #include <sys/sysmacros.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -923,7 +924,10 @@ TEST_F(LibvirtRuntimeTest, DigestMismatchFailsBeforeTheDiskIsWritten) {
   EXPECT_EQ(out.error().details.at("actual_sha256"), digest_);
   EXPECT_EQ(ReadAll(disk), before);
   EXPECT_EQ(State(alloc), "absent");
-  EXPECT_TRUE(fs::is_empty(sb_->work() + "/images"));  // nothing unverified is cached
+  for (const auto& e : fs::directory_iterator(sb_->work() + "/images")) {
+    // Nothing unverified is cached (the image's lock file stays).
+    EXPECT_EQ(e.path().extension(), ".lock") << e.path();
+  }
   ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
 
   auto missing = Bundle(ids::NewUuidV7());
@@ -932,6 +936,48 @@ TEST_F(LibvirtRuntimeTest, DigestMismatchFailsBeforeTheDiskIsWritten) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().reason, "image_not_found");
   ASSERT_TRUE(rt_->Cleanup(CleanupOf(missing), [](auto&&...) {}).ok());
+}
+
+TEST_F(LibvirtRuntimeTest, ACachedImageThatRottedIsFetchedAgainAndTheDiskStillGetsItsBytes) {
+  Init();
+  auto first = Bundle(ids::NewUuidV7());
+  sb_->Lease(first.slots(0).mac(), first.slots(0).private_ip());
+  ASSERT_TRUE(rt_->Provision(first, [](auto&&...) {}).ok());
+  v1::ReleaseParams rel;
+  rel.set_allocation_id(first.allocation_id());
+  ASSERT_TRUE(rt_->Release(rel, [](auto&&...) {}).ok());
+  ASSERT_TRUE(rt_->Cleanup(CleanupOf(first), [](auto&&...) {}).ok());
+
+  // A byte of the cached copy flips; its size and mtime stay (only reading it can tell).
+  const std::string cached = sb_->work() + "/images/" + digest_ + ".img";
+  struct stat st {};
+  ASSERT_EQ(::stat(cached.c_str(), &st), 0);
+  {
+    std::fstream f(cached, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100000);
+    const char c = static_cast<char>(f.peek());
+    f.put(static_cast<char>(c ^ 0x20));
+  }
+  const timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, cached.c_str(), times, 0), 0);
+  ASSERT_NE(Sha256(cached), digest_);
+
+  auto second = Bundle(ids::NewUuidV7());
+  sb_->Lease(second.slots(0).mac(), second.slots(0).private_ip());
+  std::vector<std::string> said;
+  auto out = rt_->Provision(
+      second, [&](const std::string&, const std::string& d, int) { said.push_back(d); });
+  ASSERT_TRUE(out.ok()) << out.error().ToString();
+  EXPECT_NE(std::find_if(said.begin(), said.end(),
+                         [](const std::string& d) {
+                           return d.find("no longer matches its digest") != std::string::npos;
+                         }),
+            said.end());
+  EXPECT_EQ(Sha256(sb_->DiskPath(second.slots(0).nvme_by_id())), digest_);
+  EXPECT_EQ(Sha256(cached), digest_);
+  rel.set_allocation_id(second.allocation_id());
+  ASSERT_TRUE(rt_->Release(rel, [](auto&&...) {}).ok());
+  ASSERT_TRUE(rt_->Cleanup(CleanupOf(second), [](auto&&...) {}).ok());
 }
 
 TEST_F(LibvirtRuntimeTest, MountedChildDiskIsRefusedBeforeAnyWrite) {

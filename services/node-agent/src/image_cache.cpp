@@ -1,0 +1,822 @@
+#include "image_cache.hpp"
+
+#include <curl/curl.h>
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <openssl/evp.h>
+#include <sys/file.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "host.hpp"
+#include "tool_run.hpp"
+
+namespace gpuaas::node_agent {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+constexpr const char* kStage = "image";
+constexpr size_t kChunk = size_t{4} << 20;  // one read, one hash update, one write
+constexpr size_t kRing = 8;                 // chunks in flight between the reader and the writer
+constexpr size_t kAlign = 4096;
+
+std::string Errno(int e) { return std::strerror(e); }
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool ok() const { return fd_ >= 0; }
+
+ private:
+  int fd_;
+};
+
+struct AlignedFree {
+  void operator()(char* p) const { std::free(p); }
+};
+using Buffer = std::unique_ptr<char, AlignedFree>;
+Buffer NewBuffer(size_t n) { return Buffer(static_cast<char*>(std::aligned_alloc(kAlign, n))); }
+
+class Sha256 {
+ public:
+  Sha256() : ctx_(EVP_MD_CTX_new()) { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  ~Sha256() { EVP_MD_CTX_free(ctx_); }
+  Sha256(const Sha256&) = delete;
+  Sha256& operator=(const Sha256&) = delete;
+  void Reset() { EVP_DigestInit_ex(ctx_, EVP_sha256(), nullptr); }
+  void Update(const void* p, size_t n) { EVP_DigestUpdate(ctx_, p, n); }
+  std::string Hex() {
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int len = 0;
+    EVP_DigestFinal_ex(ctx_, md, &len);
+    std::string out;
+    out.reserve(static_cast<size_t>(len) * 2);
+    for (unsigned i = 0; i < len; ++i) out += fmt::format("{:02x}", md[i]);
+    return out;
+  }
+
+ private:
+  EVP_MD_CTX* ctx_;
+};
+
+// Hashes [0, n) of fd into h; false on a read error or a short file.
+bool HashPrefix(int fd, uint64_t n, Sha256& h) {
+  auto buf = NewBuffer(kChunk);
+  uint64_t off = 0;
+  while (off < n) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunk, n - off));
+    const ssize_t r = ::pread(fd, buf.get(), want, static_cast<off_t>(off));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    h.Update(buf.get(), static_cast<size_t>(r));
+    off += static_cast<uint64_t>(r);
+  }
+  return true;
+}
+
+std::string Human(double bytes) {
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int u = 0;
+  while (bytes >= 1024 && u < 4) {
+    bytes /= 1024;
+    ++u;
+  }
+  return fmt::format("{:.1f} {}", bytes, units[u]);
+}
+
+ByteProgress Bytes(const char* phase, uint64_t done, uint64_t total, Clock::time_point t0) {
+  const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+  return {phase, done, total, s > 0 ? static_cast<uint64_t>(static_cast<double>(done) / s) : 0};
+}
+
+std::string Rate(const ByteProgress& b) {
+  return fmt::format("{} of {} at {}/s", Human(static_cast<double>(b.done)),
+                     b.total ? Human(static_cast<double>(b.total)) : std::string("?"),
+                     Human(static_cast<double>(b.bytes_per_second)));
+}
+
+Error Fail(Code code, std::string reason, std::string message,
+           std::map<std::string, std::string> det = {}) {
+  return StageError(code, std::move(reason), std::move(message), kStage, std::move(det));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fetch.
+
+struct FetchState {
+  int fd = -1;
+  uint64_t offset = 0;  // bytes in the partial file
+  Sha256* hash = nullptr;
+  bool write_failed = false;
+  int write_errno = 0;
+  Clock::time_point t0;
+  Clock::time_point deadline;
+  Clock::time_point last_report;
+  uint64_t start_offset = 0;
+  const ProgressFn* progress = nullptr;
+  std::string name;
+};
+
+size_t OnData(char* data, size_t size, size_t nmemb, void* user) {
+  auto* st = static_cast<FetchState*>(user);
+  const size_t n = size * nmemb;
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w =
+        ::pwrite(st->fd, data + done, n - done, static_cast<off_t>(st->offset + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      st->write_failed = true;
+      st->write_errno = errno;
+      return 0;  // libcurl: CURLE_WRITE_ERROR
+    }
+    done += static_cast<size_t>(w);
+  }
+  st->hash->Update(data, n);
+  st->offset += n;
+  return n;
+}
+
+int OnProgress(void* user, curl_off_t dltotal, curl_off_t dlnow, curl_off_t, curl_off_t) {
+  auto* st = static_cast<FetchState*>(user);
+  const auto now = Clock::now();
+  if (now >= st->deadline) return 1;  // CURLE_ABORTED_BY_CALLBACK
+  if (now - st->last_report >= std::chrono::seconds(1) && dlnow > 0) {
+    st->last_report = now;
+    const uint64_t total = dltotal > 0 ? st->start_offset + static_cast<uint64_t>(dltotal) : 0;
+    ByteProgress b = Bytes("fetch", st->offset, total, st->t0);
+    // The rate counts this attempt's bytes only (a resumed prefix did not move now).
+    const double s = std::chrono::duration<double>(now - st->t0).count();
+    b.bytes_per_second =
+        s > 0 ? static_cast<uint64_t>(static_cast<double>(st->offset - st->start_offset) / s) : 0;
+    const int pct = total ? static_cast<int>(45 * st->offset / total) : 0;
+    (*st->progress)(kStage, fmt::format("fetching {}: {}", st->name, Rate(b)), pct, b);
+  }
+  return 0;
+}
+
+bool Transient(CURLcode c, long http) {
+  switch (c) {
+    case CURLE_COULDNT_CONNECT:
+    case CURLE_COULDNT_RESOLVE_HOST:
+    case CURLE_COULDNT_RESOLVE_PROXY:
+    case CURLE_OPERATION_TIMEDOUT:
+    case CURLE_RECV_ERROR:
+    case CURLE_SEND_ERROR:
+    case CURLE_PARTIAL_FILE:
+    case CURLE_GOT_NOTHING:
+    case CURLE_SSL_CONNECT_ERROR:
+    case CURLE_HTTP2:
+    case CURLE_HTTP2_STREAM:
+      return true;
+    case CURLE_HTTP_RETURNED_ERROR:
+      return http >= 500 || http == 408 || http == 429;
+    default:
+      return false;
+  }
+}
+
+void CurlInitOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] { curl_global_init(CURL_GLOBAL_DEFAULT); });
+}
+
+// Downloads `url` into `partial` (resuming what is there), hashing as it arrives; the digest of
+// the whole file on success.
+Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
+                          const std::string& partial, const ProgressFn& progress) {
+  CurlInitOnce();
+  const std::string& url = img.url();
+  std::map<std::string, std::string> det = {{"url", url}};
+  Fd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd.ok()) {
+    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno));
+  }
+  Sha256 hash;
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  uint64_t have = static_cast<uint64_t>(st.st_size);
+  if (have > 0 && !HashPrefix(fd.get(), have, hash)) {
+    hash.Reset();
+    have = 0;
+  }
+  if (have == 0 && ::ftruncate(fd.get(), 0) != 0) {
+    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno));
+  }
+  if (have > 0) {
+    progress(kStage, fmt::format("resuming {} at {}", img.name(), Human(static_cast<double>(have))),
+             0);
+  }
+  const auto deadline = Clock::now() + o.timeout;
+  auto delay = o.retry_delay;
+  std::string last_error;
+  for (int attempt = 1;; ++attempt) {
+    FetchState fs_state;
+    fs_state.fd = fd.get();
+    fs_state.offset = have;
+    fs_state.start_offset = have;
+    fs_state.hash = &hash;
+    fs_state.t0 = Clock::now();
+    fs_state.last_report = fs_state.t0;
+    fs_state.deadline = deadline;
+    fs_state.progress = &progress;
+    fs_state.name = img.name();
+    std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
+    if (!curl) return Fail(Code::kInternal, "image_fetch_failed", "curl_easy_init failed", det);
+    char errbuf[CURL_ERROR_SIZE] = {0};
+    CURL* c = curl.get();
+    curl_easy_setopt(c, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https,file");
+    curl_easy_setopt(c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
+    curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 1L);
+    curl_easy_setopt(c, CURLOPT_MAXREDIRS, 5L);
+    curl_easy_setopt(c, CURLOPT_FAILONERROR, 1L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT, 30L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, 1L);
+    curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, static_cast<long>(o.stall_timeout.count()));
+    curl_easy_setopt(c, CURLOPT_USERAGENT, "gpuaas-node-agent");
+    curl_easy_setopt(c, CURLOPT_ERRORBUFFER, errbuf);
+    curl_easy_setopt(c, CURLOPT_BUFFERSIZE, 512L * 1024);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, &OnData);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, &fs_state);
+    curl_easy_setopt(c, CURLOPT_NOPROGRESS, 0L);
+    curl_easy_setopt(c, CURLOPT_XFERINFOFUNCTION, &OnProgress);
+    curl_easy_setopt(c, CURLOPT_XFERINFODATA, &fs_state);
+    if (have > 0) curl_easy_setopt(c, CURLOPT_RESUME_FROM_LARGE, static_cast<curl_off_t>(have));
+    const CURLcode rc = curl_easy_perform(c);
+    long http = 0;
+    curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &http);
+    have = fs_state.offset;
+    if (rc == CURLE_OK) break;
+    const std::string why = errbuf[0] ? errbuf : curl_easy_strerror(rc);
+    det["curl_code"] = std::to_string(static_cast<int>(rc));
+    if (http > 0) det["http_status"] = std::to_string(http);
+    if (rc == CURLE_WRITE_ERROR && fs_state.write_failed) {
+      return Fail(Code::kInternal, "image_cache_unusable",
+                  partial + ": " + Errno(fs_state.write_errno), det);
+    }
+    if (rc == CURLE_ABORTED_BY_CALLBACK) {
+      return Fail(Code::kDeadlineExceeded, "image_fetch_failed",
+                  fmt::format("fetching {} took longer than {} s", img.name(),
+                              std::chrono::duration_cast<std::chrono::seconds>(o.timeout).count()),
+                  det);
+    }
+    if (rc == CURLE_RANGE_ERROR || (rc == CURLE_HTTP_RETURNED_ERROR && http == 416)) {
+      // The server cannot resume this prefix: start over (not a failed attempt).
+      progress(kStage,
+               fmt::format("{}: the server cannot resume; fetching from the start", img.name()), 0);
+      hash.Reset();
+      have = 0;
+      if (::ftruncate(fd.get(), 0) != 0) {
+        return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno), det);
+      }
+      if (rc == CURLE_RANGE_ERROR || attempt < o.fetch_attempts) continue;
+    }
+    if (rc == CURLE_FILE_COULDNT_READ_FILE ||
+        (rc == CURLE_HTTP_RETURNED_ERROR && (http == 404 || http == 410))) {
+      return Fail(Code::kNotFound, "image_not_found",
+                  fmt::format("image {}: nothing at {} ({})", img.name(), url, why), det);
+    }
+    if (!Transient(rc, http)) {
+      return Fail(Code::kFailedPrecondition, "image_fetch_failed",
+                  fmt::format("fetching {} from {}: {}", img.name(), url, why), det);
+    }
+    last_error = why;
+    if (attempt >= o.fetch_attempts || Clock::now() + delay >= deadline) {
+      Error e = Fail(Code::kUnavailable, "image_fetch_failed",
+                     fmt::format("fetching {} from {}: {} (after {} attempts; {} kept to resume)",
+                                 img.name(), url, why, attempt, Human(static_cast<double>(have))),
+                     det);
+      e.retryable = true;
+      return e;
+    }
+    progress(
+        kStage,
+        fmt::format("fetching {}: {}; attempt {} of {} resumes at {} in {} ms", img.name(), why,
+                    attempt + 1, o.fetch_attempts, Human(static_cast<double>(have)), delay.count()),
+        0);
+    std::this_thread::sleep_for(delay);
+    delay = std::min<milliseconds>(delay * 2, std::chrono::seconds(30));
+  }
+  if (::fsync(fd.get()) != 0) {
+    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno), det);
+  }
+  return hash.Hex();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cache entries.
+
+struct Identity {
+  uint64_t dev = 0, ino = 0, size = 0;
+  int64_t mtime_ns = 0;
+  bool operator==(const Identity&) const = default;
+};
+
+std::optional<Identity> IdentityOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return std::nullopt;
+  return Identity{static_cast<uint64_t>(st.st_dev), static_cast<uint64_t>(st.st_ino),
+                  static_cast<uint64_t>(st.st_size),
+                  static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+nlohmann::json ToJson(const Identity& id) {
+  return {{"dev", id.dev}, {"ino", id.ino}, {"size", id.size}, {"mtime_ns", id.mtime_ns}};
+}
+
+std::string Paths(const ImageCacheOptions& o, const std::string& sha, const char* ext) {
+  return fmt::format("{}/{}.{}", o.dir, sha, ext);
+}
+
+// The entry's record, when it is complete and its raw file is still the one it describes.
+std::optional<CachedImage> LoadEntry(const ImageCacheOptions& o, const v1::ImageRef& img) {
+  std::ifstream f(Paths(o, img.sha256(), "json"));
+  if (!f) return std::nullopt;
+  auto j = nlohmann::json::parse(f, nullptr, false);
+  if (j.is_discarded() || !j.is_object() || j.value("sha256", "") != img.sha256()) {
+    return std::nullopt;
+  }
+  const std::string raw = j.value("raw", "");
+  if (raw.empty() || raw.find('/') != std::string::npos) return std::nullopt;
+  CachedImage c;
+  c.name = img.name();
+  c.path = o.dir + "/" + raw;
+  c.format = j.value("format", "");
+  c.sha256 = j.value("raw_sha256", "");
+  c.size = j.value("size", uint64_t{0});
+  auto id = IdentityOf(c.path);
+  if (!id || !j.contains("identity") || ToJson(*id) != j["identity"] || id->size != c.size ||
+      !IsValidSha256(c.sha256)) {
+    return std::nullopt;
+  }
+  return c;
+}
+
+Result<void> SaveEntry(const ImageCacheOptions& o, const CachedImage& c,
+                       const std::string& catalog_sha) {
+  auto id = IdentityOf(c.path);
+  if (!id) return Fail(Code::kInternal, "image_cache_unusable", c.path + " vanished");
+  const nlohmann::json j = {{"sha256", catalog_sha},  {"name", c.name},
+                            {"format", c.format},     {"raw", fs::path(c.path).filename().string()},
+                            {"raw_sha256", c.sha256}, {"size", c.size},
+                            {"identity", ToJson(*id)}};
+  const std::string path = Paths(o, catalog_sha, "json");
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << j.dump(2) << "\n";
+    f.close();
+    if (!f) return Fail(Code::kInternal, "image_cache_unusable", "writing " + tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + ec.message());
+  return Ok();
+}
+
+struct Probe {
+  std::string format;
+  uint64_t virtual_size = 0;
+};
+
+// qemu-img's own reading of the file (once per cache entry): its format and virtual size; a
+// backing file or a format other than raw and qcow2 is refused.
+Result<Probe> ProbeImage(const ImageCacheOptions& o, const std::string& path) {
+  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
+  if (!qemu_img.ok()) return qemu_img.error();
+  auto r = RunOk({*qemu_img, "info", "--output=json", path}, milliseconds(60000), kStage,
+                 "image_unreadable");
+  if (!r.ok()) return r.error();
+  auto j = nlohmann::json::parse(r->out, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Fail(Code::kInternal, "image_unreadable", "qemu-img info printed no JSON");
+  }
+  Probe p;
+  p.format = j.value("format", "");
+  p.virtual_size = j.value("virtual-size", uint64_t{0});
+  // A backing file would make qemu read another file of the image's choosing.
+  if (j.contains("backing-filename") || j.contains("full-backing-filename")) {
+    return Fail(Code::kFailedPrecondition, "image_has_backing_file",
+                "images with a backing file are refused");
+  }
+  if (p.format != "raw" && p.format != "qcow2") {
+    return Fail(Code::kFailedPrecondition, "image_format_unsupported",
+                "image format '" + p.format + "' (only raw and qcow2)", {{"format", p.format}});
+  }
+  return p;
+}
+
+// qcow2 -> <sha>.raw once, its digest recorded (one read of the result).
+Result<CachedImage> DeriveRaw(const ImageCacheOptions& o, const v1::ImageRef& img,
+                              const std::string& qcow2, const Probe& p,
+                              const ProgressFn& progress) {
+  auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
+  if (!qemu_img.ok()) return qemu_img.error();
+  const std::string raw = Paths(o, img.sha256(), "raw");
+  const std::string tmp = raw + ".partial";
+  progress(kStage,
+           fmt::format("{}: converting qcow2 to a raw copy in the cache ({}), once", img.name(),
+                       Human(static_cast<double>(p.virtual_size))),
+           45);
+  auto r = RunOk({*qemu_img, "convert", "-f", "qcow2", "-O", "raw", qcow2, tmp}, o.timeout, kStage,
+                 "image_unreadable");
+  if (!r.ok()) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    return r.error();
+  }
+  auto digest = Sha256File(tmp);
+  if (!digest.ok()) return digest.error();
+  std::error_code ec;
+  fs::rename(tmp, raw, ec);
+  if (ec) return Fail(Code::kInternal, "image_cache_unusable", raw + ": " + ec.message());
+  fs::remove(qcow2, ec);  // the raw copy is what provisions read
+  CachedImage c;
+  c.name = img.name();
+  c.path = raw;
+  c.format = "qcow2";
+  c.sha256 = *digest;
+  auto id = IdentityOf(raw);
+  c.size = id ? id->size : 0;
+  return c;
+}
+
+}  // namespace
+
+Result<std::string> Sha256File(const std::string& path) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.ok()) return Fail(Code::kInternal, "image_unreadable", path + ": " + Errno(errno));
+  struct stat st {};
+  ::fstat(fd.get(), &st);
+  ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  Sha256 h;
+  if (!HashPrefix(fd.get(), static_cast<uint64_t>(st.st_size), h)) {
+    return Fail(Code::kInternal, "image_unreadable", "reading " + path);
+  }
+  return h.Hex();
+}
+
+ImageCache::ImageCache(ImageCacheOptions opts) : opts_(std::move(opts)) {}
+ImageCache::~ImageCache() = default;
+
+std::mutex& ImageCache::LockFor(const std::string& sha256) {
+  std::lock_guard lock(mu_);
+  auto& m = per_image_[sha256];
+  if (!m) m = std::make_unique<std::mutex>();
+  return *m;
+}
+
+void ImageCache::Evict(const std::string& sha256) {
+  if (!IsValidSha256(sha256)) return;
+  std::lock_guard one(LockFor(sha256));
+  std::error_code ec;
+  for (const char* ext : {"json", "img", "raw"}) fs::remove(Paths(opts_, sha256, ext), ec);
+}
+
+Result<CachedImage> ImageCache::Ensure(const v1::ImageRef& img, const ProgressFn& progress) {
+  const std::string& want = img.sha256();
+  const std::string& url = img.url();
+  if (!IsValidSha256(want)) {
+    return Fail(Code::kInvalidArgument, "invalid_bundle", "image sha256 must be 64 hex digits");
+  }
+  if (url.rfind("file:///", 0) != 0 && url.rfind("http://", 0) != 0 &&
+      url.rfind("https://", 0) != 0) {
+    return Fail(Code::kInvalidArgument, "image_url_unsupported",
+                "image URL must be file://, http:// or https://: '" + url + "'", {{"url", url}});
+  }
+  std::error_code ec;
+  fs::create_directories(opts_.dir, ec);
+  if (ec) return Fail(Code::kInternal, "image_cache_unusable", opts_.dir + ": " + ec.message());
+
+  // One fetch per image: a provision that finds another one fetching it waits for its result.
+  std::mutex& m = LockFor(want);
+  std::unique_lock one(m, std::try_to_lock);
+  if (!one.owns_lock()) {
+    progress(kStage,
+             fmt::format("{}: another provision on this node is fetching it; waiting", img.name()),
+             0);
+    one.lock();
+  }
+  const std::string lock_path = Paths(opts_, want, "lock");
+  Fd lock_fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!lock_fd.ok() || ::flock(lock_fd.get(), LOCK_EX) != 0) {
+    return Fail(Code::kInternal, "image_cache_unusable", lock_path + ": " + Errno(errno));
+  }
+  if (auto hit = LoadEntry(opts_, img)) {
+    progress(kStage,
+             fmt::format("{}: in the node's cache ({} raw)", img.name(),
+                         Human(static_cast<double>(hit->size))),
+             50);
+    return *hit;
+  }
+  fs::remove(Paths(opts_, want, "json"), ec);
+  const std::string cached = Paths(opts_, want, "img");
+  bool verified = false;
+  if (fs::exists(cached, ec)) {
+    // An image without its record (an older cache, or a crash before the record): verified once.
+    progress(kStage, fmt::format("{}: in the cache without a record; verifying it", img.name()), 0);
+    auto got = Sha256File(cached);
+    verified = got.ok() && *got == want;
+    if (!verified) fs::remove(cached, ec);
+  }
+  if (!verified) {
+    progress(kStage, fmt::format("fetching {} from {}", img.name(), url), 0);
+    const std::string partial = Paths(opts_, want, "partial");
+    const auto t0 = Clock::now();
+    auto got = Fetch(opts_, img, partial, progress);
+    if (!got.ok()) return got.error();
+    if (*got != want) {
+      fs::remove(partial, ec);
+      return Fail(
+          Code::kFailedPrecondition, "image_digest_mismatch",
+          fmt::format("image {} has sha256 {}, the bundle wants {}", img.name(), *got, want),
+          {{"expected_sha256", want}, {"actual_sha256", *got}, {"url", url}});
+    }
+    fs::rename(partial, cached, ec);
+    if (ec) return Fail(Code::kInternal, "image_cache_unusable", cached + ": " + ec.message());
+    const auto size = IdentityOf(cached).value_or(Identity{}).size;
+    const ByteProgress b = Bytes("fetch", size, size, t0);
+    progress(kStage, fmt::format("fetched {} ({}), sha256 verified", img.name(), Rate(b)), 45, b);
+  }
+  auto probe = ProbeImage(opts_, cached);
+  if (!probe.ok()) return probe.error();
+  CachedImage c;
+  if (probe->format == "qcow2") {
+    auto d = DeriveRaw(opts_, img, cached, *probe, progress);
+    if (!d.ok()) return d.error();
+    c = *d;
+  } else {
+    c.name = img.name();
+    c.path = cached;
+    c.format = "raw";
+    c.sha256 = want;
+    c.size = IdentityOf(cached).value_or(Identity{}).size;
+  }
+  if (auto s = SaveEntry(opts_, c, want); !s.ok()) return s.error();
+  progress(kStage,
+           fmt::format("{}: cached ({} raw)", img.name(), Human(static_cast<double>(c.size))), 50);
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// The write.
+
+namespace {
+
+// Chunks between the reader (read + hash, this thread) and the writer thread.
+class WritePipe {
+ public:
+  struct Job {
+    size_t buf;
+    uint64_t off;
+    size_t len;  // what to write (padded to the device's sector when direct)
+  };
+  explicit WritePipe(size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      bufs_.push_back(NewBuffer(kChunk));
+      free_.push_back(i);
+      pending_.push_back(0);
+    }
+  }
+  char* Data(size_t i) { return bufs_[i].get(); }
+  // A free buffer, or nullopt when the writer failed.
+  std::optional<size_t> Take() {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return !free_.empty() || failed_; });
+    if (failed_) return std::nullopt;
+    const size_t i = free_.front();
+    free_.pop_front();
+    pending_[i] = 2;  // written and hashed
+    return i;
+  }
+  void Push(Job j) {
+    std::lock_guard l(mu_);
+    jobs_.push_back(j);
+    cv_.notify_all();
+  }
+  void Release(size_t i) {
+    std::lock_guard l(mu_);
+    if (--pending_[i] == 0) {
+      free_.push_back(i);
+      cv_.notify_all();
+    }
+  }
+  void Close() {
+    std::lock_guard l(mu_);
+    closed_ = true;
+    cv_.notify_all();
+  }
+  void Fail(std::string why) {
+    std::lock_guard l(mu_);
+    if (!failed_) error_ = std::move(why);
+    failed_ = true;
+    cv_.notify_all();
+  }
+  std::optional<Job> Next() {
+    std::unique_lock l(mu_);
+    cv_.wait(l, [&] { return !jobs_.empty() || closed_ || failed_; });
+    if (failed_ || jobs_.empty()) return std::nullopt;
+    Job j = jobs_.front();
+    jobs_.pop_front();
+    return j;
+  }
+  std::string Error() {
+    std::lock_guard l(mu_);
+    return failed_ ? error_ : "";
+  }
+  std::atomic<uint64_t> written{0};
+
+ private:
+  std::vector<Buffer> bufs_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<size_t> free_;
+  std::deque<Job> jobs_;
+  std::vector<int> pending_;
+  bool closed_ = false;
+  bool failed_ = false;
+  std::string error_;
+};
+
+bool PwriteAll(int fd, const char* p, size_t n, uint64_t off) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t w = ::pwrite(fd, p + done, n - done, static_cast<off_t>(off + done));
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
+    done += static_cast<size_t>(w);
+  }
+  return true;
+}
+
+// Reads exactly n bytes at off; false on an error or a short file.
+bool PreadAll(int fd, char* p, size_t n, uint64_t off) {
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(off + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
+    done += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path, bool block,
+                              uint64_t size, milliseconds timeout, const ProgressFn& progress) {
+  std::map<std::string, std::string> det = {{"path", path}};
+  Fd src(::open(image.path.c_str(), O_RDONLY | O_CLOEXEC));
+  struct stat sst {};
+  if (!src.ok() || ::fstat(src.get(), &sst) != 0) {
+    return Fail(Code::kInternal, "image_changed", image.path + ": " + Errno(errno), det);
+  }
+  const uint64_t n = image.size;
+  if (static_cast<uint64_t>(sst.st_size) != n) {
+    return Fail(
+        Code::kInternal, "image_changed",
+        fmt::format("{} has {} bytes, its cache record says {}", image.path, sst.st_size, n), det);
+  }
+  ::posix_fadvise(src.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
+  if (n > size && block) {
+    return Fail(Code::kFailedPrecondition, "disk_too_small",
+                fmt::format("image needs {} bytes, {} has {}", n, path, size), det);
+  }
+  // O_DIRECT: the disk's speed, not the page cache's; O_EXCL: nothing mounts or claims the device
+  // while the image lands. A fixture's regular file goes through the page cache, then is synced.
+  const bool direct = block;
+  Fd dst(::open(path.c_str(), O_WRONLY | O_CLOEXEC | (block ? O_DIRECT | O_EXCL : 0)));
+  if (!dst.ok()) {
+    return Fail(Code::kInternal, "image_write_failed", "opening " + path + ": " + Errno(errno),
+                det);
+  }
+  size_t sector = kAlign;
+  if (block) {
+    int ss = 0;
+    if (::ioctl(dst.get(), BLKSSZGET, &ss) == 0 && ss > 0) sector = static_cast<size_t>(ss);
+  } else if (n > size && ::ftruncate(dst.get(), static_cast<off_t>(n)) != 0) {
+    return Fail(Code::kInternal, "image_write_failed", path + ": " + Errno(errno), det);
+  }
+  auto padded = [&](size_t len) { return direct ? (len + sector - 1) / sector * sector : len; };
+
+  const auto t0 = Clock::now();
+  const auto deadline = t0 + timeout;
+  // The head: zeroed on the disk now, written last (only once the digest matched).
+  const size_t head_len = static_cast<size_t>(std::min<uint64_t>(kChunk, n));
+  auto head = NewBuffer(kChunk);
+  std::memset(head.get(), 0, kChunk);
+  if (head_len > 0 && !PwriteAll(dst.get(), head.get(), padded(head_len), 0)) {
+    return Fail(Code::kInternal, "image_write_failed",
+                "zeroing the head of " + path + ": " + Errno(errno), det);
+  }
+  Sha256 hash;
+  if (head_len > 0 && !PreadAll(src.get(), head.get(), head_len, 0)) {
+    return Fail(Code::kInternal, "image_changed", "reading " + image.path, det);
+  }
+  hash.Update(head.get(), head_len);
+
+  WritePipe pipe(kRing);
+  std::thread writer([&] {
+    while (auto j = pipe.Next()) {
+      if (!PwriteAll(dst.get(), pipe.Data(j->buf), j->len, j->off)) {
+        pipe.Fail(fmt::format("writing {} at {}: {}", path, j->off, Errno(errno)));
+        return;
+      }
+      pipe.written += j->len;
+      pipe.Release(j->buf);
+    }
+  });
+  std::string read_error;
+  auto last_report = t0;
+  for (uint64_t off = head_len; off < n;) {
+    auto i = pipe.Take();
+    if (!i) break;
+    const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunk, n - off));
+    char* p = pipe.Data(*i);
+    if (!PreadAll(src.get(), p, len, off)) {
+      read_error = "reading " + image.path + ": the file is shorter than its record";
+      pipe.Fail(read_error);
+      break;
+    }
+    const size_t wlen = padded(len);
+    if (wlen > len) std::memset(p + len, 0, wlen - len);
+    pipe.Push({*i, off, wlen});
+    hash.Update(p, len);
+    pipe.Release(*i);
+    off += len;
+    const auto now = Clock::now();
+    if (now >= deadline) {
+      pipe.Fail("timed out");
+      break;
+    }
+    if (now - last_report >= std::chrono::seconds(1)) {
+      last_report = now;
+      const ByteProgress b = Bytes("write", head_len + pipe.written.load(), n, t0);
+      progress(kStage, fmt::format("writing {}: {}", image.name, Rate(b)),
+               50 + static_cast<int>(49 * b.done / std::max<uint64_t>(n, 1)), b);
+    }
+  }
+  pipe.Close();
+  writer.join();
+  if (!read_error.empty()) return Fail(Code::kInternal, "image_changed", read_error, det);
+  if (auto e = pipe.Error(); !e.empty()) {
+    return Fail(e == "timed out" ? Code::kDeadlineExceeded : Code::kInternal, "image_write_failed",
+                e, det);
+  }
+  const std::string got = hash.Hex();
+  if (got != image.sha256) {
+    det["expected_sha256"] = image.sha256;
+    det["actual_sha256"] = got;
+    return Fail(Code::kFailedPrecondition, "image_digest_mismatch",
+                fmt::format("{} read back as sha256 {}, expected {}: the disk was left unbootable",
+                            image.path, got, image.sha256),
+                det);
+  }
+  if (head_len > 0) {
+    // (past head_len the buffer is still the zeros it started as: the padding)
+    if (!PwriteAll(dst.get(), head.get(), padded(head_len), 0)) {
+      return Fail(Code::kInternal, "image_write_failed",
+                  "writing the head of " + path + ": " + Errno(errno), det);
+    }
+  }
+  if (::fdatasync(dst.get()) != 0) {
+    return Fail(Code::kInternal, "image_write_failed", "syncing " + path + ": " + Errno(errno),
+                det);
+  }
+  WriteStats s;
+  s.bytes = n;
+  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  const ByteProgress b = Bytes("write", n, n, t0);
+  progress(kStage, fmt::format("wrote {} onto {}: {}, sha256 verified", image.name, path, Rate(b)),
+           99, b);
+  return s;
+}
+
+}  // namespace gpuaas::node_agent
