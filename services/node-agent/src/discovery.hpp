@@ -48,8 +48,9 @@ std::vector<v1::NvmeDevice> DiscoverNvme(const HostRoot& host);
 // own appears with name ""), sorted by PCI address.
 std::vector<v1::FabricDevice> DiscoverFabric(const HostRoot& host);
 
-// gpus, kvm, iommu_groups, iommu_cmdline, vfio_modules, sriov, libvirt, ovmf, hugepages,
-// reboot_required. `reboot_required` (may be null) is set when /var/run/reboot-required exists.
+// gpus, kvm, kvm_access (only when /dev/kvm exists), iommu_groups, iommu_cmdline, vfio_modules,
+// sriov, libvirt, ovmf, hugepages, reboot_required. `reboot_required` (may be null) is set when
+// /var/run/reboot-required exists.
 std::vector<v1::Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& opts,
                                     const std::vector<v1::GpuDevice>& gpus, bool* reboot_required);
 
