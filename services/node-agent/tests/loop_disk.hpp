@@ -10,7 +10,9 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
+#include <vector>
 
 #include "host.hpp"
 
@@ -20,9 +22,13 @@ class LoopDisk {
  public:
   ~LoopDisk() { Detach(); }
   // A `size` backing file at `backing`, attached to a free loop device, whose numbers replace
-  // the fixture node of `by_id` under `host_root`. "" on success, else why not.
+  // the fixture node of `by_id` under `host_root`. "" on success, else why not. `direct_io`:
+  // the loop device reads and writes its backing file with O_DIRECT, so a write reaches the
+  // machine's disk as on a real NVMe instead of ending in the page cache (benchmarks); whether
+  // the kernel agreed is DirectIo().
   std::string Attach(const std::string& host_root, const std::string& by_id,
-                     const std::string& backing, const std::string& size = "64M") {
+                     const std::string& backing, const std::string& size = "64M",
+                     bool direct_io = false) {
     namespace fs = std::filesystem;
     const HostRoot h(host_root);
     auto logical = h.Resolve(by_id);
@@ -32,7 +38,10 @@ class LoopDisk {
     fs::remove(backing, ec);
     auto t = RunTool({Find("truncate"), "-s", size, backing});
     if (!t.ok() || t->exit_code != 0) return "truncate failed";
-    auto l = RunTool({Find("losetup"), "-f", "--show", backing}, std::chrono::seconds(30));
+    std::vector<std::string> argv = {Find("losetup"), "-f", "--show"};
+    if (direct_io) argv.push_back("--direct-io=on");
+    argv.push_back(backing);
+    auto l = RunTool(argv, std::chrono::seconds(30));
     if (!l.ok() || l->exit_code != 0) return "losetup failed: " + (l.ok() ? l->err : "");
     loop_ = Trim(l->out);
     struct stat st {};
@@ -47,6 +56,13 @@ class LoopDisk {
     if (loop_.empty()) return;
     (void)RunTool({Find("losetup"), "-d", loop_}, std::chrono::seconds(30));
     loop_.clear();
+  }
+  // The kernel's word on whether the device does direct I/O on its backing file now.
+  bool DirectIo() const {
+    if (loop_.empty()) return false;
+    std::ifstream f("/sys/block/" + loop_.substr(loop_.rfind('/') + 1) + "/loop/dio");
+    std::string v;
+    return std::getline(f, v) && Trim(v) == "1";
   }
   const std::string& loop() const { return loop_; }  // /dev/loopN
   const std::string& node() const { return node_; }  // the fixture's node, now a block node
