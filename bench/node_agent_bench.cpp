@@ -15,10 +15,12 @@
 // A round:
 //   agent:    LibvirtRuntime::Provision(bundle) from the call to its "start" progress (the
 //             domain is running; the last of them for P6b): host validation, the ledger lease,
-//             the image verified and written onto the disk, the NoCloud seed ISO, define,
-//             virDomainCreate. (Task receipt adds the JetStream fetch and protobuf unpack, well
+//             the image hashed (sha256) and written onto the disk in one read, the NoCloud seed
+//             ISO, define, and the domain started paused while the image is written, resumed once
+//             its digest matched. (Task receipt adds the JetStream fetch and protobuf unpack, well
 //             under a millisecond.) Readiness is cut short (no DHCP server: lease_timeout after
-//             10 ms).
+//             10 ms). The agent's "image" stage therefore ends when both the write and the paused
+//             start are done, and its define/start stages are what is left after that.
 //   baseline: the same domains destroyed, then per domain `dd if=IMAGE of=/dev/loopN bs=4M
 //             oflag=direct` followed by `virsh start`, as processes (one thread per domain),
 //             timed from the first launch to the last exit. IMAGE is the agent's own cache entry

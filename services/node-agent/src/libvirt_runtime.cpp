@@ -29,6 +29,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include <google/protobuf/util/time_util.h>
 
@@ -721,9 +722,24 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     auto existing = LookupDomain(*conn, domain, "validate");
     if (!existing.ok()) return existing.error();
     if (existing->has_value() && virDomainIsActive(existing->value().get()) == 1) {
-      return StageError(Code::kFailedPrecondition, "domain_running",
-                        "domain " + domain + " from an earlier attempt is still running",
-                        "validate", {{"domain_name", domain}});
+      // Unless the ledger says this agent created it paused and never resumed it (it died while
+      // the image was written): no guest instruction ever ran, and its disk is rewritten now.
+      bool never_ran = false;
+      {
+        std::lock_guard lock(mu_);
+        auto rec = store_.Get(DomainKey(b.allocation_id()));
+        never_ran = rec.ok() && rec->has_value() && (**rec).value("state", "") == "paused";
+      }
+      if (!never_ran || virDomainDestroy(existing->value().get()) != 0) {
+        return StageError(Code::kFailedPrecondition, "domain_running",
+                          "domain " + domain + " from an earlier attempt is still running",
+                          "validate", {{"domain_name", domain}});
+      }
+      progress("validate",
+               "domain " + domain +
+                   " was created paused by an earlier try and never resumed: "
+                   "destroyed",
+               50);
     }
   }
   progress("validate", fmt::format("node scheduler accepted a plan of {} steps", plan->size()),
@@ -755,13 +771,31 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   auto seed_job =
       std::async(std::launch::async, [this, &seeded] { return BuildSeed(opts_, seeded); });
 
-  // ---- image: onto the boot disk (the first slot disk), one read of the cached raw bytes ----
-  if (!disks.empty()) {
+  // ---- image, on its own thread: onto the boot disk (the first slot disk), one read of the
+  // cached raw bytes. Once its write begins, this thread defines the domain and starts it
+  // *paused*: qemu's start (process, firmware, memory, devices) overlaps the write while no guest
+  // instruction runs, and the domain is resumed only once the image's digest matched (its first
+  // chunk, the boot sector, is written last). This thread's progress is held meanwhile and sent
+  // after the image's, in stage order. ----
+  std::promise<bool> writing;  // true: the write began; false: the job ended before one
+  auto writing_begun = writing.get_future();
+  auto image_job = std::async(std::launch::async, [&]() -> Result<std::string> {
+    bool signalled = false;
+    auto signal = [&](bool began) {
+      if (!signalled) writing.set_value(began);
+      signalled = true;
+    };
+    struct OnExit {
+      std::function<void()> f;
+      ~OnExit() { f(); }
+    } on_exit{[&] { signal(false); }};
+    if (disks.empty()) return std::string("no slot disk: image not written (kernel boot)");
     auto image = images_->Ensure(b.image(), progress);
     if (!image.ok()) return image.error();
     // Re-check the disk right before the write: nothing may have mounted it meanwhile.
     auto t = CheckDiskTarget(disks[0].target_path, opts_.allow_regular_file_disks, "image");
     if (!t.ok()) return t.error();
+    signal(true);
     auto wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
     if (!wrote.ok() && wrote.error().reason == "image_digest_mismatch") {
       // The cache's copy rotted since it was verified: fetched again, written again, once.
@@ -775,18 +809,25 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
       wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
     }
     if (!wrote.ok()) return wrote.error();
-    progress(
-        "image",
-        fmt::format("{} ({}, {} bytes) written to {} in {:.2f} s, sha256 verified",
-                    b.image().name(), image->format, image->size, disks[0].by_id, wrote->seconds),
-        100);
-  } else {
-    progress("image", "no slot disk: image not written (kernel boot)", 100);
-  }
+    return fmt::format("{} ({}, {} bytes) written to {} in {:.2f} s, sha256 verified",
+                       b.image().name(), image->format, image->size, disks[0].by_id,
+                       wrote->seconds);
+  });
+  std::vector<std::tuple<std::string, std::string, int>> held;
+  // The image job's result, once: it stops the overlap wherever this thread is.
+  std::optional<Result<std::string>> image_done;
+  auto finish_image = [&]() -> const Result<std::string>& {
+    if (!image_done) image_done = image_job.get();
+    return *image_done;
+  };
+  if (!writing_begun.get() && !finish_image().ok()) return finish_image().error();
 
   auto seed = seed_job.get();
-  if (!seed.ok()) return seed.error();
-  progress("seed", "NoCloud seed " + *seed + " written", 100);
+  if (!seed.ok()) {
+    if (!finish_image().ok()) return finish_image().error();
+    return seed.error();
+  }
+  held.emplace_back("seed", "NoCloud seed " + *seed + " written", 100);
 
   // ---- define ----
   DomainXmlOptions xo = opts_.domain;
@@ -798,38 +839,82 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;
   for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
   if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
+  // A failure of this thread waits for the image job and reports the image's failure first.
+  auto fail = [&](Error e) -> Error {
+    if (!finish_image().ok()) return finish_image().error();
+    return e;
+  };
   auto xml = GenerateDomainXml(b, xo);
-  if (!xml.ok()) return xml.error();
+  if (!xml.ok()) return fail(xml.error());
   {
     auto existing = LookupDomain(*conn, domain, "define");
-    if (!existing.ok()) return existing.error();
+    if (!existing.ok()) return fail(existing.error());
     if (existing->has_value()) {
       if (virDomainIsActive(existing->value().get()) == 1) {
-        return StageError(Code::kFailedPrecondition, "domain_running",
-                          "domain " + domain + " from an earlier attempt is still running",
-                          "define", {{"domain_name", domain}});
+        return fail(StageError(Code::kFailedPrecondition, "domain_running",
+                               "domain " + domain + " from an earlier attempt is still running",
+                               "define", {{"domain_name", domain}}));
       }
-      if (auto u = UndefineDomain(*conn, domain, opts_, "define"); !u.ok()) return u.error();
+      if (auto u = UndefineDomain(*conn, domain, opts_, "define"); !u.ok()) {
+        return fail(u.error());
+      }
     }
   }
   virResetLastError();
   DomainPtr dom(virDomainDefineXMLFlags(*conn, xml->c_str(), VIR_DOMAIN_DEFINE_VALIDATE));
   if (!dom) {
-    return LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}});
+    return fail(
+        LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}}));
   }
-  if (auto r = record("defined", "define"); !r.ok()) return r.error();
-  progress("define", "domain " + domain + " defined", 100);
+  if (auto r = record("defined", "define"); !r.ok()) return fail(r.error());
 
-  // ---- start ----
-  // Recorded before the call: libvirt finishes a start even when this process dies in it, and
-  // a restarted agent must know the running domain is this attempt's own.
+  // ---- start: paused while the image is written (where the driver can), resumed after ----
+  // Each state is recorded before its call: libvirt finishes a start even when this process dies
+  // in it, and a restarted agent must know whose the domain is and whether it ever ran.
+  bool paused = false;
+  if (!disks.empty() && !image_done) {
+    if (auto r = record("paused", "start"); !r.ok()) return fail(r.error());
+    virResetLastError();
+    if (virDomainCreateWithFlags(dom.get(), VIR_DOMAIN_START_PAUSED) == 0) {
+      paused = true;
+    } else {
+      const int code = virGetLastErrorCode();
+      if (code != VIR_ERR_INVALID_ARG && code != VIR_ERR_NO_SUPPORT) {
+        return fail(LibvirtError("start", "start_failed", "starting " + domain + " paused",
+                                 {{"domain_name", domain}}));
+      }
+      // A driver without paused starts (libvirt's test driver): started after the image.
+    }
+    if (!paused) {
+      if (auto r = record("defined", "start"); !r.ok()) return fail(r.error());
+    }
+  }
+  held.emplace_back("define",
+                    "domain " + domain + " defined" +
+                        (paused ? " and started paused while the image is written" : ""),
+                    100);
+  if (const auto& img = finish_image(); !img.ok()) {
+    if (paused) {
+      // It never ran: the disk's head is zero, the domain goes with release/cleanup.
+      virDomainDestroy(dom.get());
+      (void)record("defined", "image");
+    }
+    return img.error();
+  }
+  progress("image", finish_image().value(), 100);
+  for (const auto& [stage, detail, pct] : held) progress(stage, detail, pct);
+
   if (auto r = record("starting", "start"); !r.ok()) return r.error();
   virResetLastError();
-  if (virDomainCreate(dom.get()) != 0) {
-    return LibvirtError("start", "start_failed", "starting " + domain, {{"domain_name", domain}});
+  if (paused ? virDomainResume(dom.get()) != 0 : virDomainCreate(dom.get()) != 0) {
+    return LibvirtError("start", "start_failed", (paused ? "resuming " : "starting ") + domain,
+                        {{"domain_name", domain}});
   }
   if (auto r = record("started", "start"); !r.ok()) return r.error();
-  progress("start", "domain " + domain + " started", 100);
+  progress("start",
+           "domain " + domain +
+               (paused ? " resumed: the image's digest matched" : std::string(" started")),
+           100);
   if (opts_.vnic_attached) {
     auto admitted = opts_.vnic_attached();
     progress("start",

@@ -813,6 +813,36 @@ TEST_F(LibvirtRuntimeTest, ANewAttemptWhileTheOldVmRunsIsRefusedBeforeAnyWrite) 
   ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
 }
 
+TEST_F(LibvirtRuntimeTest, ADomainLeftPausedBeforeItsImageVerifiedIsDestroyedAndProvisionedAgain) {
+  Init();
+  const std::string alloc = ids::NewUuidV7();
+  auto b = Bundle(alloc);
+  sb_->Lease(b.slots(0).mac(), b.slots(0).private_ip());
+  ASSERT_TRUE(rt_->Provision(b, [](auto&&...) {}).ok());
+  // As if the agent died after starting it paused, while the image was still being written
+  // (libvirt's test driver cannot start paused: suspend it and record what the agent records).
+  virDomainPtr d = virDomainLookupByName(conn_, DomainName(alloc).c_str());
+  ASSERT_NE(d, nullptr);
+  ASSERT_EQ(virDomainSuspend(d), 0);
+  virDomainFree(d);
+  ASSERT_TRUE(PutDomainRecord(sb_->store(), b, "paused", "libvirt").ok());
+  const std::string disk = sb_->DiskPath(b.slots(0).nvme_by_id());
+  WriteAll(disk, std::string(8192, 'g'));
+
+  std::vector<std::string> said;
+  auto again = rt_->Provision(
+      b, [&](const std::string&, const std::string& detail, int) { said.push_back(detail); });
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
+  EXPECT_NE(std::find_if(said.begin(), said.end(),
+                         [](const std::string& x) {
+                           return x.find("never resumed: destroyed") != std::string::npos;
+                         }),
+            said.end());
+  EXPECT_EQ(Sha256(disk), digest_);  // written again
+  EXPECT_EQ(State(alloc), "running");
+  ASSERT_TRUE(rt_->Cleanup(CleanupOf(b), [](auto&&...) {}).ok());
+}
+
 TEST_F(LibvirtRuntimeTest, ARedeliveredProvisionOfTheRunningAttemptResumesWithoutRewriting) {
   Init();
   const std::string alloc = ids::NewUuidV7();
