@@ -6,16 +6,15 @@
 #include <openssl/evp.h>
 #include <sys/file.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
-#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -35,8 +34,7 @@ using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
 constexpr const char* kStage = "image";
-constexpr size_t kChunk = size_t{4} << 20;  // one read, one hash update, one write
-constexpr size_t kRing = 8;                 // chunks in flight between the reader and the writer
+constexpr size_t kChunk = size_t{4} << 20;  // one hash update, one write
 constexpr size_t kAlign = 4096;
 
 std::string Errno(int e) { return std::strerror(e); }
@@ -590,81 +588,6 @@ Result<CachedImage> ImageCache::Ensure(const v1::ImageRef& img, const ProgressFn
 
 namespace {
 
-// Chunks between the reader (read + hash, this thread) and the writer thread.
-class WritePipe {
- public:
-  struct Job {
-    size_t buf;
-    uint64_t off;
-    size_t len;  // what to write (padded to the device's sector when direct)
-  };
-  explicit WritePipe(size_t n) {
-    for (size_t i = 0; i < n; ++i) {
-      bufs_.push_back(NewBuffer(kChunk));
-      free_.push_back(i);
-      pending_.push_back(0);
-    }
-  }
-  char* Data(size_t i) { return bufs_[i].get(); }
-  // A free buffer, or nullopt when the writer failed.
-  std::optional<size_t> Take() {
-    std::unique_lock l(mu_);
-    cv_.wait(l, [&] { return !free_.empty() || failed_; });
-    if (failed_) return std::nullopt;
-    const size_t i = free_.front();
-    free_.pop_front();
-    pending_[i] = 2;  // written and hashed
-    return i;
-  }
-  void Push(Job j) {
-    std::lock_guard l(mu_);
-    jobs_.push_back(j);
-    cv_.notify_all();
-  }
-  void Release(size_t i) {
-    std::lock_guard l(mu_);
-    if (--pending_[i] == 0) {
-      free_.push_back(i);
-      cv_.notify_all();
-    }
-  }
-  void Close() {
-    std::lock_guard l(mu_);
-    closed_ = true;
-    cv_.notify_all();
-  }
-  void Fail(std::string why) {
-    std::lock_guard l(mu_);
-    if (!failed_) error_ = std::move(why);
-    failed_ = true;
-    cv_.notify_all();
-  }
-  std::optional<Job> Next() {
-    std::unique_lock l(mu_);
-    cv_.wait(l, [&] { return !jobs_.empty() || closed_ || failed_; });
-    if (failed_ || jobs_.empty()) return std::nullopt;
-    Job j = jobs_.front();
-    jobs_.pop_front();
-    return j;
-  }
-  std::string Error() {
-    std::lock_guard l(mu_);
-    return failed_ ? error_ : "";
-  }
-  std::atomic<uint64_t> written{0};
-
- private:
-  std::vector<Buffer> bufs_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<size_t> free_;
-  std::deque<Job> jobs_;
-  std::vector<int> pending_;
-  bool closed_ = false;
-  bool failed_ = false;
-  std::string error_;
-};
-
 bool PwriteAll(int fd, const char* p, size_t n, uint64_t off) {
   size_t done = 0;
   while (done < n) {
@@ -676,17 +599,30 @@ bool PwriteAll(int fd, const char* p, size_t n, uint64_t off) {
   return true;
 }
 
-// Reads exactly n bytes at off; false on an error or a short file.
-bool PreadAll(int fd, char* p, size_t n, uint64_t off) {
-  size_t done = 0;
-  while (done < n) {
-    const ssize_t r = ::pread(fd, p + done, n - done, static_cast<off_t>(off + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    done += static_cast<size_t>(r);
+// The cached file mapped read-only: the hash and the O_DIRECT writes both read the page cache's
+// own pages, with no copy between them. (The cache's files are the agent's, 0600, and are only
+// ever replaced by rename, never truncated in place, so the mapping cannot lose its pages.)
+class Mapping {
+ public:
+  Mapping(int fd, size_t n) : n_(n) {
+    if (n == 0) return;
+    void* p = ::mmap(nullptr, n, PROT_READ, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return;
+    p_ = static_cast<const char*>(p);
+    ::madvise(const_cast<char*>(p_), n, MADV_SEQUENTIAL);
   }
-  return true;
-}
+  ~Mapping() {
+    if (p_) ::munmap(const_cast<char*>(p_), n_);
+  }
+  Mapping(const Mapping&) = delete;
+  Mapping& operator=(const Mapping&) = delete;
+  const char* data() const { return p_; }
+  bool ok() const { return p_ != nullptr || n_ == 0; }
+
+ private:
+  const char* p_ = nullptr;
+  size_t n_;
+};
 
 }  // namespace
 
@@ -704,7 +640,6 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
         Code::kInternal, "image_changed",
         fmt::format("{} has {} bytes, its cache record says {}", image.path, sst.st_size, n), det);
   }
-  ::posix_fadvise(src.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   if (n > size && block) {
     return Fail(Code::kFailedPrecondition, "disk_too_small",
                 fmt::format("image needs {} bytes, {} has {}", n, path, size), det);
@@ -717,79 +652,87 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
     return Fail(Code::kInternal, "image_write_failed", "opening " + path + ": " + Errno(errno),
                 det);
   }
-  size_t sector = kAlign;
+  size_t sector = 512;
   if (block) {
     int ss = 0;
     if (::ioctl(dst.get(), BLKSSZGET, &ss) == 0 && ss > 0) sector = static_cast<size_t>(ss);
   } else if (n > size && ::ftruncate(dst.get(), static_cast<off_t>(n)) != 0) {
     return Fail(Code::kInternal, "image_write_failed", path + ": " + Errno(errno), det);
   }
-  auto padded = [&](size_t len) { return direct ? (len + sector - 1) / sector * sector : len; };
+  Mapping map(src.get(), static_cast<size_t>(n));
+  if (!map.ok()) {
+    return Fail(Code::kInternal, "image_changed", "mapping " + image.path + ": " + Errno(errno),
+                det);
+  }
+  const char* bytes = map.data();
+  // Writes [off, off+len) of the image; with O_DIRECT a last piece shorter than a sector goes
+  // through an aligned copy padded with zeros (the disk is a whole number of sectors).
+  auto write_range = [&](uint64_t off, size_t len) {
+    const size_t whole = direct ? len / sector * sector : len;
+    if (whole > 0 && !PwriteAll(dst.get(), bytes + off, whole, off)) return false;
+    if (whole == len) return true;
+    const size_t rest = len - whole;
+    const size_t padded = (rest + sector - 1) / sector * sector;
+    auto tail = NewBuffer(std::max(padded, kAlign));
+    std::memset(tail.get(), 0, padded);
+    std::memcpy(tail.get(), bytes + off + whole, rest);
+    return PwriteAll(dst.get(), tail.get(), padded, off + whole);
+  };
 
   const auto t0 = Clock::now();
   const auto deadline = t0 + timeout;
   // The head: zeroed on the disk now, written last (only once the digest matched).
   const size_t head_len = static_cast<size_t>(std::min<uint64_t>(kChunk, n));
-  auto head = NewBuffer(kChunk);
-  std::memset(head.get(), 0, kChunk);
-  if (head_len > 0 && !PwriteAll(dst.get(), head.get(), padded(head_len), 0)) {
-    return Fail(Code::kInternal, "image_write_failed",
-                "zeroing the head of " + path + ": " + Errno(errno), det);
+  if (head_len > 0) {
+    const size_t zlen = direct ? (head_len + sector - 1) / sector * sector : head_len;
+    auto zeros = NewBuffer(std::max(zlen, kAlign));
+    std::memset(zeros.get(), 0, zlen);
+    if (!PwriteAll(dst.get(), zeros.get(), zlen, 0)) {
+      return Fail(Code::kInternal, "image_write_failed",
+                  "zeroing the head of " + path + ": " + Errno(errno), det);
+    }
   }
-  Sha256 hash;
-  if (head_len > 0 && !PreadAll(src.get(), head.get(), head_len, 0)) {
-    return Fail(Code::kInternal, "image_changed", "reading " + image.path, det);
-  }
-  hash.Update(head.get(), head_len);
-
-  WritePipe pipe(kRing);
+  // The writer streams the rest onto the disk while this thread hashes the whole: two cores, one
+  // read of the page cache each, no copy.
+  std::atomic<uint64_t> written{0};
+  std::atomic<bool> stop{false};
+  std::string write_error;
   std::thread writer([&] {
-    while (auto j = pipe.Next()) {
-      if (!PwriteAll(dst.get(), pipe.Data(j->buf), j->len, j->off)) {
-        pipe.Fail(fmt::format("writing {} at {}: {}", path, j->off, Errno(errno)));
+    for (uint64_t off = head_len; off < n && !stop.load(); off += kChunk) {
+      const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunk, n - off));
+      if (!write_range(off, len)) {
+        write_error = fmt::format("writing {} at {}: {}", path, off, Errno(errno));
         return;
       }
-      pipe.written += j->len;
-      pipe.Release(j->buf);
+      written += len;
     }
   });
-  std::string read_error;
+  Sha256 hash;
+  bool timed_out = false;
   auto last_report = t0;
-  for (uint64_t off = head_len; off < n;) {
-    auto i = pipe.Take();
-    if (!i) break;
-    const size_t len = static_cast<size_t>(std::min<uint64_t>(kChunk, n - off));
-    char* p = pipe.Data(*i);
-    if (!PreadAll(src.get(), p, len, off)) {
-      read_error = "reading " + image.path + ": the file is shorter than its record";
-      pipe.Fail(read_error);
-      break;
-    }
-    const size_t wlen = padded(len);
-    if (wlen > len) std::memset(p + len, 0, wlen - len);
-    pipe.Push({*i, off, wlen});
-    hash.Update(p, len);
-    pipe.Release(*i);
-    off += len;
+  for (uint64_t off = 0; off < n; off += kChunk) {
+    hash.Update(bytes + off, static_cast<size_t>(std::min<uint64_t>(kChunk, n - off)));
     const auto now = Clock::now();
     if (now >= deadline) {
-      pipe.Fail("timed out");
+      timed_out = true;
       break;
     }
     if (now - last_report >= std::chrono::seconds(1)) {
       last_report = now;
-      const ByteProgress b = Bytes("write", head_len + pipe.written.load(), n, t0);
+      const ByteProgress b = Bytes("write", head_len + written.load(), n, t0);
       progress(kStage, fmt::format("writing {}: {}", image.name, Rate(b)),
                50 + static_cast<int>(49 * b.done / std::max<uint64_t>(n, 1)), b);
     }
   }
-  pipe.Close();
+  if (timed_out) stop = true;
   writer.join();
-  if (!read_error.empty()) return Fail(Code::kInternal, "image_changed", read_error, det);
-  if (auto e = pipe.Error(); !e.empty()) {
-    return Fail(e == "timed out" ? Code::kDeadlineExceeded : Code::kInternal, "image_write_failed",
-                e, det);
+  if (timed_out) {
+    return Fail(Code::kDeadlineExceeded, "image_write_failed",
+                fmt::format("writing {} took longer than {} s", path,
+                            std::chrono::duration_cast<std::chrono::seconds>(timeout).count()),
+                det);
   }
+  if (!write_error.empty()) return Fail(Code::kInternal, "image_write_failed", write_error, det);
   const std::string got = hash.Hex();
   if (got != image.sha256) {
     det["expected_sha256"] = image.sha256;
@@ -799,24 +742,21 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
                             image.path, got, image.sha256),
                 det);
   }
-  if (head_len > 0) {
-    // (past head_len the buffer is still the zeros it started as: the padding)
-    if (!PwriteAll(dst.get(), head.get(), padded(head_len), 0)) {
-      return Fail(Code::kInternal, "image_write_failed",
-                  "writing the head of " + path + ": " + Errno(errno), det);
-    }
+  if (head_len > 0 && !write_range(0, head_len)) {
+    return Fail(Code::kInternal, "image_write_failed",
+                "writing the head of " + path + ": " + Errno(errno), det);
   }
   if (::fdatasync(dst.get()) != 0) {
     return Fail(Code::kInternal, "image_write_failed", "syncing " + path + ": " + Errno(errno),
                 det);
   }
-  WriteStats s;
-  s.bytes = n;
-  s.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  WriteStats st;
+  st.bytes = n;
+  st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const ByteProgress b = Bytes("write", n, n, t0);
   progress(kStage, fmt::format("wrote {} onto {}: {}, sha256 verified", image.name, path, Rate(b)),
            99, b);
-  return s;
+  return st;
 }
 
 }  // namespace gpuaas::node_agent

@@ -11,10 +11,11 @@
 // (one fetch per digest at a time in the process, and an flock on <sha256>.lock across
 // processes).
 //
-// Write: the raw file is read once, sequentially, with large aligned buffers; every chunk is
-// hashed and written (O_DIRECT on a block device, O_EXCL so nothing mounts it meanwhile) in
-// parallel; the first chunk - the partition table and boot sector - is zeroed first and written
-// only after the whole digest matched, so a disk whose image did not verify never boots.
+// Write: the raw file is mapped and read once: one thread hashes it while another writes the
+// same page-cache pages onto the disk in 4 MiB pieces (O_DIRECT on a block device, so no copy and
+// no page cache on the way out; O_EXCL so nothing mounts it meanwhile); the first piece - the
+// partition table and boot sector - is zeroed first and written only after the whole digest
+// matched, so a disk whose image did not verify never boots.
 #include <chrono>
 #include <cstdint>
 #include <map>
