@@ -105,6 +105,7 @@ template <typename F>
 void OnThreads(int n, F task) {
   std::vector<std::string> errors(static_cast<size_t>(n));
   std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] { errors[static_cast<size_t>(i)] = task(i); });
   }
@@ -198,6 +199,7 @@ class Bench {
     std::map<std::string, std::vector<double>> split;  // stage -> ms since the previous stage
     for (int round = 0; round <= rounds; ++round) {
       std::vector<gpuaas::v1::ProvisionBundle> bundles;
+      bundles.reserve(static_cast<size_t>(n));
       for (int i = 0; i < n; ++i) bundles.push_back(MakeBundle(i, image));
 
       // Fairness: Cleanup's blkdiscard punches holes into the loop's backing file, so the next
