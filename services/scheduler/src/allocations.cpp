@@ -33,6 +33,11 @@ using google::protobuf::util::TimeUtil;
 
 const std::regex kLabel("^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$");
 constexpr int kChoices = 8;
+// Placement rounds per create: the first kSkipAttempts skip rows other placers hold, the rest
+// wait for them up to kLockWaitMs each.
+constexpr int kPlaceAttempts = 8;
+constexpr int kSkipAttempts = 3;
+constexpr int kLockWaitMs = 2000;
 constexpr int kMaxEndpoints = 16;
 
 google::protobuf::Timestamp Ts(double epoch) {
@@ -277,8 +282,11 @@ Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const 
 }
 
 // One placement attempt for a slice in `tx`: rank, then lock and re-check the choices in order.
+// Each choice is tried in its own savepoint, so a choice given up on (another transaction holds
+// or took part of it) leaves no row locked behind it. `wait`: lock the choices waiting for their
+// holders (bounded by lock_timeout) instead of skipping them; used once skipping kept failing.
 Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocationRequest& req,
-                                         const Sku& sku, int gpus, bool* contended) {
+                                         const Sku& sku, int gpus, bool wait, bool* contended) {
   // One pass over the region's slots of this SKU, each with its live claim (probes of the
   // partial unique claim indexes): free schedulable slots, slot and claimed counts per node.
   std::map<std::string, placement::NodeView> nodes;
@@ -318,24 +326,43 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
   preq.fabric_type = sku.fabric_type;
   const auto choices = placement::Rank(views, preq, kChoices);
   *contended = !choices.empty();  // every choice below was taken or locked by someone else
+  const char* skip = wait ? "" : " SKIP LOCKED";
   for (const auto& choice : choices) {
-    // Slices share the node row; a baremetal placer takes it exclusively.
-    auto node = tx.exec_params(
-        "SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE SKIP LOCKED", choice.node_id);
-    if (node.empty()) continue;
-    std::string keys = store::TextArrayLiteral(choice.slot_keys);
-    auto locked = tx.exec_params(
-        "SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = ANY($2::text[]) "
-        "AND schedulable FOR UPDATE SKIP LOCKED",
-        choice.node_id, keys);
-    if (static_cast<int>(locked.size()) != gpus) continue;
-    // Claims committed since our read (we hold the rows now, so none can appear after this).
-    auto taken = tx.exec_params(
-        "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL AND node_id = $1 AND "
-        "(slot_key = ANY($2::text[]) OR kind = 'node_exclusive') LIMIT 1",
-        choice.node_id, keys);
-    if (!taken.empty()) continue;
-    return std::optional<Placed>(Placed{choice.node_id, choice.slot_keys});
+    pqxx::subtransaction sp(tx, "choice");
+    try {
+      // Slices share the node row; a baremetal placer takes it exclusively.
+      auto node = sp.exec_params(
+          fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}", skip),
+          choice.node_id);
+      if (node.empty()) {
+        sp.abort();
+        continue;
+      }
+      std::string keys = store::TextArrayLiteral(choice.slot_keys);
+      // In slot order: two waiting placers lock overlapping slots in the same order.
+      auto locked = sp.exec_params(
+          fmt::format("SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = "
+                      "ANY($2::text[]) AND schedulable ORDER BY slot_key FOR UPDATE{}",
+                      skip),
+          choice.node_id, keys);
+      // Claims committed since our read (we hold the rows now, so none can appear after this).
+      auto taken = static_cast<int>(locked.size()) != gpus
+                       ? pqxx::result()
+                       : sp.exec_params(
+                             "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL "
+                             "AND node_id = $1 AND (slot_key = ANY($2::text[]) OR kind = "
+                             "'node_exclusive') LIMIT 1",
+                             choice.node_id, keys);
+      if (static_cast<int>(locked.size()) != gpus || !taken.empty()) {
+        sp.abort();  // its row locks go with it
+        continue;
+      }
+      sp.commit();
+      return std::optional<Placed>(Placed{choice.node_id, choice.slot_keys});
+    } catch (const pqxx::sql_error& e) {
+      // A wait that ran past lock_timeout: the next choice (the savepoint is rolled back).
+      if (e.sqlstate() != "55P03") throw;
+    }
   }
   return std::optional<Placed>();
 }
@@ -509,6 +536,10 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
         }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
           v1::CreateAllocationResponse resp;
+          // Retries of one request id, on any replica, one at a time: the later ones find the
+          // first one's allocation instead of racing it to the unique (tenant, request_id) key.
+          tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                         "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
           if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
             *resp.mutable_allocation() = *existing;
             return resp;  // a retry: same answer, no second placement
@@ -523,14 +554,22 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
             }
           }
           Result<std::optional<Placed>> placed = std::optional<Placed>();
-          for (int attempt = 0; attempt < 4; ++attempt) {
-            bool contended = false;
-            placed =
-                baremetal ? PlaceBaremetal(tx, req) : PlaceSlice(tx, req, sku, gpus, &contended);
+          // Skipping what others hold first; when that keeps failing, waiting for them: a
+          // request is not refused while capacity exists only because others held it a moment.
+          bool contended = false;
+          for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
+            const bool wait = attempt >= kSkipAttempts;
+            if (wait && attempt == kSkipAttempts) {
+              tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", kLockWaitMs));
+            }
+            contended = false;
+            placed = baremetal ? PlaceBaremetal(tx, req)
+                               : PlaceSlice(tx, req, sku, gpus, wait, &contended);
             if (!placed.ok() || placed->has_value() || !contended) break;
-            // Others held our choices: read again (their commits are visible to the next read).
-            std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
+            // Others held or took our choices: read again (their commits are visible now).
+            if (!wait) std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
           }
+          if (contended) tx.exec0("SET LOCAL lock_timeout = 0");
           if (!placed.ok()) return placed.error();
           if (!placed->has_value()) {
             if (baremetal) {
@@ -538,6 +577,17 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
                            "no_placement",
                            "no node in " + req.region() + " is free of claims for baremetal",
                            {{"requested", "node_exclusive"}},
+                           true};
+            }
+            if (contended) {
+              // Still held by others after waiting: capacity may exist, so not no_placement.
+              return Error{Code::kUnavailable,
+                           "placement_contended",
+                           fmt::format("every choice for {} GPU(s) in {} stayed held by other "
+                                       "placements; try again",
+                                       gpus, req.region()),
+                           {{"requested_gpus", std::to_string(gpus)},
+                            {"attempts", std::to_string(kPlaceAttempts)}},
                            true};
             }
             return NoPlacement(tx, req, sku, gpus);

@@ -31,6 +31,8 @@ int64_t Detail(const Error& e, const std::string& key) {
 
 std::string NoPlacementReason(const Error& e) {
   if (e.reason == "region_disabled") return "region_disabled";
+  // Other placements held every choice through several waits (capacity may exist).
+  if (e.reason == "placement_contended") return "contended";
   if (e.reason != "no_placement") return "";
   if (auto it = e.details.find("requested");
       it != e.details.end() && it->second == "node_exclusive") {

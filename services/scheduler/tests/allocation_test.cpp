@@ -312,6 +312,57 @@ TEST_F(AllocationTest, ConcurrentCreatorsOnThreeReplicasNeverDoubleBook) {
   EXPECT_EQ(claimed, placed_gpus.load());
 }
 
+TEST_F(AllocationTest, RetriesOfOneRequestIdAtOnceAllGetTheOneAllocation) {
+  for (int i = 0; i < 4; ++i) AddNode(fmt::format("gpu-{:02d}", i), 8);
+  WaitProjected();
+  for (int round = 0; round < 5; ++round) {
+    const std::string request_id = fmt::format("same-{}", round);
+    std::vector<Result<v1::CreateAllocationResponse>> got(
+        12, Error::Internal("not_run", "the thread did not run"));
+    std::vector<std::thread> threads;
+    threads.reserve(got.size());
+    for (size_t t = 0; t < got.size(); ++t) {
+      threads.emplace_back([&, t] { got[t] = Create(request_id, 1); });
+    }
+    for (auto& th : threads) th.join();
+    std::set<std::string> ids;
+    int created = 0;
+    for (const auto& r : got) {
+      ASSERT_TRUE(r.ok()) << r.error().ToString();
+      ids.insert(r->allocation().allocation_id());
+      created += r->created() ? 1 : 0;
+    }
+    EXPECT_EQ(ids.size(), 1u) << "every retry of a request id gets the same allocation";
+    EXPECT_EQ(created, 1);
+  }
+  const auto violations = Invariants();
+  EXPECT_TRUE(violations.empty()) << violations.front();
+}
+
+TEST_F(AllocationTest, ContendedCreatesAreNotRefusedWhileCapacityExists) {
+  // 4 nodes x 8 free slots and 16 two-GPU requests at once: exactly enough, whatever the order.
+  for (int i = 0; i < 4; ++i) AddNode(fmt::format("gpu-{:02d}", i), 8);
+  WaitProjected();
+  std::vector<Result<v1::CreateAllocationResponse>> got(
+      16, Error::Internal("not_run", "the thread did not run"));
+  std::vector<std::thread> threads;
+  threads.reserve(got.size());
+  for (size_t t = 0; t < got.size(); ++t) {
+    threads.emplace_back([&, t] { got[t] = Create(fmt::format("pair-{}", t), 2); });
+  }
+  for (auto& th : threads) th.join();
+  for (const auto& r : got) {
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  const auto violations = Invariants();
+  EXPECT_TRUE(violations.empty()) << violations.front();
+  // Full now: the next one is refused, and its counts say why.
+  auto full = Create("one-more", 2);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().reason, "no_placement");
+  EXPECT_EQ(full.error().details.at("max_free_matching_on_one_node"), "0");
+}
+
 TEST_F(AllocationTest, InvariantCheckerFindsWhatItLooksFor) {
   AddNode("gpu-01", 8);
   WaitProjected();
