@@ -898,6 +898,9 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
       // It never ran: the disk's head is zero, the domain goes with release/cleanup.
       virDomainDestroy(dom.get());
       (void)record("defined", "image");
+      progress("image",
+               "domain " + domain + ", started paused for this image, destroyed: it never ran",
+               100);
     }
     return img.error();
   }

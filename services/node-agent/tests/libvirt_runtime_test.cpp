@@ -36,6 +36,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host.hpp"
+#include "image_cache.hpp"
 #include "libvirt_runtime.hpp"
 #include "local_store.hpp"
 #include "net_apply.hpp"
@@ -1408,6 +1409,57 @@ TEST_F(VmE2eTest, ProvisionsAReachableVmReleasesItAndWipesTheDisk) {
   EXPECT_FALSE(cleaned->proofs(0).network_state_removed());
   EXPECT_EQ(Signatures(loop_), "");
   progress("done", "proof method " + enums::Text(cleaned->proofs(0).method()), 100);
+
+  // An image whose cached copy rotted and whose source changed since: the domain started paused
+  // for it is destroyed without ever running, and the disk has no boot sector.
+  const std::string bad = sb_->work() + "/changing.raw";
+  fs::copy_file(image, bad, fs::copy_options::overwrite_existing);
+  auto c = b;
+  c.set_allocation_id(ids::NewUuidV7());
+  c.mutable_image()->set_url("file://" + bad);
+  c.mutable_image()->set_sha256(Sha256(bad));
+  ImageCacheOptions io;
+  io.dir = o.image_cache_dir;
+  auto cached = ImageCache(io).Ensure(c.image(), {});
+  ASSERT_TRUE(cached.ok()) << cached.error().ToString();
+  struct stat st {};
+  ASSERT_EQ(::stat(cached->path.c_str(), &st), 0);
+  {
+    std::fstream f(cached->path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(1 << 20);
+    f.put('\x5a');
+    f.put('\xa5');
+  }
+  const timespec times[2] = {st.st_atim, st.st_mtim};
+  ASSERT_EQ(::utimensat(AT_FDCWD, cached->path.c_str(), times, 0), 0);
+  WriteAll(bad, ReadAll(image) + "changed at the source");
+  std::vector<std::string> said;
+  auto failed = rt_->Provision(c, [&](const std::string& stage, const std::string& d, int pct) {
+    progress(stage, d, pct);
+    said.push_back(d);
+  });
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.error().reason, "image_digest_mismatch");
+  EXPECT_EQ(failed.error().details.at("stage"), "image");
+  EXPECT_NE(
+      std::find_if(said.begin(), said.end(),
+                   [](const std::string& d) {
+                     return d.find("started paused for this image, destroyed: it never ran") !=
+                            std::string::npos;
+                   }),
+      said.end());
+  virConnectPtr qemu = virConnectOpen("qemu:///system");
+  ASSERT_NE(qemu, nullptr);
+  virDomainPtr left = virDomainLookupByName(qemu, DomainName(c.allocation_id()).c_str());
+  ASSERT_NE(left, nullptr);  // defined, for cleanup
+  EXPECT_EQ(virDomainIsActive(left), 0);
+  virDomainFree(left);
+  virConnectClose(qemu);
+  EXPECT_EQ(Head(), std::string(1 << 16, '\0'));
+  auto cleaned_c = rt_->Cleanup(CleanupOf(c), progress);
+  ASSERT_TRUE(cleaned_c.ok()) << cleaned_c.error().ToString();
+  EXPECT_TRUE(cleaned_c->proofs(0).domain_undefined());
+  EXPECT_EQ(Signatures(loop_), "");
 }
 
 }  // namespace
