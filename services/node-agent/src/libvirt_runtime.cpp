@@ -7,13 +7,10 @@
 #include <linux/fs.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sched.h>
-#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -820,13 +817,15 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     if (!image_done) image_done = image_job.get();
     return *image_done;
   };
+  // A failure of this thread waits for the image job and reports the image's failure first.
+  auto fail = [&](Error e) -> Error {
+    if (!finish_image().ok()) return finish_image().error();
+    return e;
+  };
   if (!writing_begun.get() && !finish_image().ok()) return finish_image().error();
 
   auto seed = seed_job.get();
-  if (!seed.ok()) {
-    if (!finish_image().ok()) return finish_image().error();
-    return seed.error();
-  }
+  if (!seed.ok()) return fail(seed.error());
   held.emplace_back("seed", "NoCloud seed " + *seed + " written", 100);
 
   // ---- define ----
@@ -839,11 +838,6 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;
   for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
   if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
-  // A failure of this thread waits for the image job and reports the image's failure first.
-  auto fail = [&](Error e) -> Error {
-    if (!finish_image().ok()) return finish_image().error();
-    return e;
-  };
   auto xml = GenerateDomainXml(b, xo);
   if (!xml.ok()) return fail(xml.error());
   {
@@ -1183,8 +1177,8 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
       t.error().details["slot_key"] = slot_key;
       return t.error();
     }
-    if (auto r = RunOk({*wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed",
-                       {}, det);
+    if (auto r =
+            RunOk({*wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed", det);
         !r.ok()) {
       return r.error();
     }
@@ -1193,7 +1187,7 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     if (t->block && t->discard) {
       auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
       if (!tool.ok()) return tool.error();
-      auto r = RunStreaming({*tool, d.target_path}, opts_.wipe_timeout, {});
+      auto r = RunTool({*tool, d.target_path}, opts_.wipe_timeout);
       if (r.ok() && r->exit_code == 0) {
         method = "discard";
       } else {
@@ -1208,8 +1202,8 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
       if (t->block) {
         auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
         if (!tool.ok()) return tool.error();
-        if (auto r = RunOk({*tool, "-z", d.target_path}, opts_.wipe_timeout, "wipe", "wipe_failed",
-                           {}, det);
+        if (auto r =
+                RunOk({*tool, "-z", d.target_path}, opts_.wipe_timeout, "wipe", "wipe_failed", det);
             !r.ok()) {
           return r.error();
         }
@@ -1238,10 +1232,9 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     }
     // Verify: neither wipefs nor blkid (probing the device itself) finds a signature.
     auto listed = RunOk({*wipefs, "--noheadings", "--output", "TYPE,OFFSET", d.target_path},
-                        milliseconds(60000), "verify", "verify_failed", {}, det);
+                        milliseconds(60000), "verify", "verify_failed", det);
     if (!listed.ok()) return listed.error();
-    auto probed =
-        RunStreaming({*blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000), {});
+    auto probed = RunTool({*blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000));
     if (!probed.ok()) return WithStage(probed.error(), "verify");
     if (probed->exit_code != 0 && probed->exit_code != 2) {
       return ToolFailed("verify", "verify_failed", *blkid, *probed, det);

@@ -1,28 +1,16 @@
 #pragma once
-// Running host tools for the VM runtime's stages (qemu-img, genisoimage, wipefs, blkdiscard,
-// ...): like RunTool (host.hpp) - absolute argv[0], no shell, stdin /dev/null, a fixed
-// environment, its own process group killed on timeout - but stdout is handed to a callback as
-// it arrives (progress output), and failures come back as stage errors.
+// Host tools for the VM runtime's stages (qemu-img, genisoimage, wipefs, blkdiscard, ...), run
+// with RunTool (host.hpp: absolute argv[0], no shell, stdin /dev/null, a fixed environment, its
+// own process group killed on timeout), their failures as stage errors.
 #include <chrono>
-#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "host.hpp"
 
 namespace gpuaas::node_agent {
-
-struct StreamResult {
-  int exit_code = -1;
-  bool timed_out = false;
-  std::string out;
-  std::string err;
-};
-
-Result<StreamResult> RunStreaming(const std::vector<std::string>& argv,
-                                  std::chrono::milliseconds timeout,
-                                  const std::function<void(const std::string&)>& on_out);
 
 // The first line of `s`, trimmed.
 std::string FirstLine(const std::string& s);
@@ -30,7 +18,7 @@ std::string FirstLine(const std::string& s);
 // A tool ran and said no: `reason` in `stage`, the message with its stderr (DeadlineExceeded when
 // it timed out), details tool and exit_code added to `det`.
 Error ToolFailed(const std::string& stage, const std::string& reason, const std::string& tool,
-                 const StreamResult& r, std::map<std::string, std::string> det = {});
+                 const ToolResult& r, std::map<std::string, std::string> det = {});
 
 // `name` looked up in the real root `root` (tools never come from a fixture tree);
 // tool_missing (FailedPrecondition, stage `stage`) when it is not installed.
@@ -38,9 +26,8 @@ Result<std::string> FindToolIn(const std::string& root, const std::string& name,
                                const std::string& stage);
 
 // Runs the tool and insists on exit 0 (else ToolFailed with `reason`).
-Result<StreamResult> RunOk(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
-                           const std::string& stage, const std::string& reason,
-                           const std::function<void(const std::string&)>& on_out = {},
-                           std::map<std::string, std::string> det = {});
+Result<ToolResult> RunOk(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                         const std::string& stage, const std::string& reason,
+                         std::map<std::string, std::string> det = {});
 
 }  // namespace gpuaas::node_agent
