@@ -17,6 +17,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -484,16 +487,30 @@ Result<std::string> Sha256File(const std::string& path) {
 ImageCache::ImageCache(ImageCacheOptions opts) : opts_(std::move(opts)) {}
 ImageCache::~ImageCache() = default;
 
-std::mutex& ImageCache::LockFor(const std::string& sha256) {
-  std::lock_guard lock(mu_);
-  auto& m = per_image_[sha256];
-  if (!m) m = std::make_unique<std::mutex>();
-  return *m;
+namespace {
+
+// The image's entry, exclusively: an flock on <sha256>.lock, held while the returned descriptor
+// is open. Every open of the file is its own lock owner, so it serialises this process's threads
+// as well as other processes. `on_wait` runs when someone else holds it.
+Result<std::unique_ptr<Fd>> LockEntry(const ImageCacheOptions& o, const std::string& sha256,
+                                      const std::function<void()>& on_wait) {
+  const std::string path = Paths(o, sha256, "lock");
+  auto fd = std::make_unique<Fd>(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+  if (!fd->ok()) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + Errno(errno));
+  if (::flock(fd->get(), LOCK_EX | LOCK_NB) == 0) return fd;
+  if (errno == EWOULDBLOCK && on_wait) on_wait();
+  int r = 0;
+  while ((r = ::flock(fd->get(), LOCK_EX)) != 0 && errno == EINTR) {
+  }
+  if (r != 0) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + Errno(errno));
+  return fd;
 }
+
+}  // namespace
 
 void ImageCache::Evict(const std::string& sha256) {
   if (!IsValidSha256(sha256)) return;
-  std::lock_guard one(LockFor(sha256));
+  auto lock = LockEntry(opts_, sha256, {});
   std::error_code ec;
   for (const char* ext : {"json", "img", "raw"}) fs::remove(Paths(opts_, sha256, ext), ec);
 }
@@ -514,19 +531,12 @@ Result<CachedImage> ImageCache::Ensure(const v1::ImageRef& img, const ProgressFn
   if (ec) return Fail(Code::kInternal, "image_cache_unusable", opts_.dir + ": " + ec.message());
 
   // One fetch per image: a provision that finds another one fetching it waits for its result.
-  std::mutex& m = LockFor(want);
-  std::unique_lock one(m, std::try_to_lock);
-  if (!one.owns_lock()) {
+  auto lock = LockEntry(opts_, want, [&] {
     progress(kStage,
              fmt::format("{}: another provision on this node is fetching it; waiting", img.name()),
              0);
-    one.lock();
-  }
-  const std::string lock_path = Paths(opts_, want, "lock");
-  Fd lock_fd(::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!lock_fd.ok() || ::flock(lock_fd.get(), LOCK_EX) != 0) {
-    return Fail(Code::kInternal, "image_cache_unusable", lock_path + ": " + Errno(errno));
-  }
+  });
+  if (!lock.ok()) return lock.error();
   if (auto hit = LoadEntry(opts_, img)) {
     progress(kStage,
              fmt::format("{}: in the node's cache ({} raw)", img.name(),
@@ -751,7 +761,6 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
                 det);
   }
   WriteStats st;
-  st.bytes = n;
   st.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   const ByteProgress b = Bytes("write", n, n, t0);
   progress(kStage, fmt::format("wrote {} onto {}: {}, sha256 verified", image.name, path, Rate(b)),

@@ -8,7 +8,7 @@
 // qcow2 is then dropped. <sha256>.json records what the entry is (format, the raw file, its
 // digest, size and file identity): an entry whose raw file's identity (device, inode, size,
 // mtime) no longer matches is refetched. Concurrent provisions of one image share one download
-// (one fetch per digest at a time in the process, and an flock on <sha256>.lock across
+// (an flock on <sha256>.lock: one fetch per digest at a time, in this process and across
 // processes).
 //
 // Write: the raw file is mapped and read once: one thread hashes it while another writes the
@@ -18,9 +18,6 @@
 // matched, so a disk whose image did not verify never boots.
 #include <chrono>
 #include <cstdint>
-#include <map>
-#include <memory>
-#include <mutex>
 #include <string>
 
 #include "gpuaas/common/result.hpp"
@@ -64,18 +61,12 @@ class ImageCache {
   // Drops the entry of `sha256` (its raw copy no longer matched its digest while written).
   void Evict(const std::string& sha256);
 
-  const ImageCacheOptions& options() const { return opts_; }
-
  private:
-  std::mutex& LockFor(const std::string& sha256);
   ImageCacheOptions opts_;
-  std::mutex mu_;
-  std::map<std::string, std::unique_ptr<std::mutex>> per_image_;
 };
 
 struct WriteStats {
-  uint64_t bytes = 0;
-  double seconds = 0;
+  double seconds = 0;  // the whole pass, head and sync included
 };
 
 // Writes `image` onto the disk at `path` (`block`: a block device of `size` bytes; else a
