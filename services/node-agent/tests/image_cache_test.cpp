@@ -15,6 +15,7 @@
 #include "host.hpp"
 #include "image_cache.hpp"
 #include "test_env.hpp"
+#include "test_files.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -22,16 +23,6 @@ namespace {
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-std::optional<std::string> Tool(const std::string& name) { return HostRoot("/").FindCommand(name); }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
-}
-void WriteAll(const std::string& path, const std::string& s) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << s;
-}
 std::string Random(size_t n, unsigned seed) {
   std::mt19937 g(seed);
   std::string s(n, '\0');
@@ -65,10 +56,7 @@ class ImageCacheTest : public ::testing::Test {
     for (const char* t : {"python3", "qemu-img"}) {
       if (!Tool(t)) GTEST_SKIP() << t << " is not installed";
     }
-    work_ = fs::temp_directory_path() /
-            ("gpuaas-image-cache-" + std::to_string(::getpid()) + "-" +
-             ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(work_);
+    work_ = gpuaas::testing::MakeTempDir("gpuaas-image-cache");
     fs::create_directories(work_ + "/srv");
     opts_.dir = work_ + "/cache";
     opts_.retry_delay = milliseconds(10);

@@ -21,7 +21,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,26 +41,13 @@
 #include "net_apply.hpp"
 #include "net_host.hpp"
 #include "test_env.hpp"
+#include "test_files.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
 
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
-
-std::optional<std::string> Tool(const std::string& name) { return HostRoot("/").FindCommand(name); }
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
-void WriteAll(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-}
 
 // virt-xml-validate's verdict: "" = valid, its complaint otherwise; nullopt = not installed.
 std::optional<std::string> ValidateDomainXml(const std::string& xml) {
