@@ -105,8 +105,9 @@ class Platform {
     agents.push_back(
         std::make_unique<node_agent::NodeAgent>(LoadConfig<node_agent::NodeAgentConfig>(env)));
     auto* agent = agents.back().get();
-    EXPECT_TRUE(agent->Start().ok());
-    EXPECT_TRUE(WaitFor([&] { return agent->Registered(); }));
+    auto started = agent->Start();
+    EXPECT_TRUE(started.ok()) << id << ": " << started.error().ToString();
+    EXPECT_TRUE(WaitFor([&] { return agent->Registered(); })) << id << ": " << agent->LastError();
     return agent;
   }
 

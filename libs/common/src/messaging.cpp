@@ -194,13 +194,23 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
   if (s == NATS_OK) s = natsOptions_SetClosedCB(c->opts_, OnClosed, cb.get());
   if (s == NATS_OK) s = natsOptions_SetErrorHandler(c->opts_, OnAsyncError, cb.get());
   if (s != NATS_OK) return NatsError(s, "nats options");
-  // First a plain connect, a few times on an authentication refusal: about 1 in 200 nkey
-  // handshakes with nats-server 2.9.10 is refused with a valid key and a correct signature of
-  // the nonce (6 of 1000 gpuaasctl connects measured; the next attempt passes), and nats.c closes
-  // a connection whose background (re)connect is refused. A key the server does not list keeps
-  // failing, so the attempts change nothing else.
+  // First a plain connect, again on a refusal or a server too slow to answer:
+  // - about 1 in 200 nkey handshakes with nats-server 2.9.10 is refused with a valid key and a
+  //   correct signature of the nonce (6 of 1000 gpuaasctl connects measured; the next attempt
+  //   passes), and nats.c closes a connection whose background (re)connect is refused. A key the
+  //   server does not list keeps failing, so the attempts change nothing else.
+  // - a server that took the TCP connection but did not finish the handshake within the timeout
+  //   (a loaded host): nats.c 3.4's background connect gives up for good after such an attempt,
+  //   so these are retried here, in the foreground.
   s = natsConnection_Connect(&c->nc_, c->opts_);
-  for (int attempt = 1; s == NATS_CONNECTION_AUTH_FAILED && attempt < 4; ++attempt) {
+  for (int attempt = 1; attempt < 5; ++attempt) {
+    const bool refused = s == NATS_CONNECTION_AUTH_FAILED && attempt < 4;
+    const bool slow = s == NATS_TIMEOUT || s == NATS_IO_ERROR || s == NATS_STALE_CONNECTION;
+    if (!refused && !slow) break;
+    if (slow) {
+      c->log_.Warn("nats connect failed, trying again",
+                   {{"url", o.url}, {"error", natsStatus_GetText(s)}});
+    }
     s = natsConnection_Connect(&c->nc_, c->opts_);
   }
   // No server yet: start anyway and connect in the background when it comes.

@@ -4,8 +4,15 @@
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
+#include <cstring>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -38,7 +45,7 @@ class MessagingTest : public ::testing::Test {
 
 std::unique_ptr<rpc::Server> EchoServer(const std::shared_ptr<messaging::Connection>& conn,
                                         const log::Logger& log, prometheus::Registry* reg,
-                                        rpc::ServerOptions opts = {}) {
+                                        const rpc::ServerOptions& opts = {}) {
   auto s = std::make_unique<rpc::Server>(conn, "test", "gpuaas.*.test.>", log, reg, opts);
   s->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
       "gpuaas.v1.test.node.echo",
@@ -384,6 +391,34 @@ TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {
       [&] { return messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.a", "2", "r-2").ok(); }));
   EXPECT_TRUE(testing::WaitFor([&] { return seen == 2; }, std::chrono::seconds(15)));
   consumer.Stop();
+}
+
+// A server that takes the TCP connection but answers only later (a loaded host): the first
+// connect tries again instead of failing the caller's start, and the connection comes up.
+TEST_F(MessagingTest, AFirstConnectThatTimesOutIsTriedAgain) {
+  nats_.Stop();
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(nats_.port());
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << strerror(errno);
+  ASSERT_EQ(listen(fd, 16), 0);  // the kernel completes handshakes; nothing ever says INFO
+  // The real server answers once two attempts have timed out.
+  std::thread later([&] {
+    std::this_thread::sleep_for(700ms);
+    close(fd);
+    nats_.Start();
+  });
+  auto opts = nats_.Options(testing::TestNats::kHarness);
+  opts.connect_timeout_ms = 300;
+  auto c = messaging::Connection::Connect(opts, log_);
+  later.join();
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_TRUE(testing::WaitFor([&] { return (*c)->Connected(); }, 15s));
+  EXPECT_TRUE((*c)->Flush(2s).ok());
 }
 
 }  // namespace
