@@ -3,6 +3,8 @@ set(body "// Generated from SQL migrations. Do not edit.\n#include \"gpuaas/comm
 foreach(f ${FILES})
   get_filename_component(name ${f} NAME)
   string(REGEX MATCH "^[0-9]+" version ${name})
+  # "0008" is the number 8 (a leading 0 would make it an octal literal in C++).
+  math(EXPR version "${version}" OUTPUT_FORMAT DECIMAL)
   file(READ ${f} sql)
   string(APPEND body "    {${version}, \"${name}\", R\"__sql__(${sql})__sql__\"},\n")
 endforeach()
