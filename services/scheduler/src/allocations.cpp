@@ -22,6 +22,7 @@
 #include "gpuaas/v1/scheduler.pb.h"
 #include "lifecycle.hpp"
 #include "placement.hpp"
+#include "placement_cache.hpp"
 #include "saga.hpp"
 #include "scheduler_metrics.hpp"
 
@@ -38,6 +39,8 @@ constexpr int kChoices = 8;
 constexpr int kPlaceAttempts = 8;
 constexpr int kSkipAttempts = 3;
 constexpr int kLockWaitMs = 2000;
+// How long a refusal waits for the placement index to catch up before asking SQL instead.
+constexpr int kSyncWaitMs = 1000;
 constexpr int kMaxEndpoints = 16;
 
 google::protobuf::Timestamp Ts(double epoch) {
@@ -242,9 +245,30 @@ struct Placed {
   std::vector<std::string> slots;
 };
 
-// Why nothing could be placed, with counts per reason.
-Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
-                  int gpus) {
+// Why nothing could be placed, with counts per reason (from SQL, or from a synced index).
+Error NoPlacement(const v1::CreateAllocationRequest& req, const Sku& sku, int gpus,
+                  const PlacementCache::FreeCounts& c) {
+  std::map<std::string, std::string> d = {
+      {"free_gpus_in_region", std::to_string(c.free_in_region)},
+      {"free_gpus_of_sku", std::to_string(c.free_of_sku)},
+      {"free_gpus_matching_fabric", std::to_string(c.matching)},
+      {"max_free_matching_on_one_node", std::to_string(c.max_on_one_node)},
+      {"nodes_with_enough_free_slots", std::to_string(c.nodes_with_enough)},
+      {"nodes_with_wrong_fabric", std::to_string(c.nodes_with_wrong_fabric)},
+      {"unschedulable_slots_in_region", std::to_string(c.unschedulable_in_region)},
+      {"incomplete_slots_ignored", std::to_string(c.incomplete)},
+      {"requested_gpus", std::to_string(gpus)}};
+  return Error{
+      Code::kResourceExhausted, "no_placement",
+      fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
+                  "({} free matching GPUs in the region, at most {} on one node)",
+                  req.region(), gpus, sku.gpu_sku,
+                  sku.fabric_type.empty() ? "any" : sku.fabric_type, c.matching, c.max_on_one_node),
+      d, true};
+}
+
+PlacementCache::FreeCounts CountFree(pqxx::work& tx, const v1::CreateAllocationRequest& req,
+                                     const Sku& sku, int gpus) {
   auto r = tx.exec_params(
       "WITH free AS (SELECT p.*, (p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND "
       "p.mac <> '' AND p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
@@ -263,32 +287,34 @@ Error NoPlacement(pqxx::work& tx, const v1::CreateAllocationRequest& req, const 
       "(SELECT count(*) FROM free WHERE NOT complete)",
       req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus);
   const auto& x = r[0];
-  std::map<std::string, std::string> d = {{"free_gpus_in_region", x[0].as<std::string>()},
-                                          {"free_gpus_of_sku", x[1].as<std::string>()},
-                                          {"free_gpus_matching_fabric", x[2].as<std::string>()},
-                                          {"max_free_matching_on_one_node", x[3].as<std::string>()},
-                                          {"nodes_with_enough_free_slots", x[4].as<std::string>()},
-                                          {"nodes_with_wrong_fabric", x[5].as<std::string>()},
-                                          {"unschedulable_slots_in_region", x[6].as<std::string>()},
-                                          {"incomplete_slots_ignored", x[7].as<std::string>()},
-                                          {"requested_gpus", std::to_string(gpus)}};
-  return Error{Code::kResourceExhausted, "no_placement",
-               fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
-                           "({} free matching GPUs in the region, at most {} on one node)",
-                           req.region(), gpus, sku.gpu_sku,
-                           sku.fabric_type.empty() ? "any" : sku.fabric_type,
-                           x[2].as<std::string>(), x[3].as<std::string>()),
-               d, true};
+  PlacementCache::FreeCounts c;
+  c.free_in_region = x[0].as<int64_t>();
+  c.free_of_sku = x[1].as<int64_t>();
+  c.matching = x[2].as<int64_t>();
+  c.max_on_one_node = x[3].as<int64_t>();
+  c.nodes_with_enough = x[4].as<int64_t>();
+  c.nodes_with_wrong_fabric = x[5].as<int64_t>();
+  c.unschedulable_in_region = x[6].as<int64_t>();
+  c.incomplete = x[7].as<int64_t>();
+  return c;
 }
 
-// One placement attempt for a slice in `tx`: rank, then lock and re-check the choices in order.
-// Each choice is tried in its own savepoint, so a choice given up on (another transaction holds
-// or took part of it) leaves no row locked behind it. `wait`: lock the choices waiting for their
-// holders (bounded by lock_timeout) instead of skipping them; used once skipping kept failing.
-Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocationRequest& req,
-                                         const Sku& sku, int gpus, bool wait, bool* contended) {
-  // One pass over the region's slots of this SKU, each with its live claim (probes of the
-  // partial unique claim indexes): free schedulable slots, slot and claimed counts per node.
+// What the proposals of one create request came to (gpuaas_placement_choices_total).
+struct ChoiceStats {
+  bool from_index = false;
+  bool refused_by_index = false;  // the synced index had nothing: the refusal's counts from it
+  int placed = 0;
+  int stale = 0;  // the re-check found them claimed or no longer schedulable
+  int held = 0;   // locked by another placement
+};
+
+// The SQL read of the create path: one pass over the region's slots of this SKU, each with its
+// live claim (probes of the partial unique claim indexes): free schedulable slots, slot and
+// claimed counts per node. Ranked with placement::Rank. Used when the replica's placement index
+// has nothing to propose (so a refusal is always decided on the database) or is not loaded.
+Result<std::optional<std::vector<placement::Choice>>> RankFromSql(
+    pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
+    const placement::Request& preq) {
   std::map<std::string, placement::NodeView> nodes;
   bool region_enabled = false;
   for (const auto& r : tx.exec_params(
@@ -316,17 +342,55 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
           {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
     }
   }
-  if (nodes.empty()) return std::optional<Placed>();
+  if (nodes.empty()) return std::optional<std::vector<placement::Choice>>();
   if (!region_enabled) return RegionDisabled(req.region());
   std::vector<placement::NodeView> views;
   views.reserve(nodes.size());
   for (auto& [id, n] : nodes) views.push_back(std::move(n));
+  return std::optional(placement::Rank(views, preq, kChoices));
+}
+
+// One placement attempt for a slice in `tx`: proposals from the replica's placement index (or,
+// when it has none, from SQL), then lock and re-check them in order. Each choice is tried in its
+// own savepoint, so a choice given up on (another transaction holds or took part of it) leaves
+// no row locked behind it; a stale proposal of the index reads its node into the index again.
+// `wait`: lock the choices waiting for their holders (bounded by lock_timeout) instead of
+// skipping them; used once skipping kept failing.
+Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocationRequest& req,
+                                         const Sku& sku, int gpus, bool wait, bool* contended,
+                                         PlacementCache* cache, ChoiceStats* stats) {
   placement::Request preq;
   preq.gpus = gpus;
   preq.fabric_type = sku.fabric_type;
-  const auto choices = placement::Rank(views, preq, kChoices);
+  std::vector<placement::Choice> choices;
+  bool from_index = false;
+  if (cache != nullptr && cache->ready()) {
+    auto ranked = cache->Rank(req.region(), req.pool(), sku.gpu_sku, preq, kChoices);
+    // Nothing to propose: refused only by an index that has every commit made before this
+    // request (a release the client saw answered included), else by SQL.
+    if (ranked.any_node && ranked.region_enabled && ranked.choices.empty() &&
+        cache->Sync(std::chrono::milliseconds(kSyncWaitMs))) {
+      ranked = cache->Rank(req.region(), req.pool(), sku.gpu_sku, preq, kChoices);
+      if (ranked.region_enabled && ranked.choices.empty()) {
+        stats->refused_by_index = true;
+        return std::optional<Placed>();
+      }
+    }
+    if (ranked.region_enabled && !ranked.choices.empty()) {
+      choices = std::move(ranked.choices);
+      from_index = true;
+    }
+  }
+  if (!from_index) {
+    auto ranked = RankFromSql(tx, req, sku, preq);
+    if (!ranked.ok()) return ranked.error();
+    if (!ranked->has_value()) return std::optional<Placed>();
+    choices = std::move(**ranked);
+  }
+  stats->from_index = stats->from_index || from_index;
   *contended = !choices.empty();  // every choice below was taken or locked by someone else
   const char* skip = wait ? "" : " SKIP LOCKED";
+  std::vector<std::string> stale;
   for (const auto& choice : choices) {
     pqxx::subtransaction sp(tx, "choice");
     try {
@@ -336,6 +400,7 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
           choice.node_id);
       if (node.empty()) {
         sp.abort();
+        stats->held++;
         continue;
       }
       std::string keys = store::TextArrayLiteral(choice.slot_keys);
@@ -355,15 +420,29 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
                              choice.node_id, keys);
       if (static_cast<int>(locked.size()) != gpus || !taken.empty()) {
         sp.abort();  // its row locks go with it
+        // Fewer rows than asked while skipping: held by someone (or gone); waiting, or claims
+        // found: what the proposal was made from is out of date.
+        if (!wait && static_cast<int>(locked.size()) != gpus) {
+          stats->held++;
+        } else {
+          stats->stale++;
+          stale.push_back(choice.node_id);
+        }
         continue;
       }
       sp.commit();
+      stats->placed++;
+      if (from_index && !stale.empty()) cache->Refresh(tx, stale);
       return std::optional<Placed>(Placed{choice.node_id, choice.slot_keys});
     } catch (const pqxx::sql_error& e) {
       // A wait that ran past lock_timeout: the next choice (the savepoint is rolled back).
       if (e.sqlstate() != "55P03") throw;
+      stats->held++;
     }
   }
+  // The index proposed what the database no longer has: read those nodes again now, so the
+  // next round does not propose them again before their notifications arrive.
+  if (from_index && !stale.empty()) cache->Refresh(tx, stale);
   return std::optional<Placed>();
 }
 
@@ -456,7 +535,7 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
 }
 
 Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
-                              const SagaOptions& saga) {
+                              const SagaOptions& saga, PlacementCache* cache) {
   if (auto r = messaging::EnsureStream(*svc.nats(), messaging::SchedulerEventsStream()); !r.ok()) {
     return r;
   }
@@ -467,8 +546,8 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   CountedRpc counted(rpc, saga.metrics);
   counted.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.create",
-      [pool, saga, catalog](const v1::CreateAllocationRequest& req,
-                            rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
+      [pool, saga, catalog, cache](const v1::CreateAllocationRequest& req,
+                                   rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
         if (auto v = ValidateCreate(req); !v.ok()) return v.error();
         if (const std::string scope = ctx.TenantScope(); !scope.empty() && req.tenant() != scope) {
           return TenantDenied(ctx, req.tenant());
@@ -534,112 +613,138 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
             expose.push_back(std::move(add));
           }
         }
-        return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
-          v1::CreateAllocationResponse resp;
-          // Retries of one request id, on any replica, one at a time: the later ones find the
-          // first one's allocation instead of racing it to the unique (tenant, request_id) key.
-          tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                         "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
-          if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
-            *resp.mutable_allocation() = *existing;
-            return resp;  // a retry: same answer, no second placement
-          }
-          if (baremetal) {  // slices learn it from the slots they scan anyway
-            auto region = tx.exec_params(
-                "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
-                "WHERE region = $1",
-                req.region());
-            if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
-              return RegionDisabled(req.region());
-            }
-          }
-          Result<std::optional<Placed>> placed = std::optional<Placed>();
-          // Skipping what others hold first; when that keeps failing, waiting for them: a
-          // request is not refused while capacity exists only because others held it a moment.
-          bool contended = false;
-          for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
-            const bool wait = attempt >= kSkipAttempts;
-            if (wait && attempt == kSkipAttempts) {
-              tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", kLockWaitMs));
-            }
-            contended = false;
-            placed = baremetal ? PlaceBaremetal(tx, req)
-                               : PlaceSlice(tx, req, sku, gpus, wait, &contended);
-            if (!placed.ok() || placed->has_value() || !contended) break;
-            // Others held or took our choices: read again (their commits are visible now).
-            if (!wait) std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
-          }
-          if (contended) tx.exec0("SET LOCAL lock_timeout = 0");
-          if (!placed.ok()) return placed.error();
-          if (!placed->has_value()) {
-            if (baremetal) {
-              return Error{Code::kResourceExhausted,
-                           "no_placement",
-                           "no node in " + req.region() + " is free of claims for baremetal",
-                           {{"requested", "node_exclusive"}},
-                           true};
-            }
-            if (contended) {
-              // Still held by others after waiting: capacity may exist, so not no_placement.
-              return Error{Code::kUnavailable,
-                           "placement_contended",
-                           fmt::format("every choice for {} GPU(s) in {} stayed held by other "
-                                       "placements; try again",
-                                       gpus, req.region()),
-                           {{"requested_gpus", std::to_string(gpus)},
-                            {"attempts", std::to_string(kPlaceAttempts)}},
-                           true};
-            }
-            return NoPlacement(tx, req, sku, gpus);
-          }
-          const Placed& p = **placed;
-          const std::string id = ids::NewUuidV7();
-          tx.exec_params(
-              "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
-              "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
-              "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
-              id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
-              req.pool(), enums::Text(checked->second), p.node_id);
-          if (!req.app().empty()) {
-            tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
-                           req.app());
-          }
-          for (const auto& e : expose) {
-            tx.exec_params(
-                "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
-                "($1, $2, $3, $4)",
-                id, e.name(), enums::Text(e.protocol()), e.port());
-          }
-          if (baremetal) {
-            tx.exec_params(
-                "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
-                "($1, $2, 'node_exclusive')",
-                id, p.node_id);
-          } else {
-            tx.exec_params(
-                "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, kind) "
-                "SELECT $1, $2, unnest($3::text[]), 'slot'",
-                id, p.node_id, store::TextArrayLiteral(p.slots));
-          }
-          auto a = LoadAllocation(tx, id, false);
-          if (!a.ok()) return a.error();
-          if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) return e.error();
-          AddTimeline(
-              tx, id,
-              {v1::TIMELINE_STEP_PLACED, v1::ALLOCATION_STATE_RESERVED, "",
-               v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, "",
-               baremetal ? "node " + p.node_id + " (node_exclusive)"
-                         : fmt::format("node {} slots {}", p.node_id, fmt::join(p.slots, ","))});
-          a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
-          if (!a.ok()) return a.error();
-          ctx.log.Info("allocation placed", {{"allocation_id", id},
-                                             {"node_id", p.node_id},
-                                             {"gpus", std::to_string(gpus)},
-                                             {"sku", req.sku()}});
-          *resp.mutable_allocation() = *a;
-          resp.set_created(true);
-          return resp;
-        });
+        ChoiceStats stats;
+        auto created =
+            store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
+              v1::CreateAllocationResponse resp;
+              // Retries of one request id, on any replica, one at a time: the later ones find the
+              // first one's allocation instead of racing it to the unique (tenant, request_id) key.
+              tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                             "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
+              if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
+                *resp.mutable_allocation() = *existing;
+                return resp;  // a retry: same answer, no second placement
+              }
+              if (baremetal) {  // slices learn it from the slots they scan anyway
+                auto region = tx.exec_params(
+                    "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
+                    "WHERE region = $1",
+                    req.region());
+                if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
+                  return RegionDisabled(req.region());
+                }
+              }
+              Result<std::optional<Placed>> placed = std::optional<Placed>();
+              // Skipping what others hold first; when that keeps failing, waiting for them: a
+              // request is not refused while capacity exists only because others held it a moment.
+              bool contended = false;
+              stats.refused_by_index = false;  // this run of the transaction's
+              for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
+                const bool wait = attempt >= kSkipAttempts;
+                if (wait && attempt == kSkipAttempts) {
+                  tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", kLockWaitMs));
+                }
+                contended = false;
+                placed = baremetal
+                             ? PlaceBaremetal(tx, req)
+                             : PlaceSlice(tx, req, sku, gpus, wait, &contended, cache, &stats);
+                if (!placed.ok() || placed->has_value() || !contended) break;
+                // Others held or took our choices: read again (their commits are visible now).
+                if (!wait) {
+                  std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
+                }
+              }
+              if (contended) tx.exec0("SET LOCAL lock_timeout = 0");
+              if (!placed.ok()) return placed.error();
+              if (!placed->has_value()) {
+                if (baremetal) {
+                  return Error{Code::kResourceExhausted,
+                               "no_placement",
+                               "no node in " + req.region() + " is free of claims for baremetal",
+                               {{"requested", "node_exclusive"}},
+                               true};
+                }
+                if (contended) {
+                  // Still held by others after waiting: capacity may exist, so not no_placement.
+                  return Error{Code::kUnavailable,
+                               "placement_contended",
+                               fmt::format("every choice for {} GPU(s) in {} stayed held by other "
+                                           "placements; try again",
+                                           gpus, req.region()),
+                               {{"requested_gpus", std::to_string(gpus)},
+                                {"attempts", std::to_string(kPlaceAttempts)}},
+                               true};
+                }
+                if (stats.refused_by_index) {
+                  return NoPlacement(
+                      req, sku, gpus,
+                      cache->Count(req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus));
+                }
+                return NoPlacement(req, sku, gpus, CountFree(tx, req, sku, gpus));
+              }
+              const Placed& p = **placed;
+              const std::string id = ids::NewUuidV7();
+              tx.exec_params(
+                  "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
+                  "gpu_count, "
+                  "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
+                  "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
+                  id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
+                  req.pool(), enums::Text(checked->second), p.node_id);
+              if (!req.app().empty()) {
+                tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
+                               req.app());
+              }
+              for (const auto& e : expose) {
+                tx.exec_params(
+                    "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
+                    "($1, $2, $3, $4)",
+                    id, e.name(), enums::Text(e.protocol()), e.port());
+              }
+              if (baremetal) {
+                tx.exec_params(
+                    "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
+                    "($1, $2, 'node_exclusive')",
+                    id, p.node_id);
+              } else {
+                tx.exec_params(
+                    "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, "
+                    "kind) "
+                    "SELECT $1, $2, unnest($3::text[]), 'slot'",
+                    id, p.node_id, store::TextArrayLiteral(p.slots));
+              }
+              auto a = LoadAllocation(tx, id, false);
+              if (!a.ok()) return a.error();
+              if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) {
+                return e.error();
+              }
+              AddTimeline(tx, id,
+                          {v1::TIMELINE_STEP_PLACED, v1::ALLOCATION_STATE_RESERVED, "",
+                           v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, "",
+                           baremetal ? "node " + p.node_id + " (node_exclusive)"
+                                     : fmt::format("node {} slots {}", p.node_id,
+                                                   fmt::join(p.slots, ","))});
+              a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
+              if (!a.ok()) return a.error();
+              ctx.log.Info("allocation placed", {{"allocation_id", id},
+                                                 {"node_id", p.node_id},
+                                                 {"gpus", std::to_string(gpus)},
+                                                 {"sku", req.sku()}});
+              *resp.mutable_allocation() = *a;
+              resp.set_created(true);
+              return resp;
+            });
+        if (saga.metrics) {
+          saga.metrics->Choices(stats.from_index, stats.placed, stats.stale, stats.held);
+        }
+        // Committed: this replica's index has the claim now, not only once its notification
+        // comes back (the other replicas learn it from the notification).
+        if (cache != nullptr && created.ok() && created->created() && !baremetal) {
+          cache->Claimed(
+              created->allocation().node_id(),
+              {created->allocation().slot_keys().begin(), created->allocation().slot_keys().end()});
+        }
+        return created;
       });
 
   rpc.Handle<v1::ListCatalogRequest, v1::ListCatalogResponse>(

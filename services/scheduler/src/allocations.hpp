@@ -1,6 +1,7 @@
 #pragma once
 // Allocations: create (validate against the catalog, place, claim), get, list, release. Placement
-// reads candidate slots from the slot projection, ranks nodes with the pure placement engine,
+// takes proposals from the replica's placement index (placement_cache.hpp; candidate slots read
+// from the slot projection and ranked with the pure placement engine when the index has none),
 // then locks the chosen node (FOR SHARE for slices, FOR UPDATE for baremetal) and its slots
 // (FOR UPDATE SKIP LOCKED), re-checks live claims, and commits allocation, claims and the
 // outbox event together; a node someone else is placing on is skipped, not waited for.
@@ -18,8 +19,12 @@
 
 namespace gpuaas::scheduler {
 
+class PlacementCache;
+
+// `cache`: the replica's placement index (placement_cache.hpp), or null to read every decision's
+// candidates from SQL.
 Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
-                              const SagaOptions& saga);
+                              const SagaOptions& saga, PlacementCache* cache);
 
 // Violations of the claim invariants (empty: consistent): a slot with two live claims, a node
 // with both an exclusive and slot claims, a live claim of a released allocation (or of a failed

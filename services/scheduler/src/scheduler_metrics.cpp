@@ -57,17 +57,36 @@ SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
                          .Name("gpuaas_no_placement_total")
                          .Help("Create requests that found no capacity, by reason")
                          .Register(registry)),
-      create_seconds_(&prometheus::BuildHistogram()
-                           .Name("gpuaas_allocation_create_seconds")
-                           .Help("Time from an allocation's create request to active")
-                           .Register(registry)
-                           .Add({}, prometheus::Histogram::BucketBoundaries{0.05, 0.1, 0.25, 0.5, 1,
-                                                                            2.5, 5, 10, 30, 60, 120,
-                                                                            300, 600, 900, 1800})) {
+      create_seconds_(
+          &prometheus::BuildHistogram()
+               .Name("gpuaas_allocation_create_seconds")
+               .Help("Time from an allocation's create request to active")
+               .Register(registry)
+               .Add({}, prometheus::Histogram::BucketBoundaries{0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
+                                                                30, 60, 120, 300, 600, 900, 1800})),
+      choices_(&prometheus::BuildCounter()
+                    .Name("gpuaas_placement_choices_total")
+                    .Help("Placement proposals tried by create requests, by source (index: the "
+                          "replica's placement index, sql: read from the database) and outcome "
+                          "(placed, stale: found claimed or unschedulable by the re-check, held: "
+                          "locked by another placement)")
+                    .Register(registry)) {
   // Present from the start, so rate() and alerts see a 0 before the first increment.
   for (const char* r : {"placed", "duplicate", "no_placement", "rejected", "error"}) {
     placements_->Add({{"result", r}});
   }
+  for (const char* src : {"index", "sql"}) {
+    for (const char* o : {"placed", "stale", "held"}) {
+      choices_->Add({{"source", src}, {"outcome", o}});
+    }
+  }
+}
+
+void SchedulerMetrics::Choices(bool from_index, int placed, int stale, int held) {
+  const char* src = from_index ? "index" : "sql";
+  if (placed > 0) choices_->Add({{"source", src}, {"outcome", "placed"}}).Increment(placed);
+  if (stale > 0) choices_->Add({{"source", src}, {"outcome", "stale"}}).Increment(stale);
+  if (held > 0) choices_->Add({{"source", src}, {"outcome", "held"}}).Increment(held);
 }
 
 void SchedulerMetrics::CreateAnswered(const Result<v1::CreateAllocationResponse>& r) {

@@ -8,6 +8,11 @@
 //   gpuaas_allocations{state}                allocations per state (sampled from the database)
 //   gpuaas_allocation_oldest_seconds{state}  time the oldest allocation has spent in its state
 //                                            (sampled; 0 when none): what "stuck" alerts use
+//   gpuaas_placement_choices_total{source,outcome}
+//                                            proposals the create path tried: source = index |
+//                                            sql, outcome = placed | stale (the re-check found
+//                                            them claimed or unschedulable) | held (locked by
+//                                            another placement)
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -48,11 +53,14 @@ class SchedulerMetrics {
   void CreateAnswered(const Result<v1::CreateAllocationResponse>& r);
   // `a` just became active (in the committing transaction).
   void Activated(const v1::Allocation& a);
+  // Proposals of one create request: how many were tried with each outcome.
+  void Choices(bool from_index, int placed, int stale, int held);
 
  private:
   prometheus::Family<prometheus::Counter>* placements_ = nullptr;
   prometheus::Family<prometheus::Counter>* no_placement_ = nullptr;
   prometheus::Histogram* create_seconds_ = nullptr;
+  prometheus::Family<prometheus::Counter>* choices_ = nullptr;
 };
 
 // The create handler registered on `rpc` with every answer counted (CreateAnswered). Same shape

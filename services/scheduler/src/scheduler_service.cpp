@@ -6,6 +6,7 @@
 #include "allocations.hpp"
 #include "apps.hpp"
 #include "catalog.hpp"
+#include "placement_cache.hpp"
 #include "scheduler_metrics.hpp"
 
 #include <google/protobuf/util/time_util.h>
@@ -100,6 +101,10 @@ void SchedulerConfig::Register(config::Schema& s) {
   s.Add("scheduler.sweep_interval_ms", &sweep_interval_ms,
         "How often each replica looks for node tasks past their deadline", 1000,
         config::Range(10, 60000));
+  s.Add("scheduler.placement_index", &placement_index,
+        "Propose placements from this replica's in-memory index, kept current through PostgreSQL "
+        "notifications (false: read every create's candidates from SQL)",
+        true);
 }
 
 SchedulerService::SchedulerService(SchedulerConfig cfg)
@@ -197,7 +202,12 @@ Result<void> SchedulerService::Start() {
   saga.metrics = std::make_shared<SchedulerMetrics>(svc_.metrics());
   auto gauges = StartAllocationGauges(svc_.pg(), svc_.metrics(), svc_.log());
   svc_.OnDrain("allocation gauges", [gauges] { gauges->Stop(); });
-  if (auto r = StartAllocations(svc_, *catalog, saga); !r.ok()) return r;
+  if (cfg_.placement_index) {
+    placement_ = std::make_shared<PlacementCache>(cfg_.common.pg_dsn, svc_.log());
+    if (auto r = placement_->Start(); !r.ok()) return r;
+    svc_.OnDrain("placement index", [cache = placement_] { cache->Stop(); });
+  }
+  if (auto r = StartAllocations(svc_, *catalog, saga, placement_.get()); !r.ok()) return r;
   if (auto r = StartApps(svc_, *catalog); !r.ok()) return r;
   if (auto r = StartSaga(svc_, saga); !r.ok()) return r;
 

@@ -1,6 +1,7 @@
 #pragma once
 // Scheduler: owns the SKU catalog, allocations and claims (later issues), and a projection of
 // inventory built from its events. Serves gpuaas.v1.scheduler.* requests.
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -25,6 +26,7 @@ struct SchedulerConfig {
   int64_t release_deadline_s = 300;
   int64_t cleanup_deadline_s = 1800;
   int64_t sweep_interval_ms = 1000;
+  bool placement_index = true;
   void Register(config::Schema& schema);
 };
 
@@ -41,6 +43,8 @@ struct RebuildStats {
   int64_t slots = 0;
 };
 
+class PlacementCache;
+
 class SchedulerService {
  public:
   explicit SchedulerService(SchedulerConfig cfg);
@@ -49,6 +53,8 @@ class SchedulerService {
   void Shutdown() { svc_.Shutdown(); }
   runtime::Service& runtime() { return svc_; }
   const inbox::ProjectionStats& projection_stats() const { return *stats_; }
+  // The replica's placement index (null with scheduler.placement_index off).
+  PlacementCache* placement_index() const { return placement_.get(); }
 
   // Drops the node and slot projections and replays the inventory stream from its first
   // message; returns once the replay caught up (or the deadline passed).
@@ -63,6 +69,7 @@ class SchedulerService {
   messaging::Consumer* nodes_consumer_ = nullptr;
   messaging::Consumer* slots_consumer_ = nullptr;
   std::mutex rebuild_mu_;
+  std::shared_ptr<PlacementCache> placement_;
 };
 
 }  // namespace gpuaas::scheduler
