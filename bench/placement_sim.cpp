@@ -1,5 +1,5 @@
-// P4: fragmentation of slice placement policies on one seeded churn trace, and P3: time of one
-// placement decision on small and large fleets. Pure in-memory; links only
+// P4: fragmentation of slice placement policies on one seeded churn trace, and P3-index: time of
+// one placement decision on small and large fleets. Pure in-memory; links only
 // gpuaas_scheduler_placement.
 //   placement_sim [--nodes N] [--events E] [--seed S]
 // P4 replays the same trace (arrivals of 1/2/4/8-GPU slices drawn from DefaultMix(), releases of
@@ -9,14 +9,14 @@
 // placement::PickSlots, so only the choice of node differs. Each is measured when its first 8-GPU
 // request is rejected: utilisation (claimed / total slots) and stranded GPUs (free GPUs on nodes
 // that cannot take an 8-GPU request).
-// P3 times one decision of placement::Index (rank with the shape-bucketed index, then apply the
-// placement to the chosen node: the index update is part of the decision; no SQL fetch, no
+// P3-index times one decision of placement::Index (rank with the shape-bucketed index, then apply
+// the placement to the chosen node: the index update is part of the decision; no SQL fetch, no
 // locking, no commit) per request on fleets of 1,000 and 50,000 nodes at ~85% occupancy. The
 // placement is undone outside the timed part so the fleet stays at its occupancy. For comparison
 // a detail line times the linear placement::Rank over the same fleets.
 // Output ends with:
 //   P4 stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
-//   P3 decision_p99_50k_ms=<x> decision_p99_1k_ms=<y> ratio=<x/y>
+//   P3-index decision_p99_50k_ms=<x> decision_p99_1k_ms=<y> ratio=<x/y>
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -307,8 +307,8 @@ double LinearP99Ms(int nodes, int samples, uint64_t seed, const placement::Mix& 
     if (s >= 0) ms.push_back(elapsed);
   }
   const double p99 = P99(ms);
-  std::printf("P3 detail linear_rank nodes=%d samples=%d p99_ms=%.4f choices=%zu\n", nodes, samples,
-              p99, sink);
+  std::printf("P3-index detail linear_rank nodes=%d samples=%d p99_ms=%.4f choices=%zu\n", nodes,
+              samples, p99, sink);
   return p99;
 }
 
@@ -354,7 +354,8 @@ std::pair<double, double> IndexP99Ms(int samples, uint64_t seed, const placement
   std::sort(ms_small.begin(), ms_small.end());
   std::sort(ms_large.begin(), ms_large.end());
   std::printf(
-      "P3 detail index nodes=1000 buckets=%zu p50_ms=%.4f p99_ms=%.4f | nodes=50000 buckets=%zu "
+      "P3-index detail index nodes=1000 buckets=%zu p50_ms=%.4f p99_ms=%.4f | nodes=50000 "
+      "buckets=%zu "
       "p50_ms=%.4f p99_ms=%.4f | samples=%d choices=%zu\n",
       small.buckets(), ms_small[ms_small.size() / 2], p99_small, large.buckets(),
       ms_large[ms_large.size() / 2], p99_large, samples, sink);
@@ -431,7 +432,7 @@ int main(int argc, char** argv) {
   LinearP99Ms(1000, 2000, seed, mix);
   LinearP99Ms(50000, 300, seed, mix);
   const auto [p99_1k, p99_50k] = IndexP99Ms(20000, seed, mix);
-  std::printf("P3 decision_p99_50k_ms=%.4f decision_p99_1k_ms=%.4f ratio=%.2f\n", p99_50k, p99_1k,
-              p99_50k / p99_1k);
+  std::printf("P3-index decision_p99_50k_ms=%.4f decision_p99_1k_ms=%.4f ratio=%.2f\n", p99_50k,
+              p99_1k, p99_50k / p99_1k);
   return 0;
 }

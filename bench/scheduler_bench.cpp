@@ -7,8 +7,19 @@
 //   P2 alloc_p99_ms=<x> nats_rtt_p99_ms=<r> fdatasync_ms=<f> ratio=<x/(r+f)>
 //       one creator paced at 50% of the P1 rate vs a raw NATS request/reply round trip and one
 //       8 KiB write+fdatasync on the same disk.
-//   scheduler_bench [--nodes 1000] [--clients 4] [--seconds 10]
+//   P3 create_p99_<N>_ms=<x> create_p99_<M>_ms=<y> ratio=<x/y>
+//       the P2 creator at the same pace on each fleet (through the service over NATS), largest
+//       fleet over smallest: flat when the ratio is ~1.
+//   index nodes=<n> full_load_ms=<t> catch_up_ms=<c> rss_mib=<r> index_heap_mib=<i>
+//       the placement index of each fleet: a full read (what a restarted replica does), the
+//       time for notifications of the fill to reach the running replica, this process's RSS
+//       (scheduler, its index, the benchmark's clients) and the heap one index of the fleet
+//       holds.
+//   scheduler_bench [--nodes 50000,1000] [--clients 4] [--seconds 10] [--index 1|0]
+// The first fleet of --nodes gets P1 and P2; every fleet gets the paced creator (P3).
+// --index 0 runs the scheduler with scheduler.placement_index=false (every create reads SQL).
 #include <fcntl.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +29,7 @@
 #include <cstring>
 #include <random>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -29,6 +41,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "placement_cache.hpp"
 #include "scheduler_service.hpp"
 #include "test_env.hpp"
 
@@ -75,8 +88,17 @@ bool Fill(store::Pool& pool, int nodes) {
         "SELECT id, node_id, slot_key, 'slot', 'active' FROM occ");
     return Ok();
   });
-  if (!r.ok()) std::fprintf(stderr, "fill: %s\n", r.error().ToString().c_str());
-  return r.ok();
+  if (!r.ok()) {
+    std::fprintf(stderr, "fill: %s\n", r.error().ToString().c_str());
+    return false;
+  }
+  // Statistics as autovacuum would gather them for tables that grew gradually: without them
+  // the planner takes the just-filled tables for empty ones.
+  auto analyzed = store::WithTx(pool, [&](pqxx::work& tx) -> Result<void> {
+    tx.exec("ANALYZE");
+    return Ok();
+  });
+  return analyzed.ok();
 }
 
 double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
@@ -103,39 +125,45 @@ double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
   return tps;
 }
 
+// Resident set of this process, MiB.
+double RssMib() {
+  FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  double kb = 0;
+  while (std::fgets(line, sizeof line, f)) {
+    if (std::strncmp(line, "VmRSS:", 6) == 0) kb = std::atof(line + 6);
+  }
+  std::fclose(f);
+  return kb / 1024;
+}
+
+struct Fleet {
+  int nodes = 0;
+  double p99_ms = 0;
+  std::vector<double> create_ms;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  int nodes = 1000, clients = 4, seconds = 10;
+  std::vector<int> fleets = {50000, 1000};
+  int clients = 4, seconds = 10;
+  bool index = true;
   for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--nodes")) nodes = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--nodes")) {
+      fleets.clear();
+      std::stringstream list(argv[i + 1]);
+      for (std::string n; std::getline(list, n, ',');) fleets.push_back(std::atoi(n.c_str()));
+    }
     if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--seconds")) seconds = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--index")) index = std::atoi(argv[i + 1]) != 0;
   }
   log::Logger logger("bench", "scheduler", log::Level::kError);
   testing::TestNats nats;
   testing::TestPostgres pg(/*fsync=*/true);
-  const std::string dsn = pg.CreateDatabase("sched");
-
-  scheduler::SchedulerConfig cfg;
-  config::Schema schema;
-  cfg.Register(schema);
-  auto env = nats.Env("scheduler");
-  env["GPUAAS_POSTGRES_DSN"] = dsn;
-  env["GPUAAS_LOG_LEVEL"] = "error";
-  env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
-  env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
-  if (!schema.LoadFromString("", env).ok()) {
-    return 1;
-  }
-  scheduler::SchedulerService svc(cfg);
-  if (auto r = svc.Start(); !r.ok()) {
-    std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
-    return 1;
-  }
-  store::Pool pool({dsn, 2, 5000}, logger);
-  if (!Fill(pool, nodes)) return 1;
   auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
   rpc::Client client(*conn);
@@ -161,57 +189,126 @@ int main(int argc, char** argv) {
   };
   const int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
 
-  // ---- P1: closed loop, C creators; each releases what it created to hold occupancy ----
-  std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
-  std::atomic<bool> stop{false};
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<size_t>(std::max(clients, 0)));
-  const auto t0 = Clock::now();
-  for (int c = 0; c < clients; ++c) {
-    threads.emplace_back([&, c] {
-      std::mt19937 rng(static_cast<unsigned>(c + 1));
-      std::vector<std::string> mine;
-      for (int i = 0; !stop; ++i) {
-        auto r = create(fmt::format("p1-{}-{}", c, i), kSizes[rng() % 10]);
-        if (r.ok()) {
-          placed++;
-          mine.push_back(r->allocation().allocation_id());
-        } else if (r.error().reason == "no_placement") {
-          rejected++;
-        } else {
-          failed++;
-        }
-        if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
-          const size_t k = rng() % mine.size();
-          if (!release(mine[k]).ok()) failed++;
-          mine.erase(mine.begin() + static_cast<long>(k));
+  double rate = 0, tps = 0;
+  std::chrono::duration<double> gap(0.2);
+  std::vector<Fleet> done;
+  for (size_t f = 0; f < fleets.size(); ++f) {
+    const int nodes = fleets[f];
+    const std::string dsn = pg.CreateDatabase("sched");
+    scheduler::SchedulerConfig cfg;
+    config::Schema schema;
+    cfg.Register(schema);
+    auto env = nats.Env("scheduler");
+    env["GPUAAS_POSTGRES_DSN"] = dsn;
+    env["GPUAAS_LOG_LEVEL"] = "error";
+    env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
+    env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
+    env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
+    if (!schema.LoadFromString("", env).ok()) return 1;
+    auto svc = std::make_unique<scheduler::SchedulerService>(cfg);
+    if (auto r = svc->Start(); !r.ok()) {
+      std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
+      return 1;
+    }
+    store::Pool pool({dsn, 2, 5000}, logger);
+    const auto fill_start = Clock::now();
+    if (!Fill(pool, nodes)) return 1;
+    const auto filled = Clock::now();
+    double catch_up_ms = 0, load_ms = 0, index_mib = 0;
+    if (index) {
+      // The running replica hears of the fill through notifications alone.
+      while (svc->placement_index()->nodes() < static_cast<size_t>(nodes)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (Clock::now() - filled > std::chrono::minutes(5)) {
+          std::fprintf(stderr, "index did not catch up with the fill\n");
+          return 1;
         }
       }
-      for (const auto& id : mine) (void)release(id);
-    });
-  }
-  std::this_thread::sleep_for(std::chrono::seconds(seconds));
-  stop = true;
-  for (auto& t : threads) t.join();
-  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-  const double rate = static_cast<double>(placed.load()) / elapsed;
-  std::printf("p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
-              static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
-              static_cast<long long>(failed.load()), elapsed, clients, nodes);
-  const double tps = PgbenchTps(pg, clients, seconds);
+      catch_up_ms = Ms(Clock::now() - filled);
+      // What a restarted replica does: one full read.
+      const auto before = mallinfo2().uordblks;
+      auto fresh = std::make_unique<scheduler::PlacementCache>(dsn, logger);
+      const auto t = Clock::now();
+      if (!fresh->Start().ok()) return 1;
+      load_ms = Ms(Clock::now() - t);
+      index_mib = static_cast<double>(mallinfo2().uordblks - before) / (1024.0 * 1024.0);
+      fresh->Stop();
+    }
+    std::printf("fill: %d nodes x 8 slots in %.1fs\n", nodes,
+                std::chrono::duration<double>(filled - fill_start).count());
 
-  // ---- P2: one creator at 50% of the P1 rate; baselines: NATS round trip, fdatasync ----
-  std::vector<double> alloc_ms;
-  // 50% load; bounded so a very slow P1 cannot stretch P2 into hours.
-  const auto gap = std::chrono::duration<double>(std::clamp(rate > 0 ? 2.0 / rate : 0.2, 0.0, 0.2));
-  for (int i = 0; i < 300; ++i) {
-    const auto start = Clock::now();
-    auto r = create(fmt::format("p2-{}", i), kSizes[i % 10]);
-    alloc_ms.push_back(Ms(Clock::now() - start));
-    if (r.ok()) (void)release(r->allocation().allocation_id());
-    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
+    if (f == 0) {
+      // ---- P1: closed loop, C creators; each releases what it created to hold occupancy ----
+      std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
+      std::atomic<bool> stop{false};
+      std::vector<std::thread> threads;
+      threads.reserve(static_cast<size_t>(std::max(clients, 0)));
+      const auto t0 = Clock::now();
+      for (int c = 0; c < clients; ++c) {
+        threads.emplace_back([&, c] {
+          std::mt19937 rng(static_cast<unsigned>(c + 1));
+          std::vector<std::string> mine;
+          for (int i = 0; !stop; ++i) {
+            auto r = create(fmt::format("p1-{}-{}", c, i), kSizes[rng() % 10]);
+            if (r.ok()) {
+              placed++;
+              mine.push_back(r->allocation().allocation_id());
+            } else if (r.error().reason == "no_placement") {
+              rejected++;
+            } else {
+              failed++;
+            }
+            if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
+              const size_t k = rng() % mine.size();
+              if (!release(mine[k]).ok()) failed++;
+              mine.erase(mine.begin() + static_cast<long>(k));
+            }
+          }
+          for (const auto& id : mine) (void)release(id);
+        });
+      }
+      std::this_thread::sleep_for(std::chrono::seconds(seconds));
+      stop = true;
+      for (auto& t : threads) t.join();
+      const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+      rate = static_cast<double>(placed.load()) / elapsed;
+      std::printf(
+          "p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
+          static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
+          static_cast<long long>(failed.load()), elapsed, clients, nodes);
+      // 50% load; bounded so a very slow P1 cannot stretch P2 into hours.
+      gap = std::chrono::duration<double>(std::clamp(rate > 0 ? 2.0 / rate : 0.2, 0.0, 0.2));
+    }
+    // ---- the paced creator: P2 on the first fleet, P3 on each ----
+    Fleet fl;
+    fl.nodes = nodes;
+    for (int i = 0; i < 300; ++i) {
+      const auto start = Clock::now();
+      auto r = create(fmt::format("p2-{}", i), kSizes[i % 10]);
+      fl.create_ms.push_back(Ms(Clock::now() - start));
+      if (r.ok()) (void)release(r->allocation().allocation_id());
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
+    }
+    fl.p99_ms = Percentile(fl.create_ms, 0.99);
+    Report(fmt::format("alloc_create_paced_{}", nodes).c_str(), fl.create_ms);
+    std::printf(
+        "index nodes=%d full_load_ms=%.1f catch_up_ms=%.1f rss_mib=%.1f index_heap_mib=%.1f\n",
+        nodes, load_ms, catch_up_ms, RssMib(), index_mib);
+    svc->Shutdown();
+    svc.reset();
+    // Its database goes, so its autovacuum does not run under the next measurements.
+    {
+      std::cmatch m;
+      if (std::regex_search(dsn.c_str(), m, std::regex("dbname=([a-z0-9_]+)"))) {
+        pqxx::connection admin(pg.AdminDsn());
+        pqxx::nontransaction(admin).exec("DROP DATABASE " + m[1].str() + " WITH (FORCE)");
+      }
+    }
+    if (f == 0) tps = PgbenchTps(pg, clients, seconds);
+    done.push_back(std::move(fl));
   }
-  // Raw request/reply to a trivial responder on the same server.
+
+  // Baselines: raw request/reply to a trivial responder on the same server; fdatasync.
   natsSubscription* sub = nullptr;
   natsConnection_Subscribe(
       &sub, (*conn)->raw(), "bench.echo",
@@ -240,15 +337,21 @@ int main(int argc, char** argv) {
     }
     if (fd >= 0) ::close(fd);
   }
-  svc.Shutdown();
-  Report("alloc_create_50pct", alloc_ms);
   Report("nats_request_reply", rtt_ms);
   Report("write_fdatasync_8k", sync_ms);
   std::printf("P1 placements_per_s=%.1f pgbench_tps=%.1f ratio=%.2f\n", rate, tps,
               tps > 0 ? rate / tps : 0.0);
-  const double x = Percentile(alloc_ms, 0.99), r = Percentile(rtt_ms, 0.99),
-               f = Percentile(sync_ms, 0.5);
-  std::printf("P2 alloc_p99_ms=%.3f nats_rtt_p99_ms=%.3f fdatasync_ms=%.3f ratio=%.2f\n", x, r, f,
-              x / (r + f));
+  const double x = done.front().p99_ms, r = Percentile(rtt_ms, 0.99), fs = Percentile(sync_ms, 0.5);
+  std::printf("P2 alloc_p99_ms=%.3f nats_rtt_p99_ms=%.3f fdatasync_ms=%.3f ratio=%.2f\n", x, r, fs,
+              x / (r + fs));
+  if (done.size() > 1) {
+    const auto big = std::max_element(
+        done.begin(), done.end(), [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; });
+    const auto small = std::min_element(
+        done.begin(), done.end(), [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; });
+    std::printf("P3 create_p99_%d_ms=%.3f create_p99_%d_ms=%.3f ratio=%.2f\n", big->nodes,
+                big->p99_ms, small->nodes, small->p99_ms,
+                small->p99_ms > 0 ? big->p99_ms / small->p99_ms : 0.0);
+  }
   return 0;
 }
