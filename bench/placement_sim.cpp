@@ -14,8 +14,12 @@
 // locking, no commit) per request on fleets of 1,000 and 50,000 nodes at ~85% occupancy. The
 // placement is undone outside the timed part so the fleet stays at its occupancy. For comparison
 // a detail line times the linear placement::Rank over the same fleets.
+// P4-hetero replays the same arrivals on a heterogeneous fleet (HReplay: 4- and 8-GPU nodes, IB
+// and RoCE, NUMA-local 2/4-GPU requests, ~5% of slots unavailable and coming back), means over 5
+// seeds.
 // Output ends with:
 //   P4 stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
+//   P4-hetero stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
 //   P3-index decision_p99_50k_ms=<x> decision_p99_1k_ms=<y> ratio=<x/y>
 #include <algorithm>
 #include <chrono>
@@ -286,6 +290,194 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
   return out;
 }
 
+// ---- P4 on a heterogeneous fleet ----
+// Two thirds 8-GPU nodes (2 NUMA x 2 switches x 2), one third 4-GPU nodes (2 NUMA x 1 switch x
+// 2); 60% InfiniBand, 40% RoCE per node. Requests: the mix's sizes, each for one fabric (60/40),
+// 2- and 4-GPU ones NUMA-local (every slot on one NUMA node). About 5% of the slots are
+// unavailable at any time (disabled, cleanup_blocked): at each arrival, with probability 1/20,
+// one unavailable slot comes back and one free slot goes. Measured at each policy's first
+// rejected 8-GPU request: utilisation of the available slots, and stranded GPUs: free GPUs on
+// 8-GPU nodes that cannot take an 8-GPU request (some of their slots taken or unavailable).
+struct HNode {
+  int gpus = 8;
+  std::string fabric;
+  std::vector<bool> unavailable;
+};
+
+placement::SlotView HSlot(const HNode& h, int i) {
+  const int per_numa = h.gpus / 2;
+  return {"g" + std::to_string(i), i / per_numa, "sw" + std::to_string(i / 2), h.fabric};
+}
+
+struct HFleet {
+  std::vector<HNode> nodes;
+  std::vector<placement::NodeView> views;
+};
+
+HFleet MakeHFleet(int nodes, uint64_t seed) {
+  std::mt19937_64 rng(seed ^ 0x5eed);
+  HFleet f;
+  for (int n = 0; n < nodes; ++n) {
+    HNode h;
+    h.gpus = rng() % 3 == 0 ? 4 : 8;
+    h.fabric = rng() % 5 < 3 ? "infiniband" : "roce";
+    h.unavailable.assign(static_cast<size_t>(h.gpus), false);
+    placement::NodeView v;
+    v.node_id = NodeId(n);
+    v.total_slots = h.gpus;
+    for (int i = 0; i < h.gpus; ++i) {
+      if (rng() % 20 == 0) {
+        h.unavailable[static_cast<size_t>(i)] = true;
+      } else {
+        v.free.push_back(HSlot(h, i));
+      }
+    }
+    f.nodes.push_back(std::move(h));
+    f.views.push_back(std::move(v));
+  }
+  return f;
+}
+
+// Whether `node` can take `req` (fabric, size, NUMA-local): what best fit and first fit check.
+bool HFits(const HNode& h, const placement::NodeView& v, const placement::Request& req) {
+  if (h.fabric != req.fabric_type || static_cast<int>(v.free.size()) < req.gpus) return false;
+  if (!req.numa_local) return true;
+  int per_numa[2] = {0, 0};
+  for (const auto& slot : v.free) per_numa[slot.numa]++;
+  return std::max(per_numa[0], per_numa[1]) >= req.gpus;
+}
+
+Outcome HReplay(Policy policy, int nodes, const std::vector<Event>& trace,
+                const std::vector<Arrival>& arrivals, uint64_t seed) {
+  HFleet f = MakeHFleet(nodes, seed);
+  std::mt19937_64 rng(seed ^ 0xfab);
+  std::vector<uint8_t> fabric_of(arrivals.size());
+  for (auto& b : fabric_of) b = rng() % 5 < 3 ? 0 : 1;
+  std::mt19937_64 churn(seed ^ 0xc0ffee);
+  long total = 0, unavailable = 0, claimed = 0, live = 0;
+  for (const auto& h : f.nodes) {
+    total += h.gpus;
+    unavailable += std::count(h.unavailable.begin(), h.unavailable.end(), true);
+  }
+  std::vector<Live> placed(arrivals.size(), Live{-1, {}});
+  std::vector<std::vector<bool>> taken(f.nodes.size());
+  for (size_t n = 0; n < f.nodes.size(); ++n) {
+    taken[n].assign(static_cast<size_t>(f.nodes[n].gpus), false);
+  }
+  auto erase_free = [&](size_t n, int i) {
+    auto& fr = f.views[n].free;
+    fr.erase(std::find_if(fr.begin(), fr.end(), [&](const placement::SlotView& s) {
+      return s.slot_key == "g" + std::to_string(i);
+    }));
+  };
+  auto stranded = [&] {
+    long out = 0;
+    for (size_t n = 0; n < f.nodes.size(); ++n) {
+      const long free = static_cast<long>(f.views[n].free.size());
+      if (f.nodes[n].gpus == 8 && free < 8) out += free;
+    }
+    return out;
+  };
+  Outcome out;
+  std::vector<std::string> keys;
+  for (const Event& ev : trace) {
+    const size_t a = static_cast<size_t>(ev.arrival);
+    if (!ev.is_arrival) {
+      if (placed[a].node < 0) continue;
+      const size_t n = static_cast<size_t>(placed[a].node);
+      for (const std::string& key : placed[a].keys) {
+        const int i = std::atoi(key.c_str() + 1);
+        taken[n][static_cast<size_t>(i)] = false;
+        if (!f.nodes[n].unavailable[static_cast<size_t>(i)]) {
+          f.views[n].free.push_back(HSlot(f.nodes[n], i));
+        }
+      }
+      f.views[n].claimed_slots -= static_cast<int>(placed[a].keys.size());
+      claimed -= static_cast<long>(placed[a].keys.size());
+      --live;
+      placed[a] = Live{-1, {}};
+      continue;
+    }
+    // Unavailability churn: one slot comes back, one free slot goes.
+    if (churn() % 20 == 0) {
+      const size_t back = churn() % f.nodes.size();
+      for (int i = 0; i < f.nodes[back].gpus; ++i) {
+        if (f.nodes[back].unavailable[static_cast<size_t>(i)]) {
+          f.nodes[back].unavailable[static_cast<size_t>(i)] = false;
+          --unavailable;
+          if (!taken[back][static_cast<size_t>(i)]) {
+            f.views[back].free.push_back(HSlot(f.nodes[back], i));
+          }
+          break;
+        }
+      }
+      const size_t gone = churn() % f.nodes.size();
+      if (!f.views[gone].free.empty()) {
+        const int i = std::atoi(f.views[gone].free.front().slot_key.c_str() + 1);
+        f.nodes[gone].unavailable[static_cast<size_t>(i)] = true;
+        ++unavailable;
+        erase_free(gone, i);
+      }
+    }
+    const int gpus = arrivals[a].gpus;
+    placement::Request req{gpus, false, fabric_of[a] == 0 ? "infiniband" : "roce",
+                           gpus == 2 || gpus == 4};
+    int n = -1;
+    if (policy == Policy::kOurs) {
+      const auto choice = placement::Rank(f.views, req, 1);
+      if (!choice.empty()) {
+        keys = choice.front().slot_keys;
+        n = std::atoi(choice.front().node_id.c_str() + 5);
+      }
+    } else {
+      size_t best_left = 0;
+      for (size_t i = 0; i < f.views.size(); ++i) {
+        if (!HFits(f.nodes[i], f.views[i], req)) continue;
+        const size_t left = f.views[i].free.size() - static_cast<size_t>(gpus);
+        if (n < 0 || left < best_left) {
+          n = static_cast<int>(i);
+          best_left = left;
+        }
+        if (policy == Policy::kFirstFit) break;
+      }
+      if (n >= 0) keys = placement::PickSlots(f.views[static_cast<size_t>(n)], req);
+      if (keys.empty()) n = -1;
+    }
+    if (n < 0) {
+      ++out.rejected_total;
+      out.rejected_gpus += gpus;
+      if (gpus == 8) ++out.rejected_8_total;
+      if (gpus == 8 && !out.rejected_8) {
+        out.rejected_8 = true;
+        out.arrival = static_cast<long>(a);
+        out.util = static_cast<double>(claimed) / static_cast<double>(total - unavailable);
+        out.stranded = stranded();
+        out.live = live;
+        out.rejected = out.rejected_total;
+      }
+      continue;
+    }
+    const size_t ni = static_cast<size_t>(n);
+    for (const std::string& key : keys) {
+      const int i = std::atoi(key.c_str() + 1);
+      taken[ni][static_cast<size_t>(i)] = true;
+      erase_free(ni, i);
+    }
+    f.views[ni].claimed_slots += static_cast<int>(keys.size());
+    claimed += static_cast<long>(keys.size());
+    ++live;
+    placed[a] = Live{n, keys};
+  }
+  if (!out.rejected_8) {
+    out.arrival = static_cast<long>(arrivals.size());
+    out.util = static_cast<double>(claimed) / static_cast<double>(total - unavailable);
+    out.stranded = stranded();
+    out.live = live;
+    out.rejected = out.rejected_total;
+  }
+  return out;
+}
+
 double P99(std::vector<double> ms) {
   std::sort(ms.begin(), ms.end());
   const size_t idx =
@@ -428,6 +620,36 @@ int main(int argc, char** argv) {
       sum_stranded[2] / (kExtraSeeds + 1), sum_util[0] / (kExtraSeeds + 1),
       sum_util[1] / (kExtraSeeds + 1), sum_util[2] / (kExtraSeeds + 1),
       sum_stranded[1] > 0 ? sum_stranded[0] / sum_stranded[1] : 0.0);
+
+  // The heterogeneous trace (see HReplay), on the same seeds.
+  double h_stranded[3] = {0, 0, 0};
+  double h_util[3] = {0, 0, 0};
+  Outcome h_first[3];
+  for (int k = 0; k <= kExtraSeeds; ++k) {
+    std::vector<Arrival> more;
+    const uint64_t s = seed + static_cast<uint64_t>(k);
+    const std::vector<Event> trace_k = MakeTrace(nodes, events, s, mix, more);
+    for (int p = 0; p < 3; ++p) {
+      const Outcome o = HReplay(policies[p], nodes, trace_k, more, s);
+      if (k == 0) h_first[p] = o;
+      h_stranded[p] += static_cast<double>(o.stranded);
+      h_util[p] += o.util;
+    }
+  }
+  for (int p = 0; p < 3; ++p) {
+    std::printf(
+        "P4-hetero detail policy=%s seed=%llu first_8gpu_reject_at_arrival=%ld%s util=%.4f "
+        "stranded=%ld rejected_before=%ld | over seeds %llu..%llu mean_util=%.4f "
+        "mean_stranded=%.1f\n",
+        Name(policies[p]), static_cast<unsigned long long>(seed), h_first[p].arrival,
+        h_first[p].rejected_8 ? "" : "(none)", h_first[p].util, h_first[p].stranded,
+        h_first[p].rejected, static_cast<unsigned long long>(seed),
+        static_cast<unsigned long long>(seed) + kExtraSeeds, h_util[p] / (kExtraSeeds + 1),
+        h_stranded[p] / (kExtraSeeds + 1));
+  }
+  std::printf("P4-hetero stranded_vs_bestfit=%.3f util_at_first_8gpu_reject=%.4f\n",
+              h_stranded[1] > 0 ? h_stranded[0] / h_stranded[1] : 0.0,
+              h_util[0] / (kExtraSeeds + 1));
 
   LinearP99Ms(1000, 2000, seed, mix);
   LinearP99Ms(50000, 300, seed, mix);

@@ -159,8 +159,10 @@ class Picker {
  public:
   explicit Picker(MixVec mix) : mix_(std::move(mix)) {}
 
-  // False when the node cannot hold `gpus` slots of the fabric.
-  bool Pick(const std::vector<SlotView>& slots, std::string_view fabric, int gpus, bool with_keys) {
+  // False when the node cannot hold `gpus` slots of the fabric (`numa_local`: on one known NUMA
+  // node).
+  bool Pick(const std::vector<SlotView>& slots, std::string_view fabric, int gpus, bool with_keys,
+            bool numa_local = false) {
     found_ = false;
     if (gpus <= 0 || static_cast<int>(slots.size()) < gpus) {
       return false;
@@ -192,6 +194,9 @@ class Picker {
     }
     // Tier 1: one known NUMA node; tier 2: the group of slots whose NUMA node is unknown.
     for (const Tier tier : {kSameNuma, kUnknownNuma}) {
+      if (numa_local && tier == kUnknownNuma) {
+        return false;  // unknown NUMA, or across NUMA nodes, is not local
+      }
       for (size_t g = 0; g < model_.groups.size(); ++g) {
         const NumaGroup& group = model_.groups[g];
         if ((group.numa < 0) != (tier == kUnknownNuma) || group.eligible < gpus) {
@@ -456,7 +461,7 @@ std::vector<std::string> PickSlots(const NodeView& node, const Request& req, con
     return {};
   }
   Picker picker(Flatten(mix));
-  if (!picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true)) {
+  if (!picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true, req.numa_local)) {
     return {};
   }
   return picker.Keys();
@@ -492,7 +497,7 @@ std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req,
     if (node.baremetal_claimed) {
       continue;
     }
-    if (!picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/false)) {
+    if (!picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/false, req.numa_local)) {
       continue;
     }
     candidates.push_back({SliceKey(BaremetalEligible(node), picker.quantized_delta(),
@@ -526,7 +531,7 @@ std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req,
     choice.node_id = node.node_id;
     choice.score = static_cast<double>(candidates[i].key);
     if (!req.baremetal) {
-      picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true);
+      picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true, req.numa_local);
       choice.slot_keys = picker.Keys();
     }
     out.push_back(std::move(choice));
@@ -555,7 +560,7 @@ std::string Index::Signature(const NodeView& node) {
 std::optional<uint64_t> Index::KeyOf(const Bucket& b, const Kind& kind) const {
   auto cached = b.keys.find(kind);
   if (cached != b.keys.end()) return cached->second;
-  const auto& [gpus, baremetal, fabric] = kind;
+  const auto& [gpus, baremetal, fabric, numa_local] = kind;
   const NodeView& node = b.shape;
   std::optional<uint64_t> key;
   if (baremetal) {
@@ -569,7 +574,7 @@ std::optional<uint64_t> Index::KeyOf(const Bucket& b, const Kind& kind) const {
     }
   } else if (!node.baremetal_claimed) {
     Picker picker(Flatten(mix_));
-    if (picker.Pick(node.free, fabric, gpus, /*with_keys=*/false)) {
+    if (picker.Pick(node.free, fabric, gpus, /*with_keys=*/false, numa_local)) {
       key = SliceKey(BaremetalEligible(node), picker.quantized_delta(), picker.free_after(),
                      picker.tier());
     }
@@ -630,7 +635,7 @@ const NodeView* Index::Find(const std::string& node_id) const {
 
 std::vector<Choice> Index::Rank(const Request& req, size_t limit) const {
   if (limit == 0 || req.gpus <= 0) return {};
-  const Order& order = OrderFor(Kind{req.gpus, req.baremetal, req.fabric_type});
+  const Order& order = OrderFor(Kind{req.gpus, req.baremetal, req.fabric_type, req.numa_local});
   Picker picker(Flatten(mix_));
   // Buckets of equal key interleave by node id (placement::Rank's tie-break): merge them.
   std::vector<Choice> out;
@@ -653,7 +658,7 @@ std::vector<Choice> Index::Rank(const Request& req, size_t limit) const {
       choice.node_id = node.node_id;
       choice.score = static_cast<double>(key);
       if (!req.baremetal) {
-        picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true);
+        picker.Pick(node.free, req.fabric_type, req.gpus, /*with_keys=*/true, req.numa_local);
         choice.slot_keys = picker.Keys();
       }
       out.push_back(std::move(choice));

@@ -33,6 +33,7 @@ struct Request {
   int gpus = 1;
   bool baremetal = false;   // whole node: needs a node with no claims at all
   std::string fabric_type;  // required fabric ("" = any)
+  bool numa_local = false;  // slices: every slot on one known NUMA node (else: preferred only)
 };
 
 struct Choice {
@@ -72,7 +73,8 @@ std::vector<Choice> Rank(const std::vector<NodeView>& nodes, const Request& req,
 
 // The slot group for `gpus` GPUs on one node: same NUMA node and PCIe switch preferred, then
 // same NUMA, then anything; empty when the node cannot hold it. Slots of unknown NUMA (-1) form
-// one group, worse than a known NUMA node and better than a group spanning NUMA nodes.
+// one group, worse than a known NUMA node and better than a group spanning NUMA nodes; with
+// `req.numa_local` only a group on one known NUMA node will do.
 // Among groups of equal locality, the one leaving the least Fragmentation(mix) wins, then the
 // smallest sorted list of slot keys. `req.baremetal` is ignored; a baremetal-claimed node and
 // `req.gpus <= 0` give an empty group. The two-argument form uses DefaultMix().
@@ -102,7 +104,7 @@ class Index {
 
  private:
   // A request's kind: what a bucket's key depends on besides its shape.
-  using Kind = std::tuple<int, bool, std::string>;  // gpus, baremetal, fabric_type
+  using Kind = std::tuple<int, bool, std::string, bool>;  // gpus, baremetal, fabric, numa_local
   struct Bucket {
     NodeView shape;  // a member (its free slots stand for every member's)
     std::set<std::string> members;

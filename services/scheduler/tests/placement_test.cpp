@@ -43,6 +43,8 @@ std::vector<std::string> Ids(const std::vector<Choice>& choices) {
 }
 
 Request Slice(int gpus, const std::string& fabric = "") { return {gpus, false, fabric}; }
+// A slice whose slots must share one known NUMA node.
+Request Local(int gpus, const std::string& fabric = "") { return {gpus, false, fabric, true}; }
 
 // A fleet of usual nodes with a random part of their slots claimed, a few baremetal-claimed.
 std::vector<NodeView> RandomFleet(int nodes, unsigned seed) {
@@ -455,6 +457,34 @@ bool SameChoices(const std::vector<Choice>& a, const std::vector<Choice>& b) {
   return true;
 }
 
+TEST(PlacementTest, ANumaLocalRequestTakesOneKnownNumaNodeOrNothing) {
+  // 2 free on NUMA 0, 2 on NUMA 1, 2 of unknown NUMA.
+  NodeView split{"split",
+                 {{"a0", 0, "s0", ""},
+                  {"a1", 0, "s0", ""},
+                  {"b0", 1, "s2", ""},
+                  {"b1", 1, "s2", ""},
+                  {"u0", -1, "", ""},
+                  {"u1", -1, "", ""}},
+                 8,
+                 2,
+                 false};
+  EXPECT_EQ(PickSlots(split, Slice(4)).size(), 4u) << "preferred only: spans NUMA nodes";
+  EXPECT_TRUE(PickSlots(split, Local(4)).empty()) << "no NUMA node has 4";
+  EXPECT_EQ(PickSlots(split, Local(2)).size(), 2u);
+  for (const auto& key : PickSlots(split, Local(2))) EXPECT_NE(key[0], 'u') << key;
+  NodeView four{
+      "four",
+      {{"c0", 1, "s2", ""}, {"c1", 1, "s2", ""}, {"c2", 1, "s3", ""}, {"c3", 1, "s3", ""}},
+      8,
+      4,
+      false};
+  const auto ranked = Rank({split, four}, Local(4), 8);
+  ASSERT_EQ(ranked.size(), 1u);
+  EXPECT_EQ(ranked[0].node_id, "four");
+  EXPECT_EQ(Rank({split, four}, Slice(4), 8).size(), 2u);
+}
+
 TEST(PlacementIndexTest, IndexRanksExactlyLikeRankOnRandomFleets) {
   for (unsigned seed = 1; seed <= 20; ++seed) {
     auto fleet = MixedFleet(300, seed);
@@ -464,7 +494,8 @@ TEST(PlacementIndexTest, IndexRanksExactlyLikeRankOnRandomFleets) {
     EXPECT_LT(index.buckets(), fleet.size()) << "nodes of one shape share a bucket";
     for (const Request& req :
          {Slice(1), Slice(2), Slice(4), Slice(8), Slice(2, "infiniband"), Slice(4, "roce"),
-          Request{8, true, ""}, Request{4, true, "infiniband"}, Slice(16)}) {
+          Request{8, true, ""}, Request{4, true, "infiniband"}, Slice(16), Local(2), Local(4),
+          Local(4, "infiniband")}) {
       for (size_t limit : {1u, 8u, 1000u}) {
         const auto want = Rank(fleet, req, limit);
         const auto got = index.Rank(req, limit);
