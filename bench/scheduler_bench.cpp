@@ -18,6 +18,11 @@
 //   scheduler_bench [--nodes 50000,1000] [--clients 4] [--seconds 10] [--index 1|0]
 // The first fleet of --nodes gets P1 and P2; every fleet gets the paced creator (P3).
 // --index 0 runs the scheduler with scheduler.placement_index=false (every create reads SQL).
+//   scheduler_bench --p8 50000
+//   P8 rebuild_events_per_s=<x> raw_consume_per_s=<y> ratio=<x/y>
+//       only this: 50,000 node and 400,000 slot events published to the inventory stream; a raw
+//       JetStream pull consumer reads the slot events; a scheduler started on an empty database
+//       builds its projection and placement index from the stream (RunP8).
 #include <fcntl.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -38,8 +43,11 @@
 
 #include "bench_util.hpp"
 #include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "placement_cache.hpp"
 #include "scheduler_service.hpp"
@@ -144,6 +152,140 @@ struct Fleet {
   std::vector<double> create_ms;
 };
 
+// P8: the scheduler's projection and placement index rebuilt from the inventory stream. `nodes`
+// node events and 8 slot events each are published first; then a raw JetStream pull consumer
+// reads the slot events (no ack, no processing), and a scheduler started on an empty database
+// consumes the stream until its projection holds every slot and its index every node.
+int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connection& conn,
+          int nodes, int clients, const log::Logger& logger) {
+  if (!messaging::EnsureStream(conn, messaging::InventoryEventsStream()).ok()) return 1;
+  jsCtx* js = conn.js();
+  jsPubOptions po;
+  jsPubOptions_Init(&po);
+  int64_t slots = 0;
+  const auto t_pub = Clock::now();
+  auto publish = [&](const std::string& subject, const google::protobuf::Message& data,
+                     const std::string& entity) {
+    const auto ev = outbox::MakeEvent({subject, "", "inventory/bench", entity, 1, "", "", &data});
+    const std::string bytes = ev.SerializeAsString();
+    po.MsgId = ev.id().c_str();
+    return js_PublishAsync(js, subject.c_str(), bytes.data(), static_cast<int>(bytes.size()),
+                           &po) == NATS_OK;
+  };
+  for (int n = 0; n < nodes; ++n) {
+    const std::string id = fmt::format("n{:06d}", n);
+    v1::NodeSnapshot ns;
+    ns.mutable_node()->set_node_id(id);
+    ns.mutable_node()->set_hostname(id);
+    ns.mutable_node()->set_region("us-east-1");
+    ns.mutable_node()->set_pool("h200");
+    ns.mutable_node()->set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
+    ns.mutable_node()->set_generation(1);
+    if (!publish("gpuaas.v1.evt.inventory.node.registered", ns, id)) return 1;
+    for (int i = 0; i < 8; ++i) {
+      v1::SlotSnapshot ss;
+      auto* sl = ss.mutable_slot();
+      sl->set_node_id(id);
+      sl->set_slot_key(fmt::format("gpu-0000:{:02x}:00.0", 0x18 + i));
+      sl->set_admin_state(v1::SLOT_ADMIN_STATE_AVAILABLE);
+      sl->set_health(v1::SLOT_HEALTH_HEALTHY);
+      sl->set_sku("h200-sxm");
+      sl->set_numa_node(i / 4);
+      sl->set_pcie_switch(fmt::format("sw{}", i / 2));
+      sl->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
+      sl->set_gpu_pci_address(sl->slot_key().substr(4));
+      sl->set_nvme_by_id(fmt::format("/dev/disk/by-id/nvme-eui.{}{:02x}", id, i));
+      sl->set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
+      sl->set_fabric_vf_pci_address(fmt::format("0000:{:02x}:00.1", 0x40 + i));
+      sl->set_mac(fmt::format("52:54:00:{:02x}:{:02x}:{:02x}", n / 256 % 256, n % 256, i));
+      sl->set_private_ip(fmt::format("10.100.0.{}", 10 + i));
+      sl->mutable_profile()->set_name("h200_24c_64g");
+      sl->mutable_profile()->set_vcpus_per_gpu(24);
+      sl->mutable_profile()->set_memory_mib_per_gpu(65536);
+      sl->set_generation(1);
+      ss.set_region("us-east-1");
+      ss.set_pool("h200");
+      ss.set_region_enabled(true);
+      ss.set_schedulable(true);
+      if (!publish("gpuaas.v1.evt.inventory.slot.updated", ss, id + "/" + sl->slot_key())) {
+        return 1;
+      }
+      ++slots;
+    }
+  }
+  jsPubOptions done;
+  jsPubOptions_Init(&done);
+  done.MaxWait = 120000;
+  if (js_PublishAsyncComplete(js, &done) != NATS_OK) return 1;
+  std::printf("p8: published %d node and %lld slot events in %.1fs\n", nodes,
+              static_cast<long long>(slots),
+              std::chrono::duration<double>(Clock::now() - t_pub).count());
+
+  // Raw: an ephemeral pull consumer over the slot events, batches of 1,000, no acks.
+  double raw_per_s = 0;
+  {
+    jsSubOptions so;
+    jsSubOptions_Init(&so);
+    so.Config.AckPolicy = js_AckNone;
+    so.Config.DeliverPolicy = js_DeliverAll;
+    natsSubscription* sub = nullptr;
+    jsErrCode jerr{};
+    if (js_PullSubscribe(&sub, js, "gpuaas.v1.evt.inventory.slot.>", nullptr, nullptr, &so,
+                         &jerr) != NATS_OK) {
+      std::fprintf(stderr, "p8: pull subscribe failed (%d)\n", static_cast<int>(jerr));
+      return 1;
+    }
+    int64_t got = 0;
+    const auto t = Clock::now();
+    while (got < slots) {
+      natsMsgList list{};
+      if (natsSubscription_Fetch(&list, sub, 1000, 5000, &jerr) != NATS_OK) break;
+      got += list.Count;
+      natsMsgList_Destroy(&list);
+    }
+    raw_per_s = static_cast<double>(got) / std::chrono::duration<double>(Clock::now() - t).count();
+    natsSubscription_Unsubscribe(sub);
+    natsSubscription_Destroy(sub);
+  }
+
+  // The scheduler on an empty database: projection and index from the stream.
+  const std::string dsn = pg.CreateDatabase("p8");
+  scheduler::SchedulerConfig cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  auto env = nats.Env("scheduler");
+  env["GPUAAS_POSTGRES_DSN"] = dsn;
+  env["GPUAAS_LOG_LEVEL"] = "error";
+  env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
+  env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
+  if (!schema.LoadFromString("", env).ok()) return 1;
+  const auto t_rebuild = Clock::now();
+  scheduler::SchedulerService svc(cfg);
+  if (!svc.Start().ok()) return 1;
+  store::Pool pool({dsn, 1, 5000}, logger);
+  int64_t projected = 0;
+  while (projected < slots || svc.placement_index()->nodes() < static_cast<size_t>(nodes)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto c = store::WithTx(pool, [](pqxx::work& tx) -> Result<int64_t> {
+      return tx.exec1("SELECT count(*) FROM projected_slots")[0].as<int64_t>();
+    });
+    if (c.ok()) projected = *c;
+    if (Clock::now() - t_rebuild > std::chrono::minutes(30)) {
+      std::fprintf(stderr, "p8: rebuild not done after 30 min (%lld slots)\n",
+                   static_cast<long long>(projected));
+      return 1;
+    }
+  }
+  const double rebuild_s = std::chrono::duration<double>(Clock::now() - t_rebuild).count();
+  const double rebuild_per_s = static_cast<double>(slots) / rebuild_s;
+  svc.Shutdown();
+  std::printf("p8: %lld slot events (and %d node events) into the projection and index in %.1fs\n",
+              static_cast<long long>(slots), nodes, rebuild_s);
+  std::printf("P8 rebuild_events_per_s=%.1f raw_consume_per_s=%.1f ratio=%.3f\n", rebuild_per_s,
+              raw_per_s, raw_per_s > 0 ? rebuild_per_s / raw_per_s : 0.0);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -151,7 +293,9 @@ int main(int argc, char** argv) {
   std::vector<int> fleets = {50000, 1000};
   int clients = 4, seconds = 10;
   bool index = true;
+  int p8_nodes = 0;
   for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--p8")) p8_nodes = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--nodes")) {
       fleets.clear();
       std::stringstream list(argv[i + 1]);
@@ -167,6 +311,7 @@ int main(int argc, char** argv) {
   auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
   rpc::Client client(*conn);
+  if (p8_nodes > 0) return RunP8(nats, pg, **conn, p8_nodes, clients, logger);
 
   auto create = [&](const std::string& id, int gpus) {
     v1::CreateAllocationRequest r;
