@@ -152,6 +152,31 @@ struct Fleet {
   std::vector<double> create_ms;
 };
 
+// A scheduler on `dsn` with `clients` request workers, started (null and said why on failure).
+std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& nats,
+                                                            const std::string& dsn, int clients,
+                                                            bool index) {
+  scheduler::SchedulerConfig cfg;
+  config::Schema schema;
+  cfg.Register(schema);
+  auto env = nats.Env("scheduler");
+  env["GPUAAS_POSTGRES_DSN"] = dsn;
+  env["GPUAAS_LOG_LEVEL"] = "error";
+  env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
+  env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
+  env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
+  if (auto r = schema.LoadFromString("", env); !r.ok()) {
+    std::fprintf(stderr, "scheduler config: %s\n", r.error().ToString().c_str());
+    return nullptr;
+  }
+  auto svc = std::make_unique<scheduler::SchedulerService>(cfg);
+  if (auto r = svc->Start(); !r.ok()) {
+    std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
+    return nullptr;
+  }
+  return svc;
+}
+
 // P8: the scheduler's projection and placement index rebuilt from the inventory stream. `nodes`
 // node events and 8 slot events each are published first; then a raw JetStream pull consumer
 // reads the slot events (no ack, no processing), and a scheduler started on an empty database
@@ -250,21 +275,12 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
 
   // The scheduler on an empty database: projection and index from the stream.
   const std::string dsn = pg.CreateDatabase("p8");
-  scheduler::SchedulerConfig cfg;
-  config::Schema schema;
-  cfg.Register(schema);
-  auto env = nats.Env("scheduler");
-  env["GPUAAS_POSTGRES_DSN"] = dsn;
-  env["GPUAAS_LOG_LEVEL"] = "error";
-  env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
-  env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
-  if (!schema.LoadFromString("", env).ok()) return 1;
   const auto t_rebuild = Clock::now();
-  scheduler::SchedulerService svc(cfg);
-  if (!svc.Start().ok()) return 1;
+  auto svc = StartScheduler(nats, dsn, clients, /*index=*/true);
+  if (!svc) return 1;
   store::Pool pool({dsn, 1, 5000}, logger);
   int64_t projected = 0;
-  while (projected < slots || svc.placement_index()->nodes() < static_cast<size_t>(nodes)) {
+  while (projected < slots || svc->placement_index()->nodes() < static_cast<size_t>(nodes)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     auto c = store::WithTx(pool, [](pqxx::work& tx) -> Result<int64_t> {
       return tx.exec1("SELECT count(*) FROM projected_slots")[0].as<int64_t>();
@@ -278,7 +294,7 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
   }
   const double rebuild_s = std::chrono::duration<double>(Clock::now() - t_rebuild).count();
   const double rebuild_per_s = static_cast<double>(slots) / rebuild_s;
-  svc.Shutdown();
+  svc->Shutdown();
   std::printf("p8: %lld slot events (and %d node events) into the projection and index in %.1fs\n",
               static_cast<long long>(slots), nodes, rebuild_s);
   std::printf("P8 rebuild_events_per_s=%.1f raw_consume_per_s=%.1f ratio=%.3f\n", rebuild_per_s,
@@ -340,21 +356,8 @@ int main(int argc, char** argv) {
   for (size_t f = 0; f < fleets.size(); ++f) {
     const int nodes = fleets[f];
     const std::string dsn = pg.CreateDatabase("sched");
-    scheduler::SchedulerConfig cfg;
-    config::Schema schema;
-    cfg.Register(schema);
-    auto env = nats.Env("scheduler");
-    env["GPUAAS_POSTGRES_DSN"] = dsn;
-    env["GPUAAS_LOG_LEVEL"] = "error";
-    env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
-    env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
-    env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
-    if (!schema.LoadFromString("", env).ok()) return 1;
-    auto svc = std::make_unique<scheduler::SchedulerService>(cfg);
-    if (auto r = svc->Start(); !r.ok()) {
-      std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
-      return 1;
-    }
+    auto svc = StartScheduler(nats, dsn, clients, index);
+    if (!svc) return 1;
     store::Pool pool({dsn, 2, 5000}, logger);
     const auto fill_start = Clock::now();
     if (!Fill(pool, nodes)) return 1;
