@@ -44,6 +44,7 @@
 #include "bench_util.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/process_metrics.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
@@ -133,18 +134,8 @@ double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
   return tps;
 }
 
-// Resident set of this process, MiB.
-double RssMib() {
-  FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  double kb = 0;
-  while (std::fgets(line, sizeof line, f)) {
-    if (std::strncmp(line, "VmRSS:", 6) == 0) kb = std::atof(line + 6);
-  }
-  std::fclose(f);
-  return kb / 1024;
-}
+// Resident set of this process, MiB (what the scheduler's process_resident_memory_bytes says).
+double RssMib() { return metrics::ReadProcessStats().resident_bytes / (1024.0 * 1024.0); }
 
 struct Fleet {
   int nodes = 0;

@@ -270,21 +270,22 @@ Error NoPlacement(const v1::CreateAllocationRequest& req, const Sku& sku, int gp
 PlacementCache::FreeCounts CountFree(pqxx::work& tx, const v1::CreateAllocationRequest& req,
                                      const Sku& sku, int gpus) {
   auto r = tx.exec_params(
-      "WITH free AS (SELECT p.*, (p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND "
-      "p.mac <> '' AND p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
-      "p.fabric_vf_pci_address <> '') AS complete FROM projected_slots p WHERE p.region = $1 AND "
-      "($2 = '' OR p.pool = $2) AND p.schedulable AND NOT EXISTS (SELECT 1 FROM "
-      "allocation_resource_claims c WHERE c.released_at IS NULL AND c.node_id = p.node_id AND "
-      "(c.slot_key = p.slot_key OR c.kind = 'node_exclusive'))), "
-      "per_node AS (SELECT node_id, count(*) FILTER (WHERE complete AND sku = $3 AND ($4 = '' OR "
-      "fabric_type = $4)) AS fit, count(*) FILTER (WHERE sku = $3 AND $4 <> '' AND "
-      "fabric_type <> $4) AS wrong_fabric FROM free GROUP BY node_id) "
-      "SELECT (SELECT count(*) FROM free), (SELECT count(*) FROM free WHERE sku = $3), "
-      "(SELECT COALESCE(sum(fit), 0) FROM per_node), (SELECT COALESCE(max(fit), 0) FROM per_node), "
-      "(SELECT count(*) FROM per_node WHERE fit >= $5), "
-      "(SELECT count(*) FROM per_node WHERE wrong_fabric > 0), "
-      "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable), "
-      "(SELECT count(*) FROM free WHERE NOT complete)",
+      std::string("WITH free AS (SELECT p.*, ") + kSlotCompleteSql +
+          " AS complete FROM projected_slots p WHERE p.region = $1 AND "
+          "($2 = '' OR p.pool = $2) AND p.schedulable AND NOT EXISTS (SELECT 1 FROM "
+          "allocation_resource_claims c WHERE c.released_at IS NULL AND c.node_id = p.node_id AND "
+          "(c.slot_key = p.slot_key OR c.kind = 'node_exclusive'))), "
+          "per_node AS (SELECT node_id, count(*) FILTER (WHERE complete AND sku = $3 AND ($4 = '' "
+          "OR "
+          "fabric_type = $4)) AS fit, count(*) FILTER (WHERE sku = $3 AND $4 <> '' AND "
+          "fabric_type <> $4) AS wrong_fabric FROM free GROUP BY node_id) "
+          "SELECT (SELECT count(*) FROM free), (SELECT count(*) FROM free WHERE sku = $3), "
+          "(SELECT COALESCE(sum(fit), 0) FROM per_node), (SELECT COALESCE(max(fit), 0) FROM "
+          "per_node), "
+          "(SELECT count(*) FROM per_node WHERE fit >= $5), "
+          "(SELECT count(*) FROM per_node WHERE wrong_fabric > 0), "
+          "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable), "
+          "(SELECT count(*) FROM free WHERE NOT complete)",
       req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus);
   const auto& x = r[0];
   PlacementCache::FreeCounts c;
@@ -308,45 +309,16 @@ struct ChoiceStats {
   int held = 0;   // locked by another placement
 };
 
-// The SQL read of the create path: one pass over the region's slots of this SKU, each with its
-// live claim (probes of the partial unique claim indexes): free schedulable slots, slot and
-// claimed counts per node. Ranked with placement::Rank. Used when the replica's placement index
-// has nothing to propose (so a refusal is always decided on the database) or is not loaded.
+// The SQL read of the create path (every slot of the SKU in the region, with its live claims),
+// ranked with placement::Rank: used when the replica's placement index has nothing to propose
+// and cannot sync, or is not loaded.
 Result<std::optional<std::vector<placement::Choice>>> RankFromSql(
     pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
     const placement::Request& preq) {
-  std::map<std::string, placement::NodeView> nodes;
   bool region_enabled = false;
-  for (const auto& r : tx.exec_params(
-           "SELECT p.node_id, p.slot_key, p.numa, p.pcie_switch, p.fabric_type, p.schedulable, "
-           "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-           "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
-           "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-           "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled, "
-           "(p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND p.mac <> '' AND "
-           "p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
-           "p.fabric_vf_pci_address <> '') "
-           "FROM projected_slots p WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3 "
-           "ORDER BY p.node_id, p.slot_key",
-           req.region(), req.pool(), sku.gpu_sku)) {
-    auto& n = nodes[r[0].as<std::string>()];
-    n.node_id = r[0].as<std::string>();
-    n.total_slots++;
-    const bool claimed = r[6].as<bool>();
-    n.claimed_slots += claimed ? 1 : 0;
-    if (r[7].as<bool>()) n.baremetal_claimed = true;
-    region_enabled = region_enabled || r[8].as<bool>();
-    // Incomplete bindings are ignored even when inventory says available.
-    if (r[5].as<bool>() && !claimed && r[9].as<bool>()) {
-      n.free.push_back(
-          {r[1].as<std::string>(), r[2].as<int>(), r[3].as<std::string>(), r[4].as<std::string>()});
-    }
-  }
-  if (nodes.empty()) return std::optional<std::vector<placement::Choice>>();
+  const auto views = ReadNodeViews(tx, req.region(), req.pool(), sku.gpu_sku, &region_enabled);
+  if (views.empty()) return std::optional<std::vector<placement::Choice>>();
   if (!region_enabled) return RegionDisabled(req.region());
-  std::vector<placement::NodeView> views;
-  views.reserve(nodes.size());
-  for (auto& [id, n] : nodes) views.push_back(std::move(n));
   return std::optional(placement::Rank(views, preq, kChoices));
 }
 

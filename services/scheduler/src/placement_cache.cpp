@@ -15,14 +15,13 @@ namespace {
 
 constexpr const char* kChannel = "gpuaas_placement";
 
-// One row per projected slot with its live claims: what placement needs of it. The same
-// conditions as the create path's SQL read (allocations.cpp), so the two agree.
-constexpr const char* kSlotsQuery =
-    "SELECT p.node_id, p.region, p.pool, p.sku, p.slot_key, p.numa, p.pcie_switch, "
-    "p.fabric_type, p.schedulable, p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND "
-    "p.mac <> '' AND p.private_ip <> '' AND p.fabric_claim_mode = 'per_slot_vf' AND "
-    "p.fabric_vf_pci_address <> '', "
-    "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
+// One row per projected slot with its live claims: what placement needs of it.
+const std::string kSlotsQuery =
+    std::string(
+        "SELECT p.node_id, p.region, p.pool, p.sku, p.slot_key, p.numa, p.pcie_switch, "
+        "p.fabric_type, p.schedulable, ") +
+    kSlotCompleteSql +
+    ", EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
     "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
     "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
     "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled "
@@ -221,10 +220,10 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
           after);
       if (last.empty() || last[0][0].is_null()) break;
       const std::string upto = last[0][0].as<std::string>();
-      auto read = Parse(tx.exec_params(std::string(kSlotsQuery) +
-                                           " WHERE p.node_id > $1 AND p.node_id <= $2 ORDER BY "
-                                           "p.node_id, p.slot_key",
-                                       after, upto));
+      auto read =
+          Parse(tx.exec_params(kSlotsQuery + " WHERE p.node_id > $1 AND p.node_id <= $2 ORDER BY "
+                                             "p.node_id, p.slot_key",
+                               after, upto));
       after = upto;
       node_reads_ += read.size();
       std::lock_guard lock(mu_);
@@ -233,10 +232,9 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
     malloc_trim(0);  // the rows' memory, freed in many small pieces, back to the system
     return;
   }
-  auto read =
-      Parse(tx.exec_params(std::string(kSlotsQuery) +
-                               " WHERE p.node_id = ANY($1::text[]) ORDER BY p.node_id, p.slot_key",
-                           store::TextArrayLiteral(node_ids)));
+  auto read = Parse(tx.exec_params(
+      kSlotsQuery + " WHERE p.node_id = ANY($1::text[]) ORDER BY p.node_id, p.slot_key",
+      store::TextArrayLiteral(node_ids)));
   node_reads_ += node_ids.size();
   std::lock_guard lock(mu_);
   for (const auto& id : node_ids) {
@@ -314,9 +312,8 @@ void PlacementCache::Drop(const std::string& node_id) {
   nodes_.erase(it);
 }
 
-void PlacementCache::Put(const std::string& node_id, Node node) {
-  Drop(node_id);
-  // One view per SKU of the node: its slots of that SKU, as the SQL read builds it.
+std::map<std::string, placement::NodeView> PlacementCache::Views(const std::string& node_id,
+                                                                 const Node& node) {
   std::map<std::string, placement::NodeView> views;
   for (const auto& s : node.slots) {
     auto& v = views[s.sku];
@@ -328,7 +325,12 @@ void PlacementCache::Put(const std::string& node_id, Node node) {
       v.free.push_back({s.slot_key, s.numa, s.pcie_switch, s.fabric_type});
     }
   }
-  for (auto& [sku, view] : views) {
+  return views;
+}
+
+void PlacementCache::Put(const std::string& node_id, Node node) {
+  Drop(node_id);
+  for (auto& [sku, view] : Views(node_id, node)) {
     auto& p = partitions_[PartitionKey(node.region, node.pool, sku)];
     p.index.Upsert(std::move(view));
     if (node.region_enabled) p.enabled++;
@@ -336,6 +338,23 @@ void PlacementCache::Put(const std::string& node_id, Node node) {
   }
   Tally(node, +1);
   nodes_[node_id] = std::move(node);
+}
+
+std::vector<placement::NodeView> ReadNodeViews(pqxx::transaction_base& tx,
+                                               const std::string& region, const std::string& pool,
+                                               const std::string& sku, bool* region_enabled) {
+  const auto nodes = PlacementCache::Parse(tx.exec_params(
+      kSlotsQuery + " WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3", region,
+      pool, sku));
+  std::vector<placement::NodeView> out;
+  out.reserve(nodes.size());
+  *region_enabled = false;
+  for (const auto& [id, n] : nodes) {
+    *region_enabled = *region_enabled || n.region_enabled;
+    auto views = PlacementCache::Views(id, n);
+    out.push_back(std::move(views[sku]));
+  }
+  return out;
 }
 
 PlacementCache::Ranked PlacementCache::Rank(const std::string& region, const std::string& pool,

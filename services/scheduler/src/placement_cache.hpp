@@ -34,6 +34,19 @@
 
 namespace gpuaas::scheduler {
 
+// A projected slot `p` whose bindings are complete (GPU PCI address, NVMe by-id, MAC, private IP,
+// a per-slot fabric VF): one that is not is ignored even when inventory says available.
+inline constexpr const char* kSlotCompleteSql =
+    "(p.gpu_pci_address <> '' AND p.nvme_by_id <> '' AND p.mac <> '' AND p.private_ip <> '' AND "
+    "p.fabric_claim_mode = 'per_slot_vf' AND p.fabric_vf_pci_address <> '')";
+
+// The placement views of the nodes with slots of `sku` in `region` (and `pool`, "" = any), read
+// in `tx` exactly as the index builds them; `region_enabled`: one of them is in an enabled
+// region. The create path's SQL read when the index has nothing to propose or is not loaded.
+std::vector<placement::NodeView> ReadNodeViews(pqxx::transaction_base& tx,
+                                               const std::string& region, const std::string& pool,
+                                               const std::string& sku, bool* region_enabled);
+
 class PlacementCache {
  public:
   PlacementCache(std::string dsn, log::Logger log);
@@ -141,6 +154,12 @@ class PlacementCache {
   static std::string PartitionKey(const std::string& region, const std::string& pool,
                                   const std::string& sku);
   static std::unordered_map<std::string, Node> Parse(const pqxx::result& rows);
+  // The node's view per SKU of its slots, as placement::Rank takes it.
+  static std::map<std::string, placement::NodeView> Views(const std::string& node_id,
+                                                          const Node& node);
+  friend std::vector<placement::NodeView> ReadNodeViews(pqxx::transaction_base&, const std::string&,
+                                                        const std::string&, const std::string&,
+                                                        bool*);
   // Reads `node_ids` (empty: every node) and replaces what the cache holds for them.
   void Load(pqxx::transaction_base& tx, const std::vector<std::string>& node_ids);
   void Put(const std::string& node_id, Node node);  // mu_ held

@@ -225,5 +225,34 @@ TEST_F(PlacementIndexServiceTest, ALostListeningConnectionMeansAFullReadAgain) {
   EXPECT_EQ(a->allocation().node_id(), "gpu-01");
 }
 
+// scheduler.placement_index=false: every create reads its candidates and its refusal's counts
+// from SQL (the same read the index falls back to).
+class SqlPlacementTest : public AllocationTest {
+ protected:
+  SqlPlacementTest() {
+    replicas_wanted_ = 1;
+    extra_env_["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = "false";
+  }
+};
+
+TEST_F(SqlPlacementTest, WithoutTheIndexCreatesArePlacedAndRefusedFromSql) {
+  EXPECT_EQ(replicas_[0]->placement_index(), nullptr);
+  for (int i = 0; i < 2; ++i) AddNode(fmt::format("gpu-{:02d}", i), 8);
+  WaitProjected();
+  std::map<std::string, int> per_node;
+  for (int i = 0; i < 4; ++i) {
+    auto a = Create(fmt::format("sql-{}", i), 4);
+    ASSERT_TRUE(a.ok()) << a.error().ToString();
+    per_node[a->allocation().node_id()] += 4;
+  }
+  EXPECT_EQ(per_node, (std::map<std::string, int>{{"gpu-00", 8}, {"gpu-01", 8}}));
+  auto full = Create("sql-full", 1);
+  ASSERT_FALSE(full.ok());
+  EXPECT_EQ(full.error().reason, "no_placement");
+  EXPECT_EQ(full.error().details.at("free_gpus_of_sku"), "0");
+  const auto violations = Invariants();
+  EXPECT_TRUE(violations.empty()) << violations.front();
+}
+
 }  // namespace
 }  // namespace gpuaas::scheduler
