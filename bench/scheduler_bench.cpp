@@ -16,13 +16,19 @@
 //       (scheduler, its index, the benchmark's clients) and the heap one index of the fleet
 //       holds.
 //   scheduler_bench [--nodes 50000,1000] [--clients 4] [--seconds 10] [--index 1|0]
+//                   [--group 1|0]
 // The first fleet of --nodes gets P1 and P2; every fleet gets the paced creator (P3).
-// --index 0 runs the scheduler with scheduler.placement_index=false (every create reads SQL).
+// --index 0 runs the scheduler with scheduler.placement_index=false (every create reads SQL);
+// --group 0 with scheduler.group_commit=false (a transaction per create). With group commit, a
+// "p1: group commit" line says how many creates shared each commit. BENCH_LOG_LEVEL=warn shows
+// the scheduler's warnings (default: errors only).
 //   scheduler_bench --p8 50000
 //   P8 rebuild_events_per_s=<x> raw_consume_per_s=<y> ratio=<x/y>
 //       only this: 50,000 node and 400,000 slot events published to the inventory stream; a raw
 //       JetStream pull consumer reads the slot events; a scheduler started on an empty database
-//       builds its projection and placement index from the stream (RunP8).
+//       builds its projection and placement index from the stream (RunP8). A second baseline,
+//       a durable consumer with explicit acks fetched as the service fetches and acking each
+//       message without doing anything else, shows what the server's acked delivery alone costs.
 #include <fcntl.h>
 #include <malloc.h>
 #include <unistd.h>
@@ -146,16 +152,18 @@ struct Fleet {
 // A scheduler on `dsn` with `clients` request workers, started (null and said why on failure).
 std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& nats,
                                                             const std::string& dsn, int clients,
-                                                            bool index) {
+                                                            bool index, bool group = true) {
   scheduler::SchedulerConfig cfg;
   config::Schema schema;
   cfg.Register(schema);
   auto env = nats.Env("scheduler");
   env["GPUAAS_POSTGRES_DSN"] = dsn;
-  env["GPUAAS_LOG_LEVEL"] = "error";
+  env["GPUAAS_LOG_LEVEL"] =
+      std::getenv("BENCH_LOG_LEVEL") ? std::getenv("BENCH_LOG_LEVEL") : "error";
   env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
   env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
   env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
+  env["GPUAAS_SCHEDULER_GROUP_COMMIT"] = group ? "true" : "false";
   if (auto r = schema.LoadFromString("", env); !r.ok()) {
     std::fprintf(stderr, "scheduler config: %s\n", r.error().ToString().c_str());
     return nullptr;
@@ -264,6 +272,38 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
     natsSubscription_Destroy(sub);
   }
 
+  // What the server alone costs a consumer like the scheduler's: a durable pull consumer with
+  // explicit acks over the same slot events, fetched as the service fetches (messaging::Puller,
+  // batches of 256) and each message acked, nothing else done with it.
+  double acked_per_s = 0;
+  {
+    messaging::ConsumerSpec spec;
+    spec.stream = messaging::InventoryEventsStream().name;
+    spec.durable = "p8-acked";
+    spec.filter_subject = "gpuaas.v1.evt.inventory.slot.>";
+    auto shared = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
+    if (!shared.ok() || !messaging::EnsureConsumer(**shared, spec).ok()) return 1;
+    auto puller = messaging::Puller::Open(*shared, spec.stream, spec.durable);
+    if (!puller.ok()) return 1;
+    int64_t got = 0;
+    const auto t = Clock::now();
+    while (got < slots && Clock::now() - t < std::chrono::minutes(20)) {
+      auto f = (*puller)->Fetch(256, 5000);
+      if (f.outcome != messaging::Puller::Outcome::kMessages) break;
+      for (natsMsg* m : f.msgs) {
+        (void)messaging::SettleMsg(**shared, m, messaging::Settle::kAck);
+        natsMsg_Destroy(m);
+      }
+      got += static_cast<int64_t>(f.msgs.size());
+    }
+    acked_per_s =
+        static_cast<double>(got) / std::chrono::duration<double>(Clock::now() - t).count();
+    std::printf("p8: acked consume (durable, explicit acks, no processing): %lld in %.1fs\n",
+                static_cast<long long>(got),
+                std::chrono::duration<double>(Clock::now() - t).count());
+    (void)js_DeleteConsumer(js, spec.stream.c_str(), spec.durable.c_str(), nullptr, nullptr);
+  }
+
   // The scheduler on an empty database: projection and index from the stream.
   const std::string dsn = pg.CreateDatabase("p8");
   const auto t_rebuild = Clock::now();
@@ -288,6 +328,8 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
   svc->Shutdown();
   std::printf("p8: %lld slot events (and %d node events) into the projection and index in %.1fs\n",
               static_cast<long long>(slots), nodes, rebuild_s);
+  std::printf("p8: acked_consume_per_s=%.1f (rebuild / acked consume = %.3f)\n", acked_per_s,
+              acked_per_s > 0 ? rebuild_per_s / acked_per_s : 0.0);
   std::printf("P8 rebuild_events_per_s=%.1f raw_consume_per_s=%.1f ratio=%.3f\n", rebuild_per_s,
               raw_per_s, raw_per_s > 0 ? rebuild_per_s / raw_per_s : 0.0);
   return 0;
@@ -300,6 +342,7 @@ int main(int argc, char** argv) {
   std::vector<int> fleets = {50000, 1000};
   int clients = 4, seconds = 10;
   bool index = true;
+  bool group = true;
   int p8_nodes = 0;
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--p8")) p8_nodes = std::atoi(argv[i + 1]);
@@ -311,6 +354,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--seconds")) seconds = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--index")) index = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--group")) group = std::atoi(argv[i + 1]) != 0;
   }
   log::Logger logger("bench", "scheduler", log::Level::kError);
   testing::TestNats nats;
@@ -347,7 +391,7 @@ int main(int argc, char** argv) {
   for (size_t f = 0; f < fleets.size(); ++f) {
     const int nodes = fleets[f];
     const std::string dsn = pg.CreateDatabase("sched");
-    auto svc = StartScheduler(nats, dsn, clients, index);
+    auto svc = StartScheduler(nats, dsn, clients, index, group);
     if (!svc) return 1;
     store::Pool pool({dsn, 2, 5000}, logger);
     const auto fill_start = Clock::now();
@@ -415,6 +459,15 @@ int main(int argc, char** argv) {
           "p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
           static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
           static_cast<long long>(failed.load()), elapsed, clients, nodes);
+      if (const store::GroupCommit* g = svc->group_commit(); g != nullptr) {
+        const auto gs = g->stats();
+        std::printf(
+            "p1: group commit: %llu creates in %llu commits (%.2f per commit, at most "
+            "%llu), %llu run again alone\n",
+            static_cast<unsigned long long>(gs.units), static_cast<unsigned long long>(gs.groups),
+            gs.groups > 0 ? static_cast<double>(gs.units) / static_cast<double>(gs.groups) : 0.0,
+            static_cast<unsigned long long>(gs.largest), static_cast<unsigned long long>(gs.alone));
+      }
       // 50% load; bounded so a very slow P1 cannot stretch P2 into hours.
       gap = std::chrono::duration<double>(std::clamp(rate > 0 ? 2.0 / rate : 0.2, 0.0, 0.2));
     }

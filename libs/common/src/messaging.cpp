@@ -181,6 +181,7 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
   }
   if (s == NATS_OK && !o.inbox_prefix.empty()) {
     s = natsOptions_SetCustomInboxPrefix(c->opts_, o.inbox_prefix.c_str());
+    c->inbox_prefix_ = o.inbox_prefix;
   }
   if (s == NATS_OK && !o.tls_ca_file.empty()) {
     s = natsOptions_SetSecure(c->opts_, true);
@@ -350,6 +351,19 @@ Result<void> Connection::CheckPermitted(const std::string& subject,
   return Ok();
 }
 
+std::string Connection::NewInbox() const {
+  natsInbox* inbox = nullptr;
+  std::string unique;
+  if (natsInbox_Create(&inbox) == NATS_OK) {
+    const std::string made(inbox);  // _INBOX.<nuid>
+    unique = made.substr(made.rfind('.') + 1);
+    natsInbox_Destroy(inbox);
+  } else {
+    unique = ids::NewUuidV7();
+  }
+  return inbox_prefix_ + "." + unique;
+}
+
 // ---- JetStream ----
 
 namespace {
@@ -493,6 +507,186 @@ struct Consumer::Metrics {
   prometheus::Gauge* lag = nullptr;
 };
 
+Result<void> SettleMsg(Connection& conn, natsMsg* m, Settle how, int64_t nak_delay_ms) {
+  const char* reply = natsMsg_GetReply(m);
+  if (reply == nullptr || *reply == '\0') {
+    return Error::FailedPrecondition("not_jetstream", "the message has no ack subject");
+  }
+  std::string body;
+  switch (how) {
+    case Settle::kAck:
+      body = "+ACK";
+      break;
+    case Settle::kNak:
+      body = nak_delay_ms > 0 ? fmt::format(R"(-NAK {{"delay":{}}})", nak_delay_ms * 1000000)
+                              : std::string("-NAK");
+      break;
+    case Settle::kInProgress:
+      body = "+WPI";
+      break;
+    case Settle::kTerm:
+      body = "+TERM";
+      break;
+  }
+  const natsStatus s =
+      natsConnection_Publish(conn.raw(), reply, body.data(), static_cast<int>(body.size()));
+  if (s != NATS_OK) return NatsError(s, "settle message");
+  return Ok();
+}
+
+Result<std::unique_ptr<Puller>> Puller::Open(std::shared_ptr<Connection> conn,
+                                             const std::string& stream,
+                                             const std::string& durable) {
+  std::unique_ptr<Puller> p(new Puller());
+  p->next_subject_ = fmt::format("$JS.API.CONSUMER.MSG.NEXT.{}.{}", stream, durable);
+  p->stream_ = stream;
+  p->durable_ = durable;
+  p->inbox_ = conn->NewInbox();
+  const std::string pattern = p->inbox_ + ".*";
+  const natsStatus s = natsConnection_SubscribeSync(&p->sub_, conn->raw(), pattern.c_str());
+  if (s != NATS_OK) {
+    p->sub_ = nullptr;
+    return NatsError(s, "subscribe " + pattern);
+  }
+  if (auto r = conn->CheckPermitted(pattern, std::chrono::seconds(5)); !r.ok()) return r.error();
+  p->conn_ = std::move(conn);
+  return p;
+}
+
+Puller::~Puller() {
+  if (sub_) natsSubscription_Destroy(sub_);
+}
+
+natsMsg* Puller::Next(int64_t wait_ms) {
+  if (wait_ms <= 0) {
+    int queued = 0;
+    if (natsSubscription_GetPending(sub_, &queued, nullptr) != NATS_OK || queued <= 0) {
+      return nullptr;
+    }
+    wait_ms = 1;
+  }
+  natsMsg* m = nullptr;
+  if (natsSubscription_NextMsg(&m, sub_, wait_ms) != NATS_OK) return nullptr;
+  return m;
+}
+
+Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
+  Fetched f;
+  const size_t want = static_cast<size_t>(std::max(batch, 1));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto left_ms = [&] {
+    return std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::milliseconds>(
+                                    deadline - std::chrono::steady_clock::now())
+                                    .count());
+  };
+  // Takes messages until `want` or the end of the pull `reply`: its status (nats-server ends a
+  // no-wait pull at once: 404 when it had nothing, 408 after what it had), or its one message
+  // (the waiting pull); for "" (what earlier pulls left queued) until nothing is queued.
+  // Returns false on a status that ends the pulling (f says why).
+  const auto collect = [&](const std::string& reply, bool* ended) {
+    while (f.msgs.size() < want) {
+      natsMsg* m = Next(reply.empty() ? 0 : left_ms());
+      if (m == nullptr) return true;
+      const std::string subject = natsMsg_GetSubject(m);
+      const bool of_waiting = !waiting_.empty() && subject == waiting_;
+      if (of_waiting) waiting_.clear();  // its one message, or its end
+      const char* status = nullptr;
+      if (natsMsgHeader_Get(m, "Status", &status) != NATS_OK || status == nullptr) {
+        f.msgs.push_back(m);  // a message, whichever pull brought it
+        if (of_waiting && subject == reply) {
+          *ended = true;
+          return true;
+        }
+        continue;
+      }
+      const std::string code(status);
+      const char* desc = nullptr;
+      std::string description;
+      if (natsMsgHeader_Get(m, "Description", &desc) == NATS_OK && desc != nullptr) {
+        description = desc;
+      }
+      natsMsg_Destroy(m);
+      // 100 is a heartbeat; an earlier pull's 404/408 is over already.
+      if (code == "100" || (subject != reply && !of_waiting)) continue;
+      if (code == "404" || code == "408") {
+        if (subject != reply) continue;
+        *ended = true;
+        return true;
+      }
+      f.error = fmt::format("{} {} ({})", code, description, next_subject_);
+      // 503: nobody answers the consumer's next-message subject; 409 Consumer Deleted.
+      f.outcome = (code == "503" || description.find("Deleted") != std::string::npos)
+                      ? Outcome::kConsumerGone
+                      : Outcome::kError;
+      return false;
+    }
+    return true;
+  };
+  const auto pull = [&](const std::string& reply, const std::string& req) {
+    const natsStatus s =
+        natsConnection_PublishRequest(conn_->raw(), next_subject_.c_str(), reply.c_str(),
+                                      req.data(), static_cast<int>(req.size()));
+    if (s == NATS_OK) return true;
+    f.outcome = Outcome::kError;
+    f.error = NatsError(s, "pull " + next_subject_).ToString();
+    return false;
+  };
+  const auto finish = [&] {
+    // Messages in hand are handled first; a failure that ended the pull shows again next time.
+    if (!f.msgs.empty()) {
+      f.outcome = Outcome::kMessages;
+      f.error.clear();
+    }
+    return std::move(f);
+  };
+
+  bool ended = false;
+  // What an earlier pull left queued comes first.
+  if (!collect("", &ended) || !f.msgs.empty()) return finish();
+  if (!waiting_.empty() && std::chrono::steady_clock::now() < waiting_until_) {
+    // A waiting pull is out already: wait on it rather than ask again.
+    collect(waiting_, &ended);
+    return finish();
+  }
+  waiting_.clear();  // expired: its 408 is an earlier pull's
+  // What is there now, up to the batch.
+  const std::string now_reply = fmt::format("{}.{}", inbox_, ++pulls_);
+  if (!pull(now_reply, fmt::format(R"({{"batch":{},"no_wait":true}})", want))) return finish();
+  if (!collect(now_reply, &ended) || !f.msgs.empty()) return finish();
+  if (!ended) {
+    // A live consumer answers a no-wait pull at once (404 when it has nothing): silence means
+    // the consumer is gone (nats-server 2.9 does not answer a pull of a deleted consumer) or
+    // the server is slow; its info says which.
+    jsConsumerInfo* ci = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    const natsStatus is =
+        js_GetConsumerInfo(&ci, conn_->js(), stream_.c_str(), durable_.c_str(), nullptr, &jerr);
+    if (ci != nullptr) jsConsumerInfo_Destroy(ci);
+    if (is != NATS_OK && jerr == JSConsumerNotFoundErr) {
+      f.outcome = Outcome::kConsumerGone;
+      f.error = "consumer " + stream_ + "/" + durable_ + " not found";
+    }
+    return finish();
+  }
+  // Nothing now: one waiting pull for the next message, for one message so that it is over once
+  // that came. The server ends it a little before this fetch stops waiting (its 408 comes
+  // back here); a message it brings after all is queued for the next fetch. (A pull that
+  // outlived the fetch, for fewer pulls from an idle consumer, delayed deliveries by seconds
+  // with nats-server 2.9.10: SagaFlowTest missed its 3 s deadlines.)
+  const int64_t left = left_ms();
+  if (left <= 0) return finish();
+  waiting_ = fmt::format("{}.{}", inbox_, ++pulls_);
+  waiting_until_ = deadline;
+  if (!pull(waiting_, fmt::format(R"({{"batch":1,"expires":{}}})",
+                                  (left >= 20 ? left - 10 : left) * int64_t{1000000}))) {
+    waiting_.clear();
+    return finish();
+  }
+  ended = false;
+  collect(waiting_, &ended);
+  return finish();
+}
+
 Consumer::Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
                    const log::Logger& logger, prometheus::Registry* metrics)
     : conn_(std::move(conn)),
@@ -571,10 +765,7 @@ ConsumerSpec NodeTaskConsumerSpec(const std::string& node_id, int64_t ack_wait_m
 
 Result<void> Consumer::Subscribe() {
   std::lock_guard lock(mu_);
-  if (sub_) {
-    natsSubscription_Destroy(sub_);
-    sub_ = nullptr;
-  }
+  puller_.reset();
   // The durable is created, or updated to this spec (an upgraded service may change its ack
   // wait or redelivery limit; the consumer keeps its position), then bound to. A bind-only
   // consumer takes the durable as its manager made it.
@@ -592,17 +783,9 @@ Result<void> Consumer::Subscribe() {
     }
     jsConsumerInfo_Destroy(ci);
   }
-  jsSubOptions so;
-  jsSubOptions_Init(&so);
-  so.Stream = spec_.stream.c_str();
-  so.Consumer = spec_.durable.c_str();
-  jerr = static_cast<jsErrCode>(0);
-  s = js_PullSubscribe(&sub_, conn_->js(), spec_.filter_subject.c_str(), spec_.durable.c_str(),
-                       nullptr, &so, &jerr);
-  if (s != NATS_OK) {
-    sub_ = nullptr;
-    return JsError(s, jerr, "pull subscribe " + spec_.durable);
-  }
+  auto puller = Puller::Open(conn_, spec_.stream, spec_.durable);
+  if (!puller.ok()) return puller.error();
+  puller_ = std::move(*puller);
   return Ok();
 }
 
@@ -637,10 +820,7 @@ void Consumer::Stop() {
   if (thread_.joinable()) thread_.join();
   if (keepalive_.joinable()) keepalive_.join();
   std::lock_guard lock(mu_);
-  if (sub_) {
-    natsSubscription_Destroy(sub_);
-    sub_ = nullptr;
-  }
+  puller_.reset();
 }
 
 Result<void> Consumer::DeleteDurable() {
@@ -672,7 +852,7 @@ void Consumer::KeepAlive() {
     if (stop_) break;
     // Under ka_mu_: the fetch loop removes a message from inflight_ before it disposes of it.
     for (natsMsg* m : inflight_) {
-      if (natsMsg_InProgress(m, nullptr) != NATS_OK) {
+      if (!SettleMsg(*conn_, m, Settle::kInProgress).ok()) {
         log_.Warn("in-progress ack not sent", {{"consumer", spec_.durable}});
       }
     }
@@ -723,12 +903,12 @@ void Consumer::SampleLag() {
 void Consumer::Loop() {
   int64_t error_backoff_ms = 100;
   while (!stop_) {
-    natsSubscription* sub = nullptr;
+    Puller* puller = nullptr;
     {
       std::lock_guard lock(mu_);
-      sub = sub_;
+      puller = puller_.get();
     }
-    if (!sub) {
+    if (!puller) {
       if (auto r = Subscribe(); !r.ok()) {
         log_.Warn("consumer resubscribe failed", {{"error", r.error().ToString()}});
         std::this_thread::sleep_for(std::chrono::milliseconds(error_backoff_ms));
@@ -737,18 +917,15 @@ void Consumer::Loop() {
       continue;
     }
     SampleLag();
-    natsMsgList list{nullptr, 0};
-    jsErrCode jerr = static_cast<jsErrCode>(0);
-    natsStatus s = natsSubscription_Fetch(&list, sub, spec_.batch, spec_.fetch_timeout_ms, &jerr);
-    if (s == NATS_TIMEOUT) continue;
-    if (s != NATS_OK) {
+    Puller::Fetched fetched = puller->Fetch(spec_.batch, spec_.fetch_timeout_ms);
+    if (fetched.outcome == Puller::Outcome::kTimeout) continue;
+    if (fetched.outcome != Puller::Outcome::kMessages) {
       if (!stop_) {
-        log_.Warn("consumer fetch failed", {{"error", JsError(s, jerr, "fetch").ToString()}});
-        if (jerr == JSConsumerNotFoundErr || s == NATS_INVALID_SUBSCRIPTION ||
-            s == NATS_CONNECTION_CLOSED) {
+        log_.Warn("consumer fetch failed", {{"error", fetched.error}});
+        if (fetched.outcome == Puller::Outcome::kConsumerGone) {
+          // Declared again (or waited for, when someone else manages it) by the next Subscribe.
           std::lock_guard lock(mu_);
-          if (sub_) natsSubscription_Destroy(sub_);
-          sub_ = nullptr;
+          puller_.reset();
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(error_backoff_ms));
         error_backoff_ms = std::min<int64_t>(error_backoff_ms * 2, 2000);
@@ -756,26 +933,40 @@ void Consumer::Loop() {
       continue;
     }
     error_backoff_ms = 100;
-    if (list.Count > spec_.batch) {
-      // More than the array nats.c 3.4.1 allocated for `batch` holds (seen with ASan under a
-      // backlog of ~90,000 events, docs/benchmarks.md P8): it wrote past that array, so this
-      // process's memory is corrupt. Stop now, loudly, rather than run on it; the durable
-      // consumer resumes from its last ack when the service is started again.
-      log_.Error("nats fetch overran its batch: aborting", {{"count", std::to_string(list.Count)},
-                                                            {"batch", std::to_string(spec_.batch)},
-                                                            {"consumer", spec_.durable}});
-      std::abort();
-    }
+    const std::vector<natsMsg*>& batch = fetched.msgs;
     if (spec_.keepalive) {
       std::lock_guard lock(ka_mu_);
-      inflight_.assign(list.Msgs, list.Msgs + list.Count);
+      inflight_ = batch;
     }
-    for (int i = 0; i < list.Count; ++i) {
-      natsMsg* m = list.Msgs[i];
-      const Delivery d = ToDelivery(m);
+    std::vector<Delivery> deliveries;
+    deliveries.reserve(batch.size());
+    for (natsMsg* m : batch) deliveries.push_back(ToDelivery(m));
+    // The batch handler's answers; a kRetry (or none) sends a message to the one-message path.
+    std::vector<HandlerResult> first;
+    if (batch_handler_ && batch.size() > 1 && !stop_) {
+      std::lock_guard lock(handler_mu_);
+      try {
+        first = batch_handler_(deliveries);
+      } catch (const std::exception& e) {
+        log_.Warn("batch handler threw; handling one by one", {{"error", e.what()}});
+        first.clear();
+      }
+      if (first.size() != batch.size()) first.clear();
+    }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      natsMsg* m = batch[i];
+      const Delivery& d = deliveries[i];
+      if (!stop_ && !first.empty() && first[i].disposition != Disposition::kRetry) {
+        if (spec_.keepalive) {
+          std::lock_guard lock(ka_mu_);
+          inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), m), inflight_.end());
+        }
+        Dispose(m, d, first[i]);
+        continue;
+      }
       if (stop_) {
         // Stopping: what is not handled yet goes back to the server now, for the next consumer.
-        natsMsg_Nak(m, nullptr);
+        (void)SettleMsg(*conn_, m, Settle::kNak);
         continue;
       }
       HandlerResult r;
@@ -796,14 +987,14 @@ void Consumer::Loop() {
         const int64_t delay = RetryDelayMs(spec_.backoff_ms, attempt);
         LogRetry(d, r, attempt, delay);
         if (metrics_->retried) metrics_->retried->Increment();
-        WaitHoldingBatch(list, i, delay);
+        WaitHoldingBatch(batch, i, delay);
       }
       if (spec_.keepalive) {
         std::lock_guard lock(ka_mu_);
         inflight_.erase(std::remove(inflight_.begin(), inflight_.end(), m), inflight_.end());
       }
       if (r.disposition == Disposition::kRetry) {
-        natsMsg_Nak(m, nullptr);  // stopping mid-retry: another consumer takes it
+        (void)SettleMsg(*conn_, m, Settle::kNak);  // stopping mid-retry: another consumer takes it
         continue;
       }
       Dispose(m, d, r);
@@ -812,7 +1003,7 @@ void Consumer::Loop() {
       std::lock_guard lock(ka_mu_);
       inflight_.clear();
     }
-    natsMsgList_Destroy(&list);
+    for (natsMsg* m : batch) natsMsg_Destroy(m);
   }
 }
 
@@ -834,7 +1025,7 @@ void Consumer::LogRetry(const Delivery& d, const HandlerResult& r, uint64_t atte
   }
 }
 
-void Consumer::WaitHoldingBatch(const natsMsgList& list, int from, int64_t delay_ms) {
+void Consumer::WaitHoldingBatch(const std::vector<natsMsg*>& batch, size_t from, int64_t delay_ms) {
   const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
   const auto every = std::chrono::milliseconds(std::max<int64_t>(spec_.ack_wait_ms / 3, 10));
   std::unique_lock lock(ka_mu_);
@@ -842,7 +1033,9 @@ void Consumer::WaitHoldingBatch(const natsMsgList& list, int from, int64_t delay
     const auto now = std::chrono::steady_clock::now();
     if (now >= until) break;
     if (delay_ms >= spec_.ack_wait_ms / 3) {
-      for (int j = from; j < list.Count; ++j) natsMsg_InProgress(list.Msgs[j], nullptr);
+      for (size_t j = from; j < batch.size(); ++j) {
+        (void)SettleMsg(*conn_, batch[j], Settle::kInProgress);
+      }
     }
     ka_cv_.wait_for(lock, std::min<std::chrono::steady_clock::duration>(until - now, every),
                     [&] { return stop_.load(); });
@@ -856,7 +1049,7 @@ void Consumer::Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r) {
                             {"trace_id", ids::TraceId(d.msg.Header(kHeaderTraceparent))}};
   processed_++;
   if (r.disposition == Disposition::kAck) {
-    natsMsg_Ack(m, nullptr);
+    (void)SettleMsg(*conn_, m, Settle::kAck);
     last_acked_ = d.stream_sequence;
     if (metrics_->acked) metrics_->acked->Increment();
     return;
@@ -866,11 +1059,11 @@ void Consumer::Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r) {
   fields.emplace_back("kind", kind);
   if (!DeadLetter(d, r)) {
     // Not stored in the dead-letter stream: the message stays where it is, to be tried again.
-    natsMsg_NakWithDelay(m, 1000, nullptr);
+    (void)SettleMsg(*conn_, m, Settle::kNak, 1000);
     return;
   }
   log_.Error("event dead-lettered", fields);
-  natsMsg_Term(m, nullptr);
+  (void)SettleMsg(*conn_, m, Settle::kTerm);
   last_acked_ = d.stream_sequence;
   if (metrics_->dead) metrics_->dead->Increment();
   if (metrics_->dead_family) {

@@ -189,9 +189,11 @@ Result<void> Service::ServeRequests() {
 }
 
 Result<messaging::Consumer*> Service::StartConsumer(messaging::ConsumerSpec spec,
-                                                    messaging::Consumer::Handler handler) {
+                                                    messaging::Consumer::Handler handler,
+                                                    messaging::Consumer::BatchHandler batch) {
   auto c = std::make_unique<messaging::Consumer>(nats_, std::move(spec), std::move(handler), log_,
                                                  registry_.get());
+  if (batch) c->SetBatchHandler(std::move(batch));
   if (auto r = c->Start(); !r.ok()) return r.error();
   std::lock_guard lock(consumers_mu_);
   consumers_.push_back(std::move(c));
@@ -205,8 +207,10 @@ Result<messaging::Consumer*> Service::StartProjection(
   spec.stream = stream;
   spec.durable = durable;
   spec.filter_subject = filter;
-  return StartConsumer(
-      spec, inbox::ProjectionHandler(pool_, durable, std::move(apply), log_, std::move(stats)));
+  auto one = inbox::ProjectionHandler(pool_, durable, apply, log_, stats);
+  auto batch =
+      inbox::ProjectionBatchHandler(pool_, durable, std::move(apply), {}, log_, std::move(stats));
+  return StartConsumer(spec, std::move(one), std::move(batch));
 }
 
 void Service::AddReadinessCheck(std::string name, std::function<Result<void>()> check) {

@@ -393,6 +393,105 @@ TEST_F(MessagingTest, ConsumerSurvivesServerRestart) {
   consumer.Stop();
 }
 
+// The pull of our own (Puller) instead of nats.c 3.4.1's natsSubscription_Fetch, which could
+// return more messages than its batch array held: every fetch stays within its batch, a
+// backlog comes out whole and in order, and a deleted consumer is reported as gone.
+TEST_F(MessagingTest, APullNeverReturnsMoreThanItsBatchAndLosesNothing) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  messaging::ConsumerSpec spec{"TEST_EVT", "puller", "gpuaas.v1.evt.test.pull"};
+  ASSERT_TRUE(messaging::EnsureConsumer(*conn_, spec).ok());
+  constexpr int kBacklog = 1500;
+  for (int i = 0; i < kBacklog; ++i) {
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.pull", std::to_string(i),
+                                     "pull-" + std::to_string(i))
+                    .ok());
+  }
+  auto puller = messaging::Puller::Open(conn_, "TEST_EVT", "puller");
+  ASSERT_TRUE(puller.ok()) << puller.error().ToString();
+  std::vector<int> seen;
+  int fetches = 0;
+  size_t largest = 0;
+  const auto until = std::chrono::steady_clock::now() + 30s;
+  while (static_cast<int>(seen.size()) < kBacklog && std::chrono::steady_clock::now() < until) {
+    // Batches of 7 and 64 alternate, so that what one pull brought beyond a batch is queued
+    // for the next.
+    const int batch = (fetches++ % 2 == 0) ? 64 : 7;
+    auto f = (*puller)->Fetch(batch, 500);
+    ASSERT_NE(f.outcome, messaging::Puller::Outcome::kError) << f.error;
+    ASSERT_NE(f.outcome, messaging::Puller::Outcome::kConsumerGone) << f.error;
+    ASSERT_LE(f.msgs.size(), static_cast<size_t>(batch));
+    largest = std::max(largest, f.msgs.size());
+    for (natsMsg* m : f.msgs) {
+      seen.push_back(std::stoi(std::string(natsMsg_GetData(m), natsMsg_GetDataLength(m))));
+      EXPECT_TRUE(messaging::SettleMsg(*conn_, m, messaging::Settle::kAck).ok());
+      natsMsg_Destroy(m);
+    }
+  }
+  ASSERT_EQ(seen.size(), static_cast<size_t>(kBacklog));
+  for (int i = 0; i < kBacklog; ++i) ASSERT_EQ(seen[static_cast<size_t>(i)], i) << "in order";
+  EXPECT_GT(largest, 7u) << "a backlog is fetched in batches, not one by one";
+  // Nothing is left: an idle pull times out, and the server holds nothing unacked.
+  auto idle = (*puller)->Fetch(64, 300);
+  EXPECT_EQ(idle.outcome, messaging::Puller::Outcome::kTimeout);
+  EXPECT_TRUE(testing::WaitFor([&] {
+    messaging::Consumer probe(
+        conn_, spec, [](const messaging::Delivery&) { return messaging::HandlerResult::Ack(); },
+        log_);
+    auto n = probe.Backlog();
+    return n.ok() && *n == 0;
+  }));
+
+  // A message published while a fetch waits is handed over as soon as it comes.
+  std::thread later([&] {
+    std::this_thread::sleep_for(100ms);
+    EXPECT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.pull", "late", "pull-late").ok());
+  });
+  auto waited = (*puller)->Fetch(64, 5000);
+  later.join();
+  ASSERT_EQ(waited.outcome, messaging::Puller::Outcome::kMessages);
+  ASSERT_EQ(waited.msgs.size(), 1u);
+  EXPECT_EQ(std::string(natsMsg_GetData(waited.msgs[0])), "late");
+  for (natsMsg* m : waited.msgs) natsMsg_Destroy(m);
+
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  ASSERT_EQ(js_DeleteConsumer(conn_->js(), "TEST_EVT", "puller", nullptr, &jerr), NATS_OK);
+  auto gone = (*puller)->Fetch(64, 2000);
+  EXPECT_EQ(gone.outcome, messaging::Puller::Outcome::kConsumerGone) << gone.error;
+}
+
+// Someone deletes a running consumer's durable (an operator, a stream reset): the consumer
+// notices at its next idle pull, declares the durable again and goes on.
+TEST_F(MessagingTest, AConsumerWhoseDurableWasDeletedDeclaresItAgain) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  std::mutex mu;
+  std::vector<std::string> seen;
+  messaging::ConsumerSpec spec{"TEST_EVT", "redeclared", "gpuaas.v1.evt.test.redeclared"};
+  messaging::Consumer c(
+      conn_, spec,
+      [&](const messaging::Delivery& d) {
+        std::lock_guard lock(mu);
+        seen.push_back(d.msg.data);
+        return messaging::HandlerResult::Ack();
+      },
+      log_);
+  ASSERT_TRUE(c.Start().ok());
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.redeclared", "1", "rd-1").ok());
+  ASSERT_TRUE(testing::WaitFor([&] {
+    std::lock_guard lock(mu);
+    return seen.size() == 1;
+  }));
+  ASSERT_TRUE(c.DeleteDurable().ok());
+  ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.redeclared", "2", "rd-2").ok());
+  // The new durable delivers the stream from its start: "1" again, then "2".
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        std::lock_guard lock(mu);
+        return !seen.empty() && seen.back() == "2";
+      },
+      std::chrono::seconds(15)));
+  c.Stop();
+}
+
 // A server that takes the TCP connection but answers only later (a loaded host): the first
 // connect tries again instead of failing the caller's start, and the connection comes up.
 TEST_F(MessagingTest, AFirstConnectThatTimesOutIsTriedAgain) {

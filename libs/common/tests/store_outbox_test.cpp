@@ -4,6 +4,7 @@
 #include <atomic>
 #include <thread>
 
+#include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -33,6 +34,70 @@ class StoreTest : public ::testing::Test {
   std::string dsn_;
   std::shared_ptr<store::Pool> pool_;
 };
+
+// Group commit: units that overlap share one transaction, and every caller gets its own answer.
+// A unit that returns an error is undone alone; one whose statement fails is undone and run
+// again alone; the others of its group commit either way.
+TEST_F(StoreTest, AGroupCommitsTogetherAndOneUnitsFailureNeverFailsAnother) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  store::GroupCommit group(pool_, {});
+  auto insert = [](pqxx::work& tx, const std::string& id) {
+    tx.exec_params("INSERT INTO items (id, n) VALUES ($1, 1)", id);
+  };
+  // The first unit holds its group open until the other callers have started, so they queue
+  // behind it and are committed together in the next group.
+  constexpr int kCallers = 8;
+  std::atomic<bool> first_running{false};
+  std::atomic<int> started{0};
+  std::vector<Result<std::string>> results(kCallers, Result<std::string>(std::string()));
+  std::vector<std::thread> callers;
+  callers.emplace_back([&] {
+    results[0] = group.Run([&](pqxx::work& tx) -> Result<std::string> {
+      insert(tx, "u0");
+      first_running = true;
+      while (started < kCallers - 1) std::this_thread::sleep_for(1ms);
+      std::this_thread::sleep_for(50ms);  // let the last of them reach the queue
+      return std::string("u0");
+    });
+  });
+  ASSERT_TRUE(testing::WaitFor([&] { return first_running.load(); }));
+  for (int i = 1; i < kCallers; ++i) {
+    callers.emplace_back([&, i] {
+      started++;
+      results[static_cast<size_t>(i)] = group.Run([&, i](pqxx::work& tx) -> Result<std::string> {
+        const std::string id = "u" + std::to_string(i);
+        insert(tx, id);
+        if (i == 3) return Error::FailedPrecondition("refused", "unit 3 says no");
+        if (i == 5) insert(tx, "u5");  // a duplicate key: the statement fails
+        return id;
+      });
+    });
+  }
+  for (auto& t : callers) t.join();
+  for (int i = 0; i < kCallers; ++i) {
+    if (i == 3 || i == 5) continue;
+    ASSERT_TRUE(results[static_cast<size_t>(i)].ok()) << i;
+    EXPECT_EQ(*results[static_cast<size_t>(i)], "u" + std::to_string(i));
+  }
+  ASSERT_FALSE(results[3].ok());
+  EXPECT_EQ(results[3].error().reason, "refused");
+  ASSERT_FALSE(results[5].ok()) << "run again alone, the duplicate fails there too";
+  auto rows = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<std::vector<std::string>> {
+    std::vector<std::string> ids;
+    for (const auto& r : tx.exec("SELECT id FROM items ORDER BY id")) {
+      ids.emplace_back(r[0].c_str());
+    }
+    return ids;
+  });
+  ASSERT_TRUE(rows.ok());
+  EXPECT_EQ(*rows, (std::vector<std::string>{"u0", "u1", "u2", "u4", "u6", "u7"}))
+      << "what failed is undone; everything else committed";
+  const auto st = group.stats();
+  EXPECT_GE(st.largest, 2u) << "the callers that overlapped shared a commit";
+  EXPECT_LT(st.groups, 6u);
+  EXPECT_EQ(st.units, 6u);
+  EXPECT_EQ(st.alone, 1u);
+}
 
 TEST_F(StoreTest, MigrationsApplyOnceUnderConcurrentStarts) {
   std::vector<std::thread> ts;
@@ -325,6 +390,85 @@ TEST_F(OutboxTest, InboxMakesRedeliveryANoOp) {
   messaging::Delivery junk;
   junk.msg.data = std::string("\xff\x01", 2);
   EXPECT_EQ(handler(junk).disposition, messaging::Disposition::kReject);
+}
+
+// A fetched batch in one transaction: each event applied once (a duplicate in the batch or an
+// event seen before is skipped), an undecodable one rejected; when one event cannot be applied,
+// the batch path applies nothing and the one-by-one path applies the others and rejects just it.
+TEST_F(OutboxTest, ABatchOfEventsIsAppliedInOneTransactionAndAFailureIsolatesOneEvent) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  auto stats = std::make_shared<inbox::ProjectionStats>();
+  std::atomic<int> transactions{0};
+  inbox::ApplyFn apply = [](pqxx::work& tx, const v1::Event& ev) -> Result<void> {
+    if (ev.subject() == "poison") return Error::InvalidArgument("poison", "never applies");
+    tx.exec_params(
+        "INSERT INTO items (id, n) VALUES ($1, 1) ON CONFLICT (id) DO UPDATE SET n = items.n + 1",
+        ev.subject());
+    return Ok();
+  };
+  inbox::BatchApplyFn apply_many = [&](pqxx::work& tx,
+                                       const std::vector<const v1::Event*>& events) {
+    transactions++;
+    for (const v1::Event* e : events) {
+      if (auto r = apply(tx, *e); !r.ok()) return r;
+    }
+    return Result<void>(Ok());
+  };
+  auto batch =
+      inbox::ProjectionBatchHandler(pool_, "batch-projection", apply, apply_many, log_, stats);
+  auto one = inbox::ProjectionHandler(pool_, "batch-projection", apply, log_, stats);
+  auto delivery = [](const std::string& id, const std::string& subject) {
+    v1::Event ev;
+    ev.set_id(id);
+    ev.set_subject(subject);
+    messaging::Delivery d;
+    d.msg.data = ev.SerializeAsString();
+    return d;
+  };
+  auto count = [&](const std::string& id) {
+    auto n = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<int> {
+      auto r = tx.exec_params("SELECT n FROM items WHERE id = $1", id);
+      return r.empty() ? 0 : r[0][0].as<int>();
+    });
+    return n.ok() ? *n : -1;
+  };
+  messaging::Delivery junk;
+  junk.msg.data = std::string("\xff\x01", 2);
+  const std::vector<messaging::Delivery> first = {
+      delivery("0190a6e2-7c1b-7abc-8def-000000000001", "a"),
+      delivery("0190a6e2-7c1b-7abc-8def-000000000002", "b"), junk,
+      delivery("0190a6e2-7c1b-7abc-8def-000000000001", "a"),  // the same event again
+      delivery("0190a6e2-7c1b-7abc-8def-000000000003", "c")};
+  auto out = batch(first);
+  ASSERT_EQ(out.size(), first.size());
+  for (size_t i : {0, 1, 3, 4}) EXPECT_EQ(out[i].disposition, messaging::Disposition::kAck) << i;
+  EXPECT_EQ(out[2].disposition, messaging::Disposition::kReject);
+  EXPECT_EQ(transactions.load(), 1);
+  EXPECT_EQ(count("a"), 1);
+  EXPECT_EQ(count("b"), 1);
+  EXPECT_EQ(count("c"), 1);
+  EXPECT_EQ(stats->applied.load(), 3u);
+  EXPECT_EQ(stats->duplicates.load(), 1u);
+
+  // Seen before (a redelivered batch): nothing applied again.
+  out = batch({first[0], first[1]});
+  EXPECT_EQ(out[0].disposition, messaging::Disposition::kAck);
+  EXPECT_EQ(count("a"), 1);
+
+  const std::vector<messaging::Delivery> poisoned = {
+      delivery("0190a6e2-7c1b-7abc-8def-000000000004", "d"),
+      delivery("0190a6e2-7c1b-7abc-8def-000000000005", "poison"),
+      delivery("0190a6e2-7c1b-7abc-8def-000000000006", "e")};
+  out = batch(poisoned);
+  for (const auto& r : out) EXPECT_EQ(r.disposition, messaging::Disposition::kRetry);
+  EXPECT_EQ(count("d"), 0) << "the failed batch applied nothing";
+  // What the consumer does next: each one on its own.
+  EXPECT_EQ(one(poisoned[0]).disposition, messaging::Disposition::kAck);
+  EXPECT_EQ(one(poisoned[1]).disposition, messaging::Disposition::kReject);
+  EXPECT_EQ(one(poisoned[2]).disposition, messaging::Disposition::kAck);
+  EXPECT_EQ(count("d"), 1);
+  EXPECT_EQ(count("e"), 1);
+  EXPECT_EQ(count("poison"), 0);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "allocation_rows.hpp"
 #include "apps.hpp"
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -507,7 +508,8 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
 }
 
 Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
-                              const SagaOptions& saga, PlacementCache* cache) {
+                              const SagaOptions& saga, PlacementCache* cache,
+                              store::GroupCommit* group) {
   if (auto r = messaging::EnsureStream(*svc.nats(), messaging::SchedulerEventsStream()); !r.ok()) {
     return r;
   }
@@ -518,8 +520,8 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   CountedRpc counted(rpc, saga.metrics);
   counted.Handle<v1::CreateAllocationRequest, v1::CreateAllocationResponse>(
       "gpuaas.v1.scheduler.allocation.create",
-      [pool, saga, catalog, cache](const v1::CreateAllocationRequest& req,
-                                   rpc::Context& ctx) -> Result<v1::CreateAllocationResponse> {
+      [pool, saga, catalog, cache, group](const v1::CreateAllocationRequest& req, rpc::Context& ctx)
+          -> Result<v1::CreateAllocationResponse> {
         if (auto v = ValidateCreate(req); !v.ok()) return v.error();
         if (const std::string scope = ctx.TenantScope(); !scope.empty() && req.tenant() != scope) {
           return TenantDenied(ctx, req.tenant());
@@ -586,128 +588,150 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           }
         }
         ChoiceStats stats;
-        auto created =
-            store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
-              v1::CreateAllocationResponse resp;
-              // Retries of one request id, on any replica, one at a time: the later ones find the
-              // first one's allocation instead of racing it to the unique (tenant, request_id) key.
-              tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                             "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
-              if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
-                *resp.mutable_allocation() = *existing;
-                return resp;  // a retry: same answer, no second placement
-              }
-              if (baremetal) {  // slices learn it from the slots they scan anyway
-                auto region = tx.exec_params(
-                    "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
-                    "WHERE region = $1",
-                    req.region());
-                if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
-                  return RegionDisabled(req.region());
-                }
-              }
-              Result<std::optional<Placed>> placed = std::optional<Placed>();
-              // Skipping what others hold first; when that keeps failing, waiting for them: a
-              // request is not refused while capacity exists only because others held it a moment.
-              bool contended = false;
-              stats.refused_by_index = false;  // this run of the transaction's
-              for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
-                const bool wait = attempt >= kSkipAttempts;
-                if (wait && attempt == kSkipAttempts) {
-                  tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", kLockWaitMs));
-                }
-                contended = false;
-                placed = baremetal
-                             ? PlaceBaremetal(tx, req)
-                             : PlaceSlice(tx, req, sku, gpus, wait, &contended, cache, &stats);
-                if (!placed.ok() || placed->has_value() || !contended) break;
-                // Others held or took our choices: read again (their commits are visible now).
-                if (!wait) {
-                  std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
-                }
-              }
-              if (contended) tx.exec0("SET LOCAL lock_timeout = 0");
-              if (!placed.ok()) return placed.error();
-              if (!placed->has_value()) {
-                if (baremetal) {
-                  return Error{Code::kResourceExhausted,
-                               "no_placement",
-                               "no node in " + req.region() + " is free of claims for baremetal",
-                               {{"requested", "node_exclusive"}},
-                               true};
-                }
-                if (contended) {
-                  // Still held by others after waiting: capacity may exist, so not no_placement.
-                  return Error{Code::kUnavailable,
-                               "placement_contended",
-                               fmt::format("every choice for {} GPU(s) in {} stayed held by other "
-                                           "placements; try again",
-                                           gpus, req.region()),
-                               {{"requested_gpus", std::to_string(gpus)},
-                                {"attempts", std::to_string(kPlaceAttempts)}},
-                               true};
-                }
-                if (stats.refused_by_index) {
-                  return NoPlacement(
-                      req, sku, gpus,
-                      cache->Count(req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus));
-                }
-                return NoPlacement(req, sku, gpus, CountFree(tx, req, sku, gpus));
-              }
-              const Placed& p = **placed;
-              const std::string id = ids::NewUuidV7();
-              tx.exec_params(
-                  "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
-                  "gpu_count, "
-                  "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
-                  "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
-                  id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
-                  req.pool(), enums::Text(checked->second), p.node_id);
-              if (!req.app().empty()) {
-                tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
-                               req.app());
-              }
-              for (const auto& e : expose) {
-                tx.exec_params(
-                    "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
-                    "($1, $2, $3, $4)",
-                    id, e.name(), enums::Text(e.protocol()), e.port());
-              }
-              if (baremetal) {
-                tx.exec_params(
-                    "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
-                    "($1, $2, 'node_exclusive')",
-                    id, p.node_id);
-              } else {
-                tx.exec_params(
-                    "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, "
-                    "kind) "
-                    "SELECT $1, $2, unnest($3::text[]), 'slot'",
-                    id, p.node_id, store::TextArrayLiteral(p.slots));
-              }
-              auto a = LoadAllocation(tx, id, false);
-              if (!a.ok()) return a.error();
-              if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) {
-                return e.error();
-              }
-              AddTimeline(tx, id,
-                          {v1::TIMELINE_STEP_PLACED, v1::ALLOCATION_STATE_RESERVED, "",
-                           v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, "",
-                           baremetal ? "node " + p.node_id + " (node_exclusive)"
-                                     : fmt::format("node {} slots {}", p.node_id,
-                                                   fmt::join(p.slots, ","))});
-              a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
-              if (!a.ok()) return a.error();
-              ctx.log.Info("allocation placed", {{"allocation_id", id},
-                                                 {"node_id", p.node_id},
-                                                 {"gpus", std::to_string(gpus)},
-                                                 {"sku", req.sku()}});
-              *resp.mutable_allocation() = *a;
-              resp.set_created(true);
-              return resp;
-            });
+        // One create's transaction; run as a unit of a group commit (each create in a savepoint,
+        // one commit for the creates that overlap), or on its own.
+        // The node this create claimed slots of in a run that may not have committed (a group's
+        // transaction is committed after later creates ran in it): the index is told at once,
+        // so those creates do not propose the same slots, and is corrected (the node read
+        // again) if that run's work was undone.
+        std::string provisional;
+        const auto create = [&](pqxx::work& tx) -> Result<v1::CreateAllocationResponse> {
+          if (cache != nullptr && !provisional.empty()) {
+            cache->Refresh(tx, {provisional});  // run again: the earlier run's claim is gone
+            provisional.clear();
+          }
+          v1::CreateAllocationResponse resp;
+          // Retries of one request id, on any replica, one at a time: the later ones find the
+          // first one's allocation instead of racing it to the unique (tenant, request_id) key.
+          tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                         "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
+          if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
+            *resp.mutable_allocation() = *existing;
+            return resp;  // a retry: same answer, no second placement
+          }
+          if (baremetal) {  // slices learn it from the slots they scan anyway
+            auto region = tx.exec_params(
+                "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
+                "WHERE region = $1",
+                req.region());
+            if (region[0][0].as<int64_t>() > 0 && region[0][1].as<int64_t>() == 0) {
+              return RegionDisabled(req.region());
+            }
+          }
+          Result<std::optional<Placed>> placed = std::optional<Placed>();
+          // Skipping what others hold first; when that keeps failing, waiting for them: a
+          // request is not refused while capacity exists only because others held it a moment.
+          bool contended = false;
+          stats.refused_by_index = false;  // this run of the transaction's
+          for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
+            const bool wait = attempt >= kSkipAttempts;
+            if (wait && attempt == kSkipAttempts) {
+              tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", kLockWaitMs));
+            }
+            contended = false;
+            placed = baremetal ? PlaceBaremetal(tx, req)
+                               : PlaceSlice(tx, req, sku, gpus, wait, &contended, cache, &stats);
+            if (!placed.ok() || placed->has_value() || !contended) break;
+            // Others held or took our choices: read again (their commits are visible now).
+            if (!wait) {
+              std::this_thread::sleep_for(std::chrono::milliseconds(2 * (attempt + 1)));
+            }
+          }
+          if (contended) tx.exec0("SET LOCAL lock_timeout = 0");
+          if (!placed.ok()) return placed.error();
+          if (!placed->has_value()) {
+            if (baremetal) {
+              return Error{Code::kResourceExhausted,
+                           "no_placement",
+                           "no node in " + req.region() + " is free of claims for baremetal",
+                           {{"requested", "node_exclusive"}},
+                           true};
+            }
+            if (contended) {
+              // Still held by others after waiting: capacity may exist, so not no_placement.
+              return Error{Code::kUnavailable,
+                           "placement_contended",
+                           fmt::format("every choice for {} GPU(s) in {} stayed held by other "
+                                       "placements; try again",
+                                       gpus, req.region()),
+                           {{"requested_gpus", std::to_string(gpus)},
+                            {"attempts", std::to_string(kPlaceAttempts)}},
+                           true};
+            }
+            if (stats.refused_by_index) {
+              return NoPlacement(
+                  req, sku, gpus,
+                  cache->Count(req.region(), req.pool(), sku.gpu_sku, sku.fabric_type, gpus));
+            }
+            return NoPlacement(req, sku, gpus, CountFree(tx, req, sku, gpus));
+          }
+          const Placed& p = **placed;
+          const std::string id = ids::NewUuidV7();
+          tx.exec_params(
+              "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
+              "gpu_count, "
+              "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
+              "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
+              id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
+              req.pool(), enums::Text(checked->second), p.node_id);
+          if (!req.app().empty()) {
+            tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
+                           req.app());
+          }
+          for (const auto& e : expose) {
+            tx.exec_params(
+                "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
+                "($1, $2, $3, $4)",
+                id, e.name(), enums::Text(e.protocol()), e.port());
+          }
+          if (baremetal) {
+            tx.exec_params(
+                "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
+                "($1, $2, 'node_exclusive')",
+                id, p.node_id);
+          } else {
+            tx.exec_params(
+                "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, "
+                "kind) "
+                "SELECT $1, $2, unnest($3::text[]), 'slot'",
+                id, p.node_id, store::TextArrayLiteral(p.slots));
+            if (cache != nullptr && group != nullptr) {
+              cache->Claimed(p.node_id, p.slots);
+              provisional = p.node_id;
+            }
+          }
+          auto a = LoadAllocation(tx, id, false);
+          if (!a.ok()) return a.error();
+          if (auto e = Announce(tx, *a, saga.source, ctx.traceparent); !e.ok()) {
+            return e.error();
+          }
+          AddTimeline(
+              tx, id,
+              {v1::TIMELINE_STEP_PLACED, v1::ALLOCATION_STATE_RESERVED, "",
+               v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, "",
+               baremetal ? "node " + p.node_id + " (node_exclusive)"
+                         : fmt::format("node {} slots {}", p.node_id, fmt::join(p.slots, ","))});
+          a = StartLifecycle(tx, *a, req, sku, image, saga, ctx.traceparent);
+          if (!a.ok()) return a.error();
+          ctx.log.Info("allocation placed", {{"allocation_id", id},
+                                             {"node_id", p.node_id},
+                                             {"gpus", std::to_string(gpus)},
+                                             {"sku", req.sku()}});
+          *resp.mutable_allocation() = *a;
+          resp.set_created(true);
+          return resp;
+        };
+        auto created = group != nullptr ? group->Run(create) : store::WithTx(*pool, create);
         if (saga.metrics) {
           saga.metrics->Choices(stats.from_index, stats.placed, stats.stale, stats.held);
+        }
+        if (cache != nullptr && !provisional.empty() && !created.ok()) {
+          // Claimed in a run that was then undone (its savepoint rolled back): read the node
+          // again, as it is committed.
+          (void)store::WithTx(*pool, [&](pqxx::work& tx) -> Result<void> {
+            cache->Refresh(tx, {provisional});
+            return Ok();
+          });
         }
         // Committed: this replica's index has the claim now, not only once its notification
         // comes back (the other replicas learn it from the notification).

@@ -20,11 +20,18 @@
 namespace gpuaas::scheduler {
 
 class PlacementCache;
+}  // namespace gpuaas::scheduler
+namespace gpuaas::store {
+class GroupCommit;
+}  // namespace gpuaas::store
+namespace gpuaas::scheduler {
 
 // `cache`: the replica's placement index (placement_cache.hpp), or null to read every decision's
-// candidates from SQL.
+// candidates from SQL. `group`: creates that overlap share a transaction and its commit
+// (store::GroupCommit), or null for a transaction each.
 Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
-                              const SagaOptions& saga, PlacementCache* cache);
+                              const SagaOptions& saga, PlacementCache* cache,
+                              store::GroupCommit* group);
 
 // Violations of the claim invariants (empty: consistent): a slot with two live claims, a node
 // with both an exclusive and slot claims, a live claim of a released allocation (or of a failed

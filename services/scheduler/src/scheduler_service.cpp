@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include "allocations.hpp"
 #include "apps.hpp"
@@ -44,23 +45,75 @@ Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
   return Ok();
 }
 
-Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
-  v1::SlotSnapshot snap;
-  if (!ev.data().UnpackTo(&snap) || snap.slot().node_id().empty() ||
-      snap.slot().slot_key().empty()) {
-    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.SlotSnapshot");
+Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+  constexpr size_t kColumns = 26;
+  std::vector<std::vector<std::string>> cols(kColumns);
+  // One row per slot: of several events for one slot in the batch, the newest generation (the
+  // first of equals, as one-by-one application would keep it).
+  std::map<std::pair<std::string, std::string>, std::pair<int64_t, size_t>> newest;
+  std::vector<v1::SlotSnapshot> snaps(events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    v1::SlotSnapshot& snap = snaps[i];
+    if (!events[i]->data().UnpackTo(&snap) || snap.slot().node_id().empty() ||
+        snap.slot().slot_key().empty()) {
+      return Error::InvalidArgument("malformed_event",
+                                    "event data is not a gpuaas.v1.SlotSnapshot");
+    }
+    const auto key = std::make_pair(snap.slot().node_id(), snap.slot().slot_key());
+    auto [it, added] = newest.try_emplace(key, snap.slot().generation(), i);
+    if (!added && snap.slot().generation() > it->second.first) {
+      it->second = {snap.slot().generation(), i};
+    }
   }
-  const auto& s = snap.slot();
-  const std::string blockers =
-      store::TextArrayLiteral({snap.node_blockers().begin(), snap.node_blockers().end()});
+  for (const auto& [key, chosen] : newest) {
+    const v1::SlotSnapshot& snap = snaps[chosen.second];
+    const auto& s = snap.slot();
+    const std::string row[kColumns] = {
+        s.node_id(),
+        s.slot_key(),
+        snap.region(),
+        snap.pool(),
+        s.sku(),
+        enums::Text(s.admin_state()),
+        enums::Text(s.health()),
+        snap.schedulable() ? "true" : "false",
+        store::TextArrayLiteral({snap.node_blockers().begin(), snap.node_blockers().end()}),
+        s.gpu_pci_address(),
+        s.locality_group(),
+        std::to_string(s.generation()),
+        events[chosen.second]->id(),
+        enums::Text(s.fabric_type()),
+        std::to_string(s.has_numa_node() ? s.numa_node() : -1),
+        s.pcie_switch(),
+        snap.region_enabled() ? "true" : "false",
+        s.nvme_by_id(),
+        enums::Text(s.fabric_claim_mode()),
+        s.fabric_vf_pci_address(),
+        s.mac(),
+        s.private_ip(),
+        s.profile().name(),
+        std::to_string(s.profile().vcpus_per_gpu()),
+        std::to_string(s.profile().memory_mib_per_gpu()),
+        std::to_string(s.profile().hugepages_1g_per_gpu())};
+    for (size_t c = 0; c < kColumns; ++c) cols[c].push_back(row[c]);
+  }
+  if (newest.empty()) return Ok();
+  // One statement for the batch: each column an array, unnested into rows. node_blockers
+  // travels as an array of array literals.
   tx.exec_params(
       "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
       "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id, "
       "fabric_type, numa, pcie_switch, region_enabled, nvme_by_id, fabric_claim_mode, "
       "fabric_vf_pci_address, mac, private_ip, profile_name, vcpus_per_gpu, memory_mib_per_gpu, "
       "hugepages_1g_per_gpu) "
-      "VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9::text[],$10,$11,$12,$13,$14,$15,$16,$17,$18,$19,$20,"
-      "$21,$22,$23,$24,$25,$26) "
+      "SELECT n, k, r, p, sku, a, h, sch, nb::text[], g, lg, gen, ev, ft, numa, ps, re, nv, fcm, "
+      "vf, mac, ip, pn, vc, mem, hp FROM unnest($1::text[], $2::text[], $3::text[], "
+      "$4::text[], $5::text[], $6::text[], $7::text[], $8::boolean[], $9::text[], $10::text[], "
+      "$11::text[], $12::bigint[], $13::uuid[], $14::text[], $15::integer[], $16::text[], "
+      "$17::boolean[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[], "
+      "$23::text[], $24::integer[], $25::bigint[], $26::integer[]) "
+      "AS t(n, k, r, p, sku, a, h, sch, nb, g, lg, gen, ev, ft, numa, ps, re, nv, fcm, vf, mac, "
+      "ip, pn, vc, mem, hp) "
       "ON CONFLICT (node_id, slot_key) DO UPDATE SET region = EXCLUDED.region, "
       "pool = EXCLUDED.pool, sku = EXCLUDED.sku, admin_state = EXCLUDED.admin_state, "
       "health = EXCLUDED.health, schedulable = EXCLUDED.schedulable, "
@@ -75,14 +128,24 @@ Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
       "vcpus_per_gpu = EXCLUDED.vcpus_per_gpu, memory_mib_per_gpu = EXCLUDED.memory_mib_per_gpu, "
       "hugepages_1g_per_gpu = EXCLUDED.hugepages_1g_per_gpu, projected_at = now() "
       "WHERE projected_slots.generation < EXCLUDED.generation",
-      s.node_id(), s.slot_key(), snap.region(), snap.pool(), s.sku(), enums::Text(s.admin_state()),
-      enums::Text(s.health()), snap.schedulable(), blockers, s.gpu_pci_address(),
-      s.locality_group(), s.generation(), ev.id(), enums::Text(s.fabric_type()),
-      s.has_numa_node() ? s.numa_node() : -1, s.pcie_switch(), snap.region_enabled(),
-      s.nvme_by_id(), enums::Text(s.fabric_claim_mode()), s.fabric_vf_pci_address(), s.mac(),
-      s.private_ip(), s.profile().name(), s.profile().vcpus_per_gpu(),
-      s.profile().memory_mib_per_gpu(), s.profile().hugepages_1g_per_gpu());
+      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
+      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
+      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
+      store::TextArrayLiteral(cols[6]), store::TextArrayLiteral(cols[7]),
+      store::TextArrayLiteral(cols[8]), store::TextArrayLiteral(cols[9]),
+      store::TextArrayLiteral(cols[10]), store::TextArrayLiteral(cols[11]),
+      store::TextArrayLiteral(cols[12]), store::TextArrayLiteral(cols[13]),
+      store::TextArrayLiteral(cols[14]), store::TextArrayLiteral(cols[15]),
+      store::TextArrayLiteral(cols[16]), store::TextArrayLiteral(cols[17]),
+      store::TextArrayLiteral(cols[18]), store::TextArrayLiteral(cols[19]),
+      store::TextArrayLiteral(cols[20]), store::TextArrayLiteral(cols[21]),
+      store::TextArrayLiteral(cols[22]), store::TextArrayLiteral(cols[23]),
+      store::TextArrayLiteral(cols[24]), store::TextArrayLiteral(cols[25]));
   return Ok();
+}
+
+Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev) {
+  return ApplySlotEvents(tx, {&ev});
 }
 
 void SchedulerConfig::Register(config::Schema& s) {
@@ -105,6 +168,10 @@ void SchedulerConfig::Register(config::Schema& s) {
         "Propose placements from this replica's in-memory index, kept current through PostgreSQL "
         "notifications (false: read every create's candidates from SQL)",
         true);
+  s.Add("scheduler.group_commit", &group_commit,
+        "Creates that arrive together share one transaction and commit, each in a savepoint of "
+        "its own (false: a transaction each); how many overlap is bounded by rpc.workers",
+        true);
 }
 
 SchedulerService::SchedulerService(SchedulerConfig cfg)
@@ -112,11 +179,18 @@ SchedulerService::SchedulerService(SchedulerConfig cfg)
       svc_(runtime::Component{"scheduler", &Migrations()}, cfg_.common),
       stats_(std::make_shared<inbox::ProjectionStats>()) {}
 
+namespace {
+// Inventory events per fetch, each fetch applied in one transaction: a fleet's replay
+// (a new replica, a rebuild) costs a commit per this many events, not per event.
+constexpr int kProjectionBatch = 256;
+}  // namespace
+
 messaging::ConsumerSpec SchedulerService::NodeConsumerSpec() const {
   messaging::ConsumerSpec spec;
   spec.stream = messaging::InventoryEventsStream().name;
   spec.durable = kNodeProjection;
   spec.filter_subject = "gpuaas.v1.evt.inventory.node.>";
+  spec.batch = kProjectionBatch;
   return spec;
 }
 
@@ -125,6 +199,7 @@ messaging::ConsumerSpec SchedulerService::SlotConsumerSpec() const {
   spec.stream = messaging::InventoryEventsStream().name;
   spec.durable = kSlotProjection;
   spec.filter_subject = "gpuaas.v1.evt.inventory.slot.>";
+  spec.batch = kProjectionBatch;
   return spec;
 }
 
@@ -147,14 +222,20 @@ Result<void> SchedulerService::Start() {
     if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();
+  // A fetched batch of inventory events is applied in one transaction (slots in one
+  // statement); one by one only when that fails.
   auto consumer = svc_.StartConsumer(
       NodeConsumerSpec(),
-      inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_));
+      inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_),
+      inbox::ProjectionBatchHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, {}, svc_.log(),
+                                    stats_));
   if (!consumer.ok()) return consumer.error();
   nodes_consumer_ = *consumer;
   auto slots = svc_.StartConsumer(
       SlotConsumerSpec(),
-      inbox::ProjectionHandler(svc_.pg(), kSlotProjection, ApplySlotEvent, svc_.log(), stats_));
+      inbox::ProjectionHandler(svc_.pg(), kSlotProjection, ApplySlotEvent, svc_.log(), stats_),
+      inbox::ProjectionBatchHandler(svc_.pg(), kSlotProjection, ApplySlotEvent, ApplySlotEvents,
+                                    svc_.log(), stats_));
   if (!slots.ok()) return slots.error();
   slots_consumer_ = *slots;
 
@@ -207,7 +288,12 @@ Result<void> SchedulerService::Start() {
     if (auto r = placement_->Start(); !r.ok()) return r;
     svc_.OnDrain("placement index", [cache = placement_] { cache->Stop(); });
   }
-  if (auto r = StartAllocations(svc_, *catalog, saga, placement_.get()); !r.ok()) return r;
+  if (cfg_.group_commit) {
+    group_ = std::make_unique<store::GroupCommit>(svc_.pg(), store::GroupCommit::Options{});
+  }
+  if (auto r = StartAllocations(svc_, *catalog, saga, placement_.get(), group_.get()); !r.ok()) {
+    return r;
+  }
   if (auto r = StartApps(svc_, *catalog); !r.ok()) return r;
   if (auto r = StartSaga(svc_, saga); !r.ok()) return r;
 

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "gpuaas/common/config.hpp"
+#include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/common/runtime.hpp"
@@ -27,6 +28,7 @@ struct SchedulerConfig {
   int64_t cleanup_deadline_s = 1800;
   int64_t sweep_interval_ms = 1000;
   bool placement_index = true;
+  bool group_commit = true;
   void Register(config::Schema& schema);
 };
 
@@ -36,6 +38,9 @@ const std::vector<store::Migration>& Migrations();
 Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev);
 // Applies one inventory slot snapshot event to the slot projection (generation-guarded).
 Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev);
+// Several slot events in one statement (the projection's batch path); a malformed one fails
+// them all (the one-by-one path then rejects just it).
+Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events);
 
 struct RebuildStats {
   int64_t events_replayed = 0;
@@ -55,6 +60,8 @@ class SchedulerService {
   const inbox::ProjectionStats& projection_stats() const { return *stats_; }
   // The replica's placement index (null with scheduler.placement_index off).
   PlacementCache* placement_index() const { return placement_.get(); }
+  // Group commit of creates (null with scheduler.group_commit off).
+  store::GroupCommit* group_commit() const { return group_.get(); }
 
   // Drops the node and slot projections and replays the inventory stream from its first
   // message; returns once the replay caught up (or the deadline passed).
@@ -70,6 +77,7 @@ class SchedulerService {
   messaging::Consumer* slots_consumer_ = nullptr;
   std::mutex rebuild_mu_;
   std::shared_ptr<PlacementCache> placement_;
+  std::unique_ptr<store::GroupCommit> group_;
 };
 
 }  // namespace gpuaas::scheduler

@@ -158,6 +158,60 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   EXPECT_TRUE(Invariants().empty());
 }
 
+// The projection's batch path: several events for one slot in a batch leave the newest
+// generation (out of order as they may come), and an older event afterwards changes nothing.
+TEST_F(AllocationTest, ABatchOfSlotEventsKeepsEachSlotsNewestGeneration) {
+  auto event = [](const std::string& slot, int64_t generation, v1::SlotAdminState admin) {
+    v1::SlotSnapshot s;
+    s.mutable_slot()->set_node_id("batch-n");
+    s.mutable_slot()->set_slot_key(slot);
+    s.mutable_slot()->set_sku("h200-sxm");
+    s.mutable_slot()->set_admin_state(admin);
+    s.mutable_slot()->set_health(v1::SLOT_HEALTH_HEALTHY);
+    s.mutable_slot()->set_fabric_type(v1::FABRIC_TYPE_INFINIBAND);
+    s.mutable_slot()->set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
+    s.mutable_slot()->set_generation(generation);
+    s.add_node_blockers("nvme \"odd\", {quoted}");
+    s.set_region("us-east-1");
+    return outbox::MakeEvent({"gpuaas.v1.evt.inventory.slot.updated", "", "inventory/test",
+                              "batch-n/" + slot, generation, "", "", &s});
+  };
+  const auto g2 = event("s0", 2, v1::SLOT_ADMIN_STATE_AVAILABLE);
+  const auto g5 = event("s0", 5, v1::SLOT_ADMIN_STATE_DISABLED);
+  const auto g3 = event("s0", 3, v1::SLOT_ADMIN_STATE_AVAILABLE);
+  const auto other = event("s1", 1, v1::SLOT_ADMIN_STATE_AVAILABLE);
+  auto read = [&](const std::string& slot) {
+    return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<std::vector<std::string>> {
+      auto r = tx.exec_params(
+          "SELECT generation::text, admin_state, last_event_id::text, node_blockers[1] "
+          "FROM projected_slots WHERE node_id = 'batch-n' AND slot_key = $1",
+          slot);
+      if (r.empty()) return std::vector<std::string>{};
+      return std::vector<std::string>{r[0][0].c_str(), r[0][1].c_str(), r[0][2].c_str(),
+                                      r[0][3].c_str()};
+    });
+  };
+  auto applied = store::WithTx(*pool_, [&](pqxx::work& tx) {
+    return ApplySlotEvents(tx, {&g2, &g5, &g3, &other});
+  });
+  ASSERT_TRUE(applied.ok()) << applied.error().ToString();
+  auto s0 = read("s0");
+  ASSERT_TRUE(s0.ok());
+  ASSERT_EQ(s0->size(), 4u);
+  EXPECT_EQ((*s0)[0], "5");
+  EXPECT_EQ((*s0)[1], "disabled");
+  EXPECT_EQ((*s0)[2], g5.id());
+  EXPECT_EQ((*s0)[3], "nvme \"odd\", {quoted}");
+  auto s1 = read("s1");
+  ASSERT_TRUE(s1.ok());
+  EXPECT_EQ(s1->size(), 4u);
+  const auto g4 = event("s0", 4, v1::SLOT_ADMIN_STATE_AVAILABLE);
+  ASSERT_TRUE(store::WithTx(*pool_, [&](pqxx::work& tx) { return ApplySlotEvent(tx, g4); }).ok());
+  s0 = read("s0");
+  ASSERT_TRUE(s0.ok());
+  EXPECT_EQ((*s0)[0], "5") << "an older generation changes nothing";
+}
+
 TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
   AddNode("gpu-01", 8);
   AddNode("gpu-off", 8, "eu-west-1", false, /*region_enabled=*/false);
@@ -310,6 +364,65 @@ TEST_F(AllocationTest, ConcurrentCreatorsOnThreeReplicasNeverDoubleBook) {
   });
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(claimed, placed_gpus.load());
+}
+
+// Group commit (scheduler.group_commit, on by default): creates that arrive together share a
+// transaction and its commit; one that fails inside it (no capacity in its region) is undone on
+// its own and answered with its error, while the rest of its group commits.
+class GroupCommitTest : public AllocationTest {
+ protected:
+  GroupCommitTest() {
+    replicas_wanted_ = 1;
+    extra_env_["GPUAAS_RPC_WORKERS"] = "12";
+  }
+};
+
+TEST_F(GroupCommitTest, AGroupInWhichOneCreateFailsStillCommitsTheOthers) {
+  for (int i = 0; i < 4; ++i) AddNode(fmt::format("gpu-{:02d}", i), 8);
+  WaitProjected();
+  constexpr int kCreators = 12;
+  std::vector<Result<v1::CreateAllocationResponse>> results(
+      kCreators, Result<v1::CreateAllocationResponse>(Error::Internal("unset", "")));
+  std::atomic<int> ready{0};
+  std::vector<std::thread> threads;
+  threads.reserve(kCreators);
+  for (int i = 0; i < kCreators; ++i) {
+    threads.emplace_back([&, i] {
+      ready++;
+      while (ready < kCreators) std::this_thread::yield();
+      // Creator 5 asks for a region with no nodes; 10 and 11 send one request id twice.
+      const std::string id = i == 11 ? "gc-10" : fmt::format("gc-{}", i);
+      results[static_cast<size_t>(i)] =
+          Create(id, 2, "h200-sxm-slice", i == 5 ? "eu-west-9" : "us-east-1");
+    });
+  }
+  for (auto& t : threads) t.join();
+  std::set<std::string> allocations;
+  for (int i = 0; i < kCreators; ++i) {
+    const auto& r = results[static_cast<size_t>(i)];
+    if (i == 5) {
+      ASSERT_FALSE(r.ok());
+      EXPECT_EQ(r.error().reason, "no_placement") << r.error().ToString();
+      continue;
+    }
+    ASSERT_TRUE(r.ok()) << i << ": " << r.error().ToString();
+    allocations.insert(r->allocation().allocation_id());
+  }
+  EXPECT_EQ(allocations.size(), 10u) << "one allocation for the request id sent twice";
+  EXPECT_EQ(results[10]->allocation().allocation_id(), results[11]->allocation().allocation_id());
+  const auto violations = Invariants();
+  EXPECT_TRUE(violations.empty()) << violations.front();
+  int live = 0;
+  ASSERT_TRUE(
+      store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+        live = tx.exec1("SELECT count(*) FROM allocations WHERE state <> 'released'")[0].as<int>();
+        return Ok();
+      }).ok());
+  EXPECT_EQ(live, 10);
+  const auto stats = replicas_[0]->group_commit()->stats();
+  EXPECT_EQ(stats.units, 11u) << "every create answered ok committed through a group";
+  EXPECT_GE(stats.largest, 2u) << "creates that overlapped shared a commit";
+  EXPECT_LT(stats.groups, 11u);
 }
 
 TEST_F(AllocationTest, RetriesOfOneRequestIdAtOnceAllGetTheOneAllocation) {

@@ -105,6 +105,9 @@ class Connection {
   // subscription just made, or a publish) since the connection started: nats.c gives no error
   // at the call itself.
   Result<void> CheckPermitted(const std::string& subject, std::chrono::milliseconds timeout);
+  // A fresh reply subject under this connection's inbox prefix (the only inbox its identity may
+  // subscribe to).
+  std::string NewInbox() const;
 
  private:
   Connection() = default;
@@ -116,6 +119,7 @@ class Connection {
   std::string token_;
   mutable std::mutex token_mu_;
   std::string seed_file_;  // signs the server's nonce at every (re)connect
+  std::string inbox_prefix_ = "_INBOX";
   static natsStatus SignNonce(char** custom_err, unsigned char** signature, int* length,
                               const char* nonce, void* closure);
 
@@ -242,13 +246,66 @@ Result<void> EnsureConsumer(Connection& conn, const ConsumerSpec& spec);
 // node's agent binds to it; inventory creates it when the node registers.
 ConsumerSpec NodeTaskConsumerSpec(const std::string& node_id, int64_t ack_wait_ms = 30000);
 
+// How a fetched message is settled with JetStream (its ack subject).
+enum class Settle { kAck, kNak, kInProgress, kTerm };
+// Publishes the acknowledgement `how` for a message a Puller fetched; a kNak with `nak_delay_ms`
+// > 0 asks for redelivery no sooner than that.
+Result<void> SettleMsg(Connection& conn, natsMsg* m, Settle how, int64_t nak_delay_ms = 0);
+
+// Pulls a durable pull consumer's messages with JetStream's next-message API on a subscription
+// of its own (nats.c 3.4.1's natsSubscription_Fetch can hand back more messages than the batch
+// array it allocated when messages of an earlier pull were still queued: a heap overrun seen
+// under a backlog of tens of thousands of events). A fetch first returns what an earlier pull
+// left queued; otherwise it asks for what is there now, up to `batch` (no_wait: the server
+// answers at once), and when nothing is, waits for one message (a pull that ends with the
+// fetch). It never returns more than `batch`.
+class Puller {
+ public:
+  enum class Outcome { kMessages, kTimeout, kConsumerGone, kError };
+  struct Fetched {
+    Outcome outcome = Outcome::kTimeout;
+    std::vector<natsMsg*> msgs;  // owned by the caller (natsMsg_Destroy)
+    std::string error;           // kConsumerGone / kError: the server's status and description
+  };
+  static Result<std::unique_ptr<Puller>> Open(std::shared_ptr<Connection> conn,
+                                              const std::string& stream,
+                                              const std::string& durable);
+  ~Puller();
+  Puller(const Puller&) = delete;
+  Puller& operator=(const Puller&) = delete;
+  Fetched Fetch(int batch, int64_t timeout_ms);
+
+ private:
+  Puller() = default;
+  // One message, or nullptr when none came within `wait_ms`.
+  natsMsg* Next(int64_t wait_ms);
+  std::shared_ptr<Connection> conn_;
+  std::string stream_;
+  std::string durable_;
+  std::string next_subject_;  // $JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>
+  std::string inbox_;         // <inbox>.<pull number> is each pull's reply subject
+  uint64_t pulls_ = 0;
+  // The outstanding waiting pull's reply subject ("" = none) and when it is over on our side
+  // (the server's expiry comes a little later, so a message is never lost between them).
+  std::string waiting_;
+  std::chrono::steady_clock::time_point waiting_until_{};
+  natsSubscription* sub_ = nullptr;
+};
+
 class Consumer {
  public:
   using Handler = std::function<HandlerResult(const Delivery&)>;
+  // Handles a whole fetched batch at once (e.g. one transaction for all of it) and says what
+  // became of each message, in order. A message it answers kRetry (or every message, when it
+  // throws or answers with the wrong count) goes to the one-message handler, with its retries,
+  // as if there were no batch handler.
+  using BatchHandler = std::function<std::vector<HandlerResult>(const std::vector<Delivery>&)>;
   Consumer(std::shared_ptr<Connection> conn, ConsumerSpec spec, Handler handler,
            const log::Logger& logger, prometheus::Registry* metrics = nullptr);
   ~Consumer();
 
+  // Before Start: batches of more than one message go to `batch` first.
+  void SetBatchHandler(BatchHandler batch) { batch_handler_ = std::move(batch); }
   // Declares the durable consumer (idempotent) and starts the fetch loop.
   Result<void> Start();
   // Stops fetching; the message in hand is finished first.
@@ -273,7 +330,7 @@ class Consumer {
   void Dispose(natsMsg* m, const Delivery& d, const HandlerResult& r);
   void LogRetry(const Delivery& d, const HandlerResult& r, uint64_t attempt, int64_t delay_ms);
   // Waits `delay_ms` (or until Stop), keeping the batch's messages from `from` on in progress.
-  void WaitHoldingBatch(const natsMsgList& list, int from, int64_t delay_ms);
+  void WaitHoldingBatch(const std::vector<natsMsg*>& batch, size_t from, int64_t delay_ms);
   bool DeadLetter(const Delivery& d, const HandlerResult& r);
   void SampleLag();
   void KeepAlive();
@@ -281,11 +338,12 @@ class Consumer {
   std::shared_ptr<Connection> conn_;
   ConsumerSpec spec_;
   Handler handler_;
+  BatchHandler batch_handler_;
   log::Logger log_;
   struct Metrics;
   std::shared_ptr<Metrics> metrics_;
   std::mutex mu_;
-  natsSubscription* sub_ = nullptr;
+  std::unique_ptr<Puller> puller_;
   std::thread thread_;
   std::thread keepalive_;
   std::mutex ka_mu_;  // inflight_ and the keepalive's wake-up

@@ -91,10 +91,13 @@ class Service {
   Result<void> ServeRequests();
 
   // A durable consumer whose lifetime the runtime manages (stopped on drain, after requests).
+  // `batch` (optional) handles a fetched batch first (messaging::Consumer::SetBatchHandler).
   Result<messaging::Consumer*> StartConsumer(messaging::ConsumerSpec spec,
-                                             messaging::Consumer::Handler handler);
-  // The usual one: durable `durable` on `stream` (consumer defaults otherwise), each event of
-  // `filter` applied in a transaction with inbox idempotency (inbox::ProjectionHandler).
+                                             messaging::Consumer::Handler handler,
+                                             messaging::Consumer::BatchHandler batch = {});
+  // The usual one: durable `durable` on `stream` (consumer defaults otherwise), the events of
+  // `filter` applied with inbox idempotency, a fetched batch in one transaction
+  // (inbox::ProjectionBatchHandler), one by one when that fails (inbox::ProjectionHandler).
   Result<messaging::Consumer*> StartProjection(const std::string& stream,
                                                const std::string& durable,
                                                const std::string& filter, inbox::ApplyFn apply,
