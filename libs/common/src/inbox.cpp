@@ -23,7 +23,7 @@ bool RetryableCode(Code c) {
 }  // namespace
 
 namespace {
-// Why an envelope can never be applied, or "" when it can be tried.
+// Reject, with why, when an envelope can never be applied; Ack when it can be tried.
 messaging::HandlerResult Undecodable(const messaging::Delivery& d, v1::Event* ev) {
   if (!ev->ParseFromString(d.msg.data)) {
     return messaging::HandlerResult::Reject("payload is not a gpuaas.v1.Event",

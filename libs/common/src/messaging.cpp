@@ -580,20 +580,19 @@ Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
                                     .count());
   };
   // Takes messages until `want` or the end of the pull `reply`: its status (nats-server ends a
-  // no-wait pull at once: 404 when it had nothing, 408 after what it had), or its one message
-  // (the waiting pull); for "" (what earlier pulls left queued) until nothing is queued.
-  // Returns false on a status that ends the pulling (f says why).
-  const auto collect = [&](const std::string& reply, bool* ended) {
+  // no-wait pull at once: 404 when it had nothing, 408 after what it had) or its `pulled`-th
+  // message; for "" (what earlier pulls left queued) until nothing is queued. Returns false on
+  // a status that ends the pulling (f says why).
+  const auto collect = [&](const std::string& reply, size_t pulled, bool* ended) {
+    size_t of_reply = 0;
     while (f.msgs.size() < want) {
       natsMsg* m = Next(reply.empty() ? 0 : left_ms());
       if (m == nullptr) return true;
       const std::string subject = natsMsg_GetSubject(m);
-      const bool of_waiting = !waiting_.empty() && subject == waiting_;
-      if (of_waiting) waiting_.clear();  // its one message, or its end
       const char* status = nullptr;
       if (natsMsgHeader_Get(m, "Status", &status) != NATS_OK || status == nullptr) {
         f.msgs.push_back(m);  // a message, whichever pull brought it
-        if (of_waiting && subject == reply) {
+        if (!reply.empty() && subject == reply && ++of_reply == pulled) {
           *ended = true;
           return true;
         }
@@ -606,10 +605,9 @@ Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
         description = desc;
       }
       natsMsg_Destroy(m);
-      // 100 is a heartbeat; an earlier pull's 404/408 is over already.
-      if (code == "100" || (subject != reply && !of_waiting)) continue;
+      // 100 is a heartbeat; an earlier pull's status is over already.
+      if (code == "100" || reply.empty() || subject != reply) continue;
       if (code == "404" || code == "408") {
-        if (subject != reply) continue;
         *ended = true;
         return true;
       }
@@ -642,17 +640,11 @@ Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
 
   bool ended = false;
   // What an earlier pull left queued comes first.
-  if (!collect("", &ended) || !f.msgs.empty()) return finish();
-  if (!waiting_.empty() && std::chrono::steady_clock::now() < waiting_until_) {
-    // A waiting pull is out already: wait on it rather than ask again.
-    collect(waiting_, &ended);
-    return finish();
-  }
-  waiting_.clear();  // expired: its 408 is an earlier pull's
+  if (!collect("", 0, &ended) || !f.msgs.empty()) return finish();
   // What is there now, up to the batch.
   const std::string now_reply = fmt::format("{}.{}", inbox_, ++pulls_);
   if (!pull(now_reply, fmt::format(R"({{"batch":{},"no_wait":true}})", want))) return finish();
-  if (!collect(now_reply, &ended) || !f.msgs.empty()) return finish();
+  if (!collect(now_reply, want, &ended) || !f.msgs.empty()) return finish();
   if (!ended) {
     // A live consumer answers a no-wait pull at once (404 when it has nothing): silence means
     // the consumer is gone (nats-server 2.9 does not answer a pull of a deleted consumer) or
@@ -675,15 +667,13 @@ Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
   // with nats-server 2.9.10: SagaFlowTest missed its 3 s deadlines.)
   const int64_t left = left_ms();
   if (left <= 0) return finish();
-  waiting_ = fmt::format("{}.{}", inbox_, ++pulls_);
-  waiting_until_ = deadline;
-  if (!pull(waiting_, fmt::format(R"({{"batch":1,"expires":{}}})",
-                                  (left >= 20 ? left - 10 : left) * int64_t{1000000}))) {
-    waiting_.clear();
+  const std::string wait_reply = fmt::format("{}.{}", inbox_, ++pulls_);
+  if (!pull(wait_reply, fmt::format(R"({{"batch":1,"expires":{}}})",
+                                    (left >= 20 ? left - 10 : left) * int64_t{1000000}))) {
     return finish();
   }
   ended = false;
-  collect(waiting_, &ended);
+  collect(wait_reply, 1, &ended);
   return finish();
 }
 

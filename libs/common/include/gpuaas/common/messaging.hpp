@@ -285,10 +285,6 @@ class Puller {
   std::string next_subject_;  // $JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>
   std::string inbox_;         // <inbox>.<pull number> is each pull's reply subject
   uint64_t pulls_ = 0;
-  // The outstanding waiting pull's reply subject ("" = none) and when it is over on our side
-  // (the server's expiry comes a little later, so a message is never lost between them).
-  std::string waiting_;
-  std::chrono::steady_clock::time_point waiting_until_{};
   natsSubscription* sub_ = nullptr;
 };
 
