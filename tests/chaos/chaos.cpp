@@ -154,6 +154,20 @@ class Campaign {
       std::this_thread::sleep_for(200ms);
     }
   }
+  // Every slot of the scheduler's projection, page by page (each page insisted on).
+  Result<std::vector<v1::ProjectedSlot>> ProjectedSlots(std::chrono::seconds patience) {
+    std::vector<v1::ProjectedSlot> out;
+    v1::ListProjectedSlotsRequest req;
+    req.set_page_size(1000);
+    do {
+      auto l =
+          Insist<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req, patience);
+      if (!l.ok()) return l.error();
+      out.insert(out.end(), l->slots().begin(), l->slots().end());
+      req.set_page_token(l->next_page_token());
+    } while (!req.page_token().empty());
+    return out;
+  }
   std::vector<std::string> StreamEvents(const std::string& stream, std::vector<v1::Event>* events);
   std::string Dsn(const std::string& service) const { return dsn_.at(service); }
 
@@ -298,11 +312,10 @@ void Campaign::StartPlatform() {
   }
   if (!WaitFor(
           [&] {
-            v1::ListProjectedSlotsRequest lr;
-            auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+            auto l = ProjectedSlots(10s);
             int ok = 0;
             if (l.ok()) {
-              for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
+              for (const auto& s : *l) ok += s.schedulable() ? 1 : 0;
             }
             return ok == 8 * o_.nodes;
           },
@@ -953,10 +966,9 @@ void Campaign::Check() {
   {
     auto snapshot = [&] {
       std::map<std::string, std::string> out;
-      v1::ListProjectedSlotsRequest lr;
-      auto l = Insist<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr, 60s);
+      auto l = ProjectedSlots(60s);
       if (!l.ok()) throw std::runtime_error("slot list: " + l.error().ToString());
-      for (const auto& s : l->slots()) {
+      for (const auto& s : *l) {
         out[s.node_id() + "/" + s.slot_key()] = s.ShortDebugString();
       }
       return out;

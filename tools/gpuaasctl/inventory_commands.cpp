@@ -119,15 +119,19 @@ std::optional<v1::ProjectedSlot> SchedulerSlot(rpc::Client& client, const Global
                                                int* rc) {
   v1::ListProjectedSlotsRequest req;
   req.set_node_id(node);
-  auto r = client.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
-                                                       g.Timeout());
+  std::optional<v1::ProjectedSlot> found;
+  auto r = ListAll<v1::ListProjectedSlotsResponse>(client, "gpuaas.v1.scheduler.slot.list", req,
+                                                   g.Timeout(),
+                                                   [&](v1::ListProjectedSlotsResponse& page) {
+                                                     for (const auto& s : page.slots()) {
+                                                       if (s.slot_key() == slot) found = s;
+                                                     }
+                                                   });
   if (!r.ok()) {
     *rc = Fail(g, r.error());
     return std::nullopt;
   }
-  for (const auto& s : r->slots()) {
-    if (s.slot_key() == slot) return s;
-  }
+  if (found) return found;
   *rc = kExitOk;
   return v1::ProjectedSlot();  // not projected (yet): nothing of the scheduler's to repair
 }
@@ -399,12 +403,16 @@ Action AddInventoryCommands(CLI::App& app) {
       v1::ListProjectedSlotsRequest req;
       req.set_node_id(o->node);
       req.set_region(o->region);
-      auto r = client.Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
-                                                           timeout);
+      v1::ListProjectedSlotsResponse all;
+      auto r = ListAll<v1::ListProjectedSlotsResponse>(
+          client, "gpuaas.v1.scheduler.slot.list", req, timeout,
+          [&](v1::ListProjectedSlotsResponse& page) {
+            all.mutable_slots()->MergeFrom(page.slots());
+          });
       if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
+      return Print(g, all, [&] {
         std::vector<std::vector<std::string>> rows;
-        for (const auto& s : r->slots()) {
+        for (const auto& s : all.slots()) {
           rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), Txt(s.admin_state()),
                           Txt(s.health()), s.schedulable() ? "yes" : "no",
                           Join({s.node_blockers().begin(), s.node_blockers().end()}),

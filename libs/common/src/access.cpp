@@ -296,10 +296,13 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
   p.subscribe.insert(InboxPrefix(role, node_id) + ".>");
   if (r.kind == Kind::kService) {
     p.subscribe.insert(r.ns);
-    // A service answers whoever called it: on the requester's inbox. allow_responses alone
-    // (one reply per received request) refuses an occasional reply under load with nats-server
-    // 2.9, so services may publish to inboxes; they may still subscribe only to their own.
-    p.allow_responses = true;
+    // A service answers whoever called it: on the requester's inbox, which every identity's
+    // is under (_INBOX.<role|node>). So services may publish to inboxes; they may still
+    // subscribe only to their own. Not allow_responses: it refuses an occasional reply under
+    // load with nats-server 2.9, and for a user with it the server keeps an entry per message
+    // delivered with a reply subject (every JetStream delivery: $JS.ACK...) and, once over
+    // 4,096, walks them all on every delivery (client.pruneReplyPerms): a projection replaying
+    // 80,000 events spent 98% of the server's CPU there (docs/benchmarks.md, P8).
     p.publish.insert("_INBOX.>");
     for (const auto& [stream, subjects] : c.streams) {
       for (const char* verb : {"CREATE", "UPDATE", "INFO"}) {

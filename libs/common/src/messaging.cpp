@@ -554,7 +554,34 @@ Result<std::unique_ptr<Puller>> Puller::Open(std::shared_ptr<Connection> conn,
 }
 
 Puller::~Puller() {
-  if (sub_) natsSubscription_Destroy(sub_);
+  if (!sub_) return;
+  // Messages delivered but never handed out (a prefetch, a late answer to a waiting pull) go
+  // back to the server now rather than after the ack wait.
+  while (natsMsg* m = Next(0)) {
+    const char* status = nullptr;
+    if (conn_ && (natsMsgHeader_Get(m, "Status", &status) != NATS_OK || status == nullptr)) {
+      (void)SettleMsg(*conn_, m, Settle::kNak);
+    }
+    natsMsg_Destroy(m);
+  }
+  natsSubscription_Destroy(sub_);
+}
+
+int Puller::Queued() const {
+  int queued = 0;
+  if (natsSubscription_GetPending(sub_, &queued, nullptr) != NATS_OK) return 0;
+  return queued;
+}
+
+void Puller::Prefetch(int batch) {
+  if (!prefetch_reply_.empty()) return;
+  prefetched_ = static_cast<size_t>(std::max(batch, 1));
+  prefetch_reply_ = fmt::format("{}.{}", inbox_, ++pulls_);
+  const std::string req = fmt::format(R"({{"batch":{},"no_wait":true}})", prefetched_);
+  if (natsConnection_PublishRequest(conn_->raw(), next_subject_.c_str(), prefetch_reply_.c_str(),
+                                    req.data(), static_cast<int>(req.size())) != NATS_OK) {
+    prefetch_reply_.clear();  // the next Fetch pulls as usual
+  }
 }
 
 natsMsg* Puller::Next(int64_t wait_ms) {
@@ -639,6 +666,13 @@ Puller::Fetched Puller::Fetch(int batch, int64_t timeout_ms) {
   };
 
   bool ended = false;
+  // A prefetch is taken first, to its end (its status, or its batch-th message).
+  if (!prefetch_reply_.empty()) {
+    const std::string reply = std::move(prefetch_reply_);
+    prefetch_reply_.clear();
+    if (!collect(reply, prefetched_, &ended) || !f.msgs.empty()) return finish();
+    ended = false;
+  }
   // What an earlier pull left queued comes first.
   if (!collect("", 0, &ended) || !f.msgs.empty()) return finish();
   // What is there now, up to the batch.
@@ -924,6 +958,11 @@ void Consumer::Loop() {
     }
     error_backoff_ms = 100;
     const std::vector<natsMsg*>& batch = fetched.msgs;
+    // A full batch says there is a backlog: its next batch travels while this one is handled.
+    if (spec_.prefetch && !spec_.keepalive && !stop_ &&
+        batch.size() == static_cast<size_t>(spec_.batch)) {
+      puller->Prefetch(spec_.batch);
+    }
     if (spec_.keepalive) {
       std::lock_guard lock(ka_mu_);
       inflight_ = batch;

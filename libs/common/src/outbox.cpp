@@ -210,7 +210,7 @@ void Relay::Loop() {
     if (stop_ && (!flush_ || std::chrono::steady_clock::now() >= flush_deadline_)) break;
     if (!c) {
       try {
-        c = std::make_unique<pqxx::connection>(dsn_);
+        c = store::Connect(dsn_);
         // A lost mark only causes a re-publish, which JetStream de-duplicates by
         // Nats-Msg-Id, so marking need not wait for the WAL flush.
         c->set_variable("synchronous_commit", "off");

@@ -207,6 +207,7 @@ Result<messaging::Consumer*> Service::StartProjection(
   spec.stream = stream;
   spec.durable = durable;
   spec.filter_subject = filter;
+  spec.prefetch = true;  // short handlers; a replay's next batch travels while one is applied
   auto one = inbox::ProjectionHandler(pool_, durable, apply, log_, stats);
   auto batch =
       inbox::ProjectionBatchHandler(pool_, durable, std::move(apply), {}, log_, std::move(stats));

@@ -36,14 +36,19 @@ Result<Pool::Lease> Pool::Acquire() {
   ++open_;
   lock.unlock();
   try {
-    auto c = std::make_unique<pqxx::connection>(opts_.dsn);
-    return Lease(this, std::move(c));
+    return Lease(this, Connect(opts_.dsn));
   } catch (const std::exception& e) {
     std::lock_guard relock(mu_);
     --open_;
     cv_.notify_one();
     return Error::Unavailable("db_unavailable", std::string("cannot connect: ") + e.what());
   }
+}
+
+std::unique_ptr<pqxx::connection> Connect(const std::string& dsn) {
+  auto c = std::make_unique<pqxx::connection>(dsn);
+  c->set_variable("jit", "off");
+  return c;
 }
 
 void Pool::Release(std::unique_ptr<pqxx::connection> c) {

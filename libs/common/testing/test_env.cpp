@@ -315,7 +315,13 @@ TestNats::~TestNats() {
 }
 
 void TestNats::Start() {
-  proc_.Spawn({"nats-server", "-c", dir_ + "/nats.conf"}, dir_ + "/nats.log");
+  std::vector<std::string> argv = {"nats-server", "-c", dir_ + "/nats.conf"};
+  // GPUAAS_NATS_PROFILE_PORT=<port>: the server serves Go's pprof on 127.0.0.1:<port>
+  // (/debug/pprof/profile), for benchmarks whose bound is the server.
+  if (const char* prof = std::getenv("GPUAAS_NATS_PROFILE_PORT"); prof && *prof) {
+    argv.insert(argv.end(), {"--profile", prof});
+  }
+  proc_.Spawn(argv, dir_ + "/nats.log");
   // 0 http port disables monitoring; wait for the client port.
   if (!WaitFor([&] { return PortOpen(port_); }, std::chrono::seconds(10))) {
     throw std::runtime_error("nats-server did not start; see " + dir_ + "/nats.log");

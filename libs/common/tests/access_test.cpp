@@ -113,6 +113,28 @@ TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlon
   EXPECT_EQ(replay.token_roles, std::vector<std::string>{"operator"});
 }
 
+// A service answers any caller on the caller's inbox (every identity's is under _INBOX.), by
+// its publish permission, not allow_responses: for a user with allow_responses nats-server 2.9
+// walks every recent JetStream delivery's reply subject on each delivery, which throttled a
+// projection's replay 100-fold. A node keeps allow_responses: it answers only what it was sent.
+TEST(AccessTest, ServicesAnswerOnInboxesWithoutAllowResponses) {
+  const Contract& c = EmbeddedContract();
+  for (const auto& [name, role] : c.roles) {
+    if (role.kind != Kind::kService) continue;
+    auto p = PermissionsFor(c, name);
+    ASSERT_TRUE(p.ok()) << name;
+    EXPECT_FALSE(p->allow_responses) << name;
+    for (const auto& caller : c.roles) {
+      EXPECT_TRUE(Allows(p->publish, InboxPrefix(caller.first, "") + ".0aZ9.1")) << name;
+    }
+    EXPECT_TRUE(Allows(p->publish, InboxPrefix("node-agent", "gpu-07") + ".x.1")) << name;
+    EXPECT_FALSE(p->subscribe.count("_INBOX.>")) << name << " reads only its own inbox";
+  }
+  auto node = PermissionsFor(c, "node-agent", "gpu-07");
+  ASSERT_TRUE(node.ok());
+  EXPECT_FALSE(Allows(node->publish, "_INBOX.scheduler.x.1"));
+}
+
 TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
   const Contract& c = EmbeddedContract();
   const std::vector<std::string> admin = {

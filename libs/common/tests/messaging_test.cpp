@@ -459,6 +459,58 @@ TEST_F(MessagingTest, APullNeverReturnsMoreThanItsBatchAndLosesNothing) {
   EXPECT_EQ(gone.outcome, messaging::Puller::Outcome::kConsumerGone) << gone.error;
 }
 
+// A prefetched batch is the next fetch's, in order; what a puller was sent but never handed
+// out goes back to the server when it goes, so the next puller has it at once, not after the
+// ack wait.
+TEST_F(MessagingTest, APrefetchComesNextInOrderAndGoesBackWhenThePullerGoes) {
+  ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
+  messaging::ConsumerSpec spec{"TEST_EVT", "prefetch", "gpuaas.v1.evt.test.prefetch"};
+  spec.ack_wait_ms = 60000;
+  ASSERT_TRUE(messaging::EnsureConsumer(*conn_, spec).ok());
+  for (int i = 0; i < 300; ++i) {
+    ASSERT_TRUE(messaging::JsPublish(*conn_, "gpuaas.v1.evt.test.prefetch", std::to_string(i),
+                                     "prefetch-" + std::to_string(i))
+                    .ok());
+  }
+  auto take = [&](messaging::Puller& p, int batch, int64_t timeout_ms, bool ack) {
+    std::vector<int> got;
+    auto f = p.Fetch(batch, timeout_ms);
+    for (natsMsg* m : f.msgs) {
+      got.push_back(std::stoi(std::string(natsMsg_GetData(m), natsMsg_GetDataLength(m))));
+      if (ack) {
+        EXPECT_TRUE(messaging::SettleMsg(*conn_, m, messaging::Settle::kAck).ok());
+      }
+      natsMsg_Destroy(m);
+    }
+    return got;
+  };
+  auto range = [](int from, int n) {
+    std::vector<int> v(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) v[static_cast<size_t>(i)] = from + i;
+    return v;
+  };
+  {
+    auto puller = messaging::Puller::Open(conn_, "TEST_EVT", "prefetch");
+    ASSERT_TRUE(puller.ok()) << puller.error().ToString();
+    EXPECT_EQ(take(**puller, 100, 2000, true), range(0, 100));
+    (*puller)->Prefetch(100);
+    (*puller)->Prefetch(100);  // one at a time: this one does nothing
+    EXPECT_EQ(take(**puller, 100, 2000, true), range(100, 100)) << "the prefetch, in order";
+    (*puller)->Prefetch(100);
+    // The prefetch's 100 messages and its end (408) are delivered to it, not handed out.
+    ASSERT_TRUE(testing::WaitFor([&] { return (*puller)->Queued() >= 100; }));
+  }
+  auto next = messaging::Puller::Open(conn_, "TEST_EVT", "prefetch");
+  ASSERT_TRUE(next.ok());
+  std::vector<int> rest;
+  const auto until = std::chrono::steady_clock::now() + 5s;  // far less than the 60 s ack wait
+  while (rest.size() < 100 && std::chrono::steady_clock::now() < until) {
+    for (int v : take(**next, 100, 500, true)) rest.push_back(v);
+  }
+  std::sort(rest.begin(), rest.end());
+  EXPECT_EQ(rest, range(200, 100)) << "nak'ed when the first puller went, so here at once";
+}
+
 // Someone deletes a running consumer's durable (an operator, a stream reset): the consumer
 // notices at its next idle pull, declares the durable again and goes on.
 TEST_F(MessagingTest, AConsumerWhoseDurableWasDeletedDeclaresItAgain) {

@@ -353,7 +353,7 @@ async function loadNode() {
   try {
     const [show, proj, net, drift, desired, expo] = await Promise.all([
       settle('gpuaas.v1.inventory.node.show', { node_id: nodeId }),
-      settle('gpuaas.v1.scheduler.slot.list', { node_id: nodeId }),
+      settle('gpuaas.v1.scheduler.slot.list', { node_id: nodeId, page_size: 1000 }),
       settle('gpuaas.v1.ipam.node.network.get', { node_id: nodeId }),
       settle('gpuaas.v1.ipam.drift.list', { node_id: nodeId }),
       settle('gpuaas.v1.inventory.node.desired.get', { node_id: nodeId }),

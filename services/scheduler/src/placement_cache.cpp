@@ -60,7 +60,7 @@ std::string PlacementCache::PartitionKey(const std::string& region, const std::s
 }
 
 void PlacementCache::Connect() {
-  listen_ = std::make_unique<pqxx::connection>(dsn_);
+  listen_ = store::Connect(dsn_);
   listen_pid_ = listen_->backendpid();
   // LISTEN first, then read everything: a commit in between is both read and notified.
   pending_.clear();
@@ -200,6 +200,14 @@ std::unordered_map<std::string, PlacementCache::Node> PlacementCache::Parse(
   return read;
 }
 
+namespace {
+std::vector<std::string> Unique(std::vector<std::string> ids) {
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  return ids;
+}
+}  // namespace
+
 void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::string>& node_ids) {
   if (node_ids.empty()) {
     // Everything, in pages of nodes: the memory of a page's rows is given back before the next
@@ -232,12 +240,19 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
     malloc_trim(0);  // the rows' memory, freed in many small pieces, back to the system
     return;
   }
-  auto read = Parse(tx.exec_params(
-      kSlotsQuery + " WHERE p.node_id = ANY($1::text[]) ORDER BY p.node_id, p.slot_key",
-      store::TextArrayLiteral(node_ids)));
-  node_reads_ += node_ids.size();
+  // Each node by its own primary-key probe: `node_id = ANY(...)` over a young table without
+  // statistics (a new replica, a rebuild) was planned as a parallel sequential scan of every
+  // slot per notification. OFFSET 0 keeps the per-node subquery from being flattened into a
+  // join the planner could again answer with a scan.
+  // Each node once: a second Put of one node would move from what the first took.
+  const std::vector<std::string> ids = Unique(node_ids);
+  auto read = Parse(
+      tx.exec_params("SELECT s.* FROM unnest($1::text[]) AS wanted(id) CROSS JOIN LATERAL (" +
+                         kSlotsQuery + " WHERE p.node_id = wanted.id OFFSET 0) s ORDER BY 1, 5",
+                     store::TextArrayLiteral(ids)));
+  node_reads_ += ids.size();
   std::lock_guard lock(mu_);
-  for (const auto& id : node_ids) {
+  for (const auto& id : ids) {
     auto it = read.find(id);
     if (it == read.end()) {
       Drop(id);
@@ -394,7 +409,7 @@ bool PlacementCache::Sync(std::chrono::milliseconds timeout) {
   uint64_t marker = 0;
   try {
     std::lock_guard lock(sync_mu_);
-    if (!sync_conn_) sync_conn_ = std::make_unique<pqxx::connection>(dsn_);
+    if (!sync_conn_) sync_conn_ = store::Connect(dsn_);
     marker = ++next_marker_;
     pqxx::nontransaction(*sync_conn_)
         .exec_params("SELECT pg_notify($1, $2)", kChannel,

@@ -26,23 +26,54 @@
 
 namespace gpuaas::scheduler {
 
-Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
-  v1::NodeSnapshot snap;
-  if (!ev.data().UnpackTo(&snap) || snap.node().node_id().empty()) {
-    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.NodeSnapshot");
+Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+  // One row per node: of several events for one node in the batch, the newest generation (the
+  // first of equals, as one-by-one application would keep it).
+  std::map<std::string, std::pair<int64_t, size_t>> newest;
+  std::vector<v1::NodeSnapshot> snaps(events.size());
+  for (size_t i = 0; i < events.size(); ++i) {
+    v1::NodeSnapshot& snap = snaps[i];
+    if (!events[i]->data().UnpackTo(&snap) || snap.node().node_id().empty()) {
+      return Error::InvalidArgument("malformed_event",
+                                    "event data is not a gpuaas.v1.NodeSnapshot");
+    }
+    auto [it, added] = newest.try_emplace(snap.node().node_id(), snap.node().generation(), i);
+    if (!added && snap.node().generation() > it->second.first) {
+      it->second = {snap.node().generation(), i};
+    }
   }
-  const auto& n = snap.node();
+  if (newest.empty()) return Ok();
+  constexpr size_t kColumns = 7;
+  std::vector<std::vector<std::string>> cols(kColumns);
+  for (const auto& [id, chosen] : newest) {
+    const auto& n = snaps[chosen.second].node();
+    const std::string row[kColumns] = {n.node_id(),
+                                       n.hostname(),
+                                       n.region(),
+                                       n.pool(),
+                                       enums::Text(n.capacity_profile()),
+                                       std::to_string(n.generation()),
+                                       events[chosen.second]->id()};
+    for (size_t c = 0; c < kColumns; ++c) cols[c].push_back(row[c]);
+  }
   tx.exec_params(
       "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
-      "generation, last_event_id) VALUES ($1, $2, $3, $4, $5, $6, $7) "
+      "generation, last_event_id) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
+      "$4::text[], $5::text[], $6::bigint[], $7::uuid[]) "
       "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
       "region = EXCLUDED.region, pool = EXCLUDED.pool, "
       "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
       "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
       "WHERE projected_nodes.generation < EXCLUDED.generation",
-      n.node_id(), n.hostname(), n.region(), n.pool(), enums::Text(n.capacity_profile()),
-      n.generation(), ev.id());
+      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
+      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
+      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
+      store::TextArrayLiteral(cols[6]));
   return Ok();
+}
+
+Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
+  return ApplyNodeEvents(tx, {&ev});
 }
 
 Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
@@ -182,7 +213,7 @@ SchedulerService::SchedulerService(SchedulerConfig cfg)
 namespace {
 // Inventory events per fetch, each fetch applied in one transaction: a fleet's replay
 // (a new replica, a rebuild) costs a commit per this many events, not per event.
-constexpr int kProjectionBatch = 256;
+constexpr int kProjectionBatch = 1024;
 }  // namespace
 
 messaging::ConsumerSpec SchedulerService::NodeConsumerSpec() const {
@@ -191,6 +222,7 @@ messaging::ConsumerSpec SchedulerService::NodeConsumerSpec() const {
   spec.durable = kNodeProjection;
   spec.filter_subject = "gpuaas.v1.evt.inventory.node.>";
   spec.batch = kProjectionBatch;
+  spec.prefetch = true;
   return spec;
 }
 
@@ -200,6 +232,7 @@ messaging::ConsumerSpec SchedulerService::SlotConsumerSpec() const {
   spec.durable = kSlotProjection;
   spec.filter_subject = "gpuaas.v1.evt.inventory.slot.>";
   spec.batch = kProjectionBatch;
+  spec.prefetch = true;
   return spec;
 }
 
@@ -227,8 +260,8 @@ Result<void> SchedulerService::Start() {
   auto consumer = svc_.StartConsumer(
       NodeConsumerSpec(),
       inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_),
-      inbox::ProjectionBatchHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, {}, svc_.log(),
-                                    stats_));
+      inbox::ProjectionBatchHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, ApplyNodeEvents,
+                                    svc_.log(), stats_));
   if (!consumer.ok()) return consumer.error();
   nodes_consumer_ = *consumer;
   auto slots = svc_.StartConsumer(
@@ -301,6 +334,22 @@ Result<void> SchedulerService::Start() {
       "gpuaas.v1.scheduler.slot.list",
       [pool](const v1::ListProjectedSlotsRequest& req,
              rpc::Context&) -> Result<v1::ListProjectedSlotsResponse> {
+        auto page = rpc::PageLimit(req.page_size());
+        if (!page.ok()) return page.error();
+        const int limit = *page;
+        // The token is the last row's "<node_id>/<slot_key>" (slot keys hold no '/'): a page
+        // is one range scan of the primary key, whatever the fleet's size.
+        std::string after_node, after_slot;
+        if (!req.page_token().empty()) {
+          const size_t slash = req.page_token().rfind('/');
+          if (slash == std::string::npos || slash == 0 || slash + 1 == req.page_token().size()) {
+            return Error::InvalidArgument("invalid_page_token",
+                                          "page_token is not from a list reply",
+                                          {{"page_token", "use next_page_token"}});
+          }
+          after_node = req.page_token().substr(0, slash);
+          after_slot = req.page_token().substr(slash + 1);
+        }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedSlotsResponse> {
           auto rows = tx.exec_params(
               "SELECT p.node_id, p.slot_key, p.region, p.pool, p.sku, p.admin_state, p.health, "
@@ -310,10 +359,11 @@ Result<void> SchedulerService::Start() {
               "LEFT JOIN allocation_resource_claims c ON c.released_at IS NULL AND "
               "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key "
               "WHERE ($1 = '' OR p.node_id = $1) AND ($2 = '' OR p.region = $2) "
-              "ORDER BY p.node_id, p.slot_key LIMIT 10000",
-              req.node_id(), req.region());
+              "AND (p.node_id, p.slot_key) > ($3, $4) ORDER BY p.node_id, p.slot_key LIMIT $5",
+              req.node_id(), req.region(), after_node, after_slot, limit + 1);
           v1::ListProjectedSlotsResponse resp;
-          for (const auto& r : rows) {
+          for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
+            const auto& r = rows[i];
             auto* p = resp.add_slots();
             p->set_node_id(r[0].as<std::string>());
             p->set_slot_key(r[1].as<std::string>());
@@ -337,6 +387,10 @@ Result<void> SchedulerService::Start() {
             p->set_lifecycle(enums::FromColumn<v1::SlotLifecycleState>(
                 phase.empty() ? r[5].as<std::string>() : phase));
             p->set_allocation_id(r[13].as<std::string>());
+          }
+          if (static_cast<int>(rows.size()) > limit) {
+            const auto& last = resp.slots(limit - 1);
+            resp.set_next_page_token(last.node_id() + "/" + last.slot_key());
           }
           return resp;
         });

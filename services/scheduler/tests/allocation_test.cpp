@@ -2,6 +2,7 @@
 // inventory-shaped events, several scheduler replicas share one database and queue group.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
@@ -158,6 +159,74 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   EXPECT_TRUE(Invariants().empty());
 }
 
+// slot.list pages by (node_id, slot_key): every slot exactly once, in order, across pages and
+// filters, with a claimed slot showing its allocation; a bad page size or token is refused.
+TEST_F(AllocationTest, SlotListPagesThroughEverySlotOnceInOrder) {
+  AddNode("page-a", 8);
+  AddNode("page-b", 8);
+  AddNode("page-c", 8, "eu-west-1");
+  WaitProjected();
+  auto a = Create("paged", 2);
+  ASSERT_TRUE(a.ok()) << a.error().ToString();
+  auto all = [&](v1::ListProjectedSlotsRequest req, int page_size, int* pages) {
+    std::vector<std::string> keys;
+    req.set_page_size(page_size);
+    *pages = 0;
+    do {
+      auto l = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
+          "gpuaas.v1.scheduler.slot.list", req, 5000ms);
+      EXPECT_TRUE(l.ok()) << l.error().ToString();
+      if (!l.ok()) break;
+      EXPECT_LE(l->slots_size(), page_size);
+      for (const auto& s : l->slots()) {
+        keys.push_back(s.node_id() + "/" + s.slot_key());
+        if (!s.allocation_id().empty()) {
+          EXPECT_EQ(s.allocation_id(), a->allocation().allocation_id());
+        }
+      }
+      ++*pages;
+      req.set_page_token(l->next_page_token());
+    } while (!req.page_token().empty());
+    return keys;
+  };
+  int pages = 0;
+  const auto keys = all({}, 5, &pages);
+  EXPECT_EQ(keys.size(), 24u);
+  EXPECT_EQ(pages, 5) << "24 slots in pages of 5";
+  EXPECT_TRUE(std::is_sorted(keys.begin(), keys.end()));
+  EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size()) << "no repeats";
+  EXPECT_EQ(all({}, 24, &pages).size(), 24u);
+  EXPECT_EQ(pages, 1) << "a page that holds the rest is the last one";
+  v1::ListProjectedSlotsRequest region;
+  region.set_region("us-east-1");
+  EXPECT_EQ(all(region, 3, &pages).size(), 16u);
+  v1::ListProjectedSlotsRequest node;
+  node.set_node_id("page-b");
+  const auto b = all(node, 7, &pages);
+  ASSERT_EQ(b.size(), 8u);
+  EXPECT_EQ(pages, 2);
+  EXPECT_EQ(b.front().rfind("page-b/", 0), 0u);
+  auto claimed = ProjectedSlots();
+  ASSERT_TRUE(claimed.ok());
+  EXPECT_EQ(std::count_if(claimed->begin(), claimed->end(),
+                          [](const v1::ProjectedSlot& s) { return !s.allocation_id().empty(); }),
+            2);
+
+  v1::ListProjectedSlotsRequest bad;
+  bad.set_page_size(1001);
+  auto big = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
+      "gpuaas.v1.scheduler.slot.list", bad, 5000ms);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.error().reason, "invalid_page_size");
+  bad.set_page_size(0);
+  bad.set_page_token("no-slash");
+  auto token = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
+      "gpuaas.v1.scheduler.slot.list", bad, 5000ms);
+  ASSERT_FALSE(token.ok());
+  EXPECT_EQ(token.error().code, Code::kInvalidArgument);
+  EXPECT_EQ(token.error().reason, "invalid_page_token");
+}
+
 // The projection's batch path: several events for one slot in a batch leave the newest
 // generation (out of order as they may come), and an older event afterwards changes nothing.
 TEST_F(AllocationTest, ABatchOfSlotEventsKeepsEachSlotsNewestGeneration) {
@@ -210,6 +279,51 @@ TEST_F(AllocationTest, ABatchOfSlotEventsKeepsEachSlotsNewestGeneration) {
   s0 = read("s0");
   ASSERT_TRUE(s0.ok());
   EXPECT_EQ((*s0)[0], "5") << "an older generation changes nothing";
+}
+
+// The node projection's batch path, likewise: the newest generation per node whatever the
+// order in the batch, and a malformed event fails the batch (one by one rejects just it).
+TEST_F(AllocationTest, ABatchOfNodeEventsKeepsEachNodesNewestGeneration) {
+  auto event = [](const std::string& node, int64_t generation, const std::string& hostname) {
+    v1::NodeSnapshot n;
+    n.mutable_node()->set_node_id(node);
+    n.mutable_node()->set_hostname(hostname);
+    n.mutable_node()->set_region("us-east-1");
+    n.mutable_node()->set_pool("h200");
+    n.mutable_node()->set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
+    n.mutable_node()->set_generation(generation);
+    return outbox::MakeEvent({"gpuaas.v1.evt.inventory.node.registered", "", "inventory/test", node,
+                              generation, "", "", &n});
+  };
+  const auto a2 = event("batch-a", 2, "a-two");
+  const auto a7 = event("batch-a", 7, "a-seven");
+  const auto a5 = event("batch-a", 5, "a-five");
+  const auto b1 = event("batch-b", 1, "b-one");
+  auto applied = store::WithTx(*pool_, [&](pqxx::work& tx) {
+    return ApplyNodeEvents(tx, {&a2, &a7, &a5, &b1});
+  });
+  ASSERT_TRUE(applied.ok()) << applied.error().ToString();
+  auto read = [&](const std::string& node) {
+    return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<std::string> {
+      auto r = tx.exec_params(
+          "SELECT hostname || '/' || generation || '/' || last_event_id FROM projected_nodes "
+          "WHERE node_id = $1",
+          node);
+      return r.empty() ? std::string() : r[0][0].as<std::string>();
+    });
+  };
+  EXPECT_EQ(*read("batch-a"), "a-seven/7/" + a7.id());
+  EXPECT_EQ(*read("batch-b"), "b-one/1/" + b1.id());
+  auto older = store::WithTx(*pool_, [&](pqxx::work& tx) { return ApplyNodeEvent(tx, a5); });
+  ASSERT_TRUE(older.ok());
+  EXPECT_EQ(*read("batch-a"), "a-seven/7/" + a7.id()) << "an older generation changes nothing";
+  v1::Event bad = b1;
+  bad.mutable_data()->set_type_url("type.googleapis.com/gpuaas.v1.SlotSnapshot");
+  auto refused = store::WithTx(*pool_, [&](pqxx::work& tx) {
+    return ApplyNodeEvents(tx, {&a2, &bad});
+  });
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason, "malformed_event");
 }
 
 TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {

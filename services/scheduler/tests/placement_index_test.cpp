@@ -227,6 +227,57 @@ TEST_F(PlacementIndexServiceTest, ALostListeningConnectionMeansAFullReadAgain) {
 
 // scheduler.placement_index=false: every create reads its candidates and its refusal's counts
 // from SQL (the same read the index falls back to).
+// What a commit's notification costs a replica: its nodes read by primary key, never a scan of
+// every slot, even over a table PostgreSQL has no statistics for yet (a new replica, a rebuild
+// replaying the stream), where `node_id = ANY(...)` was planned as a sequential scan.
+TEST_F(PlacementIndexServiceTest, ReadingNotifiedNodesProbesTheirRowsWithoutScanningEverySlot) {
+  auto filled = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+    tx.exec(
+        "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
+        "schedulable, generation, last_event_id, fabric_type, numa, pcie_switch, "
+        "gpu_pci_address, nvme_by_id, fabric_claim_mode, fabric_vf_pci_address, mac, "
+        "private_ip) "
+        "SELECT 'bulk-' || lpad(i::text, 5, '0'), 'gpu-' || s, 'us-east-1', 'h200', 'h200-sxm', "
+        "'available', 'healthy', true, 1, gen_random_uuid(), 'infiniband', s / 4, "
+        "'sw' || (s / 2), '0000:1' || s || ':00.0', 'nvme-' || i || '-' || s, 'per_slot_vf', "
+        "'0000:4' || s || ':00.1', '52:54:00:00:00:0' || s, '10.100.0.' || (10 + s) "
+        "FROM generate_series(1, 5000) i, generate_series(0, 7) s");
+    return Ok();
+  });
+  ASSERT_TRUE(filled.ok()) << filled.error().ToString();
+  std::vector<std::string> ids;
+  for (int i = 1; i <= 64; ++i) ids.push_back(fmt::format("bulk-{:05d}", i * 70));
+  ids.push_back(ids.front());  // a node named twice (two refused proposals) keeps its slots
+  auto scans = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<std::pair<int64_t, int64_t>> {
+    auto stats = tx.exec1(
+        "SELECT count(*) FILTER (WHERE s.staattnum IS NOT NULL) FROM pg_class c LEFT JOIN "
+        "pg_statistic s ON s.starelid = c.oid WHERE c.relname = 'projected_slots'");
+    EXPECT_EQ(stats[0].as<int64_t>(), 0) << "the table is to be without statistics";
+    Index().Refresh(tx, ids);
+    // This transaction's own scans, not yet flushed to the cumulative statistics.
+    auto r = tx.exec1(
+        "SELECT seq_scan, COALESCE(idx_scan, 0) FROM pg_stat_xact_user_tables "
+        "WHERE relname = 'projected_slots'");
+    return std::make_pair(r[0].as<int64_t>(), r[1].as<int64_t>());
+  });
+  ASSERT_TRUE(scans.ok()) << scans.error().ToString();
+  EXPECT_EQ(scans->first, 0) << "sequential scans of projected_slots";
+  EXPECT_GE(scans->second, 64) << "an index probe per node";
+  // And what it read is right: each of those nodes with its 8 free slots.
+  for (const auto& id : {ids[0], ids[63]}) {
+    placement::Request req;
+    req.gpus = 8;
+    req.fabric_type = "infiniband";
+    bool found = false;
+    const auto ranked = Index().Rank("us-east-1", "", "h200-sxm", req, 100000);
+    for (const auto& c : ranked.choices) found = found || c.node_id == id;
+    const auto counts = Index().Count("us-east-1", "", "h200-sxm", "infiniband", 8);
+    EXPECT_TRUE(found) << id << " among " << ranked.choices.size() << "; matching "
+                       << counts.matching << " incomplete " << counts.incomplete << " enough "
+                       << counts.nodes_with_enough << " free " << counts.free_of_sku;
+  }
+}
+
 class SqlPlacementTest : public AllocationTest {
  protected:
   SqlPlacementTest() {

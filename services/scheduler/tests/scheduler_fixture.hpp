@@ -101,15 +101,29 @@ class AllocationTest : public ::testing::Test {
       ++slots_published_;
     }
   }
+  // Every projected slot, page by page (what slot.list pages through).
+  Result<std::vector<v1::ProjectedSlot>> ProjectedSlots(v1::ListProjectedSlotsRequest req = {}) {
+    std::vector<v1::ProjectedSlot> out;
+    req.set_page_size(1000);
+    do {
+      auto l = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
+          "gpuaas.v1.scheduler.slot.list", req, 5000ms);
+      if (!l.ok()) return l.error();
+      out.insert(out.end(), l->slots().begin(), l->slots().end());
+      req.set_page_token(l->next_page_token());
+    } while (!req.page_token().empty());
+    return out;
+  }
   void WaitProjected() {
     ASSERT_TRUE(testing::WaitFor(
         [&] {
-          auto l = rpc::Client(conn_).Call<v1::ListProjectedSlotsResponse>(
-              "gpuaas.v1.scheduler.slot.list", v1::ListProjectedSlotsRequest(), 5000ms);
+          auto l = ProjectedSlots();
           // Slices also need the node row (it is what baremetal placement locks).
+          v1::ListProjectedNodesRequest nr;
+          nr.set_page_size(1000);
           auto n = rpc::Client(conn_).Call<v1::ListProjectedNodesResponse>(
-              "gpuaas.v1.scheduler.node.list", v1::ListProjectedNodesRequest(), 5000ms);
-          return l.ok() && l->slots_size() == slots_published_ && n.ok() &&
+              "gpuaas.v1.scheduler.node.list", nr, 5000ms);
+          return l.ok() && static_cast<int>(l->size()) == slots_published_ && n.ok() &&
                  n->nodes_size() == nodes_published_;
         },
         15s));

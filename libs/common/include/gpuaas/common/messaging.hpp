@@ -234,6 +234,11 @@ struct ConsumerSpec {
   // no create/update; it waits (retrying) until the durable exists, and takes its ack wait from
   // the server.
   bool bind_only = false;
+  // Short handlers with a backlog (a projection replaying its stream): after a full batch the
+  // next one is pulled before this one is handled, so its delivery overlaps the handling. At
+  // most two batches are delivered and unacked at once; not with keepalive (a prefetched
+  // batch gets no in-progress acks).
+  bool prefetch = false;
 };
 
 // The delay before redelivery `num_delivered` (1-based) under `backoff_ms`, jittered.
@@ -274,6 +279,11 @@ class Puller {
   Puller(const Puller&) = delete;
   Puller& operator=(const Puller&) = delete;
   Fetched Fetch(int batch, int64_t timeout_ms);
+  // Pulls up to `batch` messages the server has now without waiting for them; the next Fetch
+  // takes them first. One prefetch at a time (a second one before a Fetch does nothing).
+  void Prefetch(int batch);
+  // Messages (and pull statuses) delivered to it and not handed out yet.
+  int Queued() const;
 
  private:
   Puller() = default;
@@ -285,6 +295,8 @@ class Puller {
   std::string next_subject_;  // $JS.API.CONSUMER.MSG.NEXT.<stream>.<durable>
   std::string inbox_;         // <inbox>.<pull number> is each pull's reply subject
   uint64_t pulls_ = 0;
+  std::string prefetch_reply_;  // the outstanding prefetch's reply subject ("" when none)
+  size_t prefetched_ = 0;       // its batch
   natsSubscription* sub_ = nullptr;
 };
 

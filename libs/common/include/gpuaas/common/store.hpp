@@ -130,6 +130,13 @@ auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval
 Result<int> Migrate(Pool& pool, const std::string& component,
                     const std::vector<Migration>& migrations);
 
+// A new connection with the session settings every service's connections have (the pool's,
+// and those a component holds of its own): jit off. Every statement here is a short OLTP one,
+// and the planner's cost estimates over young tables without statistics (a new replica, a
+// projection's rebuild) passed jit_above_cost: a 400,000-event replay spent 38% of the machine
+// compiling expressions with LLVM (docs/benchmarks.md, P8). Throws what pqxx throws.
+std::unique_ptr<pqxx::connection> Connect(const std::string& dsn);
+
 // A PostgreSQL text[] literal ({"a","b\"c"}) to pass as a parameter cast with ::text[].
 std::string TextArrayLiteral(const std::vector<std::string>& items);
 // The non-NULL strings of a text[] column, in order.
