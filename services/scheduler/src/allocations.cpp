@@ -450,6 +450,15 @@ Result<std::optional<Placed>> PlaceBaremetal(pqxx::work& tx,
 
 std::vector<std::string> CheckInvariants(pqxx::work& tx) {
   std::vector<std::string> out;
+  // The gauges' counts (allocation_state_counts, kept by a trigger) are the table's.
+  for (const auto& r :
+       tx.exec("SELECT COALESCE(a.state, c.state), COALESCE(a.n, 0), COALESCE(c.n, 0) FROM "
+               "(SELECT state, count(*) AS n FROM allocations GROUP BY state) a FULL JOIN "
+               "(SELECT state, sum(n) AS n FROM allocation_state_counts GROUP BY state) c "
+               "USING (state) WHERE COALESCE(a.n, 0) <> COALESCE(c.n, 0)")) {
+    out.push_back(fmt::format("{} allocations are {}, but the counts say {}", r[1].as<int64_t>(),
+                              r[0].as<std::string>(), r[2].as<int64_t>()));
+  }
   for (const auto& r :
        tx.exec("SELECT node_id, slot_key FROM allocation_resource_claims WHERE released_at IS NULL "
                "AND kind = 'slot' GROUP BY 1, 2 HAVING count(*) > 1")) {

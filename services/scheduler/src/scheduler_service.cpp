@@ -351,15 +351,19 @@ Result<void> SchedulerService::Start() {
           after_slot = req.page_token().substr(slash + 1);
         }
         return store::WithTx(*pool, [&](pqxx::work& tx) -> Result<v1::ListProjectedSlotsResponse> {
+          // The page first (a primary-key range), then each of its slots' live claim by one
+          // probe (LIMIT 1 keeps the planner from turning the probes into a scan of every
+          // claim, whatever it estimates for the page).
           auto rows = tx.exec_params(
               "SELECT p.node_id, p.slot_key, p.region, p.pool, p.sku, p.admin_state, p.health, "
               "p.schedulable, array_to_string(p.node_blockers, ','), p.generation, "
               "p.gpu_pci_address, p.locality_group, COALESCE(c.phase, ''), "
-              "COALESCE(c.allocation_id::text, '') FROM projected_slots p "
-              "LEFT JOIN allocation_resource_claims c ON c.released_at IS NULL AND "
-              "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key "
+              "COALESCE(c.allocation_id::text, '') FROM (SELECT * FROM projected_slots p "
               "WHERE ($1 = '' OR p.node_id = $1) AND ($2 = '' OR p.region = $2) "
-              "AND (p.node_id, p.slot_key) > ($3, $4) ORDER BY p.node_id, p.slot_key LIMIT $5",
+              "AND (p.node_id, p.slot_key) > ($3, $4) ORDER BY p.node_id, p.slot_key LIMIT $5) p "
+              "LEFT JOIN LATERAL (SELECT phase, allocation_id FROM allocation_resource_claims c "
+              "WHERE c.released_at IS NULL AND c.kind = 'slot' AND c.node_id = p.node_id AND "
+              "c.slot_key = p.slot_key LIMIT 1) c ON true ORDER BY p.node_id, p.slot_key",
               req.node_id(), req.region(), after_node, after_slot, limit + 1);
           v1::ListProjectedSlotsResponse resp;
           for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include <fmt/format.h>
+#include <prometheus/registry.h>
 
 #include "allocations.hpp"
 #include "catalog.hpp"
@@ -23,6 +24,7 @@
 #include "lifecycle.hpp"
 #include "load_config.hpp"
 #include "scheduler_fixture.hpp"
+#include "scheduler_metrics.hpp"
 #include "scheduler_service.hpp"
 #include "test_env.hpp"
 
@@ -324,6 +326,57 @@ TEST_F(AllocationTest, ABatchOfNodeEventsKeepsEachNodesNewestGeneration) {
   });
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error().reason, "malformed_event");
+}
+
+// gpuaas_allocations{state} comes from counts a trigger keeps per backend (no scan of every
+// allocation every 5 s): they equal the table's after creates and state changes, and a gone
+// backend's counts are folded into shard 0 without changing the sums.
+TEST_F(AllocationTest, AllocationGaugesCountFromTheTriggersCountsThroughGoneBackends) {
+  AddNode("count-a", 8);
+  WaitProjected();
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(Create(fmt::format("count-{}", i), 1).ok());
+  // A state change by a connection that then goes away.
+  int gone_pid = 0;
+  {
+    pqxx::connection c(dsn_);
+    gone_pid = c.backendpid();
+    pqxx::work tx(c);
+    tx.exec(
+        "WITH a AS (UPDATE allocations SET state = 'failed' WHERE request_id = 'count-0' "
+        "RETURNING allocation_id) UPDATE allocation_resource_claims SET released_at = now(), "
+        "phase = 'released' "
+        "WHERE allocation_id IN (SELECT allocation_id FROM a)");
+    tx.commit();
+  }
+  EXPECT_TRUE(Invariants().empty()) << ::testing::PrintToString(Invariants());
+  prometheus::Registry registry;
+  auto sampler = StartAllocationGauges(pool_, registry, log::Logger("test", "t", log::Level::kWarn),
+                                       std::chrono::milliseconds(50));
+  auto gauge = [&](const std::string& state) {
+    for (const auto& fam : registry.Collect()) {
+      if (fam.name != "gpuaas_allocations") continue;
+      for (const auto& m : fam.metric) {
+        for (const auto& l : m.label) {
+          if (l.name == "state" && l.value == state) return m.gauge.value;
+        }
+      }
+    }
+    return -1.0;
+  };
+  auto rows_of = [&](int pid) {
+    auto n = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<int64_t> {
+      return tx
+          .exec_params1("SELECT count(*) FROM allocation_state_counts WHERE shard = $1", pid)[0]
+          .as<int64_t>();
+    });
+    return n.ok() ? *n : -1;
+  };
+  EXPECT_TRUE(testing::WaitFor([&] { return rows_of(gone_pid) == 0 && gauge("failed") == 1; }))
+      << "rows of the gone backend: " << rows_of(gone_pid) << ", failed: " << gauge("failed");
+  EXPECT_EQ(gauge("provisioning"), 2);
+  EXPECT_EQ(gauge("active"), 0) << "every state is present";
+  sampler->Stop();
+  EXPECT_TRUE(Invariants().empty()) << ::testing::PrintToString(Invariants());
 }
 
 TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
