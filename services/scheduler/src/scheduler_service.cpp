@@ -26,34 +26,47 @@
 
 namespace gpuaas::scheduler {
 
+namespace {
+// A batch's events by entity (`keyed[i]` = event i's key and generation): for each key, the
+// index of the one to apply, the newest generation and the first of equals, as applying them
+// one by one would keep. In key order.
+template <typename Key>
+std::map<Key, size_t> NewestPerKey(const std::vector<std::pair<Key, int64_t>>& keyed) {
+  std::map<Key, std::pair<int64_t, size_t>> newest;
+  for (size_t i = 0; i < keyed.size(); ++i) {
+    auto [it, added] = newest.try_emplace(keyed[i].first, keyed[i].second, i);
+    if (!added && keyed[i].second > it->second.first) it->second = {keyed[i].second, i};
+  }
+  std::map<Key, size_t> out;
+  for (const auto& [key, chosen] : newest) out.emplace(key, chosen.second);
+  return out;
+}
+}  // namespace
+
 Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
-  // One row per node: of several events for one node in the batch, the newest generation (the
-  // first of equals, as one-by-one application would keep it).
-  std::map<std::string, std::pair<int64_t, size_t>> newest;
   std::vector<v1::NodeSnapshot> snaps(events.size());
+  std::vector<std::pair<std::string, int64_t>> keyed;
   for (size_t i = 0; i < events.size(); ++i) {
     v1::NodeSnapshot& snap = snaps[i];
     if (!events[i]->data().UnpackTo(&snap) || snap.node().node_id().empty()) {
       return Error::InvalidArgument("malformed_event",
                                     "event data is not a gpuaas.v1.NodeSnapshot");
     }
-    auto [it, added] = newest.try_emplace(snap.node().node_id(), snap.node().generation(), i);
-    if (!added && snap.node().generation() > it->second.first) {
-      it->second = {snap.node().generation(), i};
-    }
+    keyed.emplace_back(snap.node().node_id(), snap.node().generation());
   }
+  const auto newest = NewestPerKey(keyed);  // one row per node
   if (newest.empty()) return Ok();
   constexpr size_t kColumns = 7;
   std::vector<std::vector<std::string>> cols(kColumns);
   for (const auto& [id, chosen] : newest) {
-    const auto& n = snaps[chosen.second].node();
+    const auto& n = snaps[chosen].node();
     const std::string row[kColumns] = {n.node_id(),
                                        n.hostname(),
                                        n.region(),
                                        n.pool(),
                                        enums::Text(n.capacity_profile()),
                                        std::to_string(n.generation()),
-                                       events[chosen.second]->id()};
+                                       events[chosen]->id()};
     for (size_t c = 0; c < kColumns; ++c) cols[c].push_back(row[c]);
   }
   tx.exec_params(
@@ -79,10 +92,8 @@ Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
 Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
   constexpr size_t kColumns = 26;
   std::vector<std::vector<std::string>> cols(kColumns);
-  // One row per slot: of several events for one slot in the batch, the newest generation (the
-  // first of equals, as one-by-one application would keep it).
-  std::map<std::pair<std::string, std::string>, std::pair<int64_t, size_t>> newest;
   std::vector<v1::SlotSnapshot> snaps(events.size());
+  std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> keyed;
   for (size_t i = 0; i < events.size(); ++i) {
     v1::SlotSnapshot& snap = snaps[i];
     if (!events[i]->data().UnpackTo(&snap) || snap.slot().node_id().empty() ||
@@ -90,14 +101,12 @@ Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>
       return Error::InvalidArgument("malformed_event",
                                     "event data is not a gpuaas.v1.SlotSnapshot");
     }
-    const auto key = std::make_pair(snap.slot().node_id(), snap.slot().slot_key());
-    auto [it, added] = newest.try_emplace(key, snap.slot().generation(), i);
-    if (!added && snap.slot().generation() > it->second.first) {
-      it->second = {snap.slot().generation(), i};
-    }
+    keyed.emplace_back(std::make_pair(snap.slot().node_id(), snap.slot().slot_key()),
+                       snap.slot().generation());
   }
+  const auto newest = NewestPerKey(keyed);  // one row per slot
   for (const auto& [key, chosen] : newest) {
-    const v1::SlotSnapshot& snap = snaps[chosen.second];
+    const v1::SlotSnapshot& snap = snaps[chosen];
     const auto& s = snap.slot();
     const std::string row[kColumns] = {
         s.node_id(),
@@ -112,7 +121,7 @@ Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>
         s.gpu_pci_address(),
         s.locality_group(),
         std::to_string(s.generation()),
-        events[chosen.second]->id(),
+        events[chosen]->id(),
         enums::Text(s.fabric_type()),
         std::to_string(s.has_numa_node() ? s.numa_node() : -1),
         s.pcie_switch(),
