@@ -119,6 +119,8 @@ TEST_F(NetFlowTest, AgentAppliesIpamsDocumentAndLeasesDriftAndRepairAreSeen) {
   auto approved = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
   ASSERT_TRUE(approved.ok()) << approved.error().ToString();
   ASSERT_EQ(approved->results_size(), 2);
+  // The scheduler learns of the approval from inventory's events, as ipam does.
+  ASSERT_TRUE(p_.WaitSchedulable("net-node", 2));
 
   // The agent applies the document and acks it; ipam shows it applied only then.
   ASSERT_TRUE(testing::WaitFor(

@@ -132,16 +132,23 @@ class Platform {
     auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
     ASSERT_TRUE(a.ok()) << a.error().ToString();
     for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
-    ASSERT_TRUE(WaitFor([&] {
+    ASSERT_TRUE(WaitSchedulable(id, gpus));
+  }
+
+  // Whether the scheduler's projection comes to show exactly `n` schedulable slots of
+  // `node_id` (approval reaches it through inventory's events, a moment after the approve
+  // call answered).
+  bool WaitSchedulable(const std::string& node_id, int n) {
+    return WaitFor([&] {
       v1::ListProjectedSlotsRequest lr;
-      lr.set_node_id(id);
+      lr.set_node_id(node_id);
       auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
       int ok = 0;
       if (l.ok()) {
         for (const auto& s : l->slots()) ok += s.schedulable() ? 1 : 0;
       }
-      return ok == gpus;
-    }));
+      return ok == n;
+    });
   }
 
   template <typename Resp, typename Req>

@@ -50,13 +50,6 @@ class SagaFlowTest : public ::testing::Test {
     if (!l.ok()) return {};
     return {l->slots().begin(), l->slots().end()};
   }
-  void WaitSchedulable(const std::string& node, int n) {
-    ASSERT_TRUE(testing::WaitFor([&] {
-      int ok = 0;
-      for (const auto& s : Slots(node)) ok += s.schedulable() ? 1 : 0;
-      return ok == n;
-    }));
-  }
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req) {
     return p_.Call<Resp>(subject, req);
@@ -128,7 +121,9 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   StartApprovedAgent("sim-ok", "ok", "succeed");
   StartApprovedAgent("sim-fail", "broken", "fail");
   StartApprovedAgent("sim-quiet", "quiet", "silent");
-  for (const char* n : {"sim-ok", "sim-fail", "sim-quiet"}) WaitSchedulable(n, 4);
+  for (const char* n : {"sim-ok", "sim-fail", "sim-quiet"}) {
+    ASSERT_TRUE(p_.WaitSchedulable(n, 4)) << n;
+  }
 
   // All three at once: each node runs its own tasks.
   auto ok = Create("ok-1", "ok", 2);
