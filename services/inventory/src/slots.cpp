@@ -538,6 +538,25 @@ v1::Region RegionFromRow(pqxx::work& tx, const std::string& name, bool enabled) 
 
 }  // namespace
 
+Result<v1::ListAvailabilityResponse> ListAvailability(pqxx::work& tx, const std::string& region) {
+  v1::ListAvailabilityResponse resp;
+  for (const auto& r : tx.exec_params(
+           "SELECT region, pool, sku, gpu_model, sum(schedulable), sum(approved), sum(nodes) "
+           "FROM availability_counts WHERE ($1 = '' OR region = $1) GROUP BY 1, 2, 3, 4 "
+           "HAVING sum(slots) > 0 ORDER BY 1, 2, 3, 4",
+           region)) {
+    auto* a = resp.add_availability();
+    a->set_region(r[0].as<std::string>());
+    a->set_pool(r[1].as<std::string>());
+    a->set_sku(r[2].as<std::string>());
+    a->set_gpu_model(r[3].as<std::string>());
+    a->set_schedulable_slots(r[4].as<int32_t>());
+    a->set_approved_slots(r[5].as<int32_t>());
+    a->set_nodes(r[6].as<int32_t>());
+  }
+  return resp;
+}
+
 Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const std::string& source,
                              const std::string& traceparent) {
   auto node = LoadNode(tx, node_id, false);
@@ -918,27 +937,8 @@ Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& cfg) {
       "gpuaas.v1.inventory.availability.list",
       [d](const v1::ListAvailabilityRequest& req,
           rpc::Context&) -> Result<v1::ListAvailabilityResponse> {
-        return store::WithTx(*d.pool, [&](pqxx::work& tx) -> Result<v1::ListAvailabilityResponse> {
-          v1::ListAvailabilityResponse resp;
-          for (const auto& r :
-               tx.exec_params("SELECT n.region, n.pool, s.sku, s.gpu_model, "
-                              "count(*) FILTER (WHERE s.schedulable), "
-                              "count(*) FILTER (WHERE s.admin_state = 'available'), "
-                              "count(DISTINCT n.node_id) FROM node_resource_slots s JOIN nodes n "
-                              "USING (node_id) WHERE ($1 = '' OR n.region = $1) "
-                              "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
-                              req.region())) {
-            auto* a = resp.add_availability();
-            a->set_region(r[0].as<std::string>());
-            a->set_pool(r[1].as<std::string>());
-            a->set_sku(r[2].as<std::string>());
-            a->set_gpu_model(r[3].as<std::string>());
-            a->set_schedulable_slots(r[4].as<int32_t>());
-            a->set_approved_slots(r[5].as<int32_t>());
-            a->set_nodes(r[6].as<int32_t>());
-          }
-          return resp;
-        });
+        return store::WithTx(*d.pool,
+                             [&](pqxx::work& tx) { return ListAvailability(tx, req.region()); });
       });
 
   rpc.Handle<v1::ListRegionsRequest, v1::ListRegionsResponse>(

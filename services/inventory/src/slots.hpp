@@ -13,7 +13,8 @@
 
 namespace gpuaas::v1 {
 class Event;
-}
+class ListAvailabilityResponse;
+}  // namespace gpuaas::v1
 
 namespace gpuaas::inventory {
 
@@ -40,6 +41,10 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev);
 // the slot degraded with the drift in its health_detail; resolved removes that drift (and the
 // degradation when no other drift is left). Ordered by the drift's generation.
 Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source);
+
+// What inventory.availability.list answers for `region` ("" = every region): the sums of the
+// counts the triggers of migration 0006 keep, without reading a slot.
+Result<v1::ListAvailabilityResponse> ListAvailability(pqxx::work& tx, const std::string& region);
 
 // Re-announces every slot of a node with a new generation (its region, pool, blockers or
 // region state changed, which every slot snapshot carries).

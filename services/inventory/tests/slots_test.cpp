@@ -23,6 +23,7 @@
 #include "ipam_service.hpp"
 #include "load_config.hpp"
 #include "slot_rules.hpp"
+#include "slots.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::inventory {
@@ -684,6 +685,125 @@ TEST_F(SlotsTest, IpamDriftDegradesTheSlotUntilAReportIsClean) {
       [&] { return slot_of(res[0].slot_key()).health() == v1::SLOT_HEALTH_HEALTHY; }));
   EXPECT_EQ(slot_of(res[0].slot_key()).drift_size(), 0);
   EXPECT_EQ(slot_of(res[0].slot_key()).health_detail(), "");
+}
+
+// inventory.availability.list answers from counts the triggers keep (migration 0006): after
+// approvals, disables, concurrent changes and nodes moving region and pool they equal what an
+// aggregation of every slot says, and the read touches no slot and no node.
+TEST_F(SlotsTest, AvailabilityCountsFollowEveryChangeWithoutReadingTheSlots) {
+  const std::vector<std::pair<std::string, std::string>> nodes = {{"av-a1", "us-east-1"},
+                                                                  {"av-a2", "us-east-1"},
+                                                                  {"av-a3", "us-east-1"},
+                                                                  {"av-b1", "eu-west-1"},
+                                                                  {"av-b2", "eu-west-1"}};
+  for (const auto& [id, region] : nodes) {
+    RegisterNode(id, region);
+    Report(gpuaas::inventory::Report(id));
+  }
+  for (const auto& [id, region] : nodes) WaitSnapshot(id, 1);
+  pqxx::connection c(inv_dsn_);
+  // The aggregation the service used to run on every call.
+  const auto aggregated = [&](const std::string& region) {
+    pqxx::work tx(c);
+    v1::ListAvailabilityResponse resp;
+    for (const auto& r :
+         tx.exec_params("SELECT n.region, n.pool, s.sku, s.gpu_model, "
+                        "count(*) FILTER (WHERE s.schedulable), "
+                        "count(*) FILTER (WHERE s.admin_state = 'available'), "
+                        "count(DISTINCT n.node_id) FROM node_resource_slots s JOIN nodes n "
+                        "USING (node_id) WHERE ($1 = '' OR n.region = $1) "
+                        "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
+                        region)) {
+      auto* a = resp.add_availability();
+      a->set_region(r[0].as<std::string>());
+      a->set_pool(r[1].as<std::string>());
+      a->set_sku(r[2].as<std::string>());
+      a->set_gpu_model(r[3].as<std::string>());
+      a->set_schedulable_slots(r[4].as<int32_t>());
+      a->set_approved_slots(r[5].as<int32_t>());
+      a->set_nodes(r[6].as<int32_t>());
+    }
+    return resp.DebugString();
+  };
+  const auto listed = [&](const std::string& region) {
+    v1::ListAvailabilityRequest r;
+    r.set_region(region);
+    auto l = Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list", r);
+    EXPECT_TRUE(l.ok()) << l.error().ToString();
+    return l.ok() ? l->DebugString() : "";
+  };
+  const auto same = [&](const std::string& step) {
+    for (const char* region : {"", "us-east-1", "eu-west-1"}) {
+      EXPECT_EQ(listed(region), aggregated(region)) << step << ", region '" << region << "'";
+    }
+  };
+  same("nothing approved");
+
+  // Approvals, on several nodes at once; one node gets only one of its slots.
+  {
+    std::vector<std::thread> ts;
+    ts.reserve(nodes.size());
+    for (const auto& [id, region] : nodes) {
+      ts.emplace_back([&, id = id] {
+        auto a = id == "av-a2" ? Approve(id, {"gpu-0000:18:00.0"}) : Approve(id);
+        EXPECT_TRUE(a.ok()) << id << ": " << a.error().ToString();
+      });
+    }
+    for (auto& t : ts) t.join();
+  }
+  same("approved");
+  auto all = Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list",
+                                                v1::ListAvailabilityRequest());
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->availability_size(), 2) << all->DebugString();
+  EXPECT_EQ(all->availability(0).region(), "eu-west-1");
+  EXPECT_EQ(all->availability(0).schedulable_slots(), 4);
+  EXPECT_EQ(all->availability(0).nodes(), 2);
+  EXPECT_EQ(all->availability(1).approved_slots(), 5);
+  EXPECT_EQ(all->availability(1).nodes(), 3);
+
+  // A disable, while two nodes move: one to another region, one to another pool.
+  {
+    std::thread dis([&] {
+      v1::DisableSlotRequest d;
+      d.set_node_id("av-a1");
+      d.set_slot_key("gpu-0000:38:00.0");
+      auto r = Call<v1::DisableSlotResponse>("gpuaas.v1.inventory.slot.disable", d);
+      EXPECT_TRUE(r.ok()) << r.error().ToString();
+    });
+    std::thread move([&] { RegisterNode("av-a3", "eu-west-1"); });
+    std::thread pool([&] {
+      v1::RegisterNodeRequest r;
+      r.set_node_id("av-b2");
+      r.set_hostname("av-b2.lab");
+      r.set_region("eu-west-1");
+      r.set_pool("h200-reserved");
+      r.set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
+      auto res = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r);
+      EXPECT_TRUE(res.ok()) << res.error().ToString();
+    });
+    dis.join();
+    move.join();
+    pool.join();
+  }
+  same("disabled and moved");
+  all = Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list",
+                                           v1::ListAvailabilityRequest());
+  ASSERT_TRUE(all.ok());
+  EXPECT_EQ(all->availability_size(), 3) << all->DebugString();
+
+  // The read sums counters: no slot and no node is read, however many there are (a connection
+  // of its own: the statistics of its earlier transactions would show here until flushed).
+  pqxx::connection fresh(inv_dsn_);
+  pqxx::work tx(fresh);
+  auto l = ListAvailability(tx, "");
+  ASSERT_TRUE(l.ok()) << l.error().ToString();
+  EXPECT_EQ(l->availability_size(), 3);
+  for (const auto& r :
+       tx.exec("SELECT relname, coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM "
+               "pg_stat_xact_user_tables WHERE relname IN ('node_resource_slots', 'nodes')")) {
+    EXPECT_EQ(r[1].as<int64_t>(), 0) << r[0].as<std::string>() << " was read";
+  }
 }
 
 }  // namespace
