@@ -559,7 +559,9 @@ Result<v1::ListAvailabilityResponse> ListAvailability(pqxx::work& tx, const std:
 
 Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const std::string& source,
                              const std::string& traceparent) {
-  auto node = LoadNode(tx, node_id, false);
+  // The node's row first, then its slots: the order of every slot change (the availability
+  // trigger locks the node's row too, so the other order could deadlock with them).
+  auto node = LoadNode(tx, node_id, true);
   if (!node.ok()) return node.error();
   auto slots = LoadSlots(tx, node_id);
   if (!slots.ok()) return slots.error();
