@@ -20,11 +20,14 @@
 //       anywhere in each fleet, through the service: flat when the ratio is ~1. A "p1: index
 //       proposals" line says how often the index proposed slots that the SQL re-check found stale.
 //   scheduler_bench [--nodes 50000,1000] [--clients 4] [--seconds 10] [--index 1|0]
-//                   [--group 1|0]
+//                   [--group 1|0] [--statements N]
 // The first fleet of --nodes gets P1 and P2; every fleet gets the paced creator (P3).
 // --index 0 runs the scheduler with scheduler.placement_index=false (every create reads SQL);
 // --group 0 with scheduler.group_commit=false (a transaction per create). With group commit, a
-// "p1: group commit" line says how many creates shared each commit. BENCH_LOG_LEVEL=warn shows
+// "p1: group commit" line says how many creates shared each commit. --statements N (with
+// GPUAAS_PG_OPTIONS="shared_preload_libraries=pg_stat_statements pg_stat_statements.track=all")
+// prints the N statements that took PostgreSQL the most time during P1, with their calls per
+// placement: the profile of the create path in SQL. BENCH_LOG_LEVEL=warn shows
 // the scheduler's warnings (default: errors only).
 //   scheduler_bench --p8 50000
 //   P8 rebuild_events_per_s=<x> raw_consume_per_s=<y> ratio=<x/y>
@@ -121,6 +124,39 @@ bool Fill(store::Pool& pool, int nodes) {
     return Ok();
   });
   return analyzed.ok();
+}
+
+// pg_stat_statements over P1 (--statements): zeroed before, its top `n` by time after.
+void ResetStatements(const std::string& dsn) {
+  pqxx::connection c(dsn);
+  pqxx::nontransaction tx(c);
+  tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+  tx.exec("SELECT pg_stat_statements_reset()");
+}
+
+void PrintStatements(const std::string& dsn, int n, int64_t placed) {
+  pqxx::connection c(dsn);
+  pqxx::nontransaction tx(c);
+  const double per = placed > 0 ? static_cast<double>(placed) : 1.0;
+  auto total = tx.exec(
+      "SELECT coalesce(sum(total_exec_time), 0), coalesce(sum(calls) FILTER (WHERE toplevel), 0), "
+      "coalesce(sum(calls) FILTER (WHERE NOT toplevel), 0) FROM pg_stat_statements "
+      "WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database())");
+  std::printf(
+      "p1 statements: %.2f ms of PostgreSQL execution, %.1f statements from clients and %.1f "
+      "from triggers and functions per placement\n",
+      total[0][0].as<double>() / per, total[0][1].as<double>() / per,
+      total[0][2].as<double>() / per);
+  for (const auto& r : tx.exec_params(
+           "SELECT total_exec_time, calls, mean_exec_time, toplevel, "
+           "regexp_replace(query, '\\s+', ' ', 'g') FROM pg_stat_statements WHERE dbid = (SELECT "
+           "oid FROM pg_database WHERE datname = current_database()) ORDER BY total_exec_time "
+           "DESC LIMIT $1",
+           n)) {
+    std::printf("p1 statement: %7.3f ms/placement %6.2f calls/placement %6.3f ms/call %s %.110s\n",
+                r[0].as<double>() / per, r[1].as<double>() / per, r[2].as<double>(),
+                r[3].as<bool>() ? "client " : "nested ", r[4].as<std::string>().c_str());
+  }
 }
 
 double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
@@ -390,6 +426,7 @@ int main(int argc, char** argv) {
   bool index = true;
   bool group = true;
   int p8_nodes = 0;
+  int statements = 0;
   for (int i = 1; i + 1 < argc; ++i) {
     if (!std::strcmp(argv[i], "--p8")) p8_nodes = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--nodes")) {
@@ -401,6 +438,7 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--seconds")) seconds = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--index")) index = std::atoi(argv[i + 1]) != 0;
     if (!std::strcmp(argv[i], "--group")) group = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--statements")) statements = std::atoi(argv[i + 1]);
   }
   log::Logger logger("bench", "scheduler", log::Level::kError);
   testing::TestNats nats;
@@ -497,9 +535,11 @@ int main(int argc, char** argv) {
         });
       }
       const auto choices_before = IndexChoices(*svc);
+      if (statements > 0) ResetStatements(dsn);
       std::this_thread::sleep_for(std::chrono::seconds(seconds));
       stop = true;
       for (auto& t : threads) t.join();
+      if (statements > 0) PrintStatements(dsn, statements, placed.load());
       PrintChoices("p1", choices_before, IndexChoices(*svc));
       const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
       rate = static_cast<double>(placed.load()) / elapsed;

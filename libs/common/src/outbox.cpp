@@ -214,6 +214,14 @@ void Relay::Loop() {
         // A lost mark only causes a re-publish, which JetStream de-duplicates by
         // Nats-Msg-Id, so marking need not wait for the WAL flush.
         c->set_variable("synchronous_commit", "off");
+        // The outbox is a queue: its fetch and mark must walk indexes whatever the planner
+        // thinks of the table. Plans made while it was young (few rows, no statistics) scanned
+        // it on every mark from then on (a 30 s benchmark: 1,108 sequential scans reading 2.1 M
+        // rows, 0.81 ms per mark of 3 rows), and a fetch planned as a bitmap scan visited the
+        // index entry of every row marked since the last vacuum (0.65-1.6 ms per fetch). An
+        // index scan of outbox_unpublished in seq order skips those entries once seen dead.
+        c->set_variable("enable_seqscan", "off");
+        c->set_variable("enable_bitmapscan", "off");
         c->prepare("gpuaas_outbox_fetch",
                    "SELECT seq, event_id::text, subject, payload, traceparent, "
                    "extract(epoch from created_at)::float8, COALESCE(msg_id, event_id::text) "

@@ -381,6 +381,15 @@ void TestPostgres::Start() {
       argv.push_back(o);
     }
   }
+  // GPUAAS_PG_OPTIONS="name=value ...": more server settings, for profiling (e.g.
+  // shared_preload_libraries=pg_stat_statements, which scheduler_bench --statements reads).
+  if (const char* extra = std::getenv("GPUAAS_PG_OPTIONS"); extra && *extra) {
+    std::istringstream in(extra);
+    for (std::string o; in >> o;) {
+      argv.push_back("-c");
+      argv.push_back(o);
+    }
+  }
   proc_.Spawn(argv, dir_ + "/postgres.log", {}, geteuid() == 0 ? "postgres" : "");
   bool up = WaitFor(
       [&] {

@@ -22,7 +22,8 @@ void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPh
 // never learns another tenant's allocation exists.
 Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock,
                                       const std::string& tenant_scope = "");
-// The allocation row matching (tenant, request_id), if any.
+// The allocation row matching (tenant, request_id), if any: one probe of that unique key however
+// many allocations the tenant has and whatever the table statistics say.
 std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
                                             const std::string& request_id);
 // Appends gpuaas.v1.evt.scheduler.allocation.<state> with the allocation to the outbox.

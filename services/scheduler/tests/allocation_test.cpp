@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <prometheus/registry.h>
 
+#include "allocation_rows.hpp"
 #include "allocations.hpp"
 #include "catalog.hpp"
 #include "gpuaas/common/enums.hpp"
@@ -377,6 +378,39 @@ TEST_F(AllocationTest, AllocationGaugesCountFromTheTriggersCountsThroughGoneBack
   EXPECT_EQ(gauge("active"), 0) << "every state is present";
   sampler->Stop();
   EXPECT_TRUE(Invariants().empty()) << ::testing::PrintToString(Invariants());
+}
+
+// A retried create finds its allocation by one probe of the (tenant, request_id) key, also
+// when the statistics predate the tenant's allocations (they said no such tenant: the planner
+// then walked every allocation of the tenant).
+TEST_F(AllocationTest, ARetryFindsItsAllocationWithoutReadingTheTenantsOthers) {
+  pqxx::connection c(dsn_);
+  {
+    pqxx::work tx(c);
+    const auto fill = [&](const std::string& tenant, int n) {
+      tx.exec_params(
+          "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, gpu_count, "
+          "region, network_mode, state, generation) SELECT gen_random_uuid(), $1, 'r-' || i, "
+          "'h200-sxm-slice', 'gpu_slice', 1, 'us-east-1', 'private-nat', 'released', 1 FROM "
+          "generate_series(1, $2) i",
+          tenant, n);
+    };
+    fill("old-tenant", 500);
+    tx.exec("ANALYZE allocations");
+    fill("new-tenant", 500);
+    tx.commit();
+  }
+  pqxx::connection fresh(dsn_);  // its statistics show this transaction's reads alone
+  pqxx::work tx(fresh);
+  auto found = FindByRequest(tx, "new-tenant", "r-250");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->request_id(), "r-250");
+  EXPECT_FALSE(FindByRequest(tx, "new-tenant", "r-9999").has_value());
+  auto fetched = tx.exec(
+      "SELECT coalesce(idx_tup_fetch, 0) + coalesce(seq_tup_read, 0) FROM "
+      "pg_stat_xact_user_tables WHERE relname = 'allocations'");
+  ASSERT_EQ(fetched.size(), 1u);
+  EXPECT_LE(fetched[0][0].as<int64_t>(), 1) << "allocations read to find one";
 }
 
 TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
