@@ -27,7 +27,8 @@
 // "p1: group commit" line says how many creates shared each commit. --statements N (with
 // GPUAAS_PG_OPTIONS="shared_preload_libraries=pg_stat_statements pg_stat_statements.track=all")
 // prints the N statements that took PostgreSQL the most time during P1, with their calls per
-// placement: the profile of the create path in SQL. BENCH_LOG_LEVEL=warn shows
+// placement: the profile of the create path in SQL. A "p1 cpu" line splits the machine's CPU
+// over P1 between PostgreSQL, nats-server, this process and idle. BENCH_LOG_LEVEL=warn shows
 // the scheduler's warnings (default: errors only).
 //   scheduler_bench --p8 50000
 //   P8 rebuild_events_per_s=<x> raw_consume_per_s=<y> ratio=<x/y>
@@ -45,6 +46,9 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <random>
 #include <regex>
@@ -124,6 +128,75 @@ bool Fill(store::Pool& pool, int nodes) {
     return Ok();
   });
   return analyzed.ok();
+}
+
+// The machine's CPU time by whom, for the "p1 cpu" line: the PostgreSQL server of the run (its
+// postmaster, found by port, and every child), its nats-server (a child of this process), this
+// process (the scheduler and the clients), everything else, and idle (from /proc/stat), in
+// seconds.
+struct CpuSample {
+  double postgres = 0, nats = 0, self = 0, all = 0, idle = 0;
+};
+
+CpuSample SampleCpu(uint16_t pg_port) {
+  const double tick = static_cast<double>(sysconf(_SC_CLK_TCK));
+  struct Proc {
+    int ppid = 0;
+    double cpu = 0;
+    std::string cmd;
+  };
+  std::map<int, Proc> procs;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream st(e.path() / "stat"), cl(e.path() / "cmdline");
+    std::string stat((std::istreambuf_iterator<char>(st)), {});
+    std::string cmd((std::istreambuf_iterator<char>(cl)), {});
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream in(stat.substr(close + 2));
+    std::vector<std::string> f{std::istream_iterator<std::string>(in), {}};
+    if (f.size() < 13) continue;
+    std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+    procs[std::stoi(name)] = {std::stoi(f[1]), (std::stod(f[11]) + std::stod(f[12])) / tick, cmd};
+  }
+  int postmaster = -1;
+  for (const auto& [pid, p] : procs) {
+    if (p.cmd.find("postgres") != std::string::npos &&
+        p.cmd.find(" -p " + std::to_string(pg_port) + " ") != std::string::npos) {
+      postmaster = pid;
+    }
+  }
+  CpuSample s;
+  for (const auto& [pid, p] : procs) {
+    if (pid == postmaster || p.ppid == postmaster) {
+      s.postgres += p.cpu;
+    } else if (p.cmd.rfind("nats-server", 0) == 0 && p.ppid == getpid()) {
+      s.nats += p.cpu;
+    } else if (pid == getpid()) {
+      s.self += p.cpu;
+    }
+  }
+  std::ifstream ps("/proc/stat");
+  std::string cpu;
+  double user = 0, nice = 0, sys = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+  ps >> cpu >> user >> nice >> sys >> idle >> iowait >> irq >> softirq >> steal;
+  s.all = (user + nice + sys + idle + iowait + irq + softirq + steal) / tick;
+  s.idle = (idle + iowait) / tick;
+  return s;
+}
+
+void PrintCpu(const char* phase, const CpuSample& a, const CpuSample& b) {
+  const double all = b.all - a.all;
+  if (all <= 0) return;
+  const double pg = b.postgres - a.postgres, nats = b.nats - a.nats, self = b.self - a.self,
+               idle = b.idle - a.idle;
+  std::printf(
+      "%s cpu: postgres %.0f%%, nats-server %.0f%%, this process (scheduler and clients) %.0f%%, "
+      "other %.0f%%, idle %.0f%% of %ld cores\n",
+      phase, 100 * pg / all, 100 * nats / all, 100 * self / all,
+      100 * std::max(0.0, all - pg - nats - self - idle) / all, 100 * idle / all,
+      sysconf(_SC_NPROCESSORS_ONLN));
 }
 
 // pg_stat_statements over P1 (--statements): zeroed before, its top `n` by time after.
@@ -536,7 +609,9 @@ int main(int argc, char** argv) {
       }
       const auto choices_before = IndexChoices(*svc);
       if (statements > 0) ResetStatements(dsn);
+      const CpuSample cpu_before = SampleCpu(pg.port());
       std::this_thread::sleep_for(std::chrono::seconds(seconds));
+      PrintCpu("p1", cpu_before, SampleCpu(pg.port()));
       stop = true;
       for (auto& t : threads) t.join();
       if (statements > 0) PrintStatements(dsn, statements, placed.load());
