@@ -369,21 +369,29 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
   *contended = !choices.empty();  // every choice below was taken or locked by someone else
   const char* skip = wait ? "" : " SKIP LOCKED";
   std::vector<std::string> stale;
+  // Each choice in a savepoint of its own: a choice given up releases the row locks it took,
+  // and a wait that ran past lock_timeout (an error, which aborts the transaction) is rolled
+  // back to it, so the next choice can be tried. (Plain SQL: a pqxx 6 subtransaction whose
+  // statements all go through exec_params never sends its SAVEPOINT, so its abort undid
+  // nothing and a lock timeout failed the whole create.)
   for (const auto& choice : choices) {
-    pqxx::subtransaction sp(tx, "choice");
+    tx.exec0("SAVEPOINT choice");
+    const auto give_up = [&] {
+      tx.exec0("ROLLBACK TO SAVEPOINT choice; RELEASE SAVEPOINT choice");
+    };
     try {
       // Slices share the node row; a baremetal placer takes it exclusively.
-      auto node = sp.exec_params(
+      auto node = tx.exec_params(
           fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}", skip),
           choice.node_id);
       if (node.empty()) {
-        sp.abort();
+        give_up();
         stats->held++;
         continue;
       }
       std::string keys = store::TextArrayLiteral(choice.slot_keys);
       // In slot order: two waiting placers lock overlapping slots in the same order.
-      auto locked = sp.exec_params(
+      auto locked = tx.exec_params(
           fmt::format("SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = "
                       "ANY($2::text[]) AND schedulable ORDER BY slot_key FOR UPDATE{}",
                       skip),
@@ -391,13 +399,13 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
       // Claims committed since our read (we hold the rows now, so none can appear after this).
       auto taken = static_cast<int>(locked.size()) != gpus
                        ? pqxx::result()
-                       : sp.exec_params(
+                       : tx.exec_params(
                              "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL "
                              "AND node_id = $1 AND (slot_key = ANY($2::text[]) OR kind = "
                              "'node_exclusive') LIMIT 1",
                              choice.node_id, keys);
       if (static_cast<int>(locked.size()) != gpus || !taken.empty()) {
-        sp.abort();  // its row locks go with it
+        give_up();  // its row locks go with it
         // Fewer rows than asked while skipping: held by someone (or gone); waiting, or claims
         // found: what the proposal was made from is out of date.
         if (!wait && static_cast<int>(locked.size()) != gpus) {
@@ -408,13 +416,14 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
         }
         continue;
       }
-      sp.commit();
+      tx.exec0("RELEASE SAVEPOINT choice");
       stats->placed++;
       if (from_index && !stale.empty()) cache->Refresh(tx, stale);
       return std::optional<Placed>(Placed{choice.node_id, choice.slot_keys});
     } catch (const pqxx::sql_error& e) {
-      // A wait that ran past lock_timeout: the next choice (the savepoint is rolled back).
+      // A wait that ran past lock_timeout: the next choice.
       if (e.sqlstate() != "55P03") throw;
+      give_up();
       stats->held++;
     }
   }
@@ -870,4 +879,4 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
   return Ok();
 }
 
-}  // namespace
+}  // namespace gpuaas::scheduler

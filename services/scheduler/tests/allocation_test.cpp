@@ -14,6 +14,7 @@
 #include "allocations.hpp"
 #include "catalog.hpp"
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -411,6 +412,48 @@ TEST_F(AllocationTest, ARetryFindsItsAllocationWithoutReadingTheTenantsOthers) {
       "pg_stat_xact_user_tables WHERE relname = 'allocations'");
   ASSERT_EQ(fetched.size(), 1u);
   EXPECT_LE(fetched[0][0].as<int64_t>(), 1) << "allocations read to find one";
+}
+
+// Every node held by someone else: after the skipping rounds the create waits for a node's row,
+// and a wait that runs past lock_timeout gives way to the next choice in the same transaction;
+// once the holder lets go, the create is placed.
+TEST_F(AllocationTest, AChoiceWhoseLockWaitTimesOutGivesWayToTheNext) {
+  AddNode("wait-a", 8);
+  AddNode("wait-b", 8);
+  WaitProjected();
+  pqxx::connection holder(dsn_);
+  pqxx::work held(holder);
+  held.exec("SELECT 1 FROM projected_nodes WHERE node_id IN ('wait-a', 'wait-b') FOR UPDATE");
+  Result<v1::CreateAllocationResponse> created = Error::Internal("unset", "unset");
+  std::thread create([&] { created = Create("wait-1", 1); });
+  pqxx::connection watch(dsn_);
+  // The create's backend waiting for a row lock, and since when.
+  const auto waiting_since = [&]() -> std::string {
+    pqxx::nontransaction q(watch);
+    auto r = q.exec(
+        "SELECT query_start::text FROM pg_stat_activity WHERE datname = current_database() AND "
+        "wait_event_type = 'Lock' AND query LIKE '%projected_nodes%'");
+    return r.empty() ? "" : r[0][0].as<std::string>();
+  };
+  std::string first;
+  ASSERT_TRUE(testing::WaitFor([&] { return !(first = waiting_since()).empty(); }, 10s));
+  // The first wait ran out: the create waits again, in a later statement (the next choice).
+  EXPECT_TRUE(testing::WaitFor(
+      [&] {
+        const std::string now = waiting_since();
+        return !now.empty() && now != first;
+      },
+      10s));
+  held.abort();
+  create.join();
+  ASSERT_TRUE(created.ok()) << created.error().ToString();
+  EXPECT_EQ(created->allocation().slot_keys_size(), 1);
+  // In the transaction it started in: not failed and run again (a group commit runs a unit
+  // whose statement failed again alone).
+  const store::GroupCommit* group = replicas_.front()->group_commit();
+  ASSERT_NE(group, nullptr);
+  EXPECT_EQ(group->stats().alone, 0u) << "the create failed once and was run again";
+  EXPECT_TRUE(Invariants().empty()) << ::testing::PrintToString(Invariants());
 }
 
 TEST_F(AllocationTest, InvalidRequestsGetTheirOwnErrors) {
