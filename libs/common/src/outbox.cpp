@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::outbox {
@@ -83,7 +84,8 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::str
   const v1::Event ev = MakeEvent(spec);
   const std::string payload = ev.SerializeAsString();
   pqxx::binarystring blob(payload.data(), payload.size());
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "INSERT INTO outbox (event_id, subject, payload, traceparent, msg_id) VALUES ($1, $2, $3, "
       "$4, NULLIF($5, ''))",
       ev.id(), spec.nats_subject, blob,

@@ -211,6 +211,10 @@ ALTER TABLE outbox ADD COLUMN msg_id text;
   return kMigrations;
 }
 
+std::string PreparedName(const std::string& sql) {
+  return fmt::format("gpuaas_{:016x}", std::hash<std::string>{}(sql));
+}
+
 std::string TextArrayLiteral(const std::vector<std::string>& items) {
   std::string out = "{";
   for (size_t i = 0; i < items.size(); ++i) {

@@ -164,6 +164,44 @@ TEST_F(StoreTest, WithTxRetriesSerializationFailures) {
   EXPECT_GT(attempts.load(), 80);  // conflicts happened and were retried
 }
 
+// store::Prepared: one server-side statement per connection and text, kept through a rolled
+// back transaction and a failed savepoint, with the parameters of each call.
+TEST_F(StoreTest, APreparedStatementIsPreparedOncePerConnectionAndOutlivesRollbacks) {
+  ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
+  const std::string insert = "INSERT INTO items (id, n) VALUES ($1, $2)";
+  const std::string read = "SELECT n FROM items WHERE id = $1";
+  pqxx::connection c(dsn_);
+  {
+    pqxx::work tx(c);
+    store::Prepared(tx, insert, "gone", 0);
+    tx.abort();
+  }
+  {
+    pqxx::work tx(c);
+    for (int i = 1; i <= 7; ++i) store::Prepared(tx, insert, "item-" + std::to_string(i), i);
+    // A failed statement in a savepoint (as a group commit's unit or a placement choice has).
+    tx.exec0("SAVEPOINT dup");
+    try {
+      store::Prepared(tx, insert, "item-1", 99);  // a unique violation
+      ADD_FAILURE() << "the duplicate was inserted";
+    } catch (const pqxx::unique_violation&) {
+      tx.exec0("ROLLBACK TO SAVEPOINT dup");
+    }
+    EXPECT_EQ(store::Prepared(tx, read, "item-6")[0][0].as<int>(), 6);
+    EXPECT_TRUE(store::Prepared(tx, read, "gone").empty());
+    tx.commit();
+  }
+  pqxx::work tx(c);
+  auto prepared = tx.exec_params(
+      "SELECT name, statement FROM pg_prepared_statements WHERE name IN ($1, $2) ORDER BY "
+      "statement",
+      store::PreparedName(insert), store::PreparedName(read));
+  ASSERT_EQ(prepared.size(), 2u);
+  EXPECT_EQ(prepared[0][1].as<std::string>(), insert);
+  EXPECT_EQ(prepared[1][1].as<std::string>(), read);
+  EXPECT_EQ(tx.exec1("SELECT count(*) FROM items")[0].as<int>(), 7);
+}
+
 TEST_F(StoreTest, ReadSnapshotSeesOneMomentAndWritesNothing) {
   ASSERT_TRUE(store::Migrate(*pool_, "svc", kTestMigrations).ok());
   ASSERT_TRUE(store::WithTx(*pool_, [](pqxx::work& tx) -> Result<void> {

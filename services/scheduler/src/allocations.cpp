@@ -95,7 +95,8 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   }
   a.set_vm_ready(r[27].as<bool>());
   a.set_app(r[28].as<std::string>());
-  for (const auto& e : tx.exec_params(
+  for (const auto& e : store::Prepared(
+           tx,
            "SELECT name, protocol, port, exposure_id, public_ip, public_port, state, reason, "
            "connect FROM allocation_endpoints WHERE allocation_id = $1 ORDER BY name",
            a.allocation_id())) {
@@ -110,7 +111,8 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     ep->set_reason(e[7].as<std::string>());
     ep->set_connect(e[8].as<std::string>());
   }
-  for (const auto& c : tx.exec_params(
+  for (const auto& c : store::Prepared(
+           tx,
            "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
            "extract(epoch from released_at)::float8, phase FROM allocation_resource_claims "
            "WHERE allocation_id = $1 ORDER BY slot_key",
@@ -136,9 +138,10 @@ Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, boo
     return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
                                   {{"allocation_id", "must be a UUID"}});
   }
-  auto r = tx.exec_params(fmt::format("SELECT {} FROM allocations WHERE allocation_id = $1{}",
-                                      kAllocColumns, lock ? " FOR UPDATE" : ""),
-                          id);
+  auto r = store::Prepared(tx,
+                           fmt::format("SELECT {} FROM allocations WHERE allocation_id = $1{}",
+                                       kAllocColumns, lock ? " FOR UPDATE" : ""),
+                           id);
   if (r.empty() || (!tenant_scope.empty() && r[0][1].as<std::string>() != tenant_scope)) {
     return Error{Code::kNotFound,
                  "allocation_not_found",
@@ -168,7 +171,8 @@ std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& t
   // one row and walked allocations_tenant, reading every allocation of the tenant per create
   // (755 of them in a benchmark, 0.18 ms per create and growing); the unique key's index is
   // the only plan that does not grow.
-  auto r = tx.exec_params(
+  auto r = store::Prepared(
+      tx,
       fmt::format("SELECT {} FROM allocations WHERE tenant = (SELECT $1::text) AND request_id = $2",
                   kAllocColumns),
       tenant, request_id);
@@ -177,7 +181,8 @@ std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& t
 }
 
 void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s) {
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "INSERT INTO allocation_timeline (allocation_id, step, state, task_id, task_type, stage, "
       "code, detail, percent) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
       allocation_id, enums::Text(s.step), enums::Text(s.state), s.task_id, enums::Text(s.task_type),
@@ -381,8 +386,8 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
     };
     try {
       // Slices share the node row; a baremetal placer takes it exclusively.
-      auto node = tx.exec_params(
-          fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}", skip),
+      auto node = store::Prepared(
+          tx, fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}", skip),
           choice.node_id);
       if (node.empty()) {
         give_up();
@@ -391,7 +396,8 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
       }
       std::string keys = store::TextArrayLiteral(choice.slot_keys);
       // In slot order: two waiting placers lock overlapping slots in the same order.
-      auto locked = tx.exec_params(
+      auto locked = store::Prepared(
+          tx,
           fmt::format("SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = "
                       "ANY($2::text[]) AND schedulable ORDER BY slot_key FOR UPDATE{}",
                       skip),
@@ -399,7 +405,8 @@ Result<std::optional<Placed>> PlaceSlice(pqxx::work& tx, const v1::CreateAllocat
       // Claims committed since our read (we hold the rows now, so none can appear after this).
       auto taken = static_cast<int>(locked.size()) != gpus
                        ? pqxx::result()
-                       : tx.exec_params(
+                       : store::Prepared(
+                             tx,
                              "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL "
                              "AND node_id = $1 AND (slot_key = ANY($2::text[]) OR kind = "
                              "'node_exclusive') LIMIT 1",
@@ -626,8 +633,8 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           v1::CreateAllocationResponse resp;
           // Retries of one request id, on any replica, one at a time: the later ones find the
           // first one's allocation instead of racing it to the unique (tenant, request_id) key.
-          tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-                         "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
+          store::Prepared(tx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                          "allocation.create\x1f" + req.tenant() + "\x1f" + req.request_id());
           if (auto existing = FindByRequest(tx, req.tenant(), req.request_id())) {
             *resp.mutable_allocation() = *existing;
             return resp;  // a retry: same answer, no second placement
@@ -690,7 +697,8 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
           }
           const Placed& p = **placed;
           const std::string id = ids::NewUuidV7();
-          tx.exec_params(
+          store::Prepared(
+              tx,
               "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
               "gpu_count, "
               "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
@@ -698,22 +706,25 @@ Result<void> StartAllocations(runtime::Service& svc, const Catalog& catalog,
               id, req.tenant(), req.request_id(), req.sku(), sku.shape, gpus, req.region(),
               req.pool(), enums::Text(checked->second), p.node_id);
           if (!req.app().empty()) {
-            tx.exec_params("UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
-                           req.app());
+            store::Prepared(tx, "UPDATE allocations SET app = $2 WHERE allocation_id = $1", id,
+                            req.app());
           }
           for (const auto& e : expose) {
-            tx.exec_params(
+            store::Prepared(
+                tx,
                 "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
                 "($1, $2, $3, $4)",
                 id, e.name(), enums::Text(e.protocol()), e.port());
           }
           if (baremetal) {
-            tx.exec_params(
+            store::Prepared(
+                tx,
                 "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
                 "($1, $2, 'node_exclusive')",
                 id, p.node_id);
           } else {
-            tx.exec_params(
+            store::Prepared(
+                tx,
                 "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, "
                 "kind) "
                 "SELECT $1, $2, unnest($3::text[]), 'slot'",

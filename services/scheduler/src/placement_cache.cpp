@@ -247,9 +247,10 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
   // Each node once: a second Put of one node would move from what the first took.
   const std::vector<std::string> ids = Unique(node_ids);
   auto read = Parse(
-      tx.exec_params("SELECT s.* FROM unnest($1::text[]) AS wanted(id) CROSS JOIN LATERAL (" +
-                         kSlotsQuery + " WHERE p.node_id = wanted.id OFFSET 0) s ORDER BY 1, 5",
-                     store::TextArrayLiteral(ids)));
+      store::Prepared(tx,
+                      "SELECT s.* FROM unnest($1::text[]) AS wanted(id) CROSS JOIN LATERAL (" +
+                          kSlotsQuery + " WHERE p.node_id = wanted.id OFFSET 0) s ORDER BY 1, 5",
+                      store::TextArrayLiteral(ids)));
   node_reads_ += ids.size();
   std::lock_guard lock(mu_);
   for (const auto& id : ids) {

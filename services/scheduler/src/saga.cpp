@@ -52,7 +52,8 @@ std::vector<v1::BundleSlot> BundleSlots(pqxx::work& tx, const std::string& alloc
                                         std::vector<int>* vcpus, std::vector<int64_t>* mem,
                                         std::vector<int>* huge, std::string* profile) {
   std::vector<v1::BundleSlot> out;
-  for (const auto& r : tx.exec_params(
+  for (const auto& r : store::Prepared(
+           tx,
            "SELECT c.slot_key, p.gpu_pci_address, p.fabric_vf_pci_address, p.fabric_type, "
            "p.nvme_by_id, p.mac, p.private_ip, p.numa, p.vcpus_per_gpu, p.memory_mib_per_gpu, "
            "p.hugepages_1g_per_gpu, p.profile_name FROM allocation_resource_claims c "
@@ -88,7 +89,8 @@ Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, v1::NodeTa
   t.set_correlation_id(a.allocation_id());
   t.set_requested_by(opts.source);
   const std::string& type = enums::Text(t.type());
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "INSERT INTO allocation_tasks (task_id, allocation_id, node_id, type, attempt, deadline) "
       "VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
       t.task_id(), a.allocation_id(), a.node_id(), type, attempt, static_cast<double>(deadline_s));
@@ -173,7 +175,8 @@ Result<std::string> SendProvision(pqxx::work& tx, const v1::Allocation& a,
                                           : req.hostname());
   ci->set_instance_id(a.allocation_id());
   for (const auto& k : req.ssh_authorized_keys()) ci->add_ssh_authorized_keys(k);
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "UPDATE allocations SET attempt = 1, image = $2, hostname = $3, ssh_keys = $4::text[] "
       "WHERE allocation_id = $1",
       a.allocation_id(), b.image().name(), ci->hostname(),
@@ -185,35 +188,38 @@ Result<std::string> SendProvision(pqxx::work& tx, const v1::Allocation& a,
 // Frees the live claims (cleanup proof or force) and says how many.
 int FreeClaims(pqxx::work& tx, const std::string& allocation_id) {
   return static_cast<int>(
-      tx.exec_params("UPDATE allocation_resource_claims SET released_at = now(), phase = "
-                     "'released' WHERE allocation_id = $1 AND released_at IS NULL",
-                     allocation_id)
+      store::Prepared(tx,
+                      "UPDATE allocation_resource_claims SET released_at = now(), phase = "
+                      "'released' WHERE allocation_id = $1 AND released_at IS NULL",
+                      allocation_id)
           .affected_rows());
 }
 
 bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id) {
-  return !tx.exec_params(
-                "SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND status = 'sent' "
-                "LIMIT 1",
-                allocation_id)
+  return !store::Prepared(
+              tx,
+              "SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND status = 'sent' "
+              "LIMIT 1",
+              allocation_id)
               .empty();
 }
 
 bool HasLiveClaims(pqxx::work& tx, const std::string& allocation_id) {
-  return !tx.exec_params(
-                "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = $1 AND "
-                "released_at IS NULL LIMIT 1",
-                allocation_id)
+  return !store::Prepared(tx,
+                          "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = $1 AND "
+                          "released_at IS NULL LIMIT 1",
+                          allocation_id)
               .empty();
 }
 
 // The allocation asked for endpoints that ingress has not reported applied (active, or drifted
 // and repaired) yet.
 bool EndpointsPending(pqxx::work& tx, const std::string& allocation_id) {
-  return !tx.exec_params(
-                "SELECT 1 FROM allocation_endpoints WHERE allocation_id = $1 AND state NOT IN "
-                "('active', 'drift') LIMIT 1",
-                allocation_id)
+  return !store::Prepared(
+              tx,
+              "SELECT 1 FROM allocation_endpoints WHERE allocation_id = $1 AND state NOT IN "
+              "('active', 'drift') LIMIT 1",
+              allocation_id)
               .empty();
 }
 
@@ -238,10 +244,10 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
   const std::string& id = a.allocation_id();
   if (fx.noop || fx.late) return a;
   if (fx.cancel_open_tasks) {
-    tx.exec_params(
-        "UPDATE allocation_tasks SET status = 'cancelled', finished_at = now() WHERE "
-        "allocation_id = $1 AND status = 'sent'",
-        id);
+    store::Prepared(tx,
+                    "UPDATE allocation_tasks SET status = 'cancelled', finished_at = now() WHERE "
+                    "allocation_id = $1 AND status = 'sent'",
+                    id);
   }
   int freed = 0;
   if (fx.claims == lifecycle::Claims::kFree) freed = FreeClaims(tx, id);
@@ -274,7 +280,8 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
       code = in.cause.code;
       detail = in.cause.detail;
     }
-    tx.exec_params(
+    store::Prepared(
+        tx,
         "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = now(), "
         "failure_stage = CASE WHEN $3 THEN $4 ELSE failure_stage END, "
         "failure_code = CASE WHEN $3 THEN $5 ELSE failure_code END, "
@@ -317,10 +324,11 @@ struct TaskRow {
 };
 
 std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool lock) {
-  auto r = tx.exec_params(std::string("SELECT task_id::text, allocation_id::text, type, attempt, "
-                                      "status FROM allocation_tasks WHERE task_id = $1") +
-                              (lock ? " FOR UPDATE" : ""),
-                          task_id);
+  auto r = store::Prepared(tx,
+                           std::string("SELECT task_id::text, allocation_id::text, type, attempt, "
+                                       "status FROM allocation_tasks WHERE task_id = $1") +
+                               (lock ? " FOR UPDATE" : ""),
+                           task_id);
   if (r.empty()) return std::nullopt;
   return TaskRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
                  enums::FromColumn<v1::TaskType>(r[0][2].as<std::string>()), r[0][3].as<int>(),
@@ -371,7 +379,8 @@ std::string ProofProblem(pqxx::work& tx, const std::string& allocation_id,
                          const v1::CleanupOutput& out) {
   std::map<std::string, const v1::CleanupProof*> proofs;
   for (const auto& p : out.proofs()) proofs[p.slot_key()] = &p;
-  for (const auto& r : tx.exec_params(
+  for (const auto& r : store::Prepared(
+           tx,
            "SELECT slot_key FROM allocation_resource_claims WHERE allocation_id = $1 AND "
            "released_at IS NULL AND kind = 'slot' ORDER BY slot_key",
            allocation_id)) {
@@ -459,7 +468,8 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
   }
   if (ok && task.type == v1::TASK_TYPE_VM_PROVISION && o.result) {
     const auto& out = o.result->vm_provision();
-    tx.exec_params(
+    store::Prepared(
+        tx,
         "UPDATE allocations SET net_domain = $2, net_mac = $3, net_expected_ip = $4, "
         "net_actual_ip = $5, net_lease_state = $6, vm_ready = true WHERE allocation_id = $1",
         a.allocation_id(), out.domain_name(), out.mac(), out.expected_ip(), out.actual_ip(),
@@ -486,10 +496,10 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
 }  // namespace
 
 void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPhase phase) {
-  tx.exec_params(
-      "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
-      "released_at IS NULL",
-      allocation_id, enums::Text(phase));
+  store::Prepared(tx,
+                  "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
+                  "released_at IS NULL",
+                  allocation_id, enums::Text(phase));
 }
 
 Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
@@ -528,7 +538,8 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
   if (!fx.ok()) return fx.error();
   // Who asked, and why: kept on the allocation (every later snapshot shows it).
   const v1::Principal* actor = outbox::CurrentActor();
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "UPDATE allocations SET release_actor = $2, release_actor_tenant = $3, release_reason = $4 "
       "WHERE allocation_id = $1",
       allocation_id, actor != nullptr ? actor->subject() : std::string("internal"),
@@ -591,7 +602,8 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
          fmt::format("{} arrived after the task was {}", VerdictText(verdict), task->status)});
     return Ok();
   }
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "UPDATE allocation_tasks SET status = $2, finished_at = now(), error_reason = $3, "
       "error_detail = $4 WHERE task_id = $1",
       task->task_id, VerdictText(verdict), o.code, o.detail);
@@ -617,7 +629,8 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
     return a.error();
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : e.generation();
-  auto row = tx.exec_params(
+  auto row = store::Prepared(
+      tx,
       "SELECT exposure_id, exposure_generation FROM allocation_endpoints WHERE allocation_id = $1 "
       "AND name = $2 FOR UPDATE",
       e.allocation_id(), e.name());
@@ -627,7 +640,8 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
     if (!have.empty() && e.exposure_id() < have) return Ok();
     if (have == e.exposure_id() && row[0][1].as<int64_t>() >= generation) return Ok();
   }
-  tx.exec_params(
+  store::Prepared(
+      tx,
       "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port, exposure_id, "
       "exposure_generation, public_ip, public_port, state, reason, connect) VALUES ($1, $2, $3, "
       "$4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (allocation_id, name) DO UPDATE SET "
@@ -686,12 +700,14 @@ Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int ma
       if (!task) return false;
       auto a = LoadAllocation(tx, task->allocation_id, true);
       if (!a.ok()) return a.error();
-      auto locked = tx.exec_params(
+      auto locked = store::Prepared(
+          tx,
           "SELECT 1 FROM allocation_tasks WHERE task_id = $1 AND status = 'sent' AND deadline < "
           "now() FOR UPDATE",
           id);
       if (locked.empty()) return false;  // another replica or the result got there first
-      tx.exec_params(
+      store::Prepared(
+          tx,
           "UPDATE allocation_tasks SET status = 'timed_out', finished_at = now(), error_reason = "
           "'node_unresponsive' WHERE task_id = $1",
           id);

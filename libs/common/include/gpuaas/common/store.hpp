@@ -137,6 +137,22 @@ Result<int> Migrate(Pool& pool, const std::string& component,
 // compiling expressions with LLVM (docs/benchmarks.md, P8). Throws what pqxx throws.
 std::unique_ptr<pqxx::connection> Connect(const std::string& dsn);
 
+// The name under which Prepared() registers `sql` with a connection (derived from the text).
+std::string PreparedName(const std::string& sql);
+
+// Runs `sql` as a prepared statement of tx's connection: defined there on its first use (libpqxx
+// sends it to the server with that call), then parsed and planned once per connection, not on
+// every call. Planning was as costly as executing for the create path's statements (P1 in
+// docs/benchmarks.md). Only for statements whose best plan does not depend on the values passed
+// (lookups and updates by key, inserts, probes driven by an unnest): after five calls PostgreSQL
+// may keep one generic plan for every later call on that connection.
+template <typename... Args>
+pqxx::result Prepared(pqxx::transaction_base& tx, const std::string& sql, Args&&... args) {
+  const std::string name = PreparedName(sql);
+  tx.conn().prepare(name, sql);  // a no-op when this connection has it already
+  return tx.exec_prepared(name, std::forward<Args>(args)...);
+}
+
 // A PostgreSQL text[] literal ({"a","b\"c"}) to pass as a parameter cast with ::text[].
 std::string TextArrayLiteral(const std::vector<std::string>& items);
 // The non-NULL strings of a text[] column, in order.
