@@ -2,8 +2,9 @@
 // in-process scheduler (NATS request/reply, real transactions), each with a baseline measured in
 // the same run:
 //   P1 placements_per_s=<x> pgbench_tps=<y> ratio=<x/y>
-//       closed loop, --clients C creators (1/2/4/8-GPU mix, each releasing to hold ~85%
-//       occupancy) vs pgbench TPC-B with the same client count on the same PostgreSQL.
+//       closed loop, --clients C creators (1/2/4/8-GPU mix, each force-releasing what it
+//       created beyond 2 allocations; see `release` for what that gives back) vs pgbench TPC-B
+//       with the same client count on the same PostgreSQL.
 //   P2 alloc_p99_ms=<x> nats_rtt_p99_ms=<r> fdatasync_ms=<f> ratio=<x/(r+f)>
 //       one creator paced at 50% of the P1 rate vs a raw NATS request/reply round trip and one
 //       8 KiB write+fdatasync on the same disk.
@@ -84,6 +85,23 @@ namespace {
 
 double Ms(Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); }
 
+// The database as autovacuum keeps tables that changed gradually: with statistics (without
+// them the planner takes just-filled tables for empty ones), vacuumed (else autovacuum's pass
+// over 700,000 freshly inserted rows, or over what P1 churned, runs under the next
+// measurements) and checkpointed (else the checkpointer writes those pages under them). After
+// the fill and after P1, so that the paced creates of every fleet start from the same state.
+bool Settle(const std::string& dsn) {
+  try {
+    pqxx::connection c(dsn);
+    pqxx::nontransaction(c).exec("VACUUM ANALYZE");
+    pqxx::nontransaction(c).exec("CHECKPOINT");
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "vacuum: %s\n", e.what());
+    return false;
+  }
+  return true;
+}
+
 // A fleet of `nodes` x 8 slots (2 NUMA x 2 switches x 2 GPUs), ~85% occupied by 1-GPU claims.
 bool Fill(store::Pool& pool, const std::string& dsn, int nodes) {
   auto r = store::WithTx(pool, [&](pqxx::work& tx) -> Result<void> {
@@ -122,19 +140,7 @@ bool Fill(store::Pool& pool, const std::string& dsn, int nodes) {
     std::fprintf(stderr, "fill: %s\n", r.error().ToString().c_str());
     return false;
   }
-  // The tables as autovacuum keeps tables that grew gradually: with statistics (without them
-  // the planner takes the just-filled tables for empty ones), vacuumed (else autovacuum's pass
-  // over 700,000 freshly inserted rows runs under the measurements) and checkpointed (else the
-  // checkpointer writes the fill's pages under them).
-  try {
-    pqxx::connection c(dsn);
-    pqxx::nontransaction(c).exec("VACUUM ANALYZE");
-    pqxx::nontransaction(c).exec("CHECKPOINT");
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "fill: vacuum: %s\n", e.what());
-    return false;
-  }
-  return true;
+  return Settle(dsn);
 }
 
 // The machine's CPU time by whom, for the "p1 cpu" line: the PostgreSQL server of the run (its
@@ -542,8 +548,12 @@ int main(int argc, char** argv) {
     return client.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r,
                                                      std::chrono::seconds(10));
   };
-  // No node-agent answers tasks here: a normal release would stay `releasing` (vm.release sent)
-  // and keep its claims, so releases are admin force-releases, which free the claims at once.
+  // No node-agent answers tasks here. Releases are admin force-releases (a normal one would wait
+  // for vm.release); the allocation is `provisioning` (vm.provision was sent), so its claims
+  // then wait for the node's cleanup proof, which never comes: a release here does not give
+  // the GPUs back. The fleets are sized for it: P1 and the paced creates of the 50,000-node
+  // fleet take ~4,000 of its ~60,000 free GPUs (occupancy 85% -> ~86%); the 1,000-node fleet
+  // (~1,200 free) gets only the 300 paced creates, whose 8-GPU requests are refused anyway.
   auto release = [&](const std::string& id) {
     v1::ForceReleaseAllocationRequest r;
     r.set_allocation_id(id);
@@ -642,6 +652,7 @@ int main(int argc, char** argv) {
             gs.groups > 0 ? static_cast<double>(gs.units) / static_cast<double>(gs.groups) : 0.0,
             static_cast<unsigned long long>(gs.largest), static_cast<unsigned long long>(gs.alone));
       }
+      if (!Settle(dsn)) return 1;
       // 50% load; bounded so a very slow P1 cannot stretch P2 into hours.
       gap = std::chrono::duration<double>(std::clamp(rate > 0 ? 2.0 / rate : 0.2, 0.0, 0.2));
     }
