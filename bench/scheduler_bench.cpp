@@ -28,10 +28,10 @@
 // "p1: group commit" line says how many creates shared each commit. --statements N (with
 // GPUAAS_PG_OPTIONS="shared_preload_libraries=pg_stat_statements pg_stat_statements.track=all")
 // prints the N statements that took PostgreSQL the most time (executing, and planning with
-// pg_stat_statements.track_planning=on) during P1, with their calls per
-// placement: the profile of the create path in SQL. A "p1 cpu" line splits the machine's CPU
-// over P1 between PostgreSQL, nats-server, this process and idle. BENCH_LOG_LEVEL=warn shows
-// the scheduler's warnings (default: errors only).
+// pg_stat_statements.track_planning=on) during P1, with their calls per placement: the profile
+// of the create path in SQL. A "p1 cpu" line splits the machine's CPU over P1 between
+// PostgreSQL, nats-server, this process and idle. BENCH_LOG_LEVEL=warn shows the scheduler's
+// warnings (default: errors only).
 //   scheduler_bench --p8 50000
 //   P8 rebuild_events_per_s=<x> raw_consume_per_s=<y> ratio=<x/y>
 //       only this: 50,000 node and 400,000 slot events published to the inventory stream; a raw
@@ -212,12 +212,23 @@ void PrintCpu(const char* phase, const CpuSample& a, const CpuSample& b) {
       sysconf(_SC_NPROCESSORS_ONLN));
 }
 
-// pg_stat_statements over P1 (--statements): zeroed before, its top `n` by time after.
-void ResetStatements(const std::string& dsn) {
-  pqxx::connection c(dsn);
-  pqxx::nontransaction tx(c);
-  tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
-  tx.exec("SELECT pg_stat_statements_reset()");
+// pg_stat_statements over P1 (--statements): zeroed before, its top `n` by time after. False
+// (and why, on stderr) when the server was not started with it.
+bool ResetStatements(const std::string& dsn) {
+  try {
+    pqxx::connection c(dsn);
+    pqxx::nontransaction tx(c);
+    tx.exec("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    tx.exec("SELECT pg_stat_statements_reset()");
+    return true;
+  } catch (const std::exception& e) {
+    std::fprintf(
+        stderr,
+        "--statements needs GPUAAS_PG_OPTIONS=\"shared_preload_libraries=pg_stat_statements "
+        "pg_stat_statements.track=all\": %s\n",
+        e.what());
+    return false;
+  }
 }
 
 void PrintStatements(const std::string& dsn, int n, int64_t placed) {
@@ -629,7 +640,7 @@ int main(int argc, char** argv) {
         });
       }
       const auto choices_before = IndexChoices(*svc);
-      if (statements > 0) ResetStatements(dsn);
+      if (statements > 0 && !ResetStatements(dsn)) statements = 0;
       const CpuSample cpu_before = SampleCpu(pg.port());
       std::this_thread::sleep_for(std::chrono::seconds(seconds));
       PrintCpu("p1", cpu_before, SampleCpu(pg.port()));

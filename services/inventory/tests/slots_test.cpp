@@ -703,34 +703,36 @@ TEST_F(SlotsTest, AvailabilityCountsFollowEveryChangeWithoutReadingTheSlots) {
   for (const auto& [id, region] : nodes) WaitSnapshot(id, 1);
   pqxx::connection c(inv_dsn_);
   // The aggregation the service used to run on every call.
+  // The aggregation the service used to run on every call, one line per group.
   const auto aggregated = [&](const std::string& region) {
     pqxx::work tx(c);
-    v1::ListAvailabilityResponse resp;
-    for (const auto& r :
-         tx.exec_params("SELECT n.region, n.pool, s.sku, s.gpu_model, "
-                        "count(*) FILTER (WHERE s.schedulable), "
-                        "count(*) FILTER (WHERE s.admin_state = 'available'), "
-                        "count(DISTINCT n.node_id) FROM node_resource_slots s JOIN nodes n "
-                        "USING (node_id) WHERE ($1 = '' OR n.region = $1) "
-                        "GROUP BY 1, 2, 3, 4 ORDER BY 1, 2, 3, 4",
-                        region)) {
-      auto* a = resp.add_availability();
-      a->set_region(r[0].as<std::string>());
-      a->set_pool(r[1].as<std::string>());
-      a->set_sku(r[2].as<std::string>());
-      a->set_gpu_model(r[3].as<std::string>());
-      a->set_schedulable_slots(r[4].as<int32_t>());
-      a->set_approved_slots(r[5].as<int32_t>());
-      a->set_nodes(r[6].as<int32_t>());
+    std::vector<std::string> rows;
+    for (const auto& r : tx.exec_params(
+             "SELECT concat_ws(' ', n.region, n.pool, s.sku, s.gpu_model, "
+             "count(*) FILTER (WHERE s.schedulable), "
+             "count(*) FILTER (WHERE s.admin_state = 'available'), count(DISTINCT n.node_id)) "
+             "FROM node_resource_slots s JOIN nodes n USING (node_id) WHERE ($1 = '' OR "
+             "n.region = $1) GROUP BY n.region, n.pool, s.sku, s.gpu_model "
+             "ORDER BY n.region, n.pool, s.sku, s.gpu_model",
+             region)) {
+      rows.push_back(r[0].as<std::string>());
     }
-    return resp.DebugString();
+    return rows;
   };
+  // What the service answers, in the same form.
   const auto listed = [&](const std::string& region) {
     v1::ListAvailabilityRequest r;
     r.set_region(region);
     auto l = Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list", r);
     EXPECT_TRUE(l.ok()) << l.error().ToString();
-    return l.ok() ? l->DebugString() : "";
+    std::vector<std::string> rows;
+    if (!l.ok()) return rows;
+    for (const auto& a : l->availability()) {
+      rows.push_back(fmt::format("{} {} {} {} {} {} {}", a.region(), a.pool(), a.sku(),
+                                 a.gpu_model(), a.schedulable_slots(), a.approved_slots(),
+                                 a.nodes()));
+    }
+    return rows;
   };
   const auto same = [&](const std::string& step) {
     for (const char* region : {"", "us-east-1", "eu-west-1"}) {
