@@ -97,6 +97,24 @@ class Server {
         Req::descriptor()->full_name(), Resp::descriptor()->full_name());
   }
 
+  // One entry of a service's route table: `subject` is answered by the named handler `fn` of
+  // `handlers` (a service's handler object, shared by every route of its table), e.g.
+  //   rpc.Route("gpuaas.v1.ipam.subnet.set", h, &IpamHandlers::SetSubnet);
+  template <typename H, typename Req, typename Resp>
+  void Route(const std::string& subject, std::shared_ptr<H> handlers,
+             Result<Resp> (H::*fn)(const Req&, Context&)) {
+    Handle<Req, Resp>(subject, [handlers = std::move(handlers), fn](const Req& req, Context& ctx) {
+      return ((*handlers).*fn)(req, ctx);
+    });
+  }
+  template <typename H, typename Req, typename Resp>
+  void Route(const std::string& subject, std::shared_ptr<H> handlers,
+             Result<Resp> (H::*fn)(const Req&, Context&) const) {
+    Handle<Req, Resp>(subject, [handlers = std::move(handlers), fn](const Req& req, Context& ctx) {
+      return ((*handlers).*fn)(req, ctx);
+    });
+  }
+
   // `request_type` and `result_type` (fully-qualified protobuf names, "" = not known) are what
   // the subject's contract entry (contract.hpp) says it takes and answers; Handle fills them in.
   // A subject is recorded as served once Start() subscribed.
