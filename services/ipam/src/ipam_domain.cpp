@@ -460,4 +460,245 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
   return out;
 }
 
+// ---- Request fields ----
+
+std::vector<std::string> SplitCsv(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    size_t comma = s.find(',', start);
+    if (comma == std::string::npos) comma = s.size();
+    std::string item = s.substr(start, comma - start);
+    item.erase(0, item.find_first_not_of(" \t"));
+    item.erase(item.find_last_not_of(" \t") + 1);
+    if (!item.empty()) out.push_back(item);
+    start = comma + 1;
+  }
+  return out;
+}
+
+Result<void> CheckNodeId(const std::string& id, const std::string& reason) {
+  if (id.empty()) {
+    return Error::InvalidArgument(reason, "node_id is required", {{"node_id", "required"}});
+  }
+  if (!ids::IsNodeId(id)) {
+    return Error::InvalidArgument(reason, "node_id must be a lowercase DNS label: '" + id + "'",
+                                  {{"node_id", "must be a lowercase DNS label"}});
+  }
+  return Ok();
+}
+
+Result<void> ValidateSlotKeys(const std::string& node_id, const std::string& slot_key,
+                              const std::string& reason) {
+  std::map<std::string, std::string> problems;
+  if (!ids::IsNodeId(node_id)) problems["node_id"] = "must be a lowercase DNS label";
+  if (slot_key.empty() || slot_key.size() > 128) problems["slot_key"] = "required, at most 128";
+  if (!problems.empty()) return Error::InvalidArgument(reason, "invalid field(s)", problems);
+  return Ok();
+}
+
+Result<void> ValidateReserveRequest(const v1::ReserveSlotAddressRequest& req) {
+  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), "invalid_reservation_request");
+      !v.ok()) {
+    return v.error();
+  }
+  std::map<std::string, std::string> problems;
+  if (!req.region().empty() && !ids::IsNodeId(req.region())) {
+    problems["region"] = "must be a lowercase DNS label";
+  }
+  if (req.pool().size() > 63) problems["pool"] = "at most 63 characters";
+  if (!req.pool().empty() && req.region().empty()) problems["region"] = "required with pool";
+  if (!problems.empty()) {
+    return Error::InvalidArgument("invalid_reservation_request", "invalid field(s)", problems);
+  }
+  return Ok();
+}
+
+// ---- Subnet rules ----
+
+namespace {
+
+Error SubnetOverlap(const Cidr& subnet, const std::string& other, const std::string& where) {
+  return Error::InvalidArgument(
+      "subnet_overlap",
+      fmt::format("management subnet {} overlaps {} ({}) within one node's scope",
+                  subnet.ToString(), other, where),
+      {{"subnet", subnet.ToString()}, {"overlaps", other}, {"source", where}});
+}
+
+// The scope a SetSubnetRequest names: node_id alone, region + pool, or region (INVALID_ARGUMENT
+// invalid_scope otherwise, and for a bad region or pool).
+Result<std::string> SubnetRuleScope(const v1::SetSubnetRequest& req) {
+  std::string scope;
+  if (!req.node_id().empty()) {
+    if (!req.region().empty() || !req.pool().empty()) {
+      return Error::InvalidArgument("invalid_scope",
+                                    "a node rule names only node_id (not region or pool)",
+                                    {{"scope", "node_id alone, region+pool, or region"}});
+    }
+    if (auto v = CheckNodeId(req.node_id(), "invalid_scope"); !v.ok()) return v.error();
+    scope = kScopeNode;
+  } else if (!req.pool().empty()) {
+    if (req.region().empty()) {
+      return Error::InvalidArgument("invalid_scope", "a pool rule needs its region",
+                                    {{"region", "required with pool"}});
+    }
+    scope = kScopePool;
+  } else if (!req.region().empty()) {
+    scope = kScopeRegion;
+  } else {
+    return Error::InvalidArgument("invalid_scope", "name a region, a region+pool or a node",
+                                  {{"scope", "node_id alone, region+pool, or region"}});
+  }
+  if (!req.region().empty() && !ids::IsNodeId(req.region())) {
+    return Error::InvalidArgument("invalid_scope", "region must be a lowercase DNS label",
+                                  {{"region", "must be a lowercase DNS label"}});
+  }
+  if (req.pool().size() > 63) {
+    return Error::InvalidArgument("invalid_scope", "pool is at most 63 characters",
+                                  {{"pool", "at most 63 characters"}});
+  }
+  return scope;
+}
+
+// A subnet rule's datapath and bridge: UNSPECIFIED or a declared value (INVALID_ARGUMENT
+// datapath_invalid); a bridge only with a datapath, and a valid interface name (invalid_bridge).
+Result<Datapath> ValidateRuleDatapath(const v1::SetSubnetRequest& req) {
+  if (req.datapath() != v1::NETWORK_DATAPATH_UNSPECIFIED && enums::Text(req.datapath()).empty()) {
+    return enums::InvalidValue("datapath", std::to_string(static_cast<int>(req.datapath())),
+                               v1::NetworkDatapath_descriptor());
+  }
+  if (!req.bridge().empty() && !ValidBridgeName(req.bridge())) {
+    return Error::InvalidArgument("invalid_bridge",
+                                  "bridge must be 1-15 of [A-Za-z0-9_.-]: '" + req.bridge() + "'",
+                                  {{"bridge", "1-15 of [A-Za-z0-9_.-]"}});
+  }
+  // A bridge name means something only for a datapath: inheriting the datapath but not the
+  // bridge could pair an OVS bridge name with a Linux bridge.
+  if (!req.bridge().empty() && req.datapath() == v1::NETWORK_DATAPATH_UNSPECIFIED) {
+    return Error::InvalidArgument("invalid_bridge", "a bridge is set only with its datapath",
+                                  {{"bridge", "requires datapath"}});
+  }
+  return Datapath{req.datapath(), req.bridge()};
+}
+
+}  // namespace
+
+std::vector<RuleScope> ApplicableRules(const std::string& node_id, const std::string& region,
+                                       const std::string& pool) {
+  std::vector<RuleScope> out{{kScopeNode, "", "", node_id}};
+  if (!region.empty() && !pool.empty()) out.push_back({kScopePool, region, pool, ""});
+  if (!region.empty()) out.push_back({kScopeRegion, region, "", ""});
+  return out;
+}
+
+std::vector<BroaderRule> BroaderRules(const std::string& scope, const std::string& region,
+                                      const std::string& pool) {
+  std::vector<BroaderRule> out;
+  if (scope != kScopeRegion && !region.empty()) {
+    out.push_back({{kScopeRegion, region, "", ""}, "region " + region});
+  }
+  if (scope == kScopeNode && !region.empty() && !pool.empty()) {
+    out.push_back({{kScopePool, region, pool, ""}, fmt::format("pool {}/{}", region, pool)});
+  }
+  return out;
+}
+
+Result<SubnetRuleSpec> ParseSubnetRule(const v1::SetSubnetRequest& req) {
+  auto scope = SubnetRuleScope(req);
+  if (!scope.ok()) return scope.error();
+  auto subnet = ParseCidr(req.subnet(), "subnet");
+  if (!subnet.ok()) return subnet.error();
+  auto gw = ResolveGateway(*subnet, req.gateway());
+  if (!gw.ok()) return gw.error();
+  auto path = ValidateRuleDatapath(req);
+  if (!path.ok()) return path.error();
+  SubnetRuleSpec spec{{*scope, req.region(), req.pool(), req.node_id()},  *subnet, *gw, *path,
+                      {req.host_cidrs().begin(), req.host_cidrs().end()}, {}};
+  for (int i = 0; i < req.host_cidrs_size(); ++i) {
+    auto h = ParseCidr(req.host_cidrs(i), fmt::format("host_cidrs[{}]", i), 1, 32);
+    if (!h.ok()) return h.error();
+    spec.own_hosts.push_back(*h);
+  }
+  return spec;
+}
+
+Result<void> CheckSubnetCapacity(const AddressPlan& plan, int64_t required) {
+  const int64_t capacity = SlotCapacity(plan);
+  if (capacity >= required) return Ok();
+  return Error::InvalidArgument(
+      "subnet_too_small",
+      fmt::format("{} offers {} slot addresses (offsets {}..{}, less network, gateway "
+                  "and broadcast); a node needs {}",
+                  plan.subnet.ToString(), capacity, plan.first_host, plan.last_host, required),
+      {{"subnet", plan.subnet.ToString()},
+       {"capacity", std::to_string(capacity)},
+       {"required", std::to_string(required)}});
+}
+
+Result<void> CheckHostOverlap(const Cidr& subnet, const std::vector<HostNetwork>& hosts) {
+  for (const auto& [cidr, where] : hosts) {
+    auto c = ParseCidr(cidr, "host_cidrs", 0, 32);
+    if (c.ok() && Overlaps(subnet, *c)) return SubnetOverlap(subnet, cidr, where);
+  }
+  return Ok();
+}
+
+Result<void> CheckNarrowerOverlap(const std::vector<Cidr>& own_hosts,
+                                  const std::vector<HostNetwork>& narrower) {
+  for (const auto& n : narrower) {
+    auto c = ParseCidr(n.cidr, "subnet", 0, 32);
+    for (const auto& own : own_hosts) {
+      if (c.ok() && Overlaps(*c, own)) {
+        return SubnetOverlap(*c, own.ToString(), "host_cidrs of this rule; subnet of " + n.where);
+      }
+    }
+  }
+  return Ok();
+}
+
+Result<void> CheckReservationsFit(const AddressPlan& plan, const std::string& node_id,
+                                  const std::vector<SlotAddress>& reservations) {
+  for (const auto& r : reservations) {
+    auto ip = ParseIpv4(r.ip);
+    if (!ip || !IsSlotAddress(plan, *ip)) {
+      return Error{Code::kFailedPrecondition,
+                   "subnet_in_use",
+                   fmt::format("slot {} holds {}, which is not a slot address of {}; "
+                               "release its reservation first",
+                               r.slot_key, r.ip, plan.subnet.ToString()),
+                   {{"node_id", node_id}, {"slot_key", r.slot_key}, {"ip", r.ip}},
+                   false};
+    }
+  }
+  return Ok();
+}
+
+bool NodeRuleMovesDatapath(const std::optional<Datapath>& before, const Datapath& now) {
+  const bool chose = before && before->datapath != v1::NETWORK_DATAPATH_UNSPECIFIED;
+  return now.datapath != v1::NETWORK_DATAPATH_UNSPECIFIED || chose;
+}
+
+AddressPlan PlanOf(const std::string& subnet, const std::string& gateway, int64_t first_host,
+                   int64_t last_host) {
+  AddressPlan p;
+  auto c = ParseCidr(subnet, "subnet", 0, 32);
+  if (c.ok()) p.subnet = *c;
+  p.gateway = ParseIpv4(gateway).value_or(0);
+  p.first_host = first_host;
+  p.last_host = last_host;
+  return p;
+}
+
+NodeRowChange ChangeAtReserve(const NodeRow& current, const NodeRow& wanted,
+                              bool has_reservations) {
+  const bool moved =
+      !wanted.region.empty() && (current.region != wanted.region || current.pool != wanted.pool);
+  if (!has_reservations && (current.subnet != wanted.subnet || current.gateway != wanted.gateway ||
+                            moved || current.datapath != wanted.datapath)) {
+    return NodeRowChange::kApplyRules;
+  }
+  return moved ? NodeRowChange::kMoveScope : NodeRowChange::kNone;
+}
+
 }  // namespace gpuaas::ipam

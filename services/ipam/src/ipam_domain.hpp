@@ -182,4 +182,110 @@ struct LeaseJudgement {
 LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::LeaseReport& report,
                            int64_t observed_at_ms, int64_t readiness_timeout_ms);
 
+// ---- Request fields ----
+
+// Comma-separated items, blanks around them trimmed, empty ones dropped.
+std::vector<std::string> SplitCsv(const std::string& s);
+// A node id that must be given: INVALID_ARGUMENT `reason` when missing or not a DNS label.
+Result<void> CheckNodeId(const std::string& id, const std::string& reason);
+// A node id (lowercase DNS label) and slot key (1-128 characters), every bad field at once:
+// INVALID_ARGUMENT `reason`.
+Result<void> ValidateSlotKeys(const std::string& node_id, const std::string& slot_key,
+                              const std::string& reason);
+// reserve: the keys, then `region` (a DNS label, required with `pool`) and `pool` (at most 63):
+// INVALID_ARGUMENT invalid_reservation_request.
+Result<void> ValidateReserveRequest(const v1::ReserveSlotAddressRequest& req);
+
+// ---- Subnet rules ----
+
+inline constexpr const char* kScopeNode = "node";
+inline constexpr const char* kScopePool = "pool";
+inline constexpr const char* kScopeRegion = "region";
+
+// Which subnet rule: scope "node" (node_id only), "pool" (region + pool) or "region" (region).
+struct RuleScope {
+  std::string scope;
+  std::string region;
+  std::string pool;
+  std::string node_id;
+};
+
+// The rules that may apply to a node, most specific first: its node rule, the pool rule of
+// `region` + `pool` (both given), the region rule (`region` given).
+std::vector<RuleScope> ApplicableRules(const std::string& node_id, const std::string& region,
+                                       const std::string& pool);
+
+// A network present on hosts (or a management subnet), with where it comes from.
+struct HostNetwork {
+  std::string cidr;
+  std::string where;
+};
+
+// The broader rules over the same nodes as a rule of `scope` whose nodes are in `region`/`pool`:
+// the region rule (unless this is one), and the pool rule (for a node rule), each with the
+// `where` its host networks are reported as.
+struct BroaderRule {
+  RuleScope rule;
+  std::string where;
+};
+std::vector<BroaderRule> BroaderRules(const std::string& scope, const std::string& region,
+                                      const std::string& pool);
+
+// A SetSubnetRequest, validated: scope (invalid_scope), subnet (invalid_cidr), gateway
+// (invalid_gateway), datapath (datapath_invalid) and bridge (invalid_bridge), host networks
+// (invalid_cidr per item); the first problem in that order.
+struct SubnetRuleSpec {
+  RuleScope rule;
+  Cidr subnet;
+  uint32_t gateway = 0;
+  Datapath datapath;                    // what the rule says (UNSPECIFIED / "": inherit)
+  std::vector<std::string> host_cidrs;  // as given
+  std::vector<Cidr> own_hosts;          // parsed
+};
+Result<SubnetRuleSpec> ParseSubnetRule(const v1::SetSubnetRequest& req);
+
+// INVALID_ARGUMENT subnet_too_small when the plan offers fewer than `required` slot addresses.
+Result<void> CheckSubnetCapacity(const AddressPlan& plan, int64_t required);
+// INVALID_ARGUMENT subnet_overlap for the first of `hosts` (unparseable ones skipped) that
+// overlaps `subnet`.
+Result<void> CheckHostOverlap(const Cidr& subnet, const std::vector<HostNetwork>& hosts);
+// INVALID_ARGUMENT subnet_overlap for the first subnet of `narrower` (narrower rules and nodes in
+// the rule's scope) that overlaps one of the rule's own host networks.
+Result<void> CheckNarrowerOverlap(const std::vector<Cidr>& own_hosts,
+                                  const std::vector<HostNetwork>& narrower);
+
+// A reservation's slot and IP.
+struct SlotAddress {
+  std::string slot_key;
+  std::string ip;
+};
+// FAILED_PRECONDITION subnet_in_use for the first of the node's reservations whose IP is not a
+// slot address of the plan of its new subnet.
+Result<void> CheckReservationsFit(const AddressPlan& plan, const std::string& node_id,
+                                  const std::vector<SlotAddress>& reservations);
+
+// A node rule that chooses a datapath, or stops choosing one, moves the node at once; one that
+// never chose keeps the datapath the node got with its first reservation.
+bool NodeRuleMovesDatapath(const std::optional<Datapath>& before, const Datapath& now);
+
+// The plan of a node's stored subnet and gateway (text as the database returns them).
+AddressPlan PlanOf(const std::string& subnet, const std::string& gateway, int64_t first_host,
+                   int64_t last_host);
+
+// What a node's subnet row gets at a reservation, from the rules of today (`subnet`, `gateway`,
+// `datapath`) and the request's `region`/`pool`.
+enum class NodeRowChange {
+  kNone,
+  kApplyRules,  // no address handed out yet: the rules of today apply, and the request's scope
+  kMoveScope,   // the node has reservations: only its region/pool follow the request
+};
+struct NodeRow {
+  std::string subnet;
+  std::string gateway;
+  std::string region;
+  std::string pool;
+  Datapath datapath;
+};
+NodeRowChange ChangeAtReserve(const NodeRow& current, const NodeRow& wanted, bool has_reservations);
+
 }  // namespace gpuaas::ipam

@@ -6,6 +6,8 @@
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/store.hpp"
 #include "ipam_domain.hpp"
 #include "ipam_service.hpp"
 
@@ -80,6 +82,15 @@ Result<void> AnnounceDrift(pqxx::work& tx, const std::string& event, const v1::I
                           d.allocation_id().empty() ? d.node_id() : d.allocation_id(), "", &snap});
   if (!ev.ok()) return ev.error();
   return Ok();
+}
+
+std::vector<std::string> TextArray(const pqxx::field& f) {
+  std::vector<std::string> out;
+  auto parser = f.as_array();
+  for (auto e = parser.get_next(); e.first != pqxx::array_parser::done; e = parser.get_next()) {
+    if (e.first == pqxx::array_parser::string_value) out.push_back(e.second);
+  }
+  return out;
 }
 
 }  // namespace
@@ -269,6 +280,210 @@ std::vector<v1::IpamDrift> ListDrift(pqxx::work& tx, const std::string& node_id,
     out.push_back(DriftFromRow(r));
   }
   return out;
+}
+
+std::optional<RuleRow> LoadRule(pqxx::work& tx, const RuleScope& rule) {
+  auto r = tx.exec_params(
+      "SELECT subnet::text, host(gateway), host_cidrs, datapath, bridge FROM subnet_rules WHERE "
+      "scope = $1 AND region = $2 AND pool = $3 AND node_id = $4",
+      rule.scope, rule.region, rule.pool, rule.node_id);
+  if (r.empty()) return std::nullopt;
+  return RuleRow{r[0][0].as<std::string>(),
+                 r[0][1].as<std::string>(),
+                 TextArray(r[0][2]),
+                 {enums::FromColumn<v1::NetworkDatapath>(r[0][3].as<std::string>()),
+                  r[0][4].as<std::string>()}};
+}
+
+void UpsertRule(pqxx::work& tx, const RuleScope& rule, const std::string& subnet,
+                const std::string& gateway, const std::vector<std::string>& host_cidrs,
+                const Datapath& datapath) {
+  tx.exec_params(
+      "INSERT INTO subnet_rules (scope, region, pool, node_id, subnet, gateway, "
+      "host_cidrs, datapath, bridge) VALUES ($1, $2, $3, $4, $5::cidr, $6::inet, "
+      "$7::text[], $8, $9) "
+      "ON CONFLICT (scope, region, pool, node_id) DO UPDATE SET subnet = EXCLUDED.subnet, "
+      "gateway = EXCLUDED.gateway, host_cidrs = EXCLUDED.host_cidrs, "
+      "datapath = EXCLUDED.datapath, bridge = EXCLUDED.bridge, updated_at = now()",
+      rule.scope, rule.region, rule.pool, rule.node_id, subnet, gateway,
+      store::TextArrayLiteral(host_cidrs), enums::Text(datapath.datapath), datapath.bridge);
+}
+
+std::vector<HostNetwork> ListNarrowerSubnets(pqxx::work& tx, const std::string& region,
+                                             const std::string& pool) {
+  std::vector<HostNetwork> out;
+  for (const auto& n : tx.exec_params(
+           "SELECT subnet::text, 'pool rule ' || region || '/' || pool FROM subnet_rules "
+           "WHERE scope = 'pool' AND region = $1 AND $2 = '' UNION ALL "
+           "SELECT subnet::text, 'node ' || node_id FROM node_subnets WHERE region = $1 AND "
+           "($2 = '' OR pool = $2)",
+           region, pool)) {
+    out.push_back({n[0].as<std::string>(), n[1].as<std::string>()});
+  }
+  return out;
+}
+
+std::pair<std::string, std::string> ResolveSubnet(pqxx::work& tx, const IpamConfig& cfg,
+                                                  const std::string& node_id,
+                                                  const std::string& region,
+                                                  const std::string& pool) {
+  for (const auto& scope : ApplicableRules(node_id, region, pool)) {
+    if (auto r = LoadRule(tx, scope)) return {r->subnet, r->gateway};
+  }
+  auto subnet = ParseCidr(cfg.default_subnet);
+  auto gw = ResolveGateway(*subnet, cfg.default_gateway);
+  return {subnet->ToString(), FormatIpv4(*gw)};
+}
+
+Datapath ResolveNodeDatapath(pqxx::work& tx, const IpamConfig& cfg, const std::string& node_id,
+                             const std::string& region, const std::string& pool) {
+  std::vector<Datapath> rules;
+  for (const auto& scope : ApplicableRules(node_id, region, pool)) {
+    if (auto r = LoadRule(tx, scope)) rules.push_back(r->datapath);
+  }
+  return ResolveDatapath(rules, cfg.Network());
+}
+
+void InsertNodeSubnet(pqxx::work& tx, const std::string& node_id, const NodeRow& row) {
+  tx.exec_params(
+      "INSERT INTO node_subnets (node_id, subnet, gateway, region, pool, datapath, bridge) "
+      "VALUES ($1, $2::cidr, $3::inet, $4, $5, $6, $7) ON CONFLICT (node_id) DO NOTHING",
+      node_id, row.subnet, row.gateway, row.region, row.pool, enums::Text(row.datapath.datapath),
+      row.datapath.bridge);
+}
+
+void ReplaceNodeSubnet(pqxx::work& tx, const std::string& node_id, const NodeRow& row) {
+  tx.exec_params(
+      "UPDATE node_subnets SET subnet = $2::cidr, gateway = $3::inet, region = $4, "
+      "pool = $5, datapath = $6, bridge = $7 WHERE node_id = $1",
+      node_id, row.subnet, row.gateway, row.region, row.pool, enums::Text(row.datapath.datapath),
+      row.datapath.bridge);
+}
+
+void SetNodeScope(pqxx::work& tx, const std::string& node_id, const std::string& region,
+                  const std::string& pool) {
+  tx.exec_params("UPDATE node_subnets SET region = $2, pool = $3 WHERE node_id = $1", node_id,
+                 region, pool);
+}
+
+void SetNodeSubnet(pqxx::work& tx, const std::string& node_id, const std::string& subnet,
+                   const std::string& gateway) {
+  tx.exec_params("UPDATE node_subnets SET subnet = $2::cidr, gateway = $3::inet WHERE node_id = $1",
+                 node_id, subnet, gateway);
+}
+
+void SetNodeDatapath(pqxx::work& tx, const std::string& node_id, const Datapath& datapath) {
+  tx.exec_params("UPDATE node_subnets SET datapath = $2, bridge = $3 WHERE node_id = $1", node_id,
+                 enums::Text(datapath.datapath), datapath.bridge);
+}
+
+int64_t CountReservations(pqxx::work& tx, const std::string& node_id) {
+  return tx.exec_params("SELECT count(*) FROM slot_reservations WHERE node_id = $1", node_id)[0][0]
+      .as<int64_t>();
+}
+
+bool HasReservations(pqxx::work& tx, const std::string& node_id) {
+  return !tx.exec_params(
+                "SELECT 1 FROM slot_reservations WHERE node_id = $1 "
+                "LIMIT 1",
+                node_id)
+              .empty();
+}
+
+std::vector<SlotAddress> ListReservedAddresses(pqxx::work& tx, const std::string& node_id) {
+  std::vector<SlotAddress> out;
+  for (const auto& r :
+       tx.exec_params("SELECT slot_key, host(ip) FROM slot_reservations WHERE node_id = $1 "
+                      "ORDER BY ip",
+                      node_id)) {
+    out.push_back({r[0].as<std::string>(), r[1].as<std::string>()});
+  }
+  return out;
+}
+
+std::set<uint32_t> LoadUsedIps(pqxx::work& tx, const std::string& node_id) {
+  std::set<uint32_t> used;
+  for (const auto& r :
+       tx.exec_params("SELECT host(ip) FROM slot_reservations WHERE node_id = $1", node_id)) {
+    if (auto ip = ParseIpv4(r[0].as<std::string>())) used.insert(*ip);
+  }
+  return used;
+}
+
+void InsertReservation(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                       const std::string& mac, const std::string& ip) {
+  tx.exec_params(
+      "INSERT INTO slot_reservations (node_id, slot_key, mac, ip, generation) "
+      "SELECT $1, $2, $3::macaddr, $4::inet, generation + 1 FROM mac_assignments "
+      "WHERE node_id = $1 AND slot_key = $2",
+      node_id, slot_key, mac, ip);
+}
+
+void DeleteReservation(pqxx::work& tx, const std::string& node_id, const std::string& slot_key) {
+  tx.exec_params("DELETE FROM slot_reservations WHERE node_id = $1 AND slot_key = $2", node_id,
+                 slot_key);
+}
+
+void SetReservationMac(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                       const std::string& mac) {
+  tx.exec_params(
+      "UPDATE slot_reservations SET mac = $3::macaddr, generation = generation + 1, "
+      "updated_at = now() WHERE node_id = $1 AND slot_key = $2",
+      node_id, slot_key, mac);
+}
+
+std::optional<MacAssignment> LockMacAssignment(pqxx::work& tx, const std::string& node_id,
+                                               const std::string& slot_key) {
+  auto owned = tx.exec_params(
+      "SELECT mac::text, epoch, generation FROM mac_assignments WHERE node_id = $1 "
+      "AND slot_key = $2 FOR UPDATE",
+      node_id, slot_key);
+  if (owned.empty()) return std::nullopt;
+  return MacAssignment{owned[0][0].as<std::string>(), owned[0][1].as<int>(),
+                       owned[0][2].as<int64_t>()};
+}
+
+void DeleteMacAssignment(pqxx::work& tx, const std::string& node_id, const std::string& slot_key) {
+  tx.exec_params("DELETE FROM mac_assignments WHERE node_id = $1 AND slot_key = $2", node_id,
+                 slot_key);
+}
+
+void SetMacGeneration(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                      int64_t generation) {
+  tx.exec_params("UPDATE mac_assignments SET generation = $3 WHERE node_id = $1 AND slot_key = $2",
+                 node_id, slot_key, generation);
+}
+
+Result<std::string> ClaimReprovisionedMac(pqxx::work& tx, const std::string& node_id,
+                                          const std::string& slot_key, int epoch,
+                                          const std::string& old) {
+  for (int e = epoch + 1; e <= epoch + 8; ++e) {
+    const auto candidate = DeterministicMac(node_id, slot_key, e);
+    if (candidate != old && ClaimMac(tx, node_id, slot_key, candidate, "derived", e)) {
+      return candidate;
+    }
+  }
+  return ClaimPoolMac(tx, node_id, slot_key, epoch + 1);
+}
+
+Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& node_id) {
+  v1::ListLeasesResponse resp;
+  auto head = tx.exec_params(
+      "SELECT document_version, blockers, (extract(epoch from observed_at) * 1000)::int8 "
+      "FROM lease_reports WHERE node_id = $1",
+      node_id);
+  if (head.empty()) return resp;
+  resp.set_document_version(head[0][0].as<int64_t>());
+  for (const auto& b : TextArray(head[0][1])) resp.add_blockers(b);
+  *resp.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(head[0][2].as<int64_t>());
+  for (const auto& r : tx.exec_params(
+           "SELECT doc::text FROM lease_observations WHERE node_id = $1 ORDER BY subject",
+           node_id)) {
+    if (auto p = protojson::FromJson(r[0].as<std::string>(), resp.add_leases()); !p.ok()) {
+      return Error::Internal("corrupt_lease", p.error().message);
+    }
+  }
+  return resp;
 }
 
 }  // namespace gpuaas::ipam

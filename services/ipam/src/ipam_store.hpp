@@ -6,7 +6,9 @@
 #include <pqxx/pqxx>
 
 #include <optional>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gpuaas/common/documents.hpp"
@@ -70,5 +72,88 @@ Result<void> ResolveDrift(pqxx::work& tx, const std::string& node_id, const std:
                           const std::string& why, const std::string& source);
 std::vector<v1::IpamDrift> ListDrift(pqxx::work& tx, const std::string& node_id,
                                      bool include_resolved);
+
+// ---- Subnet rules and node rows ----
+
+// A subnet rule as stored.
+struct RuleRow {
+  std::string subnet;
+  std::string gateway;
+  std::vector<std::string> host_cidrs;
+  Datapath datapath;  // UNSPECIFIED / "": inherit
+};
+std::optional<RuleRow> LoadRule(pqxx::work& tx, const RuleScope& rule);
+// Inserts or replaces the rule (its updated_at now).
+void UpsertRule(pqxx::work& tx, const RuleScope& rule, const std::string& subnet,
+                const std::string& gateway, const std::vector<std::string>& host_cidrs,
+                const Datapath& datapath);
+// The management subnets inside a region or pool rule's scope (`pool` "" for a region rule):
+// the pool rules of a region rule, and the nodes of the region or pool, each with its label.
+std::vector<HostNetwork> ListNarrowerSubnets(pqxx::work& tx, const std::string& region,
+                                             const std::string& pool);
+
+// The subnet and gateway a node gets: node rule, then pool rule, then region rule, then
+// ipam.default_subnet / ipam.default_gateway.
+std::pair<std::string, std::string> ResolveSubnet(pqxx::work& tx, const IpamConfig& cfg,
+                                                  const std::string& node_id,
+                                                  const std::string& region,
+                                                  const std::string& pool);
+// The datapath a node gets: the most specific of its node, pool and region rules that sets one,
+// else the configured one. Chosen independently of the subnet: a node rule that only moves the
+// subnet keeps the region's datapath.
+Datapath ResolveNodeDatapath(pqxx::work& tx, const IpamConfig& cfg, const std::string& node_id,
+                             const std::string& region, const std::string& pool);
+
+// The node's subnet row unless it has one already.
+void InsertNodeSubnet(pqxx::work& tx, const std::string& node_id, const NodeRow& row);
+// Replaces the row's subnet, gateway, region, pool and datapath.
+void ReplaceNodeSubnet(pqxx::work& tx, const std::string& node_id, const NodeRow& row);
+void SetNodeScope(pqxx::work& tx, const std::string& node_id, const std::string& region,
+                  const std::string& pool);
+void SetNodeSubnet(pqxx::work& tx, const std::string& node_id, const std::string& subnet,
+                   const std::string& gateway);
+void SetNodeDatapath(pqxx::work& tx, const std::string& node_id, const Datapath& datapath);
+
+// ---- Reservations ----
+
+int64_t CountReservations(pqxx::work& tx, const std::string& node_id);
+bool HasReservations(pqxx::work& tx, const std::string& node_id);
+// The node's reservations' slots and IPs, ordered by IP.
+std::vector<SlotAddress> ListReservedAddresses(pqxx::work& tx, const std::string& node_id);
+// The IPs the node's reservations use.
+std::set<uint32_t> LoadUsedIps(pqxx::work& tx, const std::string& node_id);
+// A reservation of `ip` for the slot, whose generation continues the slot's MAC row's.
+void InsertReservation(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                       const std::string& mac, const std::string& ip);
+void DeleteReservation(pqxx::work& tx, const std::string& node_id, const std::string& slot_key);
+// The reservation's new MAC, its generation bumped.
+void SetReservationMac(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                       const std::string& mac);
+
+// ---- MAC ownership ----
+
+struct MacAssignment {
+  std::string mac;
+  int epoch = 0;
+  int64_t generation = 0;
+};
+// The slot's MAC row, locked FOR UPDATE; nullopt when the slot owns no MAC.
+std::optional<MacAssignment> LockMacAssignment(pqxx::work& tx, const std::string& node_id,
+                                               const std::string& slot_key);
+void DeleteMacAssignment(pqxx::work& tx, const std::string& node_id, const std::string& slot_key);
+// The generation the slot's events continue from (kept on its MAC row across releases).
+void SetMacGeneration(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                      int64_t generation);
+// A new MAC for a slot that gave up `old` at `epoch`: the derived MAC of the next epochs (up to
+// 8 tried, never `old`), else the next pool MAC (at epoch + 1).
+Result<std::string> ClaimReprovisionedMac(pqxx::work& tx, const std::string& node_id,
+                                          const std::string& slot_key, int epoch,
+                                          const std::string& old);
+
+// ---- Lease reports ----
+
+// The node's last lease report (document version, blockers, time) and its observations ordered
+// by subject; empty when the node never reported. INTERNAL corrupt_lease for an unreadable one.
+Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& node_id);
 
 }  // namespace gpuaas::ipam

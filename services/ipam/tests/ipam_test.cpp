@@ -216,9 +216,14 @@ class IpamTest : public ::testing::Test {
     req.set_node_id(node);
     return Call<v1::ListLeasesResponse>("gpuaas.v1.ipam.lease.list", req);
   }
+  // A failed query fails the test: read as 0 it would let "nothing published" pass unchecked.
   uint64_t Count(const std::string& stream, const std::string& subject) {
     auto n = messaging::StreamSubjectCount(*conn_, stream, subject);
-    return n.ok() ? *n : 0;
+    if (!n.ok()) {
+      ADD_FAILURE() << "counting " << subject << " in " << stream << ": " << n.error().ToString();
+      return 0;
+    }
+    return *n;
   }
 
   // What the scheduler's outbox relay publishes; `msg_id` other than the event id makes the
