@@ -264,6 +264,46 @@ std::vector<v1::AppEndpoint> Endpoints(const v1::AppManifest& app) {
   return {app.endpoints().begin(), app.endpoints().end()};
 }
 
+Result<std::vector<v1::EndpointRequest>> EndpointsToExpose(const v1::CreateAllocationRequest& req,
+                                                           const Target& target) {
+  std::vector<v1::EndpointRequest> expose(req.expose().begin(), req.expose().end());
+  if (req.app().empty()) return expose;
+  auto app = Lookup(req.app());
+  if (!app.ok()) return app.error();
+  if (auto why = Check(**app, target); !why.empty()) {
+    Error e = Error::FailedPrecondition(
+        "app_not_compatible",
+        fmt::format("app {} cannot run on this order: {}", req.app(), why.front().message));
+    for (const auto& w : why) {
+      e.details[std::string(ReasonText(w.reason))] = w.message;
+    }
+    return e;
+  }
+  // A bare-metal node has its own public addresses: only slices expose the app's endpoints.
+  const bool baremetal = target.shape == v1::CAPACITY_SHAPE_BAREMETAL;
+  for (const auto& ep : baremetal ? std::vector<v1::AppEndpoint>{} : Endpoints(**app)) {
+    const bool named = std::any_of(expose.begin(), expose.end(),
+                                   [&](const auto& x) { return x.name() == ep.name(); });
+    const bool same_port = std::any_of(expose.begin(), expose.end(), [&](const auto& x) {
+      return x.protocol() == ep.protocol() && x.port() == ep.port();
+    });
+    if (named && same_port) continue;  // asked for explicitly as well
+    if (named || same_port) {
+      return Error::InvalidArgument(
+          "invalid_allocation_request",
+          fmt::format("expose and app {} both name endpoint {} or port {}", req.app(), ep.name(),
+                      ep.port()),
+          {{"expose", "must not clash with the app's endpoints"}});
+    }
+    v1::EndpointRequest add;
+    add.set_name(ep.name());
+    add.set_protocol(ep.protocol());
+    add.set_port(ep.port());
+    expose.push_back(std::move(add));
+  }
+  return expose;
+}
+
 std::vector<std::string> Validate(const v1::ListAppsResponse& apps) {
   std::vector<std::string> problems;
   std::set<std::string> names;

@@ -3,10 +3,11 @@
 // into the scheduler (apps.cpp, kManifests): each app declares the capacity shapes it runs on,
 // the GPUs and nodes it needs, and the endpoints it listens on. Check() is the one rule that says
 // whether an app fits a target (an allocation, or an order not placed yet): pure, no I/O, every
-// reason at once. StartApps serves gpuaas.v1.scheduler.app.list and app.compatibility.
+// reason at once. AppHandlers (apps_rpc.cpp) serves app.list and app.compatibility.
 //
-// The allocation-create path uses Find + Check to refuse an app that does not fit the order, and
-// Endpoints to expand an app into the endpoints it exposes (only these).
+// The allocation-create path uses EndpointsToExpose: Lookup + Check to refuse an app that does not
+// fit the order, and Endpoints to expand an app into the endpoints it exposes (only these).
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,9 +15,15 @@
 
 #include "catalog.hpp"
 #include "gpuaas/common/result.hpp"
-#include "gpuaas/common/runtime.hpp"
 #include "gpuaas/v1/apps.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+
+namespace gpuaas::rpc {
+struct Context;
+}  // namespace gpuaas::rpc
+namespace gpuaas::store {
+class Pool;
+}  // namespace gpuaas::store
 
 namespace gpuaas::scheduler {
 namespace apps {
@@ -70,6 +77,15 @@ Result<const v1::AppManifest*> Lookup(std::string_view name);
 // The endpoints exposing `app` exposes: exactly the ones it declares.
 std::vector<v1::AppEndpoint> Endpoints(const v1::AppManifest& app);
 
+// What an allocation create exposes (the create path's policy; pure): the request's `expose`,
+// then, when it names an app, the app's declared endpoints on a slice `target` (a bare-metal
+// node has its own public addresses). An app named twice (same name and port) is exposed once.
+// Errors: NOT_FOUND unknown_app; FAILED_PRECONDITION app_not_compatible (every reason of Check
+// in the details); INVALID_ARGUMENT invalid_allocation_request when the request and the app
+// name one endpoint with another port, or one port under another name.
+Result<std::vector<v1::EndpointRequest>> EndpointsToExpose(const v1::CreateAllocationRequest& req,
+                                                           const Target& target);
+
 // Problems of a manifest table (empty: valid): names, kinds, shapes, GPU and node bounds,
 // endpoints (DNS-label names, 1..65535 ports, protocols, no duplicate name or port). The
 // compiled-in table is checked by a unit test and once at start.
@@ -77,9 +93,21 @@ std::vector<std::string> Validate(const v1::ListAppsResponse& apps);
 
 }  // namespace apps
 
-// Serves gpuaas.v1.scheduler.app.list and gpuaas.v1.scheduler.app.compatibility. An order is
-// validated against `catalog` as allocation.create validates it; an allocation is read as
-// allocation.get reads it (a tenant principal sees only its own tenant's).
-Result<void> StartApps(runtime::Service& svc, const Catalog& catalog);
+// The handlers of gpuaas.v1.scheduler.app.list and gpuaas.v1.scheduler.app.compatibility
+// (apps_rpc.cpp; routed in scheduler_routes.cpp). An order is validated against `catalog` as
+// allocation.create validates it; an allocation is read as allocation.get reads it (a tenant
+// principal sees only its own tenant's).
+class AppHandlers {
+ public:
+  // Checks the compiled-in manifest table: a bad table aborts at start, not on a request.
+  AppHandlers(std::shared_ptr<store::Pool> pool, Catalog catalog);
+  Result<v1::ListAppsResponse> List(const v1::ListAppsRequest& req, rpc::Context& ctx);
+  Result<v1::CheckAppCompatibilityResponse> Compatibility(
+      const v1::CheckAppCompatibilityRequest& req, rpc::Context& ctx);
+
+ private:
+  std::shared_ptr<store::Pool> pool_;
+  Catalog catalog_;
+};
 
 }  // namespace gpuaas::scheduler

@@ -34,49 +34,46 @@ Result<apps::Target> AllocationTarget(store::Pool& pool, const std::string& id,
 
 }  // namespace
 
-Result<void> StartApps(runtime::Service& svc, const Catalog& catalog) {
+AppHandlers::AppHandlers(std::shared_ptr<store::Pool> pool, Catalog catalog)
+    : pool_(std::move(pool)), catalog_(std::move(catalog)) {
   // Checked at start as well as by the unit test: a bad table aborts here, not on a request.
   (void)apps::All();
-  auto& rpc = svc.Rpc();
-  rpc.Handle<v1::ListAppsRequest, v1::ListAppsResponse>(
-      "gpuaas.v1.scheduler.app.list",
-      [](const v1::ListAppsRequest&, rpc::Context&) -> Result<v1::ListAppsResponse> {
-        return apps::All();
-      });
+}
 
-  rpc.Handle<v1::CheckAppCompatibilityRequest, v1::CheckAppCompatibilityResponse>(
-      "gpuaas.v1.scheduler.app.compatibility",
-      [pool = svc.pg(), catalog](const v1::CheckAppCompatibilityRequest& req,
-                                 rpc::Context& ctx) -> Result<v1::CheckAppCompatibilityResponse> {
-        if (req.app().empty()) {
-          return Error::InvalidArgument("app_required", "name the app to check (app.list)",
-                                        {{"app", "required"}});
-        }
-        auto app = apps::Lookup(req.app());
-        if (!app.ok()) return app.error();
-        Result<apps::Target> target = Error::InvalidArgument(
-            "target_required", "check the app against an allocation_id or an order",
-            {{"target", "allocation_id or order"}});
-        if (req.has_order()) {
-          target = apps::FromOrder(catalog, req.order());
-        } else if (req.target_case() == v1::CheckAppCompatibilityRequest::kAllocationId) {
-          target = AllocationTarget(*pool, req.allocation_id(), ctx.TenantScope());
-        }
-        if (!target.ok()) return target.error();
-        v1::CheckAppCompatibilityResponse resp;
-        *resp.mutable_app() = **app;
-        resp.set_shape(target->shape);
-        resp.set_gpu_count(target->gpu_count);
-        resp.set_node_count(target->node_count);
-        for (const auto& i : apps::Check(**app, *target)) {
-          auto* r = resp.add_reasons();
-          r->set_reason(std::string(apps::ReasonText(i.reason)));
-          r->set_message(i.message);
-        }
-        resp.set_compatible(resp.reasons().empty());
-        return resp;
-      });
-  return Ok();
+Result<v1::ListAppsResponse> AppHandlers::List(const v1::ListAppsRequest& /*req*/,
+                                               rpc::Context& /*ctx*/) {
+  return apps::All();
+}
+
+Result<v1::CheckAppCompatibilityResponse> AppHandlers::Compatibility(
+    const v1::CheckAppCompatibilityRequest& req, rpc::Context& ctx) {
+  if (req.app().empty()) {
+    return Error::InvalidArgument("app_required", "name the app to check (app.list)",
+                                  {{"app", "required"}});
+  }
+  auto app = apps::Lookup(req.app());
+  if (!app.ok()) return app.error();
+  Result<apps::Target> target = Error::InvalidArgument(
+      "target_required", "check the app against an allocation_id or an order",
+      {{"target", "allocation_id or order"}});
+  if (req.has_order()) {
+    target = apps::FromOrder(catalog_, req.order());
+  } else if (req.target_case() == v1::CheckAppCompatibilityRequest::kAllocationId) {
+    target = AllocationTarget(*pool_, req.allocation_id(), ctx.TenantScope());
+  }
+  if (!target.ok()) return target.error();
+  v1::CheckAppCompatibilityResponse resp;
+  *resp.mutable_app() = **app;
+  resp.set_shape(target->shape);
+  resp.set_gpu_count(target->gpu_count);
+  resp.set_node_count(target->node_count);
+  for (const auto& i : apps::Check(**app, *target)) {
+    auto* r = resp.add_reasons();
+    r->set_reason(std::string(apps::ReasonText(i.reason)));
+    r->set_message(i.message);
+  }
+  resp.set_compatible(resp.reasons().empty());
+  return resp;
 }
 
 }  // namespace gpuaas::scheduler

@@ -5,7 +5,6 @@
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
 
-#include <algorithm>
 #include <map>
 #include <set>
 
@@ -23,6 +22,7 @@
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "lifecycle.hpp"
+#include "saga_store.hpp"
 #include "scheduler_metrics.hpp"
 
 namespace gpuaas::scheduler {
@@ -38,48 +38,6 @@ struct Cause {
   std::string detail;
 };
 
-int NextAttempt(pqxx::work& tx, const std::string& allocation_id, v1::TaskType type) {
-  return tx
-      .exec_params1(
-          "SELECT COALESCE(max(attempt), 0) + 1 FROM allocation_tasks WHERE allocation_id = $1 "
-          "AND type = $2",
-          allocation_id, enums::Text(type))[0]
-      .as<int>();
-}
-
-// The live slots of an allocation as the node needs them (from the slot projection).
-std::vector<v1::BundleSlot> BundleSlots(pqxx::work& tx, const std::string& allocation_id,
-                                        std::vector<int>* vcpus, std::vector<int64_t>* mem,
-                                        std::vector<int>* huge, std::string* profile) {
-  std::vector<v1::BundleSlot> out;
-  for (const auto& r : store::Prepared(
-           tx,
-           "SELECT c.slot_key, p.gpu_pci_address, p.fabric_vf_pci_address, p.fabric_type, "
-           "p.nvme_by_id, p.mac, p.private_ip, p.numa, p.vcpus_per_gpu, p.memory_mib_per_gpu, "
-           "p.hugepages_1g_per_gpu, p.profile_name FROM allocation_resource_claims c "
-           "LEFT JOIN projected_slots p ON p.node_id = c.node_id AND p.slot_key = c.slot_key "
-           "WHERE c.allocation_id = $1 AND c.released_at IS NULL AND c.kind = 'slot' "
-           "ORDER BY c.slot_key",
-           allocation_id)) {
-    v1::BundleSlot s;
-    s.set_slot_key(r[0].as<std::string>());
-    s.set_gpu_pci_address(r[1].is_null() ? "" : r[1].as<std::string>());
-    s.set_fabric_vf_pci_address(r[2].is_null() ? "" : r[2].as<std::string>());
-    s.set_fabric_type(
-        enums::FromColumn<v1::FabricType>(r[3].is_null() ? "" : r[3].as<std::string>()));
-    s.set_nvme_by_id(r[4].is_null() ? "" : r[4].as<std::string>());
-    s.set_mac(r[5].is_null() ? "" : r[5].as<std::string>());
-    s.set_private_ip(r[6].is_null() ? "" : r[6].as<std::string>());
-    if (!r[7].is_null() && r[7].as<int>() >= 0) s.set_numa_node(r[7].as<int>());
-    if (vcpus) vcpus->push_back(r[8].is_null() ? 0 : r[8].as<int>());
-    if (mem) mem->push_back(r[9].is_null() ? 0 : r[9].as<int64_t>());
-    if (huge) huge->push_back(r[10].is_null() ? 0 : r[10].as<int>());
-    if (profile && !r[11].is_null() && profile->empty()) *profile = r[11].as<std::string>();
-    out.push_back(std::move(s));
-  }
-  return out;
-}
-
 Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, v1::NodeTask t, int attempt,
                              int64_t deadline_s, const SagaOptions& opts,
                              const std::string& traceparent) {
@@ -89,11 +47,7 @@ Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, v1::NodeTa
   t.set_correlation_id(a.allocation_id());
   t.set_requested_by(opts.source);
   const std::string& type = enums::Text(t.type());
-  store::Prepared(
-      tx,
-      "INSERT INTO allocation_tasks (task_id, allocation_id, node_id, type, attempt, deadline) "
-      "VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
-      t.task_id(), a.allocation_id(), a.node_id(), type, attempt, static_cast<double>(deadline_s));
+  InsertTask(tx, t.task_id(), a.allocation_id(), a.node_id(), type, attempt, deadline_s);
   auto ev = outbox::Append(
       tx,
       {fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", a.node_id())), "",
@@ -175,52 +129,9 @@ Result<std::string> SendProvision(pqxx::work& tx, const v1::Allocation& a,
                                           : req.hostname());
   ci->set_instance_id(a.allocation_id());
   for (const auto& k : req.ssh_authorized_keys()) ci->add_ssh_authorized_keys(k);
-  store::Prepared(
-      tx,
-      "UPDATE allocations SET attempt = 1, image = $2, hostname = $3, ssh_keys = $4::text[] "
-      "WHERE allocation_id = $1",
-      a.allocation_id(), b.image().name(), ci->hostname(),
-      store::TextArrayLiteral(
-          {req.ssh_authorized_keys().begin(), req.ssh_authorized_keys().end()}));
+  RecordProvisionInputs(tx, a.allocation_id(), b.image().name(), ci->hostname(),
+                        {req.ssh_authorized_keys().begin(), req.ssh_authorized_keys().end()});
   return SendTask(tx, a, std::move(t), 1, opts.provision_deadline_s, opts, traceparent);
-}
-
-// Frees the live claims (cleanup proof or force) and says how many.
-int FreeClaims(pqxx::work& tx, const std::string& allocation_id) {
-  return static_cast<int>(
-      store::Prepared(tx,
-                      "UPDATE allocation_resource_claims SET released_at = now(), phase = "
-                      "'released' WHERE allocation_id = $1 AND released_at IS NULL",
-                      allocation_id)
-          .affected_rows());
-}
-
-bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id) {
-  return !store::Prepared(
-              tx,
-              "SELECT 1 FROM allocation_tasks WHERE allocation_id = $1 AND status = 'sent' "
-              "LIMIT 1",
-              allocation_id)
-              .empty();
-}
-
-bool HasLiveClaims(pqxx::work& tx, const std::string& allocation_id) {
-  return !store::Prepared(tx,
-                          "SELECT 1 FROM allocation_resource_claims WHERE allocation_id = $1 AND "
-                          "released_at IS NULL LIMIT 1",
-                          allocation_id)
-              .empty();
-}
-
-// The allocation asked for endpoints that ingress has not reported applied (active, or drifted
-// and repaired) yet.
-bool EndpointsPending(pqxx::work& tx, const std::string& allocation_id) {
-  return !store::Prepared(
-              tx,
-              "SELECT 1 FROM allocation_endpoints WHERE allocation_id = $1 AND state NOT IN "
-              "('active', 'drift') LIMIT 1",
-              allocation_id)
-              .empty();
 }
 
 // What the saga needs besides the allocation: everything else comes from the lifecycle table.
@@ -243,12 +154,7 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
   const v1::Allocation& a = *in.a;
   const std::string& id = a.allocation_id();
   if (fx.noop || fx.late) return a;
-  if (fx.cancel_open_tasks) {
-    store::Prepared(tx,
-                    "UPDATE allocation_tasks SET status = 'cancelled', finished_at = now() WHERE "
-                    "allocation_id = $1 AND status = 'sent'",
-                    id);
-  }
+  if (fx.cancel_open_tasks) CancelOpenTasks(tx, id);
   int freed = 0;
   if (fx.claims == lifecycle::Claims::kFree) freed = FreeClaims(tx, id);
   if (fx.claims == lifecycle::Claims::kSetPhase) SetClaimPhase(tx, id, fx.phase);
@@ -280,14 +186,8 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
       code = in.cause.code;
       detail = in.cause.detail;
     }
-    store::Prepared(
-        tx,
-        "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = now(), "
-        "failure_stage = CASE WHEN $3 THEN $4 ELSE failure_stage END, "
-        "failure_code = CASE WHEN $3 THEN $5 ELSE failure_code END, "
-        "failure_detail = CASE WHEN $3 THEN $6 ELSE failure_detail END WHERE allocation_id = $1",
-        id, enums::Text(fx.state), fx.failure != lifecycle::FailureChange::kKeep, stage, code,
-        detail);
+    SetAllocationState(tx, id, fx.state, fx.failure != lifecycle::FailureChange::kKeep, stage, code,
+                       detail);
     auto loaded = LoadAllocation(tx, id, false);
     if (!loaded.ok()) return loaded.error();
     if (auto e = Announce(tx, *loaded, opts.source, traceparent); !e.ok()) return e.error();
@@ -313,26 +213,6 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
   }
   if (!fx.send.empty() && !fx.announce) return LoadAllocation(tx, id, false);
   return after;
-}
-
-struct TaskRow {
-  std::string task_id;
-  std::string allocation_id;
-  v1::TaskType type = v1::TASK_TYPE_UNSPECIFIED;
-  int attempt = 0;
-  std::string status;
-};
-
-std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool lock) {
-  auto r = store::Prepared(tx,
-                           std::string("SELECT task_id::text, allocation_id::text, type, attempt, "
-                                       "status FROM allocation_tasks WHERE task_id = $1") +
-                               (lock ? " FOR UPDATE" : ""),
-                           task_id);
-  if (r.empty()) return std::nullopt;
-  return TaskRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
-                 enums::FromColumn<v1::TaskType>(r[0][2].as<std::string>()), r[0][3].as<int>(),
-                 r[0][4].as<std::string>()};
 }
 
 // A task's outcome as the saga sees it.
@@ -379,12 +259,7 @@ std::string ProofProblem(pqxx::work& tx, const std::string& allocation_id,
                          const v1::CleanupOutput& out) {
   std::map<std::string, const v1::CleanupProof*> proofs;
   for (const auto& p : out.proofs()) proofs[p.slot_key()] = &p;
-  for (const auto& r : store::Prepared(
-           tx,
-           "SELECT slot_key FROM allocation_resource_claims WHERE allocation_id = $1 AND "
-           "released_at IS NULL AND kind = 'slot' ORDER BY slot_key",
-           allocation_id)) {
-    const auto key = r[0].as<std::string>();
+  for (const auto& key : LiveSlotKeys(tx, allocation_id)) {
     auto it = proofs.find(key);
     if (it == proofs.end()) return "no cleanup proof for slot " + key;
     const auto& p = *it->second;
@@ -467,13 +342,7 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
     return Ok();
   }
   if (ok && task.type == v1::TASK_TYPE_VM_PROVISION && o.result) {
-    const auto& out = o.result->vm_provision();
-    store::Prepared(
-        tx,
-        "UPDATE allocations SET net_domain = $2, net_mac = $3, net_expected_ip = $4, "
-        "net_actual_ip = $5, net_lease_state = $6, vm_ready = true WHERE allocation_id = $1",
-        a.allocation_id(), out.domain_name(), out.mac(), out.expected_ip(), out.actual_ip(),
-        enums::Text(out.lease_state()));
+    RecordObservedNetwork(tx, a.allocation_id(), o.result->vm_provision());
   }
   AddTimeline(tx, a.allocation_id(),
               {step, fx->state, task.task_id, task.type, o.stage, code, detail});
@@ -494,13 +363,6 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
 }
 
 }  // namespace
-
-void SetClaimPhase(pqxx::work& tx, const std::string& allocation_id, v1::ClaimPhase phase) {
-  store::Prepared(tx,
-                  "UPDATE allocation_resource_claims SET phase = $2 WHERE allocation_id = $1 AND "
-                  "released_at IS NULL",
-                  allocation_id, enums::Text(phase));
-}
 
 Result<v1::Allocation> StartLifecycle(pqxx::work& tx, const v1::Allocation& a,
                                       const v1::CreateAllocationRequest& req, const Sku& sku,
@@ -538,13 +400,10 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
   if (!fx.ok()) return fx.error();
   // Who asked, and why: kept on the allocation (every later snapshot shows it).
   const v1::Principal* actor = outbox::CurrentActor();
-  store::Prepared(
-      tx,
-      "UPDATE allocations SET release_actor = $2, release_actor_tenant = $3, release_reason = $4 "
-      "WHERE allocation_id = $1",
-      allocation_id, actor != nullptr ? actor->subject() : std::string("internal"),
-      actor != nullptr ? actor->tenant() : std::string(),
-      actor != nullptr ? actor->reason() : std::string());
+  RecordReleaseActor(tx, allocation_id,
+                     actor != nullptr ? actor->subject() : std::string("internal"),
+                     actor != nullptr ? actor->tenant() : std::string(),
+                     actor != nullptr ? actor->reason() : std::string());
   Applied in;
   in.a = &*a;
   if (force) {
@@ -602,11 +461,7 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
          fmt::format("{} arrived after the task was {}", VerdictText(verdict), task->status)});
     return Ok();
   }
-  store::Prepared(
-      tx,
-      "UPDATE allocation_tasks SET status = $2, finished_at = now(), error_reason = $3, "
-      "error_detail = $4 WHERE task_id = $1",
-      task->task_id, VerdictText(verdict), o.code, o.detail);
+  FinishTask(tx, task->task_id, VerdictText(verdict), o.code, o.detail);
   if (o.code.empty() && verdict != Verdict::kSucceeded) {
     o.code = std::string("task_") + VerdictText(verdict);
   }
@@ -629,30 +484,13 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
     return a.error();
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : e.generation();
-  auto row = store::Prepared(
-      tx,
-      "SELECT exposure_id, exposure_generation FROM allocation_endpoints WHERE allocation_id = $1 "
-      "AND name = $2 FOR UPDATE",
-      e.allocation_id(), e.name());
-  if (!row.empty()) {
-    const auto have = row[0][0].as<std::string>();
+  if (auto stored = LockEndpointExposure(tx, e.allocation_id(), e.name())) {
+    const auto& [have, have_generation] = *stored;
     // UUIDv7 ids sort by creation: an older exposure of the same name is history.
     if (!have.empty() && e.exposure_id() < have) return Ok();
-    if (have == e.exposure_id() && row[0][1].as<int64_t>() >= generation) return Ok();
+    if (have == e.exposure_id() && have_generation >= generation) return Ok();
   }
-  store::Prepared(
-      tx,
-      "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port, exposure_id, "
-      "exposure_generation, public_ip, public_port, state, reason, connect) VALUES ($1, $2, $3, "
-      "$4, $5, $6, $7, $8, $9, $10, $11) ON CONFLICT (allocation_id, name) DO UPDATE SET "
-      "protocol = EXCLUDED.protocol, port = EXCLUDED.port, exposure_id = EXCLUDED.exposure_id, "
-      "exposure_generation = EXCLUDED.exposure_generation, public_ip = EXCLUDED.public_ip, "
-      "public_port = EXCLUDED.public_port, state = EXCLUDED.state, reason = EXCLUDED.reason, "
-      "connect = EXCLUDED.connect",
-      e.allocation_id(), e.name(),
-      enums::Text(e.protocol()).empty() ? std::string("tcp") : enums::Text(e.protocol()),
-      std::clamp(e.target_port(), 1, 65535), e.exposure_id(), generation, e.public_ip(),
-      e.public_port(), enums::Text(e.state()), e.reason(), e.connect());
+  UpsertEndpointExposure(tx, e, generation);
   if (a->state() != v1::ALLOCATION_STATE_PROVISIONING) return Ok();
   lifecycle::Context ctx;
   ctx.baremetal = a->shape() == v1::CAPACITY_SHAPE_BAREMETAL;
@@ -683,14 +521,7 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
 
 Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int max) {
   auto due = store::WithTx(pool, [&](pqxx::work& tx) -> Result<std::vector<std::string>> {
-    std::vector<std::string> ids;
-    for (const auto& r : tx.exec_params(
-             "SELECT task_id::text FROM allocation_tasks WHERE status = 'sent' AND deadline < "
-             "now() ORDER BY deadline LIMIT $1",
-             max)) {
-      ids.push_back(r[0].as<std::string>());
-    }
-    return ids;
+    return OverdueTaskIds(tx, max);
   });
   if (!due.ok()) return due.error();
   int handled = 0;
@@ -700,17 +531,9 @@ Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int ma
       if (!task) return false;
       auto a = LoadAllocation(tx, task->allocation_id, true);
       if (!a.ok()) return a.error();
-      auto locked = store::Prepared(
-          tx,
-          "SELECT 1 FROM allocation_tasks WHERE task_id = $1 AND status = 'sent' AND deadline < "
-          "now() FOR UPDATE",
-          id);
-      if (locked.empty()) return false;  // another replica or the result got there first
-      store::Prepared(
-          tx,
-          "UPDATE allocation_tasks SET status = 'timed_out', finished_at = now(), error_reason = "
-          "'node_unresponsive' WHERE task_id = $1",
-          id);
+      // Another replica or the result got there first.
+      if (!LockOverdueTask(tx, id)) return false;
+      MarkTaskTimedOut(tx, id);
       Outcome o{Verdict::kTimedOut, v1::TASK_STAGE_UNSPECIFIED, "node_unresponsive",
                 fmt::format("node {} did not answer {} within its deadline", a->node_id(),
                             enums::Text(task->type)),
@@ -768,13 +591,7 @@ class Sweeper {
         log_.Info("overdue node tasks failed", {{"count", std::to_string(*n)}});
       }
       auto open = store::WithTx(*pool_, [](pqxx::work& tx) -> Result<std::map<std::string, int>> {
-        std::map<std::string, int> by_type = {
-            {"vm.provision", 0}, {"vm.release", 0}, {"slot.cleanup", 0}};
-        for (const auto& r : tx.exec(
-                 "SELECT type, count(*) FROM allocation_tasks WHERE status = 'sent' GROUP BY 1")) {
-          by_type[r[0].as<std::string>()] = r[1].as<int>();
-        }
-        return by_type;
+        return OpenTasksByType(tx);
       });
       if (open.ok()) {
         for (const auto& [type, count] : *open) open_->Add({{"type", type}}).Set(count);
@@ -810,69 +627,52 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
       [opts](pqxx::work& tx, const v1::Event& ev) { return ApplyExposureEvent(tx, ev, opts); });
   if (!exposures.ok()) return exposures.error();
 
-  auto pool = svc.pg();
-  svc.Rpc().Handle<v1::GetAllocationTimelineRequest, v1::GetAllocationTimelineResponse>(
-      "gpuaas.v1.scheduler.allocation.timeline",
-      [pool](const v1::GetAllocationTimelineRequest& req,
-             rpc::Context& ctx) -> Result<v1::GetAllocationTimelineResponse> {
-        auto page = rpc::PageLimit(req.page_size());
-        if (!page.ok()) return page.error();
-        int64_t after = 0;
-        if (!req.page_token().empty()) {
-          try {
-            size_t used = 0;
-            after = std::stoll(req.page_token(), &used);
-            if (used != req.page_token().size() || after < 0) throw std::invalid_argument("");
-          } catch (const std::exception&) {
-            return Error::InvalidArgument("invalid_page_token",
-                                          "page_token is a seq from a timeline reply",
-                                          {{"page_token", req.page_token()}});
-          }
-        }
-        const int limit = *page;
-        return store::WithTx(
-            *pool,
-            [&](pqxx::work& tx) -> Result<v1::GetAllocationTimelineResponse> {
-              auto a = LoadAllocation(tx, req.allocation_id(), false, ctx.TenantScope());
-              if (!a.ok()) return a.error();
-              v1::GetAllocationTimelineResponse resp;
-              resp.set_state(a->state());
-              resp.set_in_flight(HasOpenTask(tx, a->allocation_id()));
-              auto rows = tx.exec_params(
-                  "SELECT seq, extract(epoch from at)::float8, step, state, "
-                  "task_id, task_type, stage, code, detail, percent FROM "
-                  "allocation_timeline WHERE allocation_id = $1 AND seq > $2 "
-                  "ORDER BY seq LIMIT $3",
-                  req.allocation_id(), after, limit + 1);
-              int64_t last = after;
-              for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
-                const auto& r = rows[i];
-                auto* e = resp.add_entries();
-                e->set_seq(r[0].as<int64_t>());
-                *e->mutable_at() = TimeUtil::MillisecondsToTimestamp(
-                    static_cast<int64_t>(r[1].as<double>() * 1000));
-                e->set_step(enums::FromColumn<v1::TimelineStep>(r[2].as<std::string>()));
-                e->set_state(enums::FromColumn<v1::AllocationState>(r[3].as<std::string>()));
-                e->set_task_id(r[4].as<std::string>());
-                e->set_task_type(enums::FromColumn<v1::TaskType>(r[5].as<std::string>()));
-                e->set_stage(enums::FromColumn<v1::TaskStage>(r[6].as<std::string>()));
-                e->set_code(r[7].as<std::string>());
-                e->set_detail(r[8].as<std::string>());
-                e->set_percent(r[9].as<int>());
-                last = e->seq();
-              }
-              if (static_cast<int>(rows.size()) > limit) {
-                resp.set_next_page_token(std::to_string(last));
-              }
-              resp.set_last_seq(std::to_string(last));
-              return resp;
-            },
-            store::ReadSnapshot());  // the state, in_flight and entries of one moment
-      });
-
-  auto sweeper = std::make_shared<Sweeper>(pool, opts, svc.log(), svc.metrics());
+  auto sweeper = std::make_shared<Sweeper>(svc.pg(), opts, svc.log(), svc.metrics());
   svc.OnDrain("saga-deadline-sweeper", [sweeper] { sweeper->Stop(); });
   return Ok();
+}
+
+namespace {
+
+// A timeline page token: the seq of the last row a reply had.
+Result<int64_t> ParseSeqToken(const std::string& token) {
+  int64_t after = 0;
+  if (!token.empty()) {
+    try {
+      size_t used = 0;
+      after = std::stoll(token, &used);
+      if (used != token.size() || after < 0) throw std::invalid_argument("");
+    } catch (const std::exception&) {
+      return Error::InvalidArgument("invalid_page_token",
+                                    "page_token is a seq from a timeline reply",
+                                    {{"page_token", token}});
+    }
+  }
+  return after;
+}
+
+}  // namespace
+
+Result<v1::GetAllocationTimelineResponse> SagaHandlers::Timeline(
+    const v1::GetAllocationTimelineRequest& req, rpc::Context& ctx) {
+  auto page = rpc::PageLimit(req.page_size());
+  if (!page.ok()) return page.error();
+  auto after = ParseSeqToken(req.page_token());
+  if (!after.ok()) return after.error();
+  const int limit = *page;
+  return store::WithTx(
+      *pool_,
+      [&](pqxx::work& tx) -> Result<v1::GetAllocationTimelineResponse> {
+        auto a = LoadAllocation(tx, req.allocation_id(), false, ctx.TenantScope());
+        if (!a.ok()) return a.error();
+        v1::GetAllocationTimelineResponse resp;
+        resp.set_state(a->state());
+        resp.set_in_flight(HasOpenTask(tx, a->allocation_id()));
+        const int64_t last = AddTimelineEntries(tx, req.allocation_id(), *after, limit, resp);
+        resp.set_last_seq(std::to_string(last));
+        return resp;
+      },
+      store::ReadSnapshot());  // the state, in_flight and entries of one moment
 }
 
 }  // namespace gpuaas::scheduler

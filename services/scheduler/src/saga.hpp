@@ -84,8 +84,21 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
 // returns how many it handled. Safe with several replicas (the allocation row lock serializes).
 Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int max = 64);
 
-// Registers the task consumer, the timeline request handler and the deadline sweeper thread
-// (stopped when the service drains).
+// Declares the saga's streams, starts the task and exposure consumers and the deadline sweeper
+// thread (stopped when the service drains).
 Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts);
+
+// The handler of gpuaas.v1.scheduler.allocation.timeline (routed in scheduler_routes.cpp).
+class SagaHandlers {
+ public:
+  explicit SagaHandlers(std::shared_ptr<store::Pool> pool) : pool_(std::move(pool)) {}
+  // Timeline rows after `page_token` (a seq), oldest first, with the allocation's state and
+  // whether a node task is in flight, all of one moment.
+  Result<v1::GetAllocationTimelineResponse> Timeline(const v1::GetAllocationTimelineRequest& req,
+                                                     rpc::Context& ctx);
+
+ private:
+  std::shared_ptr<store::Pool> pool_;
+};
 
 }  // namespace gpuaas::scheduler

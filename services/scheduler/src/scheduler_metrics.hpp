@@ -14,15 +14,12 @@
 //                                            them claimed or unschedulable) | held (locked by
 //                                            another placement)
 #include <chrono>
-#include <functional>
 #include <memory>
 #include <string>
-#include <type_traits>
 
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/process_metrics.hpp"
 #include "gpuaas/common/result.hpp"
-#include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
 
 namespace prometheus {
@@ -61,29 +58,6 @@ class SchedulerMetrics {
   prometheus::Family<prometheus::Counter>* no_placement_ = nullptr;
   prometheus::Histogram* create_seconds_ = nullptr;
   prometheus::Family<prometheus::Counter>* choices_ = nullptr;
-};
-
-// The create handler registered on `rpc` with every answer counted (CreateAnswered). Same shape
-// as rpc::Server::Handle, for the create subject only.
-class CountedRpc {
- public:
-  CountedRpc(rpc::Server& rpc, std::shared_ptr<SchedulerMetrics> m) : rpc_(rpc), m_(std::move(m)) {}
-  template <typename Req, typename Resp>
-  void Handle(const std::string& subject,
-              std::function<Result<Resp>(const Req&, rpc::Context&)> fn) {
-    static_assert(std::is_same_v<Req, v1::CreateAllocationRequest> &&
-                  std::is_same_v<Resp, v1::CreateAllocationResponse>);
-    rpc_.Handle<Req, Resp>(subject,
-                           [m = m_, fn = std::move(fn)](const Req& req, rpc::Context& ctx) {
-                             auto r = fn(req, ctx);
-                             if (m) m->CreateAnswered(r);
-                             return r;
-                           });
-  }
-
- private:
-  rpc::Server& rpc_;
-  std::shared_ptr<SchedulerMetrics> m_;
 };
 
 // gpuaas_allocations{state} and gpuaas_allocation_oldest_seconds{state}, every `interval`

@@ -51,7 +51,9 @@ struct RebuildStats {
   int64_t slots = 0;
 };
 
+class Catalog;
 class PlacementCache;
+struct SagaOptions;
 
 class SchedulerService {
  public:
@@ -73,6 +75,11 @@ class SchedulerService {
  private:
   messaging::ConsumerSpec NodeConsumerSpec() const;
   messaging::ConsumerSpec SlotConsumerSpec() const;
+  // The node and slot projection consumers.
+  Result<void> StartProjections();
+  SagaOptions MakeSagaOptions();
+  // The route table (scheduler_routes.cpp): every request subject the service serves.
+  void RegisterRoutes(const Catalog& catalog, const SagaOptions& saga);
   SchedulerConfig cfg_;
   runtime::Service svc_;
   std::shared_ptr<inbox::ProjectionStats> stats_;

@@ -1,0 +1,436 @@
+#include "allocation_store.hpp"
+
+#include <google/protobuf/util/time_util.h>
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "allocation_rows.hpp"
+#include "allocations.hpp"
+#include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/store.hpp"
+#include "lifecycle.hpp"
+
+namespace gpuaas::scheduler {
+
+namespace {
+
+using google::protobuf::util::TimeUtil;
+
+google::protobuf::Timestamp Ts(double epoch) {
+  return TimeUtil::MillisecondsToTimestamp(static_cast<int64_t>(epoch * 1000));
+}
+
+constexpr const char* kAllocColumns =
+    "allocation_id::text, tenant, request_id, sku, shape, gpu_count, region, pool, network_mode, "
+    "state, node_id, failure_stage, failure_code, failure_detail, generation, "
+    "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
+    "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state, release_actor, "
+    "release_actor_tenant, release_reason, vm_ready, app";
+
+void AddEndpoints(pqxx::work& tx, v1::Allocation& a) {
+  for (const auto& e : store::Prepared(
+           tx,
+           "SELECT name, protocol, port, exposure_id, public_ip, public_port, state, reason, "
+           "connect FROM allocation_endpoints WHERE allocation_id = $1 ORDER BY name",
+           a.allocation_id())) {
+    auto* ep = a.add_endpoints();
+    ep->set_name(e[0].as<std::string>());
+    ep->set_protocol(enums::FromColumn<v1::TransportProtocol>(e[1].as<std::string>()));
+    ep->set_port(e[2].as<int32_t>());
+    ep->set_exposure_id(e[3].as<std::string>());
+    ep->set_public_ip(e[4].as<std::string>());
+    ep->set_public_port(e[5].as<int32_t>());
+    ep->set_state(enums::FromColumn<v1::ExposureState>(e[6].as<std::string>()));
+    ep->set_reason(e[7].as<std::string>());
+    ep->set_connect(e[8].as<std::string>());
+  }
+}
+
+void AddClaims(pqxx::work& tx, v1::Allocation& a) {
+  for (const auto& c : store::Prepared(
+           tx,
+           "SELECT node_id, slot_key, kind, extract(epoch from claimed_at)::float8, "
+           "extract(epoch from released_at)::float8, phase FROM allocation_resource_claims "
+           "WHERE allocation_id = $1 ORDER BY slot_key",
+           a.allocation_id())) {
+    auto* pc = a.add_claims();
+    pc->set_allocation_id(a.allocation_id());
+    pc->set_node_id(c[0].as<std::string>());
+    pc->set_slot_key(c[1].as<std::string>());
+    pc->set_kind(enums::FromColumn<v1::ClaimKind>(c[2].as<std::string>()));
+    *pc->mutable_claimed_at() = Ts(c[3].as<double>());
+    if (!c[4].is_null()) *pc->mutable_released_at() = Ts(c[4].as<double>());
+    pc->set_phase(enums::FromColumn<v1::ClaimPhase>(c[5].as<std::string>()));
+    if (c[4].is_null() && pc->kind() == v1::CLAIM_KIND_SLOT) a.add_slot_keys(pc->slot_key());
+  }
+}
+
+// A row of kAllocColumns, with its endpoints and claims.
+v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
+  v1::Allocation a;
+  a.set_allocation_id(r[0].as<std::string>());
+  a.set_tenant(r[1].as<std::string>());
+  a.set_request_id(r[2].as<std::string>());
+  a.set_sku(r[3].as<std::string>());
+  a.set_shape(r[4].as<std::string>() == "baremetal" ? v1::CAPACITY_SHAPE_BAREMETAL
+                                                    : v1::CAPACITY_SHAPE_GPU_SLICE);
+  a.set_gpu_count(r[5].as<int>());
+  a.set_region(r[6].as<std::string>());
+  a.set_pool(r[7].as<std::string>());
+  a.set_network_mode(enums::FromColumn<v1::NetworkMode>(r[8].as<std::string>()));
+  a.set_state(enums::FromColumn<v1::AllocationState>(r[9].as<std::string>()));
+  a.set_node_id(r[10].as<std::string>());
+  if (!r[12].as<std::string>().empty()) {
+    a.mutable_failure()->set_stage(enums::FromColumn<v1::LifecycleStage>(r[11].as<std::string>()));
+    a.mutable_failure()->set_code(r[12].as<std::string>());
+    a.mutable_failure()->set_detail(r[13].as<std::string>());
+  }
+  a.set_generation(r[14].as<int64_t>());
+  *a.mutable_created_at() = Ts(r[15].as<double>());
+  *a.mutable_updated_at() = Ts(r[16].as<double>());
+  a.set_attempt(r[17].as<int>());
+  a.set_image(r[18].as<std::string>());
+  if (!r[19].as<std::string>().empty()) {
+    auto* n = a.mutable_network();
+    n->set_domain_name(r[19].as<std::string>());
+    n->set_mac(r[20].as<std::string>());
+    n->set_expected_ip(r[21].as<std::string>());
+    n->set_actual_ip(r[22].as<std::string>());
+    n->set_lease_state(enums::FromColumn<v1::LeaseState>(r[23].as<std::string>()));
+  }
+  if (!r[24].as<std::string>().empty()) {
+    auto* by = a.mutable_release_requested_by();
+    by->set_subject(r[24].as<std::string>());
+    by->set_tenant(r[25].as<std::string>());
+    by->set_reason(r[26].as<std::string>());
+  }
+  a.set_vm_ready(r[27].as<bool>());
+  a.set_app(r[28].as<std::string>());
+  AddEndpoints(tx, a);
+  AddClaims(tx, a);
+  return a;
+}
+
+}  // namespace
+
+// --- allocation_rows.hpp ---------------------------------------------------------------------
+
+Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock,
+                                      const std::string& tenant_scope) {
+  if (!ids::IsUuid(id)) {
+    return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
+                                  {{"allocation_id", "must be a UUID"}});
+  }
+  auto r = store::Prepared(tx,
+                           fmt::format("SELECT {} FROM allocations WHERE allocation_id = $1{}",
+                                       kAllocColumns, lock ? " FOR UPDATE" : ""),
+                           id);
+  if (r.empty() || (!tenant_scope.empty() && r[0][1].as<std::string>() != tenant_scope)) {
+    return Error{Code::kNotFound,
+                 "allocation_not_found",
+                 "no allocation " + id,
+                 {{"allocation_id", id}},
+                 false};
+  }
+  return FromRow(tx, r[0]);
+}
+
+Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string& source,
+                      const std::string& traceparent) {
+  v1::AllocationSnapshot snap;
+  *snap.mutable_allocation() = a;
+  auto ev = outbox::Append(
+      tx, {fmt::format("gpuaas.v1.evt.scheduler.allocation.{state}",
+                       fmt::arg("state", enums::Text(a.state()))),
+           "", source, a.allocation_id(), a.generation(), a.allocation_id(), traceparent, &snap});
+  if (!ev.ok()) return ev.error();
+  return Ok();
+}
+
+std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
+                                            const std::string& request_id) {
+  // The tenant as a parameter the planner cannot see: with statistics older than the tenant's
+  // allocations (a new tenant, or one busy since the last ANALYZE) it took `tenant = 'x'` for
+  // one row and walked allocations_tenant, reading every allocation of the tenant per create
+  // (755 of them in a benchmark, 0.18 ms per create and growing); the unique key's index is
+  // the only plan that does not grow.
+  auto r = store::Prepared(
+      tx,
+      fmt::format("SELECT {} FROM allocations WHERE tenant = (SELECT $1::text) AND request_id = $2",
+                  kAllocColumns),
+      tenant, request_id);
+  if (r.empty()) return std::nullopt;
+  return FromRow(tx, r[0]);
+}
+
+void AddTimeline(pqxx::work& tx, const std::string& allocation_id, const Step& s) {
+  store::Prepared(
+      tx,
+      "INSERT INTO allocation_timeline (allocation_id, step, state, task_id, task_type, stage, "
+      "code, detail, percent) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)",
+      allocation_id, enums::Text(s.step), enums::Text(s.state), s.task_id, enums::Text(s.task_type),
+      enums::Text(s.stage), s.code, s.detail, s.percent);
+}
+
+// --- create ------------------------------------------------------------------------------------
+
+void LockRequestId(pqxx::work& tx, const std::string& tenant, const std::string& request_id) {
+  store::Prepared(tx, "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                  "allocation.create\x1f" + tenant + "\x1f" + request_id);
+}
+
+bool RegionHasOnlyDisabledSlots(pqxx::work& tx, const std::string& region) {
+  auto r = tx.exec_params(
+      "SELECT count(*), count(*) FILTER (WHERE region_enabled) FROM projected_slots "
+      "WHERE region = $1",
+      region);
+  return r[0][0].as<int64_t>() > 0 && r[0][1].as<int64_t>() == 0;
+}
+
+void SetLockTimeout(pqxx::work& tx, int ms) {
+  tx.exec0(fmt::format("SET LOCAL lock_timeout = '{}ms'", ms));
+}
+
+void ClearLockTimeout(pqxx::work& tx) { tx.exec0("SET LOCAL lock_timeout = 0"); }
+
+// Plain SQL savepoints: a pqxx 6 subtransaction whose statements all go through exec_params
+// never sends its SAVEPOINT, so its abort undid nothing and a lock timeout failed the whole
+// create.
+void BeginChoice(pqxx::work& tx) { tx.exec0("SAVEPOINT choice"); }
+
+void KeepChoice(pqxx::work& tx) { tx.exec0("RELEASE SAVEPOINT choice"); }
+
+void AbandonChoice(pqxx::work& tx) {
+  tx.exec0("ROLLBACK TO SAVEPOINT choice; RELEASE SAVEPOINT choice");
+}
+
+bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip) {
+  return !store::Prepared(
+              tx,
+              fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}",
+                          skip ? " SKIP LOCKED" : ""),
+              node_id)
+              .empty();
+}
+
+int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
+                         bool skip) {
+  // In slot order: two waiting placers lock overlapping slots in the same order.
+  return static_cast<int>(
+      store::Prepared(
+          tx,
+          fmt::format("SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = "
+                      "ANY($2::text[]) AND schedulable ORDER BY slot_key FOR UPDATE{}",
+                      skip ? " SKIP LOCKED" : ""),
+          node_id, slot_keys)
+          .size());
+}
+
+bool SlotsClaimed(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys) {
+  return !store::Prepared(tx,
+                          "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL "
+                          "AND node_id = $1 AND (slot_key = ANY($2::text[]) OR kind = "
+                          "'node_exclusive') LIMIT 1",
+                          node_id, slot_keys)
+              .empty();
+}
+
+std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& region,
+                                             const std::string& pool, int limit) {
+  // No live claim of any kind; baremetal-profile nodes first, then nodes with fewer approved
+  // slots (sliceable capacity stays for slices).
+  auto rows = tx.exec_params(
+      "SELECT n.node_id FROM projected_nodes n WHERE n.region = $1 AND ($2 = '' OR n.pool = $2) "
+      "AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL "
+      "AND c.node_id = n.node_id) AND NOT EXISTS (SELECT 1 FROM projected_slots s WHERE "
+      "s.node_id = n.node_id AND NOT s.region_enabled) "
+      "ORDER BY (n.capacity_profile = 'baremetal') DESC, (SELECT count(*) FROM projected_slots s "
+      "WHERE s.node_id = n.node_id), n.node_id LIMIT $3",
+      region, pool, limit);
+  std::vector<std::string> out;
+  out.reserve(rows.size());
+  for (const auto& r : rows) out.push_back(r[0].as<std::string>());
+  return out;
+}
+
+bool LockNodeExclusive(pqxx::work& tx, const std::string& node_id) {
+  return !tx.exec_params("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR UPDATE SKIP LOCKED",
+                         node_id)
+              .empty();
+}
+
+bool NodeClaimed(pqxx::work& tx, const std::string& node_id) {
+  return !tx.exec_params(
+                "SELECT 1 FROM allocation_resource_claims WHERE released_at IS NULL AND node_id "
+                "= $1 LIMIT 1",
+                node_id)
+              .empty();
+}
+
+PlacementCache::FreeCounts CountFree(pqxx::work& tx, const std::string& region,
+                                     const std::string& pool, const std::string& sku,
+                                     const std::string& fabric_type, int gpus) {
+  auto r = tx.exec_params(
+      std::string("WITH free AS (SELECT p.*, ") + kSlotCompleteSql +
+          " AS complete FROM projected_slots p WHERE p.region = $1 AND "
+          "($2 = '' OR p.pool = $2) AND p.schedulable AND NOT EXISTS (SELECT 1 FROM "
+          "allocation_resource_claims c WHERE c.released_at IS NULL AND c.node_id = p.node_id AND "
+          "(c.slot_key = p.slot_key OR c.kind = 'node_exclusive'))), "
+          "per_node AS (SELECT node_id, count(*) FILTER (WHERE complete AND sku = $3 AND ($4 = '' "
+          "OR "
+          "fabric_type = $4)) AS fit, count(*) FILTER (WHERE sku = $3 AND $4 <> '' AND "
+          "fabric_type <> $4) AS wrong_fabric FROM free GROUP BY node_id) "
+          "SELECT (SELECT count(*) FROM free), (SELECT count(*) FROM free WHERE sku = $3), "
+          "(SELECT COALESCE(sum(fit), 0) FROM per_node), (SELECT COALESCE(max(fit), 0) FROM "
+          "per_node), "
+          "(SELECT count(*) FROM per_node WHERE fit >= $5), "
+          "(SELECT count(*) FROM per_node WHERE wrong_fabric > 0), "
+          "(SELECT count(*) FROM projected_slots WHERE region = $1 AND NOT schedulable), "
+          "(SELECT count(*) FROM free WHERE NOT complete)",
+      region, pool, sku, fabric_type, gpus);
+  const auto& x = r[0];
+  PlacementCache::FreeCounts c;
+  c.free_in_region = x[0].as<int64_t>();
+  c.free_of_sku = x[1].as<int64_t>();
+  c.matching = x[2].as<int64_t>();
+  c.max_on_one_node = x[3].as<int64_t>();
+  c.nodes_with_enough = x[4].as<int64_t>();
+  c.nodes_with_wrong_fabric = x[5].as<int64_t>();
+  c.unschedulable_in_region = x[6].as<int64_t>();
+  c.incomplete = x[7].as<int64_t>();
+  return c;
+}
+
+void InsertAllocation(pqxx::work& tx, const NewAllocation& a) {
+  store::Prepared(tx,
+                  "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
+                  "gpu_count, "
+                  "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
+                  "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
+                  a.id, a.tenant, a.request_id, a.sku, a.shape, a.gpu_count, a.region, a.pool,
+                  a.network_mode, a.node_id);
+}
+
+void SetAllocationApp(pqxx::work& tx, const std::string& allocation_id, const std::string& app) {
+  store::Prepared(tx, "UPDATE allocations SET app = $2 WHERE allocation_id = $1", allocation_id,
+                  app);
+}
+
+void InsertEndpoint(pqxx::work& tx, const std::string& allocation_id,
+                    const v1::EndpointRequest& endpoint) {
+  store::Prepared(tx,
+                  "INSERT INTO allocation_endpoints (allocation_id, name, protocol, port) VALUES "
+                  "($1, $2, $3, $4)",
+                  allocation_id, endpoint.name(), enums::Text(endpoint.protocol()),
+                  endpoint.port());
+}
+
+void InsertExclusiveClaim(pqxx::work& tx, const std::string& allocation_id,
+                          const std::string& node_id) {
+  store::Prepared(tx,
+                  "INSERT INTO allocation_resource_claims (allocation_id, node_id, kind) VALUES "
+                  "($1, $2, 'node_exclusive')",
+                  allocation_id, node_id);
+}
+
+void InsertSlotClaims(pqxx::work& tx, const std::string& allocation_id, const std::string& node_id,
+                      const std::vector<std::string>& slot_keys) {
+  store::Prepared(tx,
+                  "INSERT INTO allocation_resource_claims (allocation_id, node_id, slot_key, "
+                  "kind) "
+                  "SELECT $1, $2, unnest($3::text[]), 'slot'",
+                  allocation_id, node_id, store::TextArrayLiteral(slot_keys));
+}
+
+// --- reads -----------------------------------------------------------------------------------
+
+AllocationPage ListAllocations(pqxx::work& tx, const std::string& tenant, const std::string& state,
+                               const std::string& after, int limit) {
+  auto rows = tx.exec_params(
+      fmt::format("SELECT {} FROM allocations WHERE ($1 = '' OR tenant = $1) AND "
+                  "($2 = '' OR state = $2) AND ($3 = '' OR allocation_id > $3::uuid) "
+                  "ORDER BY allocation_id LIMIT $4",
+                  kAllocColumns),
+      tenant, state, after, limit + 1);
+  AllocationPage page;
+  for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
+    page.allocations.push_back(FromRow(tx, rows[i]));
+  }
+  page.more = static_cast<int>(rows.size()) > limit;
+  return page;
+}
+
+// --- allocations.hpp -------------------------------------------------------------------------
+
+std::vector<std::string> CheckInvariants(pqxx::work& tx) {
+  std::vector<std::string> out;
+  // The gauges' counts (allocation_state_counts, kept by a trigger) are the table's.
+  for (const auto& r :
+       tx.exec("SELECT COALESCE(a.state, c.state), COALESCE(a.n, 0), COALESCE(c.n, 0) FROM "
+               "(SELECT state, count(*) AS n FROM allocations GROUP BY state) a FULL JOIN "
+               "(SELECT state, sum(n) AS n FROM allocation_state_counts GROUP BY state) c "
+               "USING (state) WHERE COALESCE(a.n, 0) <> COALESCE(c.n, 0)")) {
+    out.push_back(fmt::format("{} allocations are {}, but the counts say {}", r[1].as<int64_t>(),
+                              r[0].as<std::string>(), r[2].as<int64_t>()));
+  }
+  for (const auto& r :
+       tx.exec("SELECT node_id, slot_key FROM allocation_resource_claims WHERE released_at IS NULL "
+               "AND kind = 'slot' GROUP BY 1, 2 HAVING count(*) > 1")) {
+    out.push_back("slot " + r[0].as<std::string>() + "/" + r[1].as<std::string>() +
+                  " has two live claims");
+  }
+  for (const auto& r : tx.exec(
+           "SELECT node_id FROM allocation_resource_claims WHERE released_at IS NULL GROUP BY 1 "
+           "HAVING bool_or(kind = 'node_exclusive') AND count(*) > 1")) {
+    out.push_back("node " + r[0].as<std::string>() + " has an exclusive claim and others");
+  }
+  // Claim phases follow the allocation's state, as the lifecycle table allows them
+  // (lifecycle::LiveClaimPhases): a released or pending allocation holds nothing, a failed one
+  // only slots awaiting cleanup proof.
+  std::vector<std::string> allowed;
+  for (auto st : lifecycle::AllStates()) {
+    for (auto ph : lifecycle::LiveClaimPhases(st)) {
+      allowed.push_back(fmt::format("('{}','{}')", enums::Text(st), enums::Text(ph)));
+    }
+  }
+  for (const auto& r : tx.exec(fmt::format(
+           "SELECT DISTINCT c.allocation_id::text, a.state, c.phase FROM "
+           "allocation_resource_claims c JOIN allocations a USING (allocation_id) WHERE "
+           "c.released_at IS NULL AND (a.state, c.phase) NOT IN ({})",
+           fmt::join(allowed, ",")))) {
+    out.push_back("claim of allocation " + r[0].as<std::string>() + " is " +
+                  r[2].as<std::string>() + " while the allocation is " + r[1].as<std::string>());
+  }
+  for (const auto& r : tx.exec("SELECT allocation_id::text FROM allocation_resource_claims WHERE "
+                               "(released_at IS NULL) <> (phase <> 'released')")) {
+    out.push_back("claim of allocation " + r[0].as<std::string>() +
+                  " has a phase that contradicts released_at");
+  }
+  for (const auto& r : tx.exec(fmt::format(
+           "SELECT a.allocation_id::text, a.shape, a.gpu_count, count(c.*) FILTER (WHERE "
+           "c.kind = 'slot'), count(c.*) FILTER (WHERE c.kind = 'node_exclusive'), "
+           "count(DISTINCT c.node_id), bool_and(c.node_id = a.node_id) FROM allocations a "
+           "LEFT JOIN allocation_resource_claims c ON c.allocation_id = a.allocation_id AND "
+           "c.released_at IS NULL WHERE a.state IN {} OR (a.state = 'failed' AND EXISTS (SELECT 1 "
+           "FROM allocation_resource_claims x WHERE x.allocation_id = a.allocation_id AND "
+           "x.released_at IS NULL)) GROUP BY 1, 2, 3",
+           kLiveStates))) {
+    const bool bm = r[1].as<std::string>() == "baremetal";
+    const int gpus = r[2].as<int>(), slots = r[3].as<int>(), excl = r[4].as<int>();
+    const int node_count = r[5].as<int>();
+    const bool same_node = !r[6].is_null() && r[6].as<bool>();
+    const bool ok = bm ? (excl == 1 && slots == 0) : (slots == gpus && excl == 0);
+    if (!ok || node_count != 1 || !same_node) {
+      out.push_back(fmt::format(
+          "allocation {} ({} x{}) has {} slot / {} exclusive claims on {} "
+          "node(s)",
+          r[0].as<std::string>(), r[1].as<std::string>(), gpus, slots, excl, node_count));
+    }
+  }
+  return out;
+}
+
+}  // namespace gpuaas::scheduler

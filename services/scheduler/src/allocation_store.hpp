@@ -1,0 +1,95 @@
+#pragma once
+// The SQL of allocations (allocations.cpp): reading allocation rows, the create transaction's
+// statements (idempotency lock, placement locks and re-checks, inserts), the refusal counts and
+// the list page. Every function runs in the caller's transaction; the create path's statements
+// stay prepared (store::Prepared) under the names their text gives them. Internal to the
+// scheduler. The row helpers shared with the saga are declared in allocation_rows.hpp and
+// defined in allocation_store.cpp as well.
+#include <pqxx/pqxx>
+
+#include <string>
+#include <vector>
+
+#include "gpuaas/v1/scheduler.pb.h"
+#include "placement_cache.hpp"
+
+namespace gpuaas::scheduler {
+
+// --- create: idempotency and region --------------------------------------------------------
+
+// Retries of one request id, on any replica, one at a time (a transaction-scoped advisory lock).
+void LockRequestId(pqxx::work& tx, const std::string& tenant, const std::string& request_id);
+// The region has projected slots and none of them is in an enabled region.
+bool RegionHasOnlyDisabledSlots(pqxx::work& tx, const std::string& region);
+
+// --- create: placement rounds ----------------------------------------------------------------
+
+// From now on in `tx`, a row lock waits at most `ms` (then 55P03).
+void SetLockTimeout(pqxx::work& tx, int ms);
+// Back to no lock_timeout for the rest of `tx`.
+void ClearLockTimeout(pqxx::work& tx);
+
+// One placement choice in its own savepoint (named `choice`): Begin, then Keep (release the
+// savepoint, keeping its locks) or Abandon (roll back to it, releasing its locks).
+void BeginChoice(pqxx::work& tx);
+void KeepChoice(pqxx::work& tx);
+void AbandonChoice(pqxx::work& tx);
+
+// The node's row FOR SHARE (slices share it), SKIP LOCKED when `skip`; false when not taken.
+bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip);
+// The schedulable ones of `slot_keys` (a text[] literal) of the node, FOR UPDATE in slot order
+// (SKIP LOCKED when `skip`); how many were locked.
+int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
+                         bool skip);
+// A live claim on one of `slot_keys` (a text[] literal) or an exclusive one on the node.
+bool SlotsClaimed(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys);
+
+// Nodes free of live claims for a baremetal placement, best first, at most `limit`.
+std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& region,
+                                             const std::string& pool, int limit);
+// The node's row FOR UPDATE SKIP LOCKED; false when someone else holds it.
+bool LockNodeExclusive(pqxx::work& tx, const std::string& node_id);
+// The node has a live claim of any kind.
+bool NodeClaimed(pqxx::work& tx, const std::string& node_id);
+
+// Why nothing could be placed, counted in SQL (the refusal's details).
+PlacementCache::FreeCounts CountFree(pqxx::work& tx, const std::string& region,
+                                     const std::string& pool, const std::string& sku,
+                                     const std::string& fabric_type, int gpus);
+
+// --- create: what the placement commits -------------------------------------------------------
+
+struct NewAllocation {
+  std::string id;
+  std::string tenant;
+  std::string request_id;
+  std::string sku;
+  std::string shape;
+  int gpu_count = 0;
+  std::string region;
+  std::string pool;
+  std::string network_mode;
+  std::string node_id;
+};
+// The allocation row, `reserved`, generation 1.
+void InsertAllocation(pqxx::work& tx, const NewAllocation& a);
+void SetAllocationApp(pqxx::work& tx, const std::string& allocation_id, const std::string& app);
+void InsertEndpoint(pqxx::work& tx, const std::string& allocation_id,
+                    const v1::EndpointRequest& endpoint);
+void InsertExclusiveClaim(pqxx::work& tx, const std::string& allocation_id,
+                          const std::string& node_id);
+void InsertSlotClaims(pqxx::work& tx, const std::string& allocation_id, const std::string& node_id,
+                      const std::vector<std::string>& slot_keys);
+
+// --- reads ---------------------------------------------------------------------------------
+
+struct AllocationPage {
+  std::vector<v1::Allocation> allocations;  // at most the limit asked
+  bool more = false;                        // rows follow the last one
+};
+// Allocations in id order after `after` ("" = from the first), filtered by tenant and state
+// ("" = any), with their claims and endpoints.
+AllocationPage ListAllocations(pqxx::work& tx, const std::string& tenant, const std::string& state,
+                               const std::string& after, int limit);
+
+}  // namespace gpuaas::scheduler
