@@ -1,36 +1,32 @@
 #pragma once
 // Inventory's slot domain on top of its database: topology snapshots reported by node-agents,
-// approval of candidates into node_resource_slots (validator + MAC/IP from ipam), disable and
-// repair, drift, regions, availability, wipe proofs, each node's versioned desired slot set and
-// the typed tasks inventory sends to agents. Every slot change bumps the slot's generation and
-// announces a gpuaas.v1.SlotSnapshot through the outbox in the same transaction.
+// drift, each node's versioned desired slot set, and the writing of slots. Every slot change
+// bumps the slot's generation and announces a gpuaas.v1.SlotSnapshot through the outbox in the
+// same transaction. Lock order of every slot change: the node's row first (LoadNode with
+// RowLock::kForUpdate), then its slots; the availability triggers rely on it.
 #include <pqxx/pqxx>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "gpuaas/common/result.hpp"
-#include "gpuaas/common/runtime.hpp"
+#include "node_store.hpp"
 
 namespace gpuaas::v1 {
 class Event;
-class ListAvailabilityResponse;
+class Slot;
 }  // namespace gpuaas::v1
+
+namespace gpuaas::documents {
+struct Tables;
+}
 
 namespace gpuaas::inventory {
 
 inline constexpr const char* kTopologyConsumer = "inventory-node-topology";
 inline constexpr const char* kTaskConsumer = "inventory-node-tasks";
 inline constexpr const char* kIpamDriftConsumer = "inventory-ipam-drift";
-
-struct SlotDeps {
-  std::string source;  // "inventory/<instance>"
-  int64_t ipam_timeout_ms = 5000;
-  int64_t task_deadline_s = 300;
-};
-
-// Registers the slot, region, availability, wipe-proof, discover/show and desired-set handlers
-// and starts the consumers of node-agent topology reports and task results.
-Result<void> StartSlotDomain(runtime::Service& svc, const SlotDeps& deps);
 
 // Consumers' effects (public for tests): a TopologyReport event stored as the node's next
 // snapshot version, drift and node-blocker changes applied to its slots; a NodeTaskResult event
@@ -42,13 +38,42 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev);
 // degradation when no other drift is left). Ordered by the drift's generation.
 Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source);
 
-// What inventory.availability.list answers for `region` ("" = every region): the sums of the
-// counts the triggers of migration 0006 keep, without reading a slot.
-Result<v1::ListAvailabilityResponse> ListAvailability(pqxx::work& tx, const std::string& region);
-
 // Re-announces every slot of a node with a new generation (its region, pool, blockers or
 // region state changed, which every slot snapshot carries).
 Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const std::string& source,
                              const std::string& traceparent);
+
+// What every slot snapshot of a node carries besides the slot itself.
+struct NodeCtx {
+  std::string node_id;
+  std::string region;
+  std::string pool;
+  bool region_enabled = true;
+  std::vector<std::string> blockers;  // of the latest topology snapshot
+  int64_t snapshot_version = 0;
+};
+// NOT_FOUND node_not_found for a node inventory does not know.
+Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock lock);
+
+// INVALID_ARGUMENT invalid_node_id unless `id` is a node id.
+Result<void> CheckNodeId(const std::string& id);
+
+// Writes the slot with the next generation and announces its snapshot in the same transaction.
+Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
+                          const std::string& source, const std::string& traceparent,
+                          const std::string& correlation);
+// Same slot apart from bookkeeping (generation, time)?
+bool SameSlot(v1::Slot a, v1::Slot b);
+
+// Drift ipam reports (lease mismatch/missing/unexpected) is kept apart from the topology drift
+// inventory detects itself: each source sets and clears only its own.
+bool IsIpamDrift(const std::string& kind);
+// "kind: detail; ..." of every drift record of the slot (its health_detail while degraded).
+std::string DriftDetail(const v1::Slot& s);
+
+// The desired slot set is a versioned per-node document (libs/common documents.hpp).
+const documents::Tables& DesiredTables();
+// A new desired-set version when the node's available slots differ from the latest version.
+Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id);
 
 }  // namespace gpuaas::inventory

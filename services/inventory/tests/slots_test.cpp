@@ -23,7 +23,7 @@
 #include "ipam_service.hpp"
 #include "load_config.hpp"
 #include "slot_rules.hpp"
-#include "slots.hpp"
+#include "slot_store.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::inventory {
@@ -801,9 +801,12 @@ TEST_F(SlotsTest, AvailabilityCountsFollowEveryChangeWithoutReadingTheSlots) {
   auto l = ListAvailability(tx, "");
   ASSERT_TRUE(l.ok()) << l.error().ToString();
   EXPECT_EQ(l->availability_size(), 3);
-  for (const auto& r :
-       tx.exec("SELECT relname, coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM "
-               "pg_stat_xact_user_tables WHERE relname IN ('node_resource_slots', 'nodes')")) {
+  // Both tables must be listed: an empty answer would pass the "nothing was read" check.
+  const auto stats = tx.exec(
+      "SELECT relname, coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM "
+      "pg_stat_xact_user_tables WHERE relname IN ('node_resource_slots', 'nodes')");
+  EXPECT_EQ(stats.size(), 2u) << "pg_stat_xact_user_tables did not list both tables";
+  for (const auto& r : stats) {
     EXPECT_EQ(r[1].as<int64_t>(), 0) << r[0].as<std::string>() << " was read";
   }
 }
