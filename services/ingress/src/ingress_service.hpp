@@ -49,6 +49,15 @@ struct Context {
 
 // ---- effects (public for tests; each runs inside the caller's transaction) ----
 
+// Creates or replaces a pool (ingress_pools.cpp): INVALID_ARGUMENT invalid_pool,
+// FAILED_PRECONDITION pool_kind_not_supported, pool_overlap, pool_in_use (an endpoint an
+// exposure holds would go, or a pool with held endpoints would move to another node or region).
+Result<v1::SetEndpointPoolResponse> DefinePool(pqxx::work& tx, const v1::EndpointPool& want);
+
+// Deletes a pool no exposure holds an endpoint of; returns it as it was. NOT_FOUND
+// pool_not_found, FAILED_PRECONDITION pool_in_use {used}.
+Result<v1::EndpointPool> RemovePool(pqxx::work& tx, const std::string& name);
+
 // Reserves an endpoint for (allocation, name): idempotent per live name. RESOURCE_EXHAUSTED
 // pool_exhausted / no_pool, FAILED_PRECONDITION endpoint_exists. With `apply`, an allocation
 // whose VM is up gets it into its node's document at once (the allocation event handler
