@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "console_gw_routes.hpp"
+#include "console_store.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -20,7 +22,6 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/console.pb.h"
-#include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
@@ -89,92 +90,6 @@ class ConsoleMetrics {
 
 namespace {
 
-constexpr const char* kColumns =
-    "session_id, allocation_id, node_id, domain, state, created_by, reason, "
-    "(extract(epoch from created_at) * 1000)::int8, (extract(epoch from connect_by) * 1000)::int8, "
-    "max_duration_s, coalesce((extract(epoch from connected_at) * 1000)::int8, 0), "
-    "coalesce((extract(epoch from ended_at) * 1000)::int8, 0), bytes_to_client, "
-    "bytes_from_client, end_reason, revoked_by, generation, gateway";
-
-v1::ConsoleSession FromRow(const pqxx::row& r) {
-  v1::ConsoleSession s;
-  s.set_session_id(r[0].as<std::string>());
-  s.set_allocation_id(r[1].as<std::string>());
-  s.set_node_id(r[2].as<std::string>());
-  s.set_domain(r[3].as<std::string>());
-  s.set_state(enums::FromColumn<v1::ConsoleSessionState>(r[4].as<std::string>()));
-  s.set_created_by(r[5].as<std::string>());
-  s.set_reason(r[6].as<std::string>());
-  *s.mutable_created_at() = TimeUtil::MillisecondsToTimestamp(r[7].as<int64_t>());
-  *s.mutable_connect_by() = TimeUtil::MillisecondsToTimestamp(r[8].as<int64_t>());
-  s.set_max_duration_s(r[9].as<int64_t>());
-  if (r[10].as<int64_t>() > 0) {
-    *s.mutable_connected_at() = TimeUtil::MillisecondsToTimestamp(r[10].as<int64_t>());
-  }
-  if (r[11].as<int64_t>() > 0) {
-    *s.mutable_ended_at() = TimeUtil::MillisecondsToTimestamp(r[11].as<int64_t>());
-  }
-  s.set_bytes_to_client(r[12].as<int64_t>());
-  s.set_bytes_from_client(r[13].as<int64_t>());
-  s.set_end_reason(r[14].as<std::string>());
-  s.set_revoked_by(r[15].as<std::string>());
-  s.set_generation(r[16].as<int64_t>());
-  s.set_gateway(r[17].as<std::string>());
-  return s;
-}
-
-struct Audit {
-  std::string failure;
-  std::string detail;
-  std::string client_address;
-  std::string origin;
-};
-
-// The session's event: gpuaas.v1.evt.console.session.<state>, or connect.refused.
-Result<void> Announce(pqxx::work& tx, const std::string& source, const v1::ConsoleSession& s,
-                      const Audit& a, bool refused = false) {
-  v1::ConsoleSessionEvent ev;
-  *ev.mutable_session() = s;
-  ev.set_failure(a.failure);
-  ev.set_detail(a.detail);
-  ev.set_client_address(a.client_address);
-  ev.set_origin(a.origin);
-  outbox::EventSpec spec;
-  spec.nats_subject = refused ? std::string("gpuaas.v1.evt.console.connect.refused")
-                              : "gpuaas.v1.evt.console.session." + enums::Text(s.state());
-  spec.source = source;
-  spec.entity = s.session_id();
-  spec.generation = refused ? 0 : s.generation();
-  spec.correlation_id = s.allocation_id();
-  spec.data = &ev;
-  auto r = outbox::Append(tx, spec);
-  if (!r.ok()) return r.error();
-  return Ok();
-}
-
-std::optional<v1::ConsoleSession> Load(pqxx::work& tx, const std::string& where,
-                                       const std::string& arg, bool lock) {
-  auto rows = tx.exec_params(fmt::format("SELECT {} FROM console_sessions WHERE {}{}", kColumns,
-                                         where, lock ? " FOR UPDATE" : ""),
-                             arg);
-  if (rows.empty()) return std::nullopt;
-  return FromRow(rows[0]);
-}
-
-// Moves a session to a terminal or connected state (a new generation).
-// `extra` are $3, $4, ... of `set_sql`.
-v1::ConsoleSession Move(pqxx::work& tx, const std::string& session_id, const std::string& state,
-                        const std::string& set_sql, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> p = {session_id, state};
-  p.insert(p.end(), extra.begin(), extra.end());
-  auto rows = tx.exec_params(
-      fmt::format("UPDATE console_sessions SET state = $2, generation = generation + 1{}{} WHERE "
-                  "session_id = $1 RETURNING {}",
-                  set_sql.empty() ? "" : ", ", set_sql, kColumns),
-      pqxx::prepare::make_dynamic_params(p));
-  return FromRow(rows[0]);
-}
-
 ApiReply ErrorReply(const Error& e) { return {HttpStatusFor(e.code), ErrorJson(e)}; }
 
 // Relay failures end a session FAILED; everything else (either side closing, the maximum
@@ -182,11 +97,6 @@ ApiReply ErrorReply(const Error& e) { return {HttpStatusFor(e.code), ErrorJson(e
 bool IsFailure(const std::string& reason) {
   return reason == "relay_lost" || reason == "node_refused" || reason == "node_unreachable" ||
          reason == "agent_stopping" || reason == "client_flood" || reason == "credit_exceeded";
-}
-
-std::string Bearer(const rpc::Context& ctx) {
-  auto it = ctx.headers.find(auth::kHeaderAuthorization);
-  return it == ctx.headers.end() ? "" : auth::BearerToken(it->second);
 }
 
 std::vector<std::string> SplitComma(const std::string& s) {
@@ -279,12 +189,7 @@ ConsoleGwService::ConsoleGwService(ConsoleGwConfig cfg)
     : cfg_(std::move(cfg)), svc_(runtime::Component{"console-gw", &Migrations()}, cfg_.common) {}
 
 ConsoleGwService::~ConsoleGwService() {
-  {
-    std::lock_guard lock(sweep_mu_);
-    stopping_ = true;
-  }
-  sweep_cv_.notify_all();
-  if (sweeper_.joinable()) sweeper_.join();
+  StopSweeper();
   if (gateway_) gateway_->Stop();
   svc_.Shutdown();
 }
@@ -296,137 +201,19 @@ Result<void> ConsoleGwService::Start() {
   }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<ConsoleMetrics>(svc_.metrics());
-  auto pool = svc_.pg();
-  const std::string source = svc_.source();
-  auto nats = svc_.nats();
-  const auto cfg = cfg_;
-  auto& rpc = svc_.Rpc();
-
-  rpc.Handle<v1::CreateConsoleSessionRequest, v1::CreateConsoleSessionResponse>(
-      "gpuaas.v1.console.session.create",
-      [pool, source, nats, cfg](const v1::CreateConsoleSessionRequest& req,
-                                rpc::Context& ctx) -> Result<v1::CreateConsoleSessionResponse> {
-        std::map<std::string, std::string> bad;
-        if (!ids::IsUuid(req.allocation_id())) bad["allocation_id"] = "not a UUID";
-        if (req.reason().empty()) bad["reason"] = "required: why the console is opened";
-        if (req.reason().size() > 500) bad["reason"] = "at most 500 characters";
-        if (req.max_duration_s() < 0) bad["max_duration_s"] = "must not be negative";
-        if (!bad.empty()) {
-          const std::string reason = bad.count("reason") && bad.size() == 1 ? "reason_required"
-                                     : bad.count("allocation_id") ? "invalid_allocation_id"
-                                                                  : "invalid_request";
-          return Error::InvalidArgument(reason, "console session request is invalid", bad);
-        }
-        // The allocation as the scheduler has it, asked with the caller's own token.
-        v1::GetAllocationRequest get;
-        get.set_allocation_id(req.allocation_id());
-        auto got = rpc::Client(nats)
-                       .WithToken(Bearer(ctx))
-                       .Call<v1::GetAllocationResponse>(
-                           "gpuaas.v1.scheduler.allocation.get", get,
-                           std::chrono::milliseconds(ctx.RemainingMs()), ctx.traceparent);
-        if (!got.ok()) return got.error();
-        const v1::Allocation& a = got->allocation();
-        if (a.shape() == v1::CAPACITY_SHAPE_BAREMETAL) {
-          return Error::FailedPrecondition("no_console",
-                                           "a bare-metal allocation has no VM console; use the "
-                                           "node's BMC");
-        }
-        if ((a.state() != v1::ALLOCATION_STATE_PROVISIONING &&
-             a.state() != v1::ALLOCATION_STATE_ACTIVE) ||
-            a.node_id().empty()) {
-          Error e = Error::FailedPrecondition(
-              "allocation_not_live", fmt::format("allocation {} is {}: it has no VM to show",
-                                                 a.allocation_id(), enums::Text(a.state())));
-          e.details = {{"state", enums::Text(a.state())}};
-          return e;
-        }
-        auto grant = NewGrant();
-        if (!grant.ok()) return grant.error();
-        const int64_t max_s = req.max_duration_s() == 0
-                                  ? cfg.max_session_s
-                                  : std::min(req.max_duration_s(), cfg.max_session_s);
-        const std::string id = ids::NewUuidV7();
-        const std::string creator = ctx.principal.subject;
-        return store::WithTx(
-            *pool, [&](pqxx::work& tx) -> Result<v1::CreateConsoleSessionResponse> {
-              auto rows = tx.exec_params(
-                  fmt::format(
-                      "INSERT INTO console_sessions (session_id, allocation_id, node_id, "
-                      "domain, state, grant_hash, created_by, reason, connect_by, "
-                      "max_duration_s) VALUES ($1, $2, $3, $4, 'created', $5, $6, $7, now() + "
-                      "$8 * interval '1 second', $9) RETURNING {}",
-                      kColumns),
-                  id, a.allocation_id(), a.node_id(), "gpuaas-" + a.allocation_id(),
-                  GrantHash(*grant), creator, req.reason(), kGrantTtlSeconds, max_s);
-              v1::CreateConsoleSessionResponse resp;
-              *resp.mutable_session() = FromRow(rows[0]);
-              resp.set_grant(*grant);
-              resp.set_ws_path(fmt::format("/console/ws/{}?grant={}", id, *grant));
-              resp.set_page_path(
-                  fmt::format("/static/console.html?session={}&grant={}", id, *grant));
-              outbox::SetActorReason(req.reason());
-              if (auto r = Announce(tx, source, resp.session(), {}); !r.ok()) return r.error();
-              return resp;
-            });
-      });
-
-  rpc.Handle<v1::RevokeConsoleSessionRequest, v1::RevokeConsoleSessionResponse>(
-      "gpuaas.v1.console.session.revoke",
-      [pool, source](const v1::RevokeConsoleSessionRequest& req,
-                     rpc::Context& ctx) -> Result<v1::RevokeConsoleSessionResponse> {
-        if (!ids::IsUuid(req.session_id())) {
-          return Error::InvalidArgument("invalid_session_id", "session_id is not a UUID",
-                                        {{"session_id", "not a UUID"}});
-        }
-        const std::string who = ctx.principal.subject;
-        return store::WithTx(
-            *pool, [&](pqxx::work& tx) -> Result<v1::RevokeConsoleSessionResponse> {
-              auto s = Load(tx, "session_id = $1", req.session_id(), true);
-              if (!s) return Error::NotFound("session_not_found", "no session " + req.session_id());
-              v1::RevokeConsoleSessionResponse resp;
-              if (s->state() != v1::CONSOLE_SESSION_STATE_CREATED &&
-                  s->state() != v1::CONSOLE_SESSION_STATE_CONNECTED) {
-                *resp.mutable_session() = *s;  // already over
-                return resp;
-              }
-              *resp.mutable_session() =
-                  Move(tx, req.session_id(), "revoked",
-                       "ended_at = now(), end_reason = 'revoked', revoked_by = $3", {who});
-              if (!req.reason().empty()) outbox::SetActorReason(req.reason());
-              if (auto r = Announce(tx, source, resp.session(), {"", req.reason(), "", ""});
-                  !r.ok()) {
-                return r.error();
-              }
-              return resp;
-            });
-      });
-
-  rpc.Handle<v1::ListConsoleSessionsRequest, v1::ListConsoleSessionsResponse>(
-      "gpuaas.v1.console.session.list",
-      [pool](const v1::ListConsoleSessionsRequest& req,
-             rpc::Context&) -> Result<v1::ListConsoleSessionsResponse> {
-        auto limit = rpc::PageLimit(req.page_size());
-        if (!limit.ok()) return limit.error();
-        return store::WithTx(
-            *pool,
-            [&](pqxx::work& tx) -> Result<v1::ListConsoleSessionsResponse> {
-              v1::ListConsoleSessionsResponse resp;
-              for (const auto& r : tx.exec_params(
-                       fmt::format("SELECT {} FROM console_sessions WHERE ($1 = '' OR "
-                                   "allocation_id = $1) AND ($2 = '' OR state = $2) ORDER BY "
-                                   "created_at DESC, session_id DESC LIMIT $3",
-                                   kColumns),
-                       req.allocation_id(), enums::Text(req.state()), *limit)) {
-                *resp.add_sessions() = FromRow(r);
-              }
-              return resp;
-            },
-            store::ReadSnapshot());
-      });
-
+  RegisterRoutes(svc_.Rpc(), std::make_shared<SessionHandlers>(svc_.pg(), svc_.nats(),
+                                                               svc_.source(), cfg_.max_session_s));
   if (auto r = svc_.ServeRequests(); !r.ok()) return r;
+  if (auto r = StartGateway(); !r.ok()) return r;
+  svc_.OnDrain("console gateway", [this] {
+    StopSweeper();
+    gateway_->Stop();
+  });
+  sweeper_ = std::thread([this] { SweepLoop(); });
+  return Ok();
+}
 
+Result<void> ConsoleGwService::StartGateway() {
   GatewayOptions go;
   go.host = cfg_.http_host;
   go.port = static_cast<uint16_t>(cfg_.http_port);
@@ -441,16 +228,6 @@ Result<void> ConsoleGwService::Start() {
   gateway_port_ = *port;
   svc_.log().Info("console gateway listening",
                   {{"url", fmt::format("http://{}:{}/", cfg_.http_host, gateway_port_)}});
-  svc_.OnDrain("console gateway", [this] {
-    {
-      std::lock_guard lock(sweep_mu_);
-      stopping_ = true;
-    }
-    sweep_cv_.notify_all();
-    if (sweeper_.joinable()) sweeper_.join();
-    gateway_->Stop();
-  });
-  sweeper_ = std::thread([this] { SweepLoop(); });
   return Ok();
 }
 
@@ -510,7 +287,7 @@ void ConsoleGwService::Refused(const ConnectAttempt& a, const std::string& failu
                                               {"client", a.client_address}});
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     std::optional<v1::ConsoleSession> s;
-    if (ids::IsUuid(a.session_id)) s = Load(tx, "session_id = $1", a.session_id, false);
+    if (ids::IsUuid(a.session_id)) s = LoadSession(tx, a.session_id, false);
     v1::ConsoleSession shown;
     if (s) {
       shown = *s;
@@ -524,89 +301,96 @@ void ConsoleGwService::Refused(const ConnectAttempt& a, const std::string& failu
   }
 }
 
-Result<Claimed> ConsoleGwService::Claim(const ConnectAttempt& a) {
-  struct Outcome {
-    std::string failure;
-    std::string detail;
-    Claimed claimed;
+namespace {
+
+// What a connect attempt came to: a refusal (failure, detail) or the claimed session.
+struct ClaimOutcome {
+  std::string failure;
+  std::string detail;
+  Claimed claimed;
+};
+
+// The attempt's grant, claimed in `tx`: its session becomes connected through `gateway`, or the
+// attempt is refused (a connect.refused event; a grant presented for another session or past its
+// minute also ends its session).
+Result<ClaimOutcome> ClaimGrant(pqxx::work& tx, const std::string& source,
+                                const std::string& gateway, const ConnectAttempt& a) {
+  ClaimOutcome o;
+  auto refuse = [&](const v1::ConsoleSession& s, std::string failure,
+                    std::string detail) -> Result<ClaimOutcome> {
+    o.failure = std::move(failure);
+    o.detail = std::move(detail);
+    if (auto x = Announce(tx, source, s, {o.failure, o.detail, a.client_address, a.origin}, true);
+        !x.ok()) {
+      return x.error();
+    }
+    return o;
   };
+  auto s = LoadSessionByGrant(tx, GrantHash(a.grant), true);
+  if (!s) {
+    v1::ConsoleSession shown;
+    if (auto path = LoadSession(tx, a.session_id, false)) {
+      shown = *path;
+    } else {
+      shown.set_session_id(a.session_id);
+    }
+    return refuse(shown, "grant_unknown", "the grant matches no console session");
+  }
+  if (s->session_id() != a.session_id) {
+    // A grant presented for another session is burnt: whoever holds it is not following the
+    // link it was issued with.
+    if (s->state() == v1::CONSOLE_SESSION_STATE_CREATED) {
+      *s = FailWrongScope(tx, s->session_id());
+      if (auto x = Announce(tx, source, *s,
+                            {"wrong_scope", "grant presented for session " + a.session_id,
+                             a.client_address, a.origin});
+          !x.ok()) {
+        return x.error();
+      }
+    }
+    return refuse(
+        *s, "wrong_scope",
+        fmt::format("the grant is for session {}, not {}", s->session_id(), a.session_id));
+  }
+  switch (s->state()) {
+    case v1::CONSOLE_SESSION_STATE_CREATED:
+      break;
+    case v1::CONSOLE_SESSION_STATE_EXPIRED:
+      return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
+    case v1::CONSOLE_SESSION_STATE_REVOKED:
+      return refuse(*s, "grant_revoked", "the session was revoked by " + s->revoked_by());
+    default:
+      return refuse(*s, "grant_used",
+                    "the grant was already used (single use); ask for a new session");
+  }
+  if (GrantPastConnectBy(tx, s->session_id())) {
+    *s = ExpireGrant(tx, s->session_id());
+    if (auto x = Announce(tx, source, *s, {"grant_expired", "", a.client_address, a.origin});
+        !x.ok()) {
+      return x.error();
+    }
+    return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
+  }
+  *s = MarkConnected(tx, s->session_id(), gateway, a.client_address, a.origin);
+  // The operator who created it is the actor of its connection (the grant stands for them).
+  v1::Principal actor;
+  actor.set_subject(s->created_by());
+  actor.add_roles(auth::kRoleOperator);
+  outbox::ActorScope scope(actor);
+  if (auto x = Announce(tx, source, *s, {"", "", a.client_address, a.origin}); !x.ok()) {
+    return x.error();
+  }
+  o.claimed = {s->session_id(), s->allocation_id(), s->node_id(), s->domain(), s->max_duration_s()};
+  return o;
+}
+
+}  // namespace
+
+Result<Claimed> ConsoleGwService::Claim(const ConnectAttempt& a) {
   const std::string source = svc_.source();
   const std::string gateway = svc_.instance_id();
-  const Audit audit{"", "", a.client_address, a.origin};
-  auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<Outcome> {
-    Outcome o;
-    auto refuse = [&](const v1::ConsoleSession& s, std::string failure,
-                      std::string detail) -> Result<Outcome> {
-      o.failure = std::move(failure);
-      o.detail = std::move(detail);
-      if (auto x = Announce(tx, source, s, {o.failure, o.detail, a.client_address, a.origin}, true);
-          !x.ok()) {
-        return x.error();
-      }
-      return o;
-    };
-    auto s = Load(tx, "grant_hash = $1", GrantHash(a.grant), true);
-    if (!s) {
-      v1::ConsoleSession shown;
-      if (auto path = Load(tx, "session_id = $1", a.session_id, false)) {
-        shown = *path;
-      } else {
-        shown.set_session_id(a.session_id);
-      }
-      return refuse(shown, "grant_unknown", "the grant matches no console session");
-    }
-    if (s->session_id() != a.session_id) {
-      // A grant presented for another session is burnt: whoever holds it is not following the
-      // link it was issued with.
-      if (s->state() == v1::CONSOLE_SESSION_STATE_CREATED) {
-        *s = Move(tx, s->session_id(), "failed", "ended_at = now(), end_reason = 'wrong_scope'");
-        if (auto x = Announce(tx, source, *s,
-                              {"wrong_scope", "grant presented for session " + a.session_id,
-                               a.client_address, a.origin});
-            !x.ok()) {
-          return x.error();
-        }
-      }
-      return refuse(
-          *s, "wrong_scope",
-          fmt::format("the grant is for session {}, not {}", s->session_id(), a.session_id));
-    }
-    switch (s->state()) {
-      case v1::CONSOLE_SESSION_STATE_CREATED:
-        break;
-      case v1::CONSOLE_SESSION_STATE_EXPIRED:
-        return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
-      case v1::CONSOLE_SESSION_STATE_REVOKED:
-        return refuse(*s, "grant_revoked", "the session was revoked by " + s->revoked_by());
-      default:
-        return refuse(*s, "grant_used",
-                      "the grant was already used (single use); ask for a new session");
-    }
-    const bool expired =
-        tx.exec_params("SELECT connect_by < now() FROM console_sessions WHERE session_id = $1",
-                       s->session_id())[0][0]
-            .as<bool>();
-    if (expired) {
-      *s = Move(tx, s->session_id(), "expired", "ended_at = now(), end_reason = 'grant_expired'");
-      if (auto x = Announce(tx, source, *s, {"grant_expired", "", a.client_address, a.origin});
-          !x.ok()) {
-        return x.error();
-      }
-      return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
-    }
-    *s = Move(tx, s->session_id(), "connected",
-              "connected_at = now(), gateway = $3, client_address = $4, origin = $5",
-              {gateway, a.client_address, a.origin});
-    // The operator who created it is the actor of its connection (the grant stands for them).
-    v1::Principal actor;
-    actor.set_subject(s->created_by());
-    actor.add_roles(auth::kRoleOperator);
-    outbox::ActorScope scope(actor);
-    if (auto x = Announce(tx, source, *s, audit); !x.ok()) return x.error();
-    o.claimed = {s->session_id(), s->allocation_id(), s->node_id(), s->domain(),
-                 s->max_duration_s()};
-    return o;
-  });
+  auto r =
+      store::WithTx(*svc_.pg(), [&](pqxx::work& tx) { return ClaimGrant(tx, source, gateway, a); });
   if (!r.ok()) return r.error();
   if (!r->failure.empty()) {
     metrics_->Refused(r->failure);
@@ -664,9 +448,9 @@ Result<std::shared_ptr<Bridge>> ConsoleGwService::Open(const Claimed& c, Bridge:
                            failure.reason == "no_responders";
   const std::string reason = unreachable ? "node_unreachable" : "node_refused";
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
-    auto s = Load(tx, "session_id = $1", c.session_id, true);
+    auto s = LoadSession(tx, c.session_id, true);
     if (!s || s->state() != v1::CONSOLE_SESSION_STATE_CONNECTED) return Ok();
-    *s = Move(tx, c.session_id, "failed", "ended_at = now(), end_reason = $3", {reason});
+    *s = FailSession(tx, c.session_id, reason);
     return Announce(tx, svc_.source(), *s, {reason, failure.ToString(), "", ""});
   });
   if (!r.ok()) svc_.log().Error("console failure not recorded", {{"error", r.error().ToString()}});
@@ -694,22 +478,16 @@ void ConsoleGwService::Finish(const std::string& session_id, const std::string& 
   metrics_->Bytes(bytes_to_client, bytes_from_client);
   const bool failed = IsFailure(reason);
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
-    auto s = Load(tx, "session_id = $1", session_id, true);
+    auto s = LoadSession(tx, session_id, true);
     if (!s) return Ok();
     if (s->state() != v1::CONSOLE_SESSION_STATE_CONNECTED) {
       // Revoked (or failed by the sweeper) meanwhile: the end is recorded already; keep the
       // byte counts.
-      tx.exec_params(
-          "UPDATE console_sessions SET bytes_to_client = $2, bytes_from_client = $3 WHERE "
-          "session_id = $1",
-          session_id, static_cast<int64_t>(bytes_to_client),
-          static_cast<int64_t>(bytes_from_client));
+      RecordBytes(tx, session_id, bytes_to_client, bytes_from_client);
       return Ok();
     }
-    *s = Move(tx, session_id, failed ? "failed" : "disconnected",
-              "ended_at = now(), bytes_to_client = $3::int8, bytes_from_client = $4::int8, "
-              "end_reason = $5",
-              {std::to_string(bytes_to_client), std::to_string(bytes_from_client), reason});
+    *s = EndConnection(tx, session_id, failed ? "failed" : "disconnected", bytes_to_client,
+                       bytes_from_client, reason);
     const double secs = double(TimeUtil::TimestampToMilliseconds(s->ended_at()) -
                                TimeUtil::TimestampToMilliseconds(s->connected_at())) /
                         1000.0;
@@ -728,6 +506,15 @@ void ConsoleGwService::Finish(const std::string& session_id, const std::string& 
 }
 
 // ---- the sweeper ----
+
+void ConsoleGwService::StopSweeper() {
+  {
+    std::lock_guard lock(sweep_mu_);
+    stopping_ = true;
+  }
+  sweep_cv_.notify_all();
+  if (sweeper_.joinable()) sweeper_.join();
+}
 
 void ConsoleGwService::SweepLoop() {
   std::unique_lock lock(sweep_mu_);
@@ -759,46 +546,25 @@ void ConsoleGwService::Sweep() {
     to_stop.clear();
     by_state.clear();
     // Unused grants past their minute.
-    for (const auto& row : tx.exec(fmt::format(
-             "UPDATE console_sessions SET state = 'expired', generation = generation + 1, "
-             "ended_at = now(), end_reason = 'grant_expired' WHERE state = 'created' AND "
-             "connect_by < now() RETURNING {}",
-             kColumns))) {
-      if (auto x = Announce(tx, source, FromRow(row), {}); !x.ok()) return x;
+    for (const auto& s : ExpireUnusedGrants(tx)) {
+      if (auto x = Announce(tx, source, s, {}); !x.ok()) return x;
     }
     // Connections a lost gateway left behind: past their maximum by two minutes, so no live
     // gateway holds them any more.
-    for (const auto& row : tx.exec(fmt::format(
-             "UPDATE console_sessions SET state = 'failed', generation = generation + 1, "
-             "ended_at = now(), end_reason = 'gateway_lost' WHERE state = 'connected' AND "
-             "connected_at + (max_duration_s + 120) * interval '1 second' < now() RETURNING {}",
-             kColumns))) {
-      if (auto x = Announce(tx, source, FromRow(row), {"gateway_lost", "", "", ""}); !x.ok()) {
-        return x;
-      }
+    for (const auto& s : FailLostGatewaySessions(tx)) {
+      if (auto x = Announce(tx, source, s, {"gateway_lost", "", "", ""}); !x.ok()) return x;
     }
-    if (!live_ids.empty()) {
-      for (const auto& row : tx.exec_params(
-               "SELECT session_id, state, connected_at + max_duration_s * interval '1 second' "
-               "<= now() FROM console_sessions WHERE session_id = ANY($1::text[])",
-               store::TextArrayLiteral(live_ids))) {
-        const auto state = row[1].as<std::string>();
-        if (state == "revoked") {
-          to_stop.emplace_back(row[0].as<std::string>(), "revoked");
-        } else if (state != "connected") {
-          to_stop.emplace_back(row[0].as<std::string>(), state);
-        } else if (row[2].as<bool>()) {
-          to_stop.emplace_back(row[0].as<std::string>(), "max_duration");
-        }
+    for (const auto& live : LoadLiveSessionStates(tx, live_ids)) {
+      if (live.state == "revoked") {
+        to_stop.emplace_back(live.session_id, "revoked");
+      } else if (live.state != "connected") {
+        to_stop.emplace_back(live.session_id, live.state);
+      } else if (live.past_max_duration) {
+        to_stop.emplace_back(live.session_id, "max_duration");
       }
     }
     // The gauges scan every session ever made: sampled every kGaugeEvery, not every sweep.
-    if (count) {
-      for (const auto& row :
-           tx.exec("SELECT state, count(*) FROM console_sessions GROUP BY state")) {
-        by_state[row[0].as<std::string>()] = row[1].as<int64_t>();
-      }
-    }
+    if (count) by_state = CountSessionsByState(tx);
     return Ok();
   });
   if (!r.ok()) {

@@ -78,7 +78,11 @@ class ConsoleGwService : public Backend {
   void Sweep();
 
  private:
+  // The operator page and console WebSocket listener (console.http_host:http_port).
+  Result<void> StartGateway();
   void SweepLoop();
+  // Stops the sweeper and waits for its thread (idempotent).
+  void StopSweeper();
 
   ConsoleGwConfig cfg_;
   runtime::Service svc_;

@@ -1,0 +1,60 @@
+#pragma once
+// console-gw's request API: the route table (every subject it serves over NATS) and the session
+// handlers behind it. The HTTP side (the operator page and the console WebSocket) is
+// console_gateway.hpp.
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gpuaas/common/result.hpp"
+
+namespace gpuaas {
+namespace messaging {
+class Connection;
+}
+namespace store {
+class Pool;
+}
+namespace rpc {
+class Server;
+struct Context;
+}  // namespace rpc
+namespace v1 {
+class CreateConsoleSessionRequest;
+class CreateConsoleSessionResponse;
+class RevokeConsoleSessionRequest;
+class RevokeConsoleSessionResponse;
+class ListConsoleSessionsRequest;
+class ListConsoleSessionsResponse;
+}  // namespace v1
+}  // namespace gpuaas
+
+namespace gpuaas::console_gw {
+
+// gpuaas.v1.console.session.{create,revoke,list}: operators' console sessions.
+class SessionHandlers {
+ public:
+  // `source`: the events' source; `max_session_s`: console.max_session_s.
+  SessionHandlers(std::shared_ptr<store::Pool> pool, std::shared_ptr<messaging::Connection> nats,
+                  std::string source, int64_t max_session_s);
+
+  // A new session and its single-use grant for a live VM allocation the caller may see.
+  Result<v1::CreateConsoleSessionResponse> Create(const v1::CreateConsoleSessionRequest& req,
+                                                  rpc::Context& ctx) const;
+  // A created or connected session becomes revoked; an ended one is answered unchanged.
+  Result<v1::RevokeConsoleSessionResponse> Revoke(const v1::RevokeConsoleSessionRequest& req,
+                                                  rpc::Context& ctx) const;
+  Result<v1::ListConsoleSessionsResponse> List(const v1::ListConsoleSessionsRequest& req,
+                                               rpc::Context& ctx) const;
+
+ private:
+  std::shared_ptr<store::Pool> pool_;
+  std::shared_ptr<messaging::Connection> nats_;
+  std::string source_;
+  int64_t max_session_s_;
+};
+
+// The route table: every request subject console-gw serves, each to its handler.
+void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<SessionHandlers>& sessions);
+
+}  // namespace gpuaas::console_gw
