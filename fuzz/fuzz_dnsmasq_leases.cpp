@@ -4,7 +4,7 @@
 // the VM runtime's LeasedIp (readiness). They must agree: a reservation is missing exactly when
 // LeasedIp finds no lease for its MAC, a bound one has its reserved IP, a mismatch another one,
 // and an unexpected lease is for a MAC without a reservation. And what the agent reports from
-// it (the LeaseReport node_agent.cpp builds from ObserveLeases, mapped the same way here) is a
+// it (the LeaseReport the agent builds from ObserveLeases with AddLeaseObservations) is a
 // report ipam accepts (ipam::ValidateLeaseReport): ipam refuses a malformed report whole.
 #include <unistd.h>
 
@@ -17,10 +17,10 @@
 #include <string>
 
 #include "fuzz_check.hpp"
-#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "host.hpp"
 #include "ipam_domain.hpp"
+#include "lease_report.hpp"
 #include "libvirt_runtime.hpp"
 #include "net_apply.hpp"
 
@@ -98,18 +98,10 @@ void Check(const std::string& content) {
     FUZZ_CHECK(o.expires_at == 0 || o.expires_at >= before - 1, std::to_string(o.expires_at));
   }
 
-  v1::LeaseReport report;  // as NodeAgent's lease report loop builds it
+  v1::LeaseReport report;  // built by the agent's own code, as its lease report loop does
   report.set_node_id("node-a");
   report.set_document_version(spec.version);
-  for (const auto& l : *obs) {
-    auto* o = report.add_observations();
-    o->set_slot_key(l.slot_key);
-    o->set_mac(l.mac);
-    o->set_expected_ip(l.expected_ip);
-    o->set_actual_ip(l.actual_ip);
-    o->set_lease_state(enums::FromColumn<v1::LeaseState>(l.lease_state));
-    o->set_hostname(l.hostname);
-  }
+  node_agent::AddLeaseObservations(*obs, report);
   auto accepted = ipam::ValidateLeaseReport(report);
   FUZZ_CHECK(accepted.ok(), "ipam refuses the agent's report of this lease file: " +
                                 (accepted.ok() ? "" : accepted.error().ToString()));

@@ -845,57 +845,52 @@ std::optional<Check> KvmAccessCheck(const HostRoot& host) {
                                group));
 }
 
-}  // namespace
-
-std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& opts,
-                                const std::vector<v1::GpuDevice>& gpus, bool* reboot_required) {
-  std::vector<Check> out;
-  const auto kPass = v1::CHECK_STATUS_PASS;
-  const auto kWarn = v1::CHECK_STATUS_WARN;
-  const auto kFail = v1::CHECK_STATUS_FAIL;
-
+Check GpusCheck(const std::vector<v1::GpuDevice>& gpus) {
   if (gpus.empty()) {
-    out.push_back(MakeCheck("gpus", kWarn, "no NVIDIA display/3D PCI devices found",
-                            "check that the GPUs are visible in lspci -d 10de: and that this is "
-                            "a GPU host"));
-  } else {
-    std::map<std::string, int> models;
-    for (const auto& g : gpus) models[g.model().empty() ? g.device_id() : g.model()]++;
-    std::vector<std::string> parts;
-    parts.reserve(models.size());
-    for (const auto& [m, n] : models) parts.push_back(std::to_string(n) + "x " + m);
-    out.push_back(
-        MakeCheck("gpus", kPass, std::to_string(gpus.size()) + " GPUs: " + Join(parts, ", ")));
+    return MakeCheck("gpus", v1::CHECK_STATUS_WARN, "no NVIDIA display/3D PCI devices found",
+                     "check that the GPUs are visible in lspci -d 10de: and that this is "
+                     "a GPU host");
   }
+  std::map<std::string, int> models;
+  for (const auto& g : gpus) models[g.model().empty() ? g.device_id() : g.model()]++;
+  std::vector<std::string> parts;
+  parts.reserve(models.size());
+  for (const auto& [m, n] : models) parts.push_back(std::to_string(n) + "x " + m);
+  return MakeCheck("gpus", v1::CHECK_STATUS_PASS,
+                   std::to_string(gpus.size()) + " GPUs: " + Join(parts, ", "));
+}
 
+Check KvmCheck(const HostRoot& host) {
   if (host.Exists("/dev/kvm")) {
-    out.push_back(MakeCheck("kvm", kPass, "/dev/kvm present"));
-  } else {
-    out.push_back(MakeCheck("kvm", kFail, "/dev/kvm missing",
-                            "enable VT-x/VMX (AMD-V/SVM) in firmware and load kvm_intel/kvm_amd",
-                            true));
+    return MakeCheck("kvm", v1::CHECK_STATUS_PASS, "/dev/kvm present");
   }
-  if (auto c = KvmAccessCheck(host)) out.push_back(std::move(*c));
+  return MakeCheck("kvm", v1::CHECK_STATUS_FAIL, "/dev/kvm missing",
+                   "enable VT-x/VMX (AMD-V/SVM) in firmware and load kvm_intel/kvm_amd", true);
+}
 
-  size_t groups = host.ListDir("/sys/kernel/iommu_groups").size();
+// `groups`: the number of IOMMU groups in /sys/kernel/iommu_groups.
+Check IommuGroupsCheck(const std::vector<v1::GpuDevice>& gpus, size_t groups) {
   std::vector<std::string> no_group;
   for (const auto& g : gpus) {
     if (g.iommu_group().empty()) no_group.push_back(g.pci_address());
   }
   if (groups == 0) {
-    out.push_back(MakeCheck("iommu_groups", kFail, "no IOMMU groups in /sys/kernel/iommu_groups",
-                            "enable VT-d/AMD-Vi in firmware and boot with intel_iommu=on iommu=pt",
-                            true));
-  } else if (!no_group.empty()) {
-    out.push_back(MakeCheck(
-        "iommu_groups", kFail,
-        std::to_string(groups) + " IOMMU groups, but GPUs without a group: " + Join(no_group, ","),
-        "check firmware VT-d/ACS settings so every GPU gets an IOMMU group", true));
-  } else {
-    out.push_back(MakeCheck("iommu_groups", kPass,
-                            std::to_string(groups) + " IOMMU groups, every GPU in one"));
+    return MakeCheck("iommu_groups", v1::CHECK_STATUS_FAIL,
+                     "no IOMMU groups in /sys/kernel/iommu_groups",
+                     "enable VT-d/AMD-Vi in firmware and boot with intel_iommu=on iommu=pt", true);
   }
+  if (!no_group.empty()) {
+    return MakeCheck(
+        "iommu_groups", v1::CHECK_STATUS_FAIL,
+        std::to_string(groups) + " IOMMU groups, but GPUs without a group: " + Join(no_group, ","),
+        "check firmware VT-d/ACS settings so every GPU gets an IOMMU group", true);
+  }
+  return MakeCheck("iommu_groups", v1::CHECK_STATUS_PASS,
+                   std::to_string(groups) + " IOMMU groups, every GPU in one");
+}
 
+// Without the kernel arguments but with IOMMU groups anyway, only a warning.
+Check IommuCmdlineCheck(const HostRoot& host, size_t groups) {
   std::vector<std::string> iommu_args;
   for (const auto& tok : SplitWs(host.ReadFile("/proc/cmdline").value_or(""))) {
     if (tok == "intel_iommu=on" || tok == "amd_iommu=on" || tok == "iommu=pt") {
@@ -903,134 +898,148 @@ std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& op
     }
   }
   if (!iommu_args.empty()) {
-    out.push_back(MakeCheck("iommu_cmdline", kPass, "kernel cmdline has " + Join(iommu_args, " ")));
-  } else {
-    out.push_back(MakeCheck(
-        "iommu_cmdline", groups > 0 ? kWarn : kFail,
-        groups > 0 ? "no intel_iommu=on/amd_iommu=on/iommu=pt on the kernel cmdline (IOMMU "
-                     "groups exist anyway)"
-                   : "no intel_iommu=on/amd_iommu=on/iommu=pt on the kernel cmdline",
-        "add intel_iommu=on iommu=pt (AMD: iommu=pt) to GRUB_CMDLINE_LINUX, update-grub, "
-        "reboot"));
+    return MakeCheck("iommu_cmdline", v1::CHECK_STATUS_PASS,
+                     "kernel cmdline has " + Join(iommu_args, " "));
   }
+  return MakeCheck("iommu_cmdline", groups > 0 ? v1::CHECK_STATUS_WARN : v1::CHECK_STATUS_FAIL,
+                   groups > 0 ? "no intel_iommu=on/amd_iommu=on/iommu=pt on the kernel cmdline "
+                                "(IOMMU groups exist anyway)"
+                              : "no intel_iommu=on/amd_iommu=on/iommu=pt on the kernel cmdline",
+                   "add intel_iommu=on iommu=pt (AMD: iommu=pt) to GRUB_CMDLINE_LINUX, "
+                   "update-grub, reboot");
+}
 
+Check VfioModulesCheck(const HostRoot& host) {
   if (host.Exists("/sys/module/vfio_pci") || host.Exists("/sys/module/vfio-pci")) {
-    out.push_back(MakeCheck("vfio_modules", kPass, "vfio_pci loaded"));
-  } else {
-    out.push_back(MakeCheck("vfio_modules", kFail, "vfio_pci module not loaded",
-                            "modprobe vfio-pci; printf 'vfio\\nvfio_iommu_type1\\nvfio_pci\\n' > "
-                            "/etc/modules-load.d/gpuaas-vfio.conf",
-                            true));
+    return MakeCheck("vfio_modules", v1::CHECK_STATUS_PASS, "vfio_pci loaded");
   }
+  return MakeCheck("vfio_modules", v1::CHECK_STATUS_FAIL, "vfio_pci module not loaded",
+                   "modprobe vfio-pci; printf 'vfio\\nvfio_iommu_type1\\nvfio_pci\\n' > "
+                   "/etc/modules-load.d/gpuaas-vfio.conf",
+                   true);
+}
 
-  {
-    auto fabric = DiscoverFabric(host);
-    std::vector<const v1::FabricDevice*> pfs;
-    int vfs = 0;
-    for (const auto& f : fabric) {
-      if (f.is_vf()) {
-        ++vfs;
-      } else if (!f.pci_address().empty()) {
-        pfs.push_back(&f);
-      }
-    }
-    const int need = static_cast<int>(gpus.size());
-    std::vector<std::string> short_pfs;
-    for (const auto* pf : pfs) {
-      if (pf->sriov_numvfs() < need) {
-        short_pfs.push_back(pf->pci_address() + "(" + (pf->name().empty() ? "?" : pf->name()) +
-                            ") numvfs=" + std::to_string(pf->sriov_numvfs()) +
-                            " totalvfs=" + std::to_string(pf->sriov_totalvfs()));
-      }
-    }
-    const std::string fix =
-        "enable SR-IOV in firmware (mlxconfig SRIOV_EN=1 NUM_OF_VFS=N) and create VFs: echo N > "
-        "/sys/bus/pci/devices/<pf>/sriov_numvfs";
-    if (pfs.empty()) {
-      out.push_back(MakeCheck("sriov", kWarn, "no fabric (InfiniBand/RoCE) physical function found",
-                              "check /sys/class/infiniband; slots get fabric_claim_mode none"));
-    } else if (need == 0 || short_pfs.empty()) {
-      out.push_back(MakeCheck("sriov", kPass,
-                              std::to_string(pfs.size()) + " fabric PFs, " + std::to_string(vfs) +
-                                  " VFs, every PF has >= " + std::to_string(need) + " VFs"));
-    } else if (vfs >= need) {
-      out.push_back(
-          MakeCheck("sriov", kWarn,
-                    std::to_string(vfs) + " VFs cover " + std::to_string(need) +
-                        " GPUs, but PFs with fewer VFs than GPUs: " + Join(short_pfs, "; "),
-                    fix));
-    } else {
-      out.push_back(MakeCheck("sriov", kFail,
-                              "only " + std::to_string(vfs) + " fabric VFs for " +
-                                  std::to_string(need) + " GPUs: " + Join(short_pfs, "; "),
-                              fix));
+// Every GPU wants its own fabric VF: enough VFs in all is a warning when some PF has fewer
+// VFs than GPUs, too few in all a failure.
+Check SriovCheck(const HostRoot& host, const std::vector<v1::GpuDevice>& gpus) {
+  auto fabric = DiscoverFabric(host);
+  std::vector<const v1::FabricDevice*> pfs;
+  int vfs = 0;
+  for (const auto& f : fabric) {
+    if (f.is_vf()) {
+      ++vfs;
+    } else if (!f.pci_address().empty()) {
+      pfs.push_back(&f);
     }
   }
-
-  out.push_back(LibvirtCheck(opts.libvirt_uri));
-
-  {
-    static const std::array<const char*, 7> kOvmf = {
-        "/usr/share/OVMF/OVMF_CODE_4M.fd",
-        "/usr/share/OVMF/OVMF_CODE.fd",
-        "/usr/share/qemu/OVMF.fd",
-        "/usr/share/ovmf/OVMF.fd",
-        "/usr/share/edk2/ovmf/OVMF_CODE.fd",
-        "/usr/share/edk2-ovmf/x64/OVMF_CODE.fd",
-        "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
-    };
-    std::string found;
-    for (const char* p : kOvmf) {
-      if (host.Exists(p) && !host.IsDir(p)) {
-        found = p;
-        break;
-      }
-    }
-    if (!found.empty()) {
-      out.push_back(MakeCheck("ovmf", kPass, found));
-    } else {
-      out.push_back(MakeCheck("ovmf", kFail, "no OVMF (UEFI) firmware image found",
-                              "apt-get install ovmf", true));
+  const int need = static_cast<int>(gpus.size());
+  std::vector<std::string> short_pfs;
+  for (const auto* pf : pfs) {
+    if (pf->sriov_numvfs() < need) {
+      short_pfs.push_back(pf->pci_address() + "(" + (pf->name().empty() ? "?" : pf->name()) +
+                          ") numvfs=" + std::to_string(pf->sriov_numvfs()) +
+                          " totalvfs=" + std::to_string(pf->sriov_totalvfs()));
     }
   }
-
-  {
-    const long long need = static_cast<long long>(opts.profile.hugepages_1g_per_gpu()) *
-                           static_cast<long long>(gpus.size());
-    auto free_pages = host.ReadInt("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages");
-    std::string have = free_pages ? std::to_string(*free_pages) : "unknown";
-    if (need <= 0) {
-      out.push_back(MakeCheck(
-          "hugepages", kPass,
-          "profile " + opts.profile.name() + " needs no 1G hugepages (free " + have + ")"));
-    } else if (free_pages && *free_pages >= need) {
-      out.push_back(MakeCheck("hugepages", kPass,
-                              std::to_string(*free_pages) + " free 1G hugepages, profile needs " +
-                                  std::to_string(need)));
-    } else {
-      out.push_back(MakeCheck(
-          "hugepages", kFail,
-          "profile " + opts.profile.name() + " needs " + std::to_string(need) +
-              " free 1G hugepages, host has " + have,
-          "boot with default_hugepagesz=1G hugepagesz=1G hugepages=" + std::to_string(need) +
-              " (or write nr_hugepages under /sys/kernel/mm/hugepages/hugepages-1048576kB)",
-          true));
-    }
+  const std::string fix =
+      "enable SR-IOV in firmware (mlxconfig SRIOV_EN=1 NUM_OF_VFS=N) and create VFs: echo N > "
+      "/sys/bus/pci/devices/<pf>/sriov_numvfs";
+  if (pfs.empty()) {
+    return MakeCheck("sriov", v1::CHECK_STATUS_WARN,
+                     "no fabric (InfiniBand/RoCE) physical function found",
+                     "check /sys/class/infiniband; slots get fabric_claim_mode none");
   }
+  if (need == 0 || short_pfs.empty()) {
+    return MakeCheck("sriov", v1::CHECK_STATUS_PASS,
+                     std::to_string(pfs.size()) + " fabric PFs, " + std::to_string(vfs) +
+                         " VFs, every PF has >= " + std::to_string(need) + " VFs");
+  }
+  if (vfs >= need) {
+    return MakeCheck("sriov", v1::CHECK_STATUS_WARN,
+                     std::to_string(vfs) + " VFs cover " + std::to_string(need) +
+                         " GPUs, but PFs with fewer VFs than GPUs: " + Join(short_pfs, "; "),
+                     fix);
+  }
+  return MakeCheck("sriov", v1::CHECK_STATUS_FAIL,
+                   "only " + std::to_string(vfs) + " fabric VFs for " + std::to_string(need) +
+                       " GPUs: " + Join(short_pfs, "; "),
+                   fix);
+}
 
+Check OvmfCheck(const HostRoot& host) {
+  static const std::array<const char*, 7> kOvmf = {
+      "/usr/share/OVMF/OVMF_CODE_4M.fd",
+      "/usr/share/OVMF/OVMF_CODE.fd",
+      "/usr/share/qemu/OVMF.fd",
+      "/usr/share/ovmf/OVMF.fd",
+      "/usr/share/edk2/ovmf/OVMF_CODE.fd",
+      "/usr/share/edk2-ovmf/x64/OVMF_CODE.fd",
+      "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd",
+  };
+  for (const char* p : kOvmf) {
+    if (host.Exists(p) && !host.IsDir(p)) return MakeCheck("ovmf", v1::CHECK_STATUS_PASS, p);
+  }
+  return MakeCheck("ovmf", v1::CHECK_STATUS_FAIL, "no OVMF (UEFI) firmware image found",
+                   "apt-get install ovmf", true);
+}
+
+// The profile's 1G hugepages for every GPU, free now.
+Check HugepagesCheck(const HostRoot& host, const DiscoveryOptions& opts,
+                     const std::vector<v1::GpuDevice>& gpus) {
+  const long long need = static_cast<long long>(opts.profile.hugepages_1g_per_gpu()) *
+                         static_cast<long long>(gpus.size());
+  auto free_pages = host.ReadInt("/sys/kernel/mm/hugepages/hugepages-1048576kB/free_hugepages");
+  std::string have = free_pages ? std::to_string(*free_pages) : "unknown";
+  if (need <= 0) {
+    return MakeCheck(
+        "hugepages", v1::CHECK_STATUS_PASS,
+        "profile " + opts.profile.name() + " needs no 1G hugepages (free " + have + ")");
+  }
+  if (free_pages && *free_pages >= need) {
+    return MakeCheck(
+        "hugepages", v1::CHECK_STATUS_PASS,
+        std::to_string(*free_pages) + " free 1G hugepages, profile needs " + std::to_string(need));
+  }
+  return MakeCheck(
+      "hugepages", v1::CHECK_STATUS_FAIL,
+      "profile " + opts.profile.name() + " needs " + std::to_string(need) +
+          " free 1G hugepages, host has " + have,
+      "boot with default_hugepagesz=1G hugepagesz=1G hugepages=" + std::to_string(need) +
+          " (or write nr_hugepages under /sys/kernel/mm/hugepages/hugepages-1048576kB)",
+      true);
+}
+
+Check RebootRequiredCheck(const HostRoot& host, bool* reboot_required) {
   bool reboot = host.Exists("/var/run/reboot-required");
   if (reboot_required != nullptr) *reboot_required = reboot;
-  if (reboot) {
-    std::string pkgs;
-    if (auto p = host.ReadFile("/var/run/reboot-required.pkgs")) {
-      auto lines = SplitWs(*p);
-      pkgs = lines.empty() ? "" : " (" + Join(lines, ",") + ")";
-    }
-    out.push_back(MakeCheck("reboot_required", kWarn, "/var/run/reboot-required exists" + pkgs,
-                            "drain the node and reboot it, then re-run discovery"));
-  } else {
-    out.push_back(MakeCheck("reboot_required", kPass, "no reboot pending"));
+  if (!reboot) return MakeCheck("reboot_required", v1::CHECK_STATUS_PASS, "no reboot pending");
+  std::string pkgs;
+  if (auto p = host.ReadFile("/var/run/reboot-required.pkgs")) {
+    auto lines = SplitWs(*p);
+    pkgs = lines.empty() ? "" : " (" + Join(lines, ",") + ")";
   }
+  return MakeCheck("reboot_required", v1::CHECK_STATUS_WARN,
+                   "/var/run/reboot-required exists" + pkgs,
+                   "drain the node and reboot it, then re-run discovery");
+}
+
+}  // namespace
+
+std::vector<Check> PrereqChecks(const HostRoot& host, const DiscoveryOptions& opts,
+                                const std::vector<v1::GpuDevice>& gpus, bool* reboot_required) {
+  std::vector<Check> out;
+  out.push_back(GpusCheck(gpus));
+  out.push_back(KvmCheck(host));
+  if (auto c = KvmAccessCheck(host)) out.push_back(std::move(*c));
+  const size_t iommu_groups = host.ListDir("/sys/kernel/iommu_groups").size();
+  out.push_back(IommuGroupsCheck(gpus, iommu_groups));
+  out.push_back(IommuCmdlineCheck(host, iommu_groups));
+  out.push_back(VfioModulesCheck(host));
+  out.push_back(SriovCheck(host, gpus));
+  out.push_back(LibvirtCheck(opts.libvirt_uri));
+  out.push_back(OvmfCheck(host));
+  out.push_back(HugepagesCheck(host, opts, gpus));
+  out.push_back(RebootRequiredCheck(host, reboot_required));
   return out;
 }
 
@@ -1370,10 +1379,10 @@ std::vector<Check> NetworkChecks(const v1::NetworkBaseline& b,
 // ---------------------------------------------------------------------------------------------
 // Candidates.
 
-std::vector<v1::CandidateSlot> BuildCandidates(
-    const std::vector<v1::GpuDevice>& gpus, const std::vector<v1::NvmeDevice>& nvme,
-    const std::vector<v1::FabricDevice>& fabric, const DiscoveryOptions& opts,
-    const std::map<std::string, std::string>& nvme_switch) {
+namespace {
+
+// GPUs by NUMA node (unknown last), PCIe switch and address: the slots' order.
+std::vector<const v1::GpuDevice*> GpusInSlotOrder(const std::vector<v1::GpuDevice>& gpus) {
   std::vector<const v1::GpuDevice*> order;
   order.reserve(gpus.size());
   for (const auto& g : gpus) order.push_back(&g);
@@ -1382,38 +1391,48 @@ std::vector<v1::CandidateSlot> BuildCandidates(
                            a->pci_address()) <
            std::make_tuple(!b->has_numa_node(), b->numa_node(), b->pcie_switch(), b->pci_address());
   });
-  std::vector<Loc> slot_locs;
-  slot_locs.reserve(order.size());
-  for (const auto* g : order) {
-    slot_locs.push_back({NumaOf(g->has_numa_node(), g->numa_node()), g->pcie_switch()});
-  }
+  return order;
+}
 
-  // NVMe: only whole disks that are safe to hand to a VM and have a stable identity.
+bool DiskSigned(const v1::NvmeDevice& d) {
+  return !d.fs_type().empty() || !d.partition_table().empty() || d.partitions_size() > 0;
+}
+
+// The eligible disks, where each sits, and which one each slot got (-1: none).
+struct DiskAssignment {
   std::vector<const v1::NvmeDevice*> disks;
+  std::vector<Loc> locs;
+  std::vector<int> pick;
+};
+
+// NVMe: only whole disks that are safe to hand to a VM and have a stable identity.
+DiskAssignment AssignDisks(const std::vector<v1::NvmeDevice>& nvme,
+                           const std::map<std::string, std::string>& nvme_switch,
+                           const std::vector<Loc>& slot_locs) {
+  DiskAssignment a;
   for (const auto& d : nvme) {
     if (d.os_disk() || d.by_id_path().empty() || d.mountpoints_size() > 0) continue;
     bool child_mounted = false;
     for (const auto& p : d.partitions()) child_mounted = child_mounted || p.mountpoints_size() > 0;
     if (child_mounted) continue;
-    disks.push_back(&d);
+    a.disks.push_back(&d);
   }
-  std::vector<Loc> disk_locs;
-  for (const auto* d : disks) {
+  for (const auto* d : a.disks) {
     auto it = nvme_switch.find(d->pci_address());
-    disk_locs.push_back(
+    a.locs.push_back(
         {NumaOf(d->has_numa_node(), d->numa_node()), it == nvme_switch.end() ? "" : it->second});
   }
-  auto disk_signed = [](const v1::NvmeDevice& d) {
-    return !d.fs_type().empty() || !d.partition_table().empty() || d.partitions_size() > 0;
-  };
-  auto disk_pick = TieredAssign(
-      slot_locs, disk_locs,
+  a.pick = TieredAssign(
+      slot_locs, a.locs,
       [&](size_t c) {
-        return std::make_pair(disk_signed(*disks[c]) ? 1 : 0, disks[c]->by_id_path());
+        return std::make_pair(DiskSigned(*a.disks[c]) ? 1 : 0, a.disks[c]->by_id_path());
       },
       [](size_t) {});
+  return a;
+}
 
-  // Fabric: one fabric type per node (InfiniBand when the host has any, else RoCE).
+// One fabric type per node (InfiniBand when the host has any, else RoCE).
+v1::FabricType NodeFabricType(const std::vector<v1::FabricDevice>& fabric) {
   v1::FabricType type = v1::FABRIC_TYPE_UNSPECIFIED;
   for (const auto& f : fabric) {
     if (f.fabric_type() == v1::FABRIC_TYPE_INFINIBAND) type = v1::FABRIC_TYPE_INFINIBAND;
@@ -1423,116 +1442,160 @@ std::vector<v1::CandidateSlot> BuildCandidates(
       if (f.fabric_type() == v1::FABRIC_TYPE_ROCE) type = v1::FABRIC_TYPE_ROCE;
     }
   }
+  return type;
+}
+
+// The node's fabric PFs and VFs, and which VF each slot got (-1: none).
+struct FabricAssignment {
   std::map<std::string, const v1::FabricDevice*> pf_by_pci;
   std::vector<const v1::FabricDevice*> pfs, vfs;
-  for (const auto& f : fabric) {
-    if (f.fabric_type() != type || f.pci_address().empty()) continue;
-    if (f.is_vf()) {
-      vfs.push_back(&f);
-    } else {
-      pfs.push_back(&f);
-      pf_by_pci[f.pci_address()] = &f;
-    }
-  }
-  auto fabric_loc = [&](const v1::FabricDevice& f) {
+  std::vector<int> vf_pick;
+
+  // A VF sits where its PF does.
+  Loc LocOf(const v1::FabricDevice& f) const {
     const v1::FabricDevice* at = &f;
     if (f.is_vf()) {
       if (auto it = pf_by_pci.find(f.pf_pci_address()); it != pf_by_pci.end()) at = it->second;
     }
     return Loc{NumaOf(at->has_numa_node(), at->numa_node()), at->pcie_switch()};
-  };
+  }
+};
+
+FabricAssignment AssignFabric(const std::vector<v1::FabricDevice>& fabric,
+                              const std::vector<Loc>& slot_locs) {
+  const v1::FabricType type = NodeFabricType(fabric);
+  FabricAssignment a;
+  for (const auto& f : fabric) {
+    if (f.fabric_type() != type || f.pci_address().empty()) continue;
+    if (f.is_vf()) {
+      a.vfs.push_back(&f);
+    } else {
+      a.pfs.push_back(&f);
+      a.pf_by_pci[f.pci_address()] = &f;
+    }
+  }
   std::vector<Loc> vf_locs;
-  vf_locs.reserve(vfs.size());
-  for (const auto* v : vfs) vf_locs.push_back(fabric_loc(*v));
+  vf_locs.reserve(a.vfs.size());
+  for (const auto* v : a.vfs) vf_locs.push_back(a.LocOf(*v));
   std::map<std::string, int> pf_use;  // spread VFs over PFs of equal distance
-  auto vf_pick = TieredAssign(
+  a.vf_pick = TieredAssign(
       slot_locs, vf_locs,
       [&](size_t c) {
-        return std::make_pair(pf_use[vfs[c]->pf_pci_address()], vfs[c]->pci_address());
+        return std::make_pair(pf_use[a.vfs[c]->pf_pci_address()], a.vfs[c]->pci_address());
       },
-      [&](size_t c) { pf_use[vfs[c]->pf_pci_address()]++; });
+      [&](size_t c) { pf_use[a.vfs[c]->pf_pci_address()]++; });
+  return a;
+}
+
+void DescribeGpu(v1::CandidateSlot& s, const v1::GpuDevice& g, int index, const Loc& loc) {
+  s.set_slot_key("gpu-" + g.pci_address());
+  s.set_index(index);
+  s.set_gpu_pci_address(g.pci_address());
+  if (g.has_numa_node()) s.set_numa_node(g.numa_node());
+  s.set_pcie_switch(g.pcie_switch());
+  std::string where = !g.pcie_switch().empty()      ? g.pcie_switch()
+                      : !g.pcie_root_port().empty() ? g.pcie_root_port()
+                                                    : "none";
+  s.set_locality_group("numa" + NumaLabel(loc.numa) + "/" + where);
+  if (!g.has_numa_node()) {
+    s.add_notes("GPU NUMA node unknown (sysfs numa_node=-1): locality cannot be verified");
+  }
+}
+
+void PairDisk(v1::CandidateSlot& s, const DiskAssignment& disks, size_t i, const Loc& loc) {
+  if (disks.pick[i] < 0) {
+    s.add_notes(
+        "no eligible NVMe left (OS disk, mounted, mounted partitions or no by-id "
+        "identity excluded)");
+    return;
+  }
+  const auto& d = *disks.disks[static_cast<size_t>(disks.pick[i])];
+  s.set_nvme_by_id(d.by_id_path());
+  s.set_nvme_kernel_name(d.kernel_name());
+  if (DiskSigned(d)) {
+    std::string what = d.fs_type();
+    if (!d.partition_table().empty()) what += (what.empty() ? "" : "+") + d.partition_table();
+    if (what.empty()) what = "partitions";
+    s.add_notes("NVMe " + d.by_id_path() + " carries " + what +
+                " signatures: needs an approved wipe before the slot can be approved");
+  }
+  int tier = Tier(loc, disks.locs[static_cast<size_t>(disks.pick[i])]);
+  if (tier == 2) {
+    s.add_notes("NVMe " + d.by_id_path() + " is on NUMA node " +
+                NumaLabel(disks.locs[static_cast<size_t>(disks.pick[i])].numa) + ", not the GPU's");
+  }
+}
+
+// The slot's own VF; else the nearest PF, shared; else no fabric.
+void PairFabric(v1::CandidateSlot& s, const FabricAssignment& fab, size_t i, const Loc& loc) {
+  if (fab.vf_pick[i] >= 0) {
+    const auto& v = *fab.vfs[static_cast<size_t>(fab.vf_pick[i])];
+    s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
+    s.set_fabric_vf_pci_address(v.pci_address());
+    s.set_fabric_pf_pci_address(v.pf_pci_address());
+    s.set_fabric_type(v.fabric_type());
+  } else if (!fab.pfs.empty()) {
+    const v1::FabricDevice* best = nullptr;
+    std::pair<int, std::string> best_key;
+    for (const auto* pf : fab.pfs) {
+      std::pair<int, std::string> key{Tier(loc, fab.LocOf(*pf)), pf->pci_address()};
+      if (best == nullptr || key < best_key) {
+        best = pf;
+        best_key = key;
+      }
+    }
+    s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
+    s.set_fabric_pf_pci_address(best->pci_address());
+    s.set_fabric_type(best->fabric_type());
+    s.add_notes("no free fabric VF for this slot: " + best->pci_address() +
+                " would be shared with other slots; create more VFs (sriov_numvfs) before "
+                "approval");
+  } else {
+    s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_NONE);
+    s.add_notes("no fabric (InfiniBand/RoCE) device found");
+  }
+}
+
+// MAC from the node and index; IP the index's place after .10 of the slice subnet `gw`.
+void SuggestAddresses(v1::CandidateSlot& s, const DiscoveryOptions& opts,
+                      const std::optional<Ipv4Cidr>& gw, int index) {
+  s.set_suggested_mac(SuggestedMac(opts.node_id, index));
+  if (!gw) return;
+  uint32_t net = gw->Network();
+  uint64_t ip = static_cast<uint64_t>(net) + 10u + static_cast<uint64_t>(index);
+  uint64_t broadcast =
+      static_cast<uint64_t>(net) | (gw->prefix >= 32 ? 0u : (0xffffffffu >> gw->prefix));
+  if (ip < broadcast && ip != gw->addr) {
+    s.set_suggested_ip(FormatIpv4(static_cast<uint32_t>(ip)));
+  } else {
+    s.add_notes("slice subnet " + opts.gateway_cidr + " has no room for a suggested IP");
+  }
+}
+
+}  // namespace
+
+std::vector<v1::CandidateSlot> BuildCandidates(
+    const std::vector<v1::GpuDevice>& gpus, const std::vector<v1::NvmeDevice>& nvme,
+    const std::vector<v1::FabricDevice>& fabric, const DiscoveryOptions& opts,
+    const std::map<std::string, std::string>& nvme_switch) {
+  const auto order = GpusInSlotOrder(gpus);
+  std::vector<Loc> slot_locs;
+  slot_locs.reserve(order.size());
+  for (const auto* g : order) {
+    slot_locs.push_back({NumaOf(g->has_numa_node(), g->numa_node()), g->pcie_switch()});
+  }
+  const DiskAssignment disks = AssignDisks(nvme, nvme_switch, slot_locs);
+  const FabricAssignment fab = AssignFabric(fabric, slot_locs);
 
   auto gw = ParseCidr(opts.gateway_cidr);
   std::vector<v1::CandidateSlot> out;
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto& g = *order[i];
     const int index = static_cast<int>(i);
     v1::CandidateSlot s;
-    s.set_slot_key("gpu-" + g.pci_address());
-    s.set_index(index);
-    s.set_gpu_pci_address(g.pci_address());
-    if (g.has_numa_node()) s.set_numa_node(g.numa_node());
-    s.set_pcie_switch(g.pcie_switch());
-    std::string where = !g.pcie_switch().empty()      ? g.pcie_switch()
-                        : !g.pcie_root_port().empty() ? g.pcie_root_port()
-                                                      : "none";
-    s.set_locality_group("numa" + NumaLabel(slot_locs[i].numa) + "/" + where);
-    if (!g.has_numa_node()) {
-      s.add_notes("GPU NUMA node unknown (sysfs numa_node=-1): locality cannot be verified");
-    }
-
-    if (disk_pick[i] >= 0) {
-      const auto& d = *disks[static_cast<size_t>(disk_pick[i])];
-      s.set_nvme_by_id(d.by_id_path());
-      s.set_nvme_kernel_name(d.kernel_name());
-      if (disk_signed(d)) {
-        std::string what = d.fs_type();
-        if (!d.partition_table().empty()) what += (what.empty() ? "" : "+") + d.partition_table();
-        if (what.empty()) what = "partitions";
-        s.add_notes("NVMe " + d.by_id_path() + " carries " + what +
-                    " signatures: needs an approved wipe before the slot can be approved");
-      }
-      int tier = Tier(slot_locs[i], disk_locs[static_cast<size_t>(disk_pick[i])]);
-      if (tier == 2) {
-        s.add_notes("NVMe " + d.by_id_path() + " is on NUMA node " +
-                    NumaLabel(disk_locs[static_cast<size_t>(disk_pick[i])].numa) +
-                    ", not the GPU's");
-      }
-    } else {
-      s.add_notes(
-          "no eligible NVMe left (OS disk, mounted, mounted partitions or no by-id "
-          "identity excluded)");
-    }
-
-    if (vf_pick[i] >= 0) {
-      const auto& v = *vfs[static_cast<size_t>(vf_pick[i])];
-      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_PER_SLOT_VF);
-      s.set_fabric_vf_pci_address(v.pci_address());
-      s.set_fabric_pf_pci_address(v.pf_pci_address());
-      s.set_fabric_type(v.fabric_type());
-    } else if (!pfs.empty()) {
-      const v1::FabricDevice* best = nullptr;
-      std::pair<int, std::string> best_key;
-      for (const auto* pf : pfs) {
-        std::pair<int, std::string> key{Tier(slot_locs[i], fabric_loc(*pf)), pf->pci_address()};
-        if (best == nullptr || key < best_key) {
-          best = pf;
-          best_key = key;
-        }
-      }
-      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_SHARED_PARENT);
-      s.set_fabric_pf_pci_address(best->pci_address());
-      s.set_fabric_type(best->fabric_type());
-      s.add_notes("no free fabric VF for this slot: " + best->pci_address() +
-                  " would be shared with other slots; create more VFs (sriov_numvfs) before "
-                  "approval");
-    } else {
-      s.set_fabric_claim_mode(v1::FABRIC_CLAIM_MODE_NONE);
-      s.add_notes("no fabric (InfiniBand/RoCE) device found");
-    }
-
-    s.set_suggested_mac(SuggestedMac(opts.node_id, index));
-    if (gw) {
-      uint32_t net = gw->Network();
-      uint64_t ip = static_cast<uint64_t>(net) + 10u + static_cast<uint64_t>(index);
-      uint64_t broadcast =
-          static_cast<uint64_t>(net) | (gw->prefix >= 32 ? 0u : (0xffffffffu >> gw->prefix));
-      if (ip < broadcast && ip != gw->addr) {
-        s.set_suggested_ip(FormatIpv4(static_cast<uint32_t>(ip)));
-      } else {
-        s.add_notes("slice subnet " + opts.gateway_cidr + " has no room for a suggested IP");
-      }
-    }
+    DescribeGpu(s, *order[i], index, slot_locs[i]);
+    PairDisk(s, disks, i, slot_locs[i]);
+    PairFabric(s, fab, i, slot_locs[i]);
+    SuggestAddresses(s, opts, gw, index);
     *s.mutable_profile() = opts.profile;
     out.push_back(std::move(s));
   }

@@ -126,15 +126,19 @@ std::optional<int> PinnedNumaNode(const v1::ProvisionBundle& b) {
   return node;
 }
 
-Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const DomainXmlOptions& o) {
+namespace {
+
+// ---- refusals, all before any XML is written ----
+
+// Bundle text the XML carries (metadata): refused before any XML is built, as libvirt would
+// refuse the document.
+Result<void> CheckBundleText(const v1::ProvisionBundle& b) {
   if (!ids::IsUuid(b.allocation_id())) {
     return DefineError("invalid_allocation_id",
                        "allocation id is not a UUID: '" + b.allocation_id() + "'",
                        {{"field", "allocation_id"}});
   }
   if (b.slots_size() == 0) return DefineError("bundle_empty", "the bundle names no slots");
-  // Bundle text the XML carries (metadata): refused before any XML is built, as libvirt would
-  // refuse the document.
   if (!IsXmlSafeText(b.tenant())) {
     return DefineError("invalid_tenant", "the tenant is not UTF-8 text without control characters",
                        {{"field", "tenant"}});
@@ -147,7 +151,10 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
           {{"field", fmt::format("slots[{}].slot_key", i)}});
     }
   }
-  const auto& shape = b.shape();
+  return Ok();
+}
+
+Result<void> CheckShape(const v1::VmShape& shape) {
   if (shape.vcpus() <= 0 || shape.memory_mib() <= 0 || shape.hugepages_1g() < 0) {
     return DefineError("shape_invalid",
                        fmt::format("VM shape needs vcpus > 0 and memory_mib > 0 (got {}, {})",
@@ -162,15 +169,14 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
                                    shape.memory_mib(), shape.hugepages_1g()),
                        {{"field", "shape.hugepages_1g"}});
   }
-  if (o.domain_type != "kvm" && o.domain_type != "qemu") {
-    return DefineError("invalid_domain_type",
-                       "domain type must be kvm or qemu, got '" + o.domain_type + "'",
-                       {{"field", "domain_type"}});
-  }
-  const bool direct_boot = !o.kernel.empty();
+  return Ok();
+}
+
+// Every host path the options name is absolute (the seed ISO is required).
+Result<void> CheckOptionPaths(const DomainXmlOptions& o) {
   std::vector<std::pair<std::string, std::string>> paths = {
       {"loader", o.loader}, {"nvram_template", o.nvram_template}, {"nvram_dir", o.nvram_dir}};
-  if (direct_boot) {
+  if (!o.kernel.empty()) {
     paths.emplace_back("kernel", o.kernel);
     if (!o.initrd.empty()) paths.emplace_back("initrd", o.initrd);
   }
@@ -186,6 +192,16 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
                          {{"field", field}});
     }
   }
+  return Ok();
+}
+
+Result<void> CheckOptions(const DomainXmlOptions& o) {
+  if (o.domain_type != "kvm" && o.domain_type != "qemu") {
+    return DefineError("invalid_domain_type",
+                       "domain type must be kvm or qemu, got '" + o.domain_type + "'",
+                       {{"field", "domain_type"}});
+  }
+  if (auto paths = CheckOptionPaths(o); !paths.ok()) return paths.error();
   if (o.vnc_socket.empty() && !o.vnc_auto_socket && !IsLoopbackAddress(o.vnc_listen)) {
     return DefineError("vnc_listen_not_loopback",
                        "VNC may listen on a loopback address or a UNIX socket only, not '" +
@@ -196,77 +212,92 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
     return DefineError("invalid_bridge", "bad bridge name '" + o.bridge + "'",
                        {{"field", "bridge"}});
   }
-  const auto& boot = b.slots(0);
-  if (!IsValidMac(boot.mac())) {
-    return DefineError("invalid_mac", "slot " + boot.slot_key() + ": bad MAC '" + boot.mac() + "'",
-                       {{"slot_key", boot.slot_key()}, {"field", "mac"}});
-  }
+  return Ok();
+}
 
-  const std::string name = DomainName(b.allocation_id());
-  std::string x;
-  auto add = [&x](const std::string& line) {
-    x += line;
-    x += '\n';
-  };
-  add(fmt::format("<domain type='{}'>", o.domain_type));
-  add(fmt::format("  <name>{}</name>", Esc(name)));
+// ---- the document, element by element ----
+
+// The document being written: one line per Add.
+class XmlLines {
+ public:
+  void Add(const std::string& line) {
+    text_ += line;
+    text_ += '\n';
+  }
+  std::string Take() && { return std::move(text_); }
+
+ private:
+  std::string text_;
+};
+
+// Name, metadata, memory, vCPUs and their NUMA placement, hugepage backing.
+void AddIdentityAndResources(XmlLines& x, const v1::ProvisionBundle& b, const DomainXmlOptions& o) {
+  const auto& shape = b.shape();
+  x.Add(fmt::format("<domain type='{}'>", o.domain_type));
+  x.Add(fmt::format("  <name>{}</name>", Esc(DomainName(b.allocation_id()))));
   std::vector<std::string> slot_keys;
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
   std::string joined;
   for (const auto& k : slot_keys) joined += (joined.empty() ? "" : ",") + k;
-  add("  <metadata>");
-  add(fmt::format(
+  x.Add("  <metadata>");
+  x.Add(fmt::format(
       "    <gpuaas:allocation xmlns:gpuaas='{}' id='{}' attempt='{}' tenant='{}' slots='{}'/>",
       kDomainMetadataNs, Esc(b.allocation_id()), b.attempt(), Esc(b.tenant()), Esc(joined)));
-  add("  </metadata>");
-  add(fmt::format("  <memory unit='MiB'>{}</memory>", shape.memory_mib()));
+  x.Add("  </metadata>");
+  x.Add(fmt::format("  <memory unit='MiB'>{}</memory>", shape.memory_mib()));
   const auto numa = PinnedNumaNode(b);
   if (numa && !o.numa_cpuset.empty()) {
-    add(fmt::format("  <vcpu placement='static' cpuset='{}'>{}</vcpu>", Esc(o.numa_cpuset),
-                    shape.vcpus()));
+    x.Add(fmt::format("  <vcpu placement='static' cpuset='{}'>{}</vcpu>", Esc(o.numa_cpuset),
+                      shape.vcpus()));
   } else {
-    add(fmt::format("  <vcpu placement='static'>{}</vcpu>", shape.vcpus()));
+    x.Add(fmt::format("  <vcpu placement='static'>{}</vcpu>", shape.vcpus()));
   }
   if (numa) {
-    add("  <numatune>");
-    add(fmt::format("    <memory mode='{}' nodeset='{}'/>", Esc(o.numa_memory_mode), *numa));
-    add("  </numatune>");
+    x.Add("  <numatune>");
+    x.Add(fmt::format("    <memory mode='{}' nodeset='{}'/>", Esc(o.numa_memory_mode), *numa));
+    x.Add("  </numatune>");
   }
   if (shape.hugepages_1g() > 0) {
-    add("  <memoryBacking>");
-    add("    <hugepages>");
-    add("      <page size='1' unit='GiB'/>");
-    add("    </hugepages>");
-    add("  </memoryBacking>");
+    x.Add("  <memoryBacking>");
+    x.Add("    <hugepages>");
+    x.Add("      <page size='1' unit='GiB'/>");
+    x.Add("    </hugepages>");
+    x.Add("  </memoryBacking>");
   }
-  add("  <os>");
-  add(fmt::format("    <type arch='x86_64' machine='{}'>hvm</type>", Esc(o.machine)));
-  add(fmt::format("    <loader readonly='yes' secure='no' type='pflash'>{}</loader>",
-                  Esc(o.loader)));
+}
+
+// Firmware (UEFI with a per-domain NVRAM), direct kernel boot, CPU, clock and lifecycle actions.
+void AddBootAndPlatform(XmlLines& x, const std::string& name, const DomainXmlOptions& o) {
+  x.Add("  <os>");
+  x.Add(fmt::format("    <type arch='x86_64' machine='{}'>hvm</type>", Esc(o.machine)));
+  x.Add(fmt::format("    <loader readonly='yes' secure='no' type='pflash'>{}</loader>",
+                    Esc(o.loader)));
   std::string nvram_dir = o.nvram_dir;
   while (nvram_dir.size() > 1 && nvram_dir.back() == '/') nvram_dir.pop_back();
-  add(fmt::format("    <nvram template='{}'>{}/{}_VARS.fd</nvram>", Esc(o.nvram_template),
-                  Esc(nvram_dir), Esc(name)));
-  if (direct_boot) {
-    add(fmt::format("    <kernel>{}</kernel>", Esc(o.kernel)));
-    if (!o.initrd.empty()) add(fmt::format("    <initrd>{}</initrd>", Esc(o.initrd)));
-    if (!o.cmdline.empty()) add(fmt::format("    <cmdline>{}</cmdline>", Esc(o.cmdline)));
+  x.Add(fmt::format("    <nvram template='{}'>{}/{}_VARS.fd</nvram>", Esc(o.nvram_template),
+                    Esc(nvram_dir), Esc(name)));
+  if (!o.kernel.empty()) {
+    x.Add(fmt::format("    <kernel>{}</kernel>", Esc(o.kernel)));
+    if (!o.initrd.empty()) x.Add(fmt::format("    <initrd>{}</initrd>", Esc(o.initrd)));
+    if (!o.cmdline.empty()) x.Add(fmt::format("    <cmdline>{}</cmdline>", Esc(o.cmdline)));
   }
-  add("  </os>");
-  add("  <features>");
-  add("    <acpi/>");
-  add("    <apic/>");
-  add("  </features>");
-  add(fmt::format("  <cpu mode='{}'/>", Esc(o.cpu_mode)));
-  add("  <clock offset='utc'/>");
-  add("  <on_poweroff>destroy</on_poweroff>");
-  add("  <on_reboot>restart</on_reboot>");
-  add("  <on_crash>destroy</on_crash>");
-  add("  <devices>");
-  if (!o.emulator.empty()) add(fmt::format("    <emulator>{}</emulator>", Esc(o.emulator)));
+  x.Add("  </os>");
+  x.Add("  <features>");
+  x.Add("    <acpi/>");
+  x.Add("    <apic/>");
+  x.Add("  </features>");
+  x.Add(fmt::format("  <cpu mode='{}'/>", Esc(o.cpu_mode)));
+  x.Add("  <clock offset='utc'/>");
+  x.Add("  <on_poweroff>destroy</on_poweroff>");
+  x.Add("  <on_reboot>restart</on_reboot>");
+  x.Add("  <on_crash>destroy</on_crash>");
+}
 
+// Every slot's disk as a virtio block disk (the first the boot disk unless a kernel is booted
+// directly), then the read-only seed ISO.
+Result<void> AddDisks(XmlLines& x, const v1::ProvisionBundle& b, const DomainXmlOptions& o) {
   int disk_index = 0;
-  bool boot_set = direct_boot;
+  bool boot_set = !o.kernel.empty();
   for (const auto& s : b.slots()) {
     if (s.nvme_by_id().empty()) continue;
     auto it = o.disk_paths.find(s.slot_key());
@@ -277,28 +308,32 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
           "slot " + s.slot_key() + ": disk path must be absolute, got '" + path + "'",
           {{"slot_key", s.slot_key()}, {"field", "nvme_by_id"}});
     }
-    add("    <disk type='block' device='disk'>");
-    add("      <driver name='qemu' type='raw' cache='none' io='native' discard='unmap'/>");
-    add(fmt::format("      <source dev='{}'/>", Esc(path)));
-    add(fmt::format("      <target dev='{}' bus='virtio'/>", TargetDev(disk_index)));
-    add(fmt::format("      <serial>gpuaas-data-{}</serial>", disk_index));
+    x.Add("    <disk type='block' device='disk'>");
+    x.Add("      <driver name='qemu' type='raw' cache='none' io='native' discard='unmap'/>");
+    x.Add(fmt::format("      <source dev='{}'/>", Esc(path)));
+    x.Add(fmt::format("      <target dev='{}' bus='virtio'/>", TargetDev(disk_index)));
+    x.Add(fmt::format("      <serial>gpuaas-data-{}</serial>", disk_index));
     if (!boot_set) {
-      add("      <boot order='1'/>");
+      x.Add("      <boot order='1'/>");
       boot_set = true;
     }
-    add("    </disk>");
+    x.Add("    </disk>");
     ++disk_index;
   }
-  add("    <disk type='file' device='disk'>");
-  add("      <driver name='qemu' type='raw'/>");
-  add(fmt::format("      <source file='{}'/>", Esc(o.seed_iso)));
-  add(fmt::format("      <target dev='{}' bus='virtio'/>", TargetDev(disk_index)));
-  add("      <readonly/>");
-  add("    </disk>");
+  x.Add("    <disk type='file' device='disk'>");
+  x.Add("      <driver name='qemu' type='raw'/>");
+  x.Add(fmt::format("      <source file='{}'/>", Esc(o.seed_iso)));
+  x.Add(fmt::format("      <target dev='{}' bus='virtio'/>", TargetDev(disk_index)));
+  x.Add("      <readonly/>");
+  x.Add("    </disk>");
+  return Ok();
+}
 
+// Every slot's GPU (required) and fabric VF (optional) as a managed VFIO hostdev, each PCI
+// address once.
+Result<void> AddHostdevs(XmlLines& x, const v1::ProvisionBundle& b) {
   std::set<std::string> seen_pci;
   for (const auto& s : b.slots()) {
-    if (!o.passthrough) break;
     for (const auto& [field, addr] :
          {std::pair<std::string, std::string>{"gpu_pci_address", s.gpu_pci_address()},
           {"fabric_vf_pci_address", s.fabric_vf_pci_address()}}) {
@@ -315,57 +350,96 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
                            "slot " + s.slot_key() + ": bad or repeated PCI address '" + addr + "'",
                            {{"slot_key", s.slot_key()}, {"field", field}});
       }
-      add("    <hostdev mode='subsystem' type='pci' managed='yes'>");
-      add("      <driver name='vfio'/>");
-      add(
+      x.Add("    <hostdev mode='subsystem' type='pci' managed='yes'>");
+      x.Add("      <driver name='vfio'/>");
+      x.Add(
           fmt::format("      <source><address domain='0x{:04x}' bus='0x{:02x}' slot='0x{:02x}' "
                       "function='0x{:x}'/></source>",
                       pci->domain, pci->bus, pci->slot, pci->function));
-      add("    </hostdev>");
+      x.Add("    </hostdev>");
     }
   }
+  return Ok();
+}
 
-  add("    <interface type='bridge'>");
-  add(fmt::format("      <mac address='{}'/>", Esc(boot.mac())));
-  add(fmt::format("      <source bridge='{}'/>", Esc(o.bridge)));
-  if (o.bridge_is_ovs) add("      <virtualport type='openvswitch'/>");
-  add("      <model type='virtio'/>");
-  if (o.bridge_is_ovs && o.userspace_datapath) add("      <driver><host csum='off'/></driver>");
-  if (o.isolated_port && !o.bridge_is_ovs) add("      <port isolated='yes'/>");
-  add("    </interface>");
-  add("    <serial type='pty'>");
+// The one vNIC: the boot slot's MAC on the slice bridge.
+void AddInterface(XmlLines& x, const std::string& mac, const DomainXmlOptions& o) {
+  x.Add("    <interface type='bridge'>");
+  x.Add(fmt::format("      <mac address='{}'/>", Esc(mac)));
+  x.Add(fmt::format("      <source bridge='{}'/>", Esc(o.bridge)));
+  if (o.bridge_is_ovs) x.Add("      <virtualport type='openvswitch'/>");
+  x.Add("      <model type='virtio'/>");
+  if (o.bridge_is_ovs && o.userspace_datapath) x.Add("      <driver><host csum='off'/></driver>");
+  if (o.isolated_port && !o.bridge_is_ovs) x.Add("      <port isolated='yes'/>");
+  x.Add("    </interface>");
+}
+
+// The pty serial console, and VNC (a UNIX socket or a loopback address, never more) with its
+// video adapter.
+void AddConsoles(XmlLines& x, const DomainXmlOptions& o) {
+  x.Add("    <serial type='pty'>");
   if (!o.serial_log.empty()) {
-    add(fmt::format("      <log file='{}' append='off'/>", Esc(o.serial_log)));
+    x.Add(fmt::format("      <log file='{}' append='off'/>", Esc(o.serial_log)));
   }
-  add("      <target port='0'/>");
-  add("    </serial>");
-  add("    <console type='pty'>");
-  add("      <target type='serial' port='0'/>");
-  add("    </console>");
+  x.Add("      <target port='0'/>");
+  x.Add("    </serial>");
+  x.Add("    <console type='pty'>");
+  x.Add("      <target type='serial' port='0'/>");
+  x.Add("    </console>");
   if (!o.vnc_socket.empty()) {
-    add("    <graphics type='vnc'>");
-    add(fmt::format("      <listen type='socket' socket='{}'/>", Esc(o.vnc_socket)));
+    x.Add("    <graphics type='vnc'>");
+    x.Add(fmt::format("      <listen type='socket' socket='{}'/>", Esc(o.vnc_socket)));
   } else if (o.vnc_auto_socket) {
     // libvirt picks the path in the domain's private directory (and labels it for qemu); the
     // console relay reads it back from the live XML.
-    add("    <graphics type='vnc'>");
-    add("      <listen type='socket'/>");
+    x.Add("    <graphics type='vnc'>");
+    x.Add("      <listen type='socket'/>");
   } else {
-    add(fmt::format("    <graphics type='vnc' port='-1' autoport='yes' listen='{}'>",
-                    Esc(o.vnc_listen)));
-    add(fmt::format("      <listen type='address' address='{}'/>", Esc(o.vnc_listen)));
+    x.Add(fmt::format("    <graphics type='vnc' port='-1' autoport='yes' listen='{}'>",
+                      Esc(o.vnc_listen)));
+    x.Add(fmt::format("      <listen type='address' address='{}'/>", Esc(o.vnc_listen)));
   }
-  add("    </graphics>");
-  add("    <video>");
-  add("      <model type='vga' vram='16384' heads='1'/>");
-  add("    </video>");
-  add("    <rng model='virtio'>");
-  add("      <backend model='random'>/dev/urandom</backend>");
-  add("    </rng>");
-  add("    <memballoon model='none'/>");
-  add("  </devices>");
-  add("</domain>");
-  return x;
+  x.Add("    </graphics>");
+  x.Add("    <video>");
+  x.Add("      <model type='vga' vram='16384' heads='1'/>");
+  x.Add("    </video>");
+}
+
+Result<void> AddDevices(XmlLines& x, const v1::ProvisionBundle& b, const DomainXmlOptions& o) {
+  x.Add("  <devices>");
+  if (!o.emulator.empty()) x.Add(fmt::format("    <emulator>{}</emulator>", Esc(o.emulator)));
+  if (auto disks = AddDisks(x, b, o); !disks.ok()) return disks.error();
+  if (o.passthrough) {
+    if (auto hostdevs = AddHostdevs(x, b); !hostdevs.ok()) return hostdevs.error();
+  }
+  AddInterface(x, b.slots(0).mac(), o);
+  AddConsoles(x, o);
+  x.Add("    <rng model='virtio'>");
+  x.Add("      <backend model='random'>/dev/urandom</backend>");
+  x.Add("    </rng>");
+  x.Add("    <memballoon model='none'/>");
+  x.Add("  </devices>");
+  return Ok();
+}
+
+}  // namespace
+
+Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const DomainXmlOptions& o) {
+  if (auto text = CheckBundleText(b); !text.ok()) return text.error();
+  if (auto shape = CheckShape(b.shape()); !shape.ok()) return shape.error();
+  if (auto opts = CheckOptions(o); !opts.ok()) return opts.error();
+  const auto& boot = b.slots(0);
+  if (!IsValidMac(boot.mac())) {
+    return DefineError("invalid_mac", "slot " + boot.slot_key() + ": bad MAC '" + boot.mac() + "'",
+                       {{"slot_key", boot.slot_key()}, {"field", "mac"}});
+  }
+
+  XmlLines x;
+  AddIdentityAndResources(x, b, o);
+  AddBootAndPlatform(x, DomainName(b.allocation_id()), o);
+  if (auto devices = AddDevices(x, b, o); !devices.ok()) return devices.error();
+  x.Add("</domain>");
+  return std::move(x).Take();
 }
 
 // (domain_xml.hpp) The value of attribute `name` in the start tag `tag` ('...' or "..."), XML

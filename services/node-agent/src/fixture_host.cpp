@@ -272,59 +272,64 @@ struct Builder {
     }
   }
 
-  void Build() {
-    const int gpus = std::clamp(o.gpus, 0, 16);
-    const int nvme = o.nvme < 0 ? gpus : o.nvme;
-    const int pfs = o.fabric_pfs < 0 ? gpus : o.fabric_pfs;
-    const int os_extra = (o.separate_os_disk && o.os_disk_nvme < 0) ? 1 : 0;
-    const int total_nvme = nvme + os_extra;
-    auto kernel_index = [&](int j) { return o.shuffle_kernel_names ? total_nvme - 1 - j : j; };
-    auto numa_of = [&](int i) { return gpus <= 1 ? 0 : (i * 2) / gpus; };
+  // How many of each device the options ask for.
+  struct Layout {
+    int gpus = 0;
+    int nvme = 0;
+    int pfs = 0;
+    int os_extra = 0;  // 1: a separate OS disk after the data disks
+    int total_nvme = 0;
+  };
 
-    mounts = {"sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0",
-              "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0",
-              "tmpfs /run tmpfs rw,nosuid,nodev,size=26342612k,mode=755 0 0"};
+  Layout LayoutOf() const {
+    Layout l;
+    l.gpus = std::clamp(o.gpus, 0, 16);
+    l.nvme = o.nvme < 0 ? l.gpus : o.nvme;
+    l.pfs = o.fabric_pfs < 0 ? l.gpus : o.fabric_pfs;
+    l.os_extra = (o.separate_os_disk && o.os_disk_nvme < 0) ? 1 : 0;
+    l.total_nvme = l.nvme + l.os_extra;
+    return l;
+  }
 
-    // Onboard VGA: display class but not NVIDIA.
-    {
-      std::string rc = "/sys/devices/pci0000:00";
-      std::string rp = Bridge(rc, "0000:00:1c.0", 0);
-      std::string br = Pci(rp, "0000:02:00.0", "0x1a03", "0x1150", "0x060400", 0);
-      Pci(br, "0000:03:00.0", "0x1a03", "0x2000", "0x030000", 0, "ast");
+  int KernelIndex(const Layout& l, int j) const {
+    return o.shuffle_kernel_names ? l.total_nvme - 1 - j : j;
+  }
+
+  // Onboard VGA: display class but not NVIDIA.
+  void OnboardVga() {
+    std::string rc = "/sys/devices/pci0000:00";
+    std::string rp = Bridge(rc, "0000:00:1c.0", 0);
+    std::string br = Pci(rp, "0000:02:00.0", "0x1a03", "0x1150", "0x060400", 0);
+    Pci(br, "0000:03:00.0", "0x1a03", "0x2000", "0x030000", 0, "ast");
+  }
+
+  // Data NVMe `j` at PCI function `dn`, with whatever the options put on it.
+  void DataDisk(const Layout& l, const std::string& dn, int j, int numa) {
+    std::string table, disk_fs;
+    std::vector<Part> parts;
+    bool lvm = false;
+    if (j == o.os_disk_nvme) {
+      table = "gpt";
+      parts = {{"vfat", "/boot/efi"},
+               {o.os_on_lvm ? "LVM2_member" : "ext4", o.os_on_lvm ? "" : "/"}};
+      lvm = o.os_on_lvm;
+    } else if (j == o.mounted_child_nvme) {
+      table = "gpt";
+      parts = {{"ext4", "/share\\0401"}};
+    } else if (j == o.fs_nvme || j == o.mounted_nvme) {
+      disk_fs = "xfs";
     }
+    if (j == o.mounted_nvme) {
+      mounts.push_back("/dev/nvme" + std::to_string(KernelIndex(l, j)) +
+                       "n1 /scratch xfs rw,relatime 0 0");
+    }
+    Nvme(dn, j, KernelIndex(l, j), numa, table, disk_fs, parts, lvm);
+  }
 
-    auto data_disk = [&](const std::string& dn, int j, int numa) {
-      std::string table, disk_fs;
-      std::vector<Part> parts;
-      bool lvm = false;
-      if (j == o.os_disk_nvme) {
-        table = "gpt";
-        parts = {{"vfat", "/boot/efi"},
-                 {o.os_on_lvm ? "LVM2_member" : "ext4", o.os_on_lvm ? "" : "/"}};
-        lvm = o.os_on_lvm;
-      } else if (j == o.mounted_child_nvme) {
-        table = "gpt";
-        parts = {{"ext4", "/share\\0401"}};
-      } else if (j == o.fs_nvme || j == o.mounted_nvme) {
-        disk_fs = "xfs";
-      }
-      if (j == o.mounted_nvme) {
-        mounts.push_back("/dev/nvme" + std::to_string(kernel_index(j)) +
-                         "n1 /scratch xfs rw,relatime 0 0");
-      }
-      Nvme(dn, j, kernel_index(j), numa, table, disk_fs, parts, lvm);
-    };
-
-    unsigned extra_bus = 0x10;  // domain 0002 holds devices that do not sit behind a GPU switch
-    auto extra_port = [&](int numa) {
-      std::string rc = "/sys/devices/pci0002:" + Hex(extra_bus, 2);
-      std::string rp = Bridge(rc, Addr(2, extra_bus, 1, 0), numa);
-      unsigned bus = extra_bus + 1;
-      extra_bus += 2;
-      return std::make_pair(rp, bus);
-    };
-
-    for (int i = 0; i < gpus; ++i) {
+  // GPU i behind its own switch, with fabric PF i and data NVMe i on the same switch.
+  void GpuSwitches(const Layout& l) {
+    auto numa_of = [&](int i) { return l.gpus <= 1 ? 0 : (i * 2) / l.gpus; };
+    for (int i = 0; i < l.gpus; ++i) {
       const unsigned dom = static_cast<unsigned>(i / 8);
       const unsigned base = 0x15u + static_cast<unsigned>(i % 8) * 0x15u;
       const int numa = numa_of(i);
@@ -333,35 +338,49 @@ struct Builder {
       std::string up = Bridge(rp, Addr(dom, base + 1, 0, 0), numa);
       std::string dn_gpu = Bridge(up, Addr(dom, base + 2, 0, 0), numa);
       Gpu(dn_gpu, Addr(dom, base + 3, 0, 0), o.unknown_numa_gpus.count(i) ? -1 : numa);
-      if (i < pfs) {
+      if (i < l.pfs) {
         std::string dn = Bridge(up, Addr(dom, base + 2, 1, 0), numa);
-        Fabric(dn, dom, base + 4, numa, i, pfs);
+        Fabric(dn, dom, base + 4, numa, i, l.pfs);
       }
-      if (i < nvme) {
+      if (i < l.nvme) {
         std::string dn = Bridge(up, Addr(dom, base + 2, 2, 0), numa);
         std::string pci =
             Pci(dn, Addr(dom, base + 5, 0, 0), "0x144d", "0xa824", "0x010802", numa, "nvme");
-        data_disk(pci, i, numa);
+        DataDisk(l, pci, i, numa);
       }
     }
-    for (int p = gpus; p < pfs; ++p) {
+  }
+
+  // Fabric PFs and data NVMe beyond one per GPU, and the separate OS disk: each on a root port
+  // of its own in domain 0002.
+  void DevicesOffSwitch(const Layout& l) {
+    unsigned extra_bus = 0x10;  // domain 0002 holds devices that do not sit behind a GPU switch
+    auto extra_port = [&](int numa) {
+      std::string rc = "/sys/devices/pci0002:" + Hex(extra_bus, 2);
+      std::string rp = Bridge(rc, Addr(2, extra_bus, 1, 0), numa);
+      unsigned bus = extra_bus + 1;
+      extra_bus += 2;
+      return std::make_pair(rp, bus);
+    };
+    for (int p = l.gpus; p < l.pfs; ++p) {
       auto [rp, bus] = extra_port(0);
-      Fabric(rp, 2, bus, 0, p, pfs);
+      Fabric(rp, 2, bus, 0, p, l.pfs);
     }
-    for (int j = gpus; j < nvme; ++j) {
+    for (int j = l.gpus; j < l.nvme; ++j) {
       auto [rp, bus] = extra_port(0);
       std::string pci = Pci(rp, Addr(2, bus, 0, 0), "0x144d", "0xa824", "0x010802", 0, "nvme");
-      data_disk(pci, j, 0);
+      DataDisk(l, pci, j, 0);
     }
-    if (os_extra) {
+    if (l.os_extra) {
       auto [rp, bus] = extra_port(0);
       std::string pci = Pci(rp, Addr(2, bus, 0, 0), "0x1344", "0x51c3", "0x010802", 0, "nvme");
       std::vector<Part> parts = {{"vfat", "/boot/efi"},
                                  {o.os_on_lvm ? "LVM2_member" : "ext4", o.os_on_lvm ? "" : "/"}};
-      Nvme(pci, nvme, kernel_index(nvme), 0, "gpt", "", parts, o.os_on_lvm);
+      Nvme(pci, l.nvme, KernelIndex(l, l.nvme), 0, "gpt", "", parts, o.os_on_lvm);
     }
+  }
 
-    // Prerequisites.
+  void Prerequisites() {
     t.File("/proc/sys/kernel/hostname", o.hostname + "\n");
     t.File("/etc/hostname", o.hostname + "\n");
     KvmNode();
@@ -386,8 +405,9 @@ struct Builder {
       t.File("/run/reboot-required", "*** System restart required ***\n");
       t.File("/run/reboot-required.pkgs", "linux-image-6.8.0-61-generic\n");
     }
+  }
 
-    // Network.
+  void NetDevices() {
     t.File("/sys/devices/pci0000:00/0000:00:1c.4/0000:04:00.0/net/eno8303/operstate", "up\n");
     t.Link("/sys/class/net/eno8303",
            "/sys/devices/pci0000:00/0000:00:1c.4/0000:04:00.0/net/eno8303");
@@ -402,7 +422,10 @@ struct Builder {
       t.Link("/sys/class/net/tmfifo_net0", "/sys/devices/virtual/net/tmfifo_net0");
     }
     t.File("/proc/sys/net/ipv4/ip_forward", o.ip_forward ? "1\n" : "0\n");
-    const bool gw = o.bridge && o.gateway;
+  }
+
+  // /proc/net/route and /proc/net/fib_trie; `gw`: the bridge has the gateway address.
+  void RoutesAndAddresses(bool gw) {
     std::string route =
         "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n";
     auto route_line = [&](const std::string& ifc, const std::string& dst, const std::string& via,
@@ -433,50 +456,72 @@ struct Builder {
     local("127.0.0.1");
     if (o.tmfifo) local("192.168.100.1");
     t.File("/proc/net/fib_trie", trie);
+  }
 
+  void MountTables() {
     std::string mnt;
     for (const auto& m : mounts) mnt += m + "\n";
     t.File("/proc/self/mounts", mnt);
     t.File("/proc/swaps", "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n");
+  }
 
+  // `ip -o -4 addr show`, canned; `gw`: the bridge has the gateway address.
+  void IpTool(bool gw) {
+    std::string out =
+        "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft "
+        "forever\n"
+        "2: eno8303    inet 10.177.36.20/24 metric 100 brd 10.177.36.255 scope global dynamic "
+        "eno8303\\       valid_lft 85000sec preferred_lft 85000sec\n";
+    if (gw) {
+      out +=
+          "7: ovsbr0    inet 10.100.0.1/24 brd 10.100.0.255 scope global ovsbr0\\       "
+          "valid_lft forever preferred_lft forever\n";
+    }
+    if (o.tmfifo) {
+      out +=
+          "8: tmfifo_net0    inet 192.168.100.1/30 brd 192.168.100.3 scope global "
+          "tmfifo_net0\\       valid_lft forever preferred_lft forever\n";
+    }
+    t.File("/usr/sbin/ip",
+           "#!/bin/sh\n"
+           "[ \"$*\" = \"-o -4 addr show\" ] || { echo \"ip: unexpected arguments: $*\" >&2; "
+           "exit 2; }\n"
+           "cat <<'EOF'\n" +
+               out + "EOF\n",
+           true);
+  }
+
+  // `iptables -t nat -S POSTROUTING`, canned.
+  void IptablesTool() {
+    std::string rules =
+        "-P POSTROUTING ACCEPT\n"
+        "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE\n";
+    if (o.nat_rule) rules += "-A POSTROUTING -s 10.100.0.0/24 -j MASQUERADE\n";
+    t.File("/usr/sbin/iptables",
+           "#!/bin/sh\n"
+           "[ \"$*\" = \"-t nat -S POSTROUTING\" ] || { echo \"iptables: unexpected arguments: "
+           "$*\" >&2; exit 2; }\n"
+           "cat <<'EOF'\n" +
+               rules + "EOF\n",
+           true);
+  }
+
+  void Build() {
+    const Layout l = LayoutOf();
+    mounts = {"sysfs /sys sysfs rw,nosuid,nodev,noexec,relatime 0 0",
+              "proc /proc proc rw,nosuid,nodev,noexec,relatime 0 0",
+              "tmpfs /run tmpfs rw,nosuid,nodev,size=26342612k,mode=755 0 0"};
+    OnboardVga();
+    GpuSwitches(l);
+    DevicesOffSwitch(l);
+    Prerequisites();
+    NetDevices();
+    const bool gw = o.bridge && o.gateway;
+    RoutesAndAddresses(gw);
+    MountTables();
     t.AbsLink("/sbin", "usr/sbin");  // as on merged-/usr systems
-    if (o.ip_tool) {
-      std::string out =
-          "1: lo    inet 127.0.0.1/8 scope host lo\\       valid_lft forever preferred_lft "
-          "forever\n"
-          "2: eno8303    inet 10.177.36.20/24 metric 100 brd 10.177.36.255 scope global dynamic "
-          "eno8303\\       valid_lft 85000sec preferred_lft 85000sec\n";
-      if (gw) {
-        out +=
-            "7: ovsbr0    inet 10.100.0.1/24 brd 10.100.0.255 scope global ovsbr0\\       "
-            "valid_lft forever preferred_lft forever\n";
-      }
-      if (o.tmfifo) {
-        out +=
-            "8: tmfifo_net0    inet 192.168.100.1/30 brd 192.168.100.3 scope global "
-            "tmfifo_net0\\       valid_lft forever preferred_lft forever\n";
-      }
-      t.File("/usr/sbin/ip",
-             "#!/bin/sh\n"
-             "[ \"$*\" = \"-o -4 addr show\" ] || { echo \"ip: unexpected arguments: $*\" >&2; "
-             "exit 2; }\n"
-             "cat <<'EOF'\n" +
-                 out + "EOF\n",
-             true);
-    }
-    if (o.iptables_tool) {
-      std::string rules =
-          "-P POSTROUTING ACCEPT\n"
-          "-A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE\n";
-      if (o.nat_rule) rules += "-A POSTROUTING -s 10.100.0.0/24 -j MASQUERADE\n";
-      t.File("/usr/sbin/iptables",
-             "#!/bin/sh\n"
-             "[ \"$*\" = \"-t nat -S POSTROUTING\" ] || { echo \"iptables: unexpected arguments: "
-             "$*\" >&2; exit 2; }\n"
-             "cat <<'EOF'\n" +
-                 rules + "EOF\n",
-             true);
-    }
+    if (o.ip_tool) IpTool(gw);
+    if (o.iptables_tool) IptablesTool();
   }
 };
 

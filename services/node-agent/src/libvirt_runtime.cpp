@@ -642,7 +642,208 @@ std::string NumaCpuset(const HostRoot& host, const v1::ProvisionBundle& b, int n
   return s && valid(*s) ? *s : "";
 }
 
+// ---------------------------------------------------------------------------------------------
+// Provision's steps.
+
+using RecordStateFn = std::function<Result<void>(const std::string&, const std::string&)>;
+
+// Every slot disk of the bundle, resolved and checked as the kernel sees it now (stage
+// validate), before anything is written.
+Result<std::vector<SlotDisk>> CheckSlotDisks(const HostRoot& host, const v1::ProvisionBundle& b,
+                                             bool allow_regular_file) {
+  std::vector<SlotDisk> disks;
+  for (const auto& s : b.slots()) {
+    if (s.nvme_by_id().empty()) continue;
+    auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), "validate");
+    if (!d.ok()) return d.error();
+    auto t = CheckDiskTarget(d->target_path, allow_regular_file, "validate");
+    if (!t.ok()) {
+      t.error().details["slot_key"] = s.slot_key();
+      t.error().details["nvme_by_id"] = s.nvme_by_id();
+      return t.error();
+    }
+    disks.push_back(*d);
+  }
+  return disks;
+}
+
+// Enough free 1 GiB hugepages for the shape: on the pinned NUMA node when its count is known,
+// else host-wide.
+Result<void> CheckHugepages(const HostRoot& host, const v1::ProvisionBundle& b,
+                            std::optional<int> numa) {
+  if (b.shape().hugepages_1g() <= 0) return Ok();
+  const std::string leaf = "hugepages/hugepages-1048576kB/free_hugepages";
+  std::optional<long long> free_pages;
+  if (numa) {
+    free_pages = host.ReadInt(fmt::format("/sys/devices/system/node/node{}/{}", *numa, leaf));
+  }
+  if (!free_pages) free_pages = host.ReadInt("/sys/kernel/mm/" + leaf);
+  if (free_pages.value_or(0) < b.shape().hugepages_1g()) {
+    return StageError(Code::kFailedPrecondition, "hugepages_insufficient",
+                      fmt::format("the VM needs {} free 1 GiB hugepages, the host has {}",
+                                  b.shape().hugepages_1g(), free_pages.value_or(0)),
+                      "validate", {{"field", "shape.hugepages_1g"}});
+  }
+  return Ok();
+}
+
+// The bridge the vNIC joins: the applied slice network's when the agent runs it, else the
+// configured one (which must exist when check_bridge is set).
+Result<LibvirtOptions::AppliedBridge> ChooseBridge(const LibvirtOptions& o, const HostRoot& host) {
+  if (o.applied_bridge) {
+    // The agent runs the slice network itself: the bridge of the document it applied.
+    auto applied = o.applied_bridge();
+    if (!applied) {
+      return StageError(Code::kUnavailable, "network_not_applied",
+                        "this node has not applied a slice network document yet", "validate");
+    }
+    return *applied;
+  }
+  const std::string& bridge = o.domain.bridge;
+  if (o.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
+    return StageError(Code::kFailedPrecondition, "bridge_missing",
+                      "slice bridge " + bridge + " does not exist on this host", "validate",
+                      {{"bridge", bridge}});
+  }
+  return LibvirtOptions::AppliedBridge{bridge, o.domain.bridge_is_ovs, o.domain.userspace_datapath};
+}
+
+// The image job: onto the boot disk (the first slot disk), one read of the cached raw bytes.
+// `writing` is set once: true when the write begins, false when the job ends before one.
+Result<std::string> WriteBootImage(ImageCache& images, const LibvirtOptions& o,
+                                   const v1::ProvisionBundle& b, const std::vector<SlotDisk>& disks,
+                                   std::promise<bool>& writing, const ProgressFn& progress) {
+  bool signalled = false;
+  auto signal = [&](bool began) {
+    if (!signalled) writing.set_value(began);
+    signalled = true;
+  };
+  struct OnExit {
+    std::function<void()> f;
+    ~OnExit() { f(); }
+  } on_exit{[&] { signal(false); }};
+  if (disks.empty()) return std::string("no slot disk: image not written (kernel boot)");
+  auto image = images.Ensure(b.image(), progress);
+  if (!image.ok()) return image.error();
+  // Re-check the disk right before the write: nothing may have mounted it meanwhile.
+  auto t = CheckDiskTarget(disks[0].target_path, o.allow_regular_file_disks, "image");
+  if (!t.ok()) return t.error();
+  signal(true);
+  auto wrote = WriteImage(*image, t->path, t->block, t->size, o.image_timeout, progress);
+  if (!wrote.ok() && wrote.error().reason == "image_digest_mismatch") {
+    // The cache's copy rotted since it was verified: fetched again, written again, once.
+    progress("image",
+             fmt::format("{}: the cached copy no longer matches its digest; fetching it again",
+                         b.image().name()),
+             0);
+    images.Evict(b.image().sha256());
+    image = images.Ensure(b.image(), progress);
+    if (!image.ok()) return image.error();
+    wrote = WriteImage(*image, t->path, t->block, t->size, o.image_timeout, progress);
+  }
+  if (!wrote.ok()) return wrote.error();
+  return fmt::format("{} ({}, {} bytes) written to {} in {:.2f} s, sha256 verified",
+                     b.image().name(), image->format, image->size, disks[0].by_id, wrote->seconds);
+}
+
+// The image job as the provisioning thread sees it while both overlap.
+class ImageOverlap {
+ public:
+  explicit ImageOverlap(std::future<Result<std::string>> job) : job_(std::move(job)) {}
+
+  // The image job's result, once: it stops the overlap wherever this thread is.
+  const Result<std::string>& Finish() {
+    if (!done_) done_ = job_.get();
+    return *done_;
+  }
+  bool Finished() const { return done_.has_value(); }
+  // A failure of this thread waits for the image job and reports the image's failure first.
+  Error Fail(Error e) {
+    if (!Finish().ok()) return Finish().error();
+    return e;
+  }
+  // This thread's progress is held meanwhile and sent after the image's, in stage order.
+  void Hold(std::string stage, std::string detail, int pct) {
+    held_.emplace_back(std::move(stage), std::move(detail), pct);
+  }
+  void SendHeld(const ProgressFn& progress) const {
+    for (const auto& [stage, detail, pct] : held_) progress(stage, detail, pct);
+  }
+
+ private:
+  std::future<Result<std::string>> job_;
+  std::optional<Result<std::string>> done_;
+  std::vector<std::tuple<std::string, std::string, int>> held_;
+};
+
+// The domain XML's per-allocation options: the bridge, the seed, the disks' stable paths and the
+// CPUs of the pinned NUMA node.
+DomainXmlOptions AllocationXmlOptions(const LibvirtOptions& o, const v1::ProvisionBundle& b,
+                                      const LibvirtOptions::AppliedBridge& bridge,
+                                      const std::string& seed_iso,
+                                      const std::vector<SlotDisk>& disks, std::optional<int> numa) {
+  DomainXmlOptions xo = o.domain;
+  xo.bridge = bridge.name;
+  xo.bridge_is_ovs = bridge.ovs;
+  xo.userspace_datapath = bridge.userspace;
+  xo.seed_iso = seed_iso;
+  // The console is relayed from a UNIX socket only (console_relay.hpp): no VNC port on TCP.
+  if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;
+  for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
+  if (numa) xo.numa_cpuset = NumaCpuset(HostRoot(o.host_root), b, *numa);
+  return xo;
+}
+
+// Defines `domain` from `xml`, after undefining a shut-off domain of an earlier attempt; a
+// running one is refused (domain_running).
+Result<DomainPtr> DefineDomain(virConnectPtr conn, const std::string& domain,
+                               const std::string& xml, const LibvirtOptions& o) {
+  {
+    auto existing = LookupDomain(conn, domain, "define");
+    if (!existing.ok()) return existing.error();
+    if (existing->has_value()) {
+      if (virDomainIsActive(existing->value().get()) == 1) {
+        return StageError(Code::kFailedPrecondition, "domain_running",
+                          "domain " + domain + " from an earlier attempt is still running",
+                          "define", {{"domain_name", domain}});
+      }
+      if (auto u = UndefineDomain(conn, domain, o, "define"); !u.ok()) return u.error();
+    }
+  }
+  virResetLastError();
+  DomainPtr dom(virDomainDefineXMLFlags(conn, xml.c_str(), VIR_DOMAIN_DEFINE_VALIDATE));
+  if (!dom) {
+    return LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}});
+  }
+  return dom;
+}
+
+// Starts the defined domain paused (no guest instruction runs while the image is written): true
+// when it is; false for a driver without paused starts (libvirt's test driver), which starts it
+// after the image instead.
+Result<bool> StartPaused(virDomainPtr dom, const std::string& domain, const RecordStateFn& record) {
+  if (auto r = record("paused", "start"); !r.ok()) return r.error();
+  virResetLastError();
+  if (virDomainCreateWithFlags(dom, VIR_DOMAIN_START_PAUSED) == 0) return true;
+  const int code = virGetLastErrorCode();
+  if (code != VIR_ERR_INVALID_ARG && code != VIR_ERR_NO_SUPPORT) {
+    return LibvirtError("start", "start_failed", "starting " + domain + " paused",
+                        {{"domain_name", domain}});
+  }
+  if (auto r = record("defined", "start"); !r.ok()) return r.error();
+  return false;
+}
+
 }  // namespace
+
+// What validation settled for one provision.
+struct LibvirtRuntime::ProvisionTarget {
+  std::string domain;                    // gpuaas-<allocation_id>
+  virConnectPtr conn = nullptr;          // the connection that checked the devices
+  std::vector<SlotDisk> disks;           // checked as the kernel sees them; [0] is the boot disk
+  std::optional<int> numa;               // the NUMA node the VM is pinned to
+  LibvirtOptions::AppliedBridge bridge;  // what the vNIC joins
+};
 
 Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle& b,
                                                       const ProgressFn& progress) {
@@ -660,89 +861,76 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   };
   // ---- resume: this attempt's VM is already running (the agent restarted mid-provision) ----
   if (auto resumed = ResumeStarted(b, *plan, record, progress)) return std::move(*resumed);
-  const HostRoot host(opts_.host_root);
-  std::vector<SlotDisk> disks;
-  std::vector<DiskTarget> targets;
-  for (const auto& s : b.slots()) {
-    if (s.nvme_by_id().empty()) continue;
-    auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), "validate");
-    if (!d.ok()) return d.error();
-    auto t = CheckDiskTarget(d->target_path, opts_.allow_regular_file_disks, "validate");
-    if (!t.ok()) {
-      t.error().details["slot_key"] = s.slot_key();
-      t.error().details["nvme_by_id"] = s.nvme_by_id();
-      return t.error();
-    }
-    disks.push_back(*d);
-    targets.push_back(*t);
-  }
-  const auto numa = PinnedNumaNode(b);
-  if (b.shape().hugepages_1g() > 0) {
-    const std::string leaf = "hugepages/hugepages-1048576kB/free_hugepages";
-    std::optional<long long> free_pages;
-    if (numa) {
-      free_pages = host.ReadInt(fmt::format("/sys/devices/system/node/node{}/{}", *numa, leaf));
-    }
-    if (!free_pages) free_pages = host.ReadInt("/sys/kernel/mm/" + leaf);
-    if (free_pages.value_or(0) < b.shape().hugepages_1g()) {
-      return StageError(Code::kFailedPrecondition, "hugepages_insufficient",
-                        fmt::format("the VM needs {} free 1 GiB hugepages, the host has {}",
-                                    b.shape().hugepages_1g(), free_pages.value_or(0)),
-                        "validate", {{"field", "shape.hugepages_1g"}});
-    }
-  }
-  std::string bridge = opts_.domain.bridge;
-  bool bridge_is_ovs = opts_.domain.bridge_is_ovs;
-  bool userspace_datapath = opts_.domain.userspace_datapath;
-  if (opts_.applied_bridge) {
-    // The agent runs the slice network itself: the bridge of the document it applied.
-    auto applied = opts_.applied_bridge();
-    if (!applied) {
-      return StageError(Code::kUnavailable, "network_not_applied",
-                        "this node has not applied a slice network document yet", "validate");
-    }
-    bridge = applied->name;
-    bridge_is_ovs = applied->ovs;
-    userspace_datapath = applied->userspace;
-  } else if (opts_.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
-    return StageError(Code::kFailedPrecondition, "bridge_missing",
-                      "slice bridge " + bridge + " does not exist on this host", "validate",
-                      {{"bridge", bridge}});
-  }
-  const std::string domain = DomainName(b.allocation_id());
-  auto conn = Conn();
-  if (!conn.ok()) return WithStage(conn.error(), "validate");
-  if (auto free = CheckDevicesFree(*conn, b, domain); !free.ok()) return free.error();
-  {
-    // A VM of an earlier attempt still running on these disks: writing the image under it
-    // would corrupt both. Release it first.
-    auto existing = LookupDomain(*conn, domain, "validate");
-    if (!existing.ok()) return existing.error();
-    if (existing->has_value() && virDomainIsActive(existing->value().get()) == 1) {
-      // Unless the ledger says this agent created it paused and never resumed it (it died while
-      // the image was written): no guest instruction ever ran, and its disk is rewritten now.
-      bool never_ran = false;
-      {
-        std::lock_guard lock(mu_);
-        auto rec = store_.Get(DomainKey(b.allocation_id()));
-        never_ran = rec.ok() && rec->has_value() && (**rec).value("state", "") == "paused";
-      }
-      if (!never_ran || virDomainDestroy(existing->value().get()) != 0) {
-        return StageError(Code::kFailedPrecondition, "domain_running",
-                          "domain " + domain + " from an earlier attempt is still running",
-                          "validate", {{"domain_name", domain}});
-      }
-      progress("validate",
-               "domain " + domain +
-                   " was created paused by an earlier try and never resumed: "
-                   "destroyed",
-               50);
-    }
-  }
+  auto target = CheckTarget(b, progress);
+  if (!target.ok()) return target.error();
   progress("validate", fmt::format("node scheduler accepted a plan of {} steps", plan->size()),
            100);
 
   // ---- lease ----
+  if (auto leased = LeaseSlots(b, progress); !leased.ok()) return leased.error();
+
+  // ---- seed: its input checked now (before any write), the ISO built while the image is
+  // verified and written (independent work; the job reports no progress of its own) ----
+  auto seeded = SeedInput(b);
+  if (!seeded.ok()) return seeded.error();
+  return InstallAndStart(b, *seeded, *target, *plan, record, progress);
+}
+
+// The host side of validation, after the node scheduler: the slot disks, hugepages, the bridge,
+// devices no other domain holds, and no VM of an earlier attempt on these disks.
+Result<LibvirtRuntime::ProvisionTarget> LibvirtRuntime::CheckTarget(const v1::ProvisionBundle& b,
+                                                                    const ProgressFn& progress) {
+  const HostRoot host(opts_.host_root);
+  ProvisionTarget t;
+  auto disks = CheckSlotDisks(host, b, opts_.allow_regular_file_disks);
+  if (!disks.ok()) return disks.error();
+  t.disks = std::move(*disks);
+  t.numa = PinnedNumaNode(b);
+  if (auto pages = CheckHugepages(host, b, t.numa); !pages.ok()) return pages.error();
+  auto bridge = ChooseBridge(opts_, host);
+  if (!bridge.ok()) return bridge.error();
+  t.bridge = std::move(*bridge);
+  t.domain = DomainName(b.allocation_id());
+  auto conn = Conn();
+  if (!conn.ok()) return WithStage(conn.error(), "validate");
+  t.conn = *conn;
+  if (auto free = CheckDevicesFree(t.conn, b, t.domain); !free.ok()) return free.error();
+  if (auto earlier = DestroyNeverRunDomain(t.conn, b, progress); !earlier.ok()) {
+    return earlier.error();
+  }
+  return t;
+}
+
+// A VM of an earlier attempt still running on these disks: writing the image under it would
+// corrupt both. Release it first (domain_running).
+Result<void> LibvirtRuntime::DestroyNeverRunDomain(_virConnect* conn, const v1::ProvisionBundle& b,
+                                                   const ProgressFn& progress) {
+  const std::string domain = DomainName(b.allocation_id());
+  auto existing = LookupDomain(conn, domain, "validate");
+  if (!existing.ok()) return existing.error();
+  if (!existing->has_value() || virDomainIsActive(existing->value().get()) != 1) return Ok();
+  // Unless the ledger says this agent created it paused and never resumed it (it died while
+  // the image was written): no guest instruction ever ran, and its disk is rewritten now.
+  bool never_ran = false;
+  {
+    std::lock_guard lock(mu_);
+    auto rec = store_.Get(DomainKey(b.allocation_id()));
+    never_ran = rec.ok() && rec->has_value() && (**rec).value("state", "") == "paused";
+  }
+  if (!never_ran || virDomainDestroy(existing->value().get()) != 0) {
+    return StageError(Code::kFailedPrecondition, "domain_running",
+                      "domain " + domain + " from an earlier attempt is still running", "validate",
+                      {{"domain_name", domain}});
+  }
+  progress("validate",
+           "domain " + domain +
+               " was created paused by an earlier try and never resumed: "
+               "destroyed",
+           50);
+  return Ok();
+}
+
+Result<void> LibvirtRuntime::LeaseSlots(const v1::ProvisionBundle& b, const ProgressFn& progress) {
   std::vector<std::string> slot_keys;
   for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
   {
@@ -754,9 +942,12 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   progress("lease",
            fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
            100);
+  return Ok();
+}
 
-  // ---- seed: its input checked now (before any write), the ISO built while the image is
-  // verified and written (independent work; the job reports no progress of its own) ----
+// The bundle the seed is built from (the terminal relay key added to its SSH keys), its files
+// checked before anything is written.
+Result<v1::ProvisionBundle> LibvirtRuntime::SeedInput(const v1::ProvisionBundle& b) {
   v1::ProvisionBundle seeded = b;
   if (!opts_.relay_key_path.empty()) {
     std::lock_guard lock(mu_);  // one creator of the key
@@ -765,6 +956,13 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
     seeded.mutable_cloud_init()->add_ssh_authorized_keys(*pub);
   }
   if (auto files = MakeSeedFiles(seeded); !files.ok()) return files.error();
+  return seeded;
+}
+
+// The seed ISO and the image, each on its own thread, then define, start and readiness.
+Result<v1::ProvisionOutput> LibvirtRuntime::InstallAndStart(
+    const v1::ProvisionBundle& b, const v1::ProvisionBundle& seeded, const ProvisionTarget& t,
+    const std::vector<std::string>& plan, const RecordFn& record, const ProgressFn& progress) {
   auto seed_job =
       std::async(std::launch::async, [this, &seeded] { return BuildSeed(opts_, seeded); });
 
@@ -776,134 +974,59 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
   // after the image's, in stage order. ----
   std::promise<bool> writing;  // true: the write began; false: the job ended before one
   auto writing_begun = writing.get_future();
-  auto image_job = std::async(std::launch::async, [&]() -> Result<std::string> {
-    bool signalled = false;
-    auto signal = [&](bool began) {
-      if (!signalled) writing.set_value(began);
-      signalled = true;
-    };
-    struct OnExit {
-      std::function<void()> f;
-      ~OnExit() { f(); }
-    } on_exit{[&] { signal(false); }};
-    if (disks.empty()) return std::string("no slot disk: image not written (kernel boot)");
-    auto image = images_->Ensure(b.image(), progress);
-    if (!image.ok()) return image.error();
-    // Re-check the disk right before the write: nothing may have mounted it meanwhile.
-    auto t = CheckDiskTarget(disks[0].target_path, opts_.allow_regular_file_disks, "image");
-    if (!t.ok()) return t.error();
-    signal(true);
-    auto wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
-    if (!wrote.ok() && wrote.error().reason == "image_digest_mismatch") {
-      // The cache's copy rotted since it was verified: fetched again, written again, once.
-      progress("image",
-               fmt::format("{}: the cached copy no longer matches its digest; fetching it again",
-                           b.image().name()),
-               0);
-      images_->Evict(b.image().sha256());
-      image = images_->Ensure(b.image(), progress);
-      if (!image.ok()) return image.error();
-      wrote = WriteImage(*image, t->path, t->block, t->size, opts_.image_timeout, progress);
-    }
-    if (!wrote.ok()) return wrote.error();
-    return fmt::format("{} ({}, {} bytes) written to {} in {:.2f} s, sha256 verified",
-                       b.image().name(), image->format, image->size, disks[0].by_id,
-                       wrote->seconds);
-  });
-  std::vector<std::tuple<std::string, std::string, int>> held;
-  // The image job's result, once: it stops the overlap wherever this thread is.
-  std::optional<Result<std::string>> image_done;
-  auto finish_image = [&]() -> const Result<std::string>& {
-    if (!image_done) image_done = image_job.get();
-    return *image_done;
-  };
-  // A failure of this thread waits for the image job and reports the image's failure first.
-  auto fail = [&](Error e) -> Error {
-    if (!finish_image().ok()) return finish_image().error();
-    return e;
-  };
-  if (!writing_begun.get() && !finish_image().ok()) return finish_image().error();
+  ImageOverlap image(std::async(std::launch::async, [&] {
+    return WriteBootImage(*images_, opts_, b, t.disks, writing, progress);
+  }));
+  if (!writing_begun.get() && !image.Finish().ok()) return image.Finish().error();
 
   auto seed = seed_job.get();
-  if (!seed.ok()) return fail(seed.error());
-  held.emplace_back("seed", "NoCloud seed " + *seed + " written", 100);
+  if (!seed.ok()) return image.Fail(seed.error());
+  image.Hold("seed", "NoCloud seed " + *seed + " written", 100);
 
   // ---- define ----
-  DomainXmlOptions xo = opts_.domain;
-  xo.bridge = bridge;
-  xo.bridge_is_ovs = bridge_is_ovs;
-  xo.userspace_datapath = userspace_datapath;
-  xo.seed_iso = *seed;
-  // The console is relayed from a UNIX socket only (console_relay.hpp): no VNC port on TCP.
-  if (xo.vnc_socket.empty()) xo.vnc_auto_socket = true;
-  for (const auto& d : disks) xo.disk_paths[d.slot_key] = d.xml_path;
-  if (numa) xo.numa_cpuset = NumaCpuset(host, b, *numa);
-  auto xml = GenerateDomainXml(b, xo);
-  if (!xml.ok()) return fail(xml.error());
-  {
-    auto existing = LookupDomain(*conn, domain, "define");
-    if (!existing.ok()) return fail(existing.error());
-    if (existing->has_value()) {
-      if (virDomainIsActive(existing->value().get()) == 1) {
-        return fail(StageError(Code::kFailedPrecondition, "domain_running",
-                               "domain " + domain + " from an earlier attempt is still running",
-                               "define", {{"domain_name", domain}}));
-      }
-      if (auto u = UndefineDomain(*conn, domain, opts_, "define"); !u.ok()) {
-        return fail(u.error());
-      }
-    }
-  }
-  virResetLastError();
-  DomainPtr dom(virDomainDefineXMLFlags(*conn, xml->c_str(), VIR_DOMAIN_DEFINE_VALIDATE));
-  if (!dom) {
-    return fail(
-        LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}}));
-  }
-  if (auto r = record("defined", "define"); !r.ok()) return fail(r.error());
+  auto xml = GenerateDomainXml(b, AllocationXmlOptions(opts_, b, t.bridge, *seed, t.disks, t.numa));
+  if (!xml.ok()) return image.Fail(xml.error());
+  auto dom = DefineDomain(t.conn, t.domain, *xml, opts_);
+  if (!dom.ok()) return image.Fail(dom.error());
+  if (auto r = record("defined", "define"); !r.ok()) return image.Fail(r.error());
 
   // ---- start: paused while the image is written (where the driver can), resumed after ----
   // Each state is recorded before its call: libvirt finishes a start even when this process dies
   // in it, and a restarted agent must know whose the domain is and whether it ever ran.
   bool paused = false;
-  if (!disks.empty() && !image_done) {
-    if (auto r = record("paused", "start"); !r.ok()) return fail(r.error());
-    virResetLastError();
-    if (virDomainCreateWithFlags(dom.get(), VIR_DOMAIN_START_PAUSED) == 0) {
-      paused = true;
-    } else {
-      const int code = virGetLastErrorCode();
-      if (code != VIR_ERR_INVALID_ARG && code != VIR_ERR_NO_SUPPORT) {
-        return fail(LibvirtError("start", "start_failed", "starting " + domain + " paused",
-                                 {{"domain_name", domain}}));
-      }
-      // A driver without paused starts (libvirt's test driver): started after the image.
-    }
-    if (!paused) {
-      if (auto r = record("defined", "start"); !r.ok()) return fail(r.error());
-    }
+  if (!t.disks.empty() && !image.Finished()) {
+    auto started = StartPaused(dom->get(), t.domain, record);
+    if (!started.ok()) return image.Fail(started.error());
+    paused = *started;
   }
-  held.emplace_back("define",
-                    "domain " + domain + " defined" +
-                        (paused ? " and started paused while the image is written" : ""),
-                    100);
-  if (const auto& img = finish_image(); !img.ok()) {
+  image.Hold("define",
+             "domain " + t.domain + " defined" +
+                 (paused ? " and started paused while the image is written" : ""),
+             100);
+  if (const auto& img = image.Finish(); !img.ok()) {
     if (paused) {
       // It never ran: the disk's head is zero, the domain goes with release/cleanup.
-      virDomainDestroy(dom.get());
+      virDomainDestroy(dom->get());
       (void)record("defined", "image");
       progress("image",
-               "domain " + domain + ", started paused for this image, destroyed: it never ran",
+               "domain " + t.domain + ", started paused for this image, destroyed: it never ran",
                100);
     }
     return img.error();
   }
-  progress("image", finish_image().value(), 100);
-  for (const auto& [stage, detail, pct] : held) progress(stage, detail, pct);
+  progress("image", image.Finish().value(), 100);
+  image.SendHeld(progress);
 
+  if (auto r = RunDomain(dom->get(), t.domain, paused, record, progress); !r.ok()) return r.error();
+  return AwaitReadiness(dom->get(), b, plan, record, progress);
+}
+
+// Resumes the paused domain (or starts it), then lets the slice network admit its vNIC.
+Result<void> LibvirtRuntime::RunDomain(_virDomain* dom, const std::string& domain, bool paused,
+                                       const RecordFn& record, const ProgressFn& progress) {
   if (auto r = record("starting", "start"); !r.ok()) return r.error();
   virResetLastError();
-  if (paused ? virDomainResume(dom.get()) != 0 : virDomainCreate(dom.get()) != 0) {
+  if (paused ? virDomainResume(dom) != 0 : virDomainCreate(dom) != 0) {
     return LibvirtError("start", "start_failed", (paused ? "resuming " : "starting ") + domain,
                         {{"domain_name", domain}});
   }
@@ -920,8 +1043,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::Provision(const v1::ProvisionBundle&
                                  admitted.error().ToString(),
              100);
   }
-
-  return AwaitReadiness(dom.get(), b, *plan, record, progress);
+  return Ok();
 }
 
 std::optional<Result<v1::ProvisionOutput>> LibvirtRuntime::ResumeStarted(
@@ -1098,163 +1220,250 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
   return out;
 }
 
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Cleanup's steps.
+
+// Under the ledger lock, before anything is touched (a wipe needs proof the disk is ours):
+// CheckCleanup, every slot disk resolved and checked, then the slots leased to the allocation
+// while they are wiped. Returns slot_key -> disk.
+Result<std::map<std::string, SlotDisk>> HoldSlotsForCleanup(const v1::CleanupParams& p,
+                                                            LocalStore& store,
+                                                            const v1::TopologyReport& devices,
+                                                            const LibvirtOptions& o,
+                                                            const std::string& stage) {
+  const HostRoot host(o.host_root);
+  std::vector<std::string> slot_keys;
+  std::map<std::string, SlotDisk> disks;
+  if (auto ok = CheckCleanup(p, store, devices, stage); !ok.ok()) return ok.error();
+  for (const auto& s : p.slots()) {
+    slot_keys.push_back(s.slot_key());
+    if (s.nvme_by_id().empty()) continue;
+    auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), stage);
+    if (!d.ok()) return d.error();
+    auto t = CheckDiskTarget(d->target_path, o.allow_regular_file_disks, stage);
+    // A leftover VM may hold the disk open exclusively; it is destroyed below and the disk
+    // checked again before the wipe.
+    if (!t.ok() && t.error().reason != "disk_busy") {
+      t.error().details["slot_key"] = s.slot_key();
+      return t.error();
+    }
+    disks.emplace(s.slot_key(), *d);
+  }
+  // Hold the slots while they are wiped, so no other allocation can lease them meanwhile.
+  int32_t attempt = 0;
+  if (auto rec = store.Get(LeaseKey(p.allocation_id())); rec.ok() && rec->has_value()) {
+    attempt = (**rec).value("attempt", 0);
+  }
+  if (auto r = TakeLease(store, p.allocation_id(), slot_keys, attempt); !r.ok()) {
+    return WithStage(r.error(), stage);
+  }
+  return disks;
+}
+
+// A leftover domain goes before the wipe: a running VM would write to the disk during it.
+Result<void> RemoveLeftoverDomain(virConnectPtr conn, const std::string& domain,
+                                  const LibvirtOptions& o, const ProgressFn& progress) {
+  auto dom = LookupDomain(conn, domain, "undefine");
+  if (!dom.ok()) return dom.error();
+  std::string note = "no domain " + domain + " left";
+  if (dom->has_value()) {
+    virDomainPtr d = dom->value().get();
+    if (virDomainIsActive(d) == 1 && virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
+      return LibvirtError("undefine", "destroy_failed", "destroying leftover " + domain,
+                          {{"domain_name", domain}});
+    }
+    dom->reset();
+    auto u = UndefineDomain(conn, domain, o, "undefine");
+    if (!u.ok()) return u.error();
+    note = "leftover domain " + domain + " destroyed and " + *u;
+  }
+  auto again = LookupDomain(conn, domain, "undefine");
+  if (!again.ok()) return again.error();
+  if (again->has_value()) {
+    return StageError(Code::kInternal, "undefine_failed", "domain " + domain + " is still defined",
+                      "undefine", {{"domain_name", domain}});
+  }
+  progress("undefine", note, 100);
+  return Ok();
+}
+
+using Details = std::map<std::string, std::string>;
+
+// How a disk was wiped: "discard" or "zero", and why not discard ("" when it was).
+struct Wiped {
+  std::string method;
+  std::string why;
+};
+
+// Zeroes a regular file (a fixture host's disk) over its whole size.
+Result<void> ZeroFile(const std::string& path, uint64_t size, const Details& det) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return StageError(Code::kInternal, "wipe_failed", fmt::format("{}: {}", path, Errno(errno)),
+                      "wipe", det);
+  }
+  const std::string zeros(1 << 20, '\0');
+  uint64_t off = 0;
+  bool ok = true;
+  while (ok && off < size) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), size - off));
+    ok = ::pwrite(fd, zeros.data(), n, static_cast<off_t>(off)) == static_cast<ssize_t>(n);
+    off += n;
+  }
+  ok = ok && ::fsync(fd) == 0;
+  ::close(fd);
+  if (!ok) return StageError(Code::kInternal, "wipe_failed", "zeroing " + path, "wipe", det);
+  return Ok();
+}
+
+// Discards the whole disk where the device supports it, else zeroes it.
+Result<Wiped> DiscardOrZero(const SlotDisk& d, const DiskTarget& t, const Details& det,
+                            const LibvirtOptions& o) {
+  Wiped w;
+  if (t.block && t.discard) {
+    auto tool = FindToolIn(o.tools_root, "blkdiscard", "wipe");
+    if (!tool.ok()) return tool.error();
+    auto r = RunTool({*tool, d.target_path}, o.wipe_timeout);
+    if (r.ok() && r->exit_code == 0) {
+      w.method = "discard";
+      return w;
+    }
+    w.why = r.ok() ? FirstLine(r->err) : r.error().message;
+  } else {
+    w.why = t.block ? "device does not support discard" : "regular file";
+  }
+  // Discard unsupported: zero the whole disk (zeroing only its edges would leave the
+  // previous tenant's data readable).
+  if (t.block) {
+    auto tool = FindToolIn(o.tools_root, "blkdiscard", "wipe");
+    if (!tool.ok()) return tool.error();
+    if (auto r = RunOk({*tool, "-z", d.target_path}, o.wipe_timeout, "wipe", "wipe_failed", det);
+        !r.ok()) {
+      return r.error();
+    }
+  } else if (auto z = ZeroFile(d.target_path, t.size, det); !z.ok()) {
+    return z.error();
+  }
+  w.method = "zero";
+  return w;
+}
+
+// Verify: neither wipefs nor blkid (probing the device itself) finds a signature.
+Result<void> VerifyNoSignature(const SlotDisk& d, const std::string& wipefs,
+                               const std::string& blkid, Details det) {
+  auto listed = RunOk({wipefs, "--noheadings", "--output", "TYPE,OFFSET", d.target_path},
+                      milliseconds(60000), "verify", "verify_failed", det);
+  if (!listed.ok()) return listed.error();
+  auto probed = RunTool({blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000));
+  if (!probed.ok()) return WithStage(probed.error(), "verify");
+  if (probed->exit_code != 0 && probed->exit_code != 2) {
+    return ToolFailed("verify", "verify_failed", blkid, *probed, det);
+  }
+  const bool remaining = !Trim(listed->out).empty() || probed->exit_code == 0;
+  if (remaining) {
+    det["wipefs"] = FirstLine(listed->out);
+    det["blkid"] = FirstLine(probed->out);
+    return StageError(Code::kInternal, "signatures_remaining",
+                      d.by_id + " still carries a signature after the wipe", "verify", det);
+  }
+  return Ok();
+}
+
+// One slot disk: the disk-safety checks again right before the write, wipefs -a, discard or
+// zero, verification.
+Result<Wiped> WipeDisk(const std::string& slot_key, const SlotDisk& d, const std::string& wipefs,
+                       const std::string& blkid, const LibvirtOptions& o) {
+  const Details det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id}};
+  auto t = CheckDiskTarget(d.target_path, o.allow_regular_file_disks, "wipe");
+  if (!t.ok()) {
+    t.error().details["slot_key"] = slot_key;
+    return t.error();
+  }
+  if (auto r =
+          RunOk({wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed", det);
+      !r.ok()) {
+    return r.error();
+  }
+  auto wiped = DiscardOrZero(d, *t, det, o);
+  if (!wiped.ok()) return wiped.error();
+  if (auto v = VerifyNoSignature(d, wipefs, blkid, det); !v.ok()) return v.error();
+  return wiped;
+}
+
+// Wipes and verifies the disks one by one. Returns slot_key -> method (discard|zero).
+Result<std::map<std::string, std::string>> WipeSlotDisks(
+    const std::map<std::string, SlotDisk>& disks, const LibvirtOptions& o,
+    const ProgressFn& progress) {
+  std::map<std::string, std::string> methods;
+  auto wipefs = FindToolIn(o.tools_root, "wipefs", "wipe");
+  if (!wipefs.ok()) return wipefs.error();
+  auto blkid = FindToolIn(o.tools_root, "blkid", "verify");
+  if (!blkid.ok()) return blkid.error();
+  int done = 0;
+  for (const auto& [slot_key, d] : disks) {
+    auto wiped = WipeDisk(slot_key, d, *wipefs, *blkid, o);
+    if (!wiped.ok()) return wiped.error();
+    methods[slot_key] = wiped->method;
+    ++done;
+    progress("wipe",
+             fmt::format("slot {}: {} wiped by {}{}; no signature left", slot_key, d.by_id,
+                         wiped->method, wiped->why.empty() ? "" : " (" + wiped->why + ")"),
+             done * 100 / static_cast<int>(disks.size()));
+  }
+  if (disks.empty()) progress("wipe", "no slot disks to wipe", 100);
+  return methods;
+}
+
+// One proof per slot of what the cleanup did.
+v1::CleanupOutput CleanupProofs(const v1::CleanupParams& p,
+                                const std::map<std::string, std::string>& methods,
+                                bool network_removed, bool exposure_removed) {
+  v1::CleanupOutput out;
+  out.set_runtime(v1::VM_RUNTIME_LIBVIRT);
+  const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
+  for (const auto& s : p.slots()) {
+    auto* proof = out.add_proofs();
+    proof->set_slot_key(s.slot_key());
+    proof->set_nvme_by_id(s.nvme_by_id());
+    auto it = methods.find(s.slot_key());
+    proof->set_method(it == methods.end() ? v1::WIPE_METHOD_UNSPECIFIED
+                                          : enums::FromColumn<v1::WipeMethod>(it->second));
+    proof->set_signatures_remaining(false);
+    proof->set_domain_undefined(true);
+    proof->set_network_state_removed(network_removed);
+    proof->set_exposure_state_removed(exposure_removed);
+    *proof->mutable_verified_at() = now;
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
                                                   const ProgressFn& progress) {
   const std::string kStage = "cleanup";
   auto devices = DiscoverDevices(opts_.host_root);
   if (!devices.ok()) return WithStage(devices.error(), kStage);
-  const HostRoot host(opts_.host_root);
-  std::vector<std::string> slot_keys;
   std::map<std::string, SlotDisk> disks;  // slot_key -> disk
   // Refuse the whole cleanup before touching anything: a wipe needs proof the disk is ours.
   {
     std::lock_guard lock(mu_);
-    if (auto ok = CheckCleanup(p, store_, *devices, kStage); !ok.ok()) return ok.error();
-    for (const auto& s : p.slots()) {
-      slot_keys.push_back(s.slot_key());
-      if (s.nvme_by_id().empty()) continue;
-      auto d = ResolveSlotDisk(host, s.slot_key(), s.nvme_by_id(), kStage);
-      if (!d.ok()) return d.error();
-      auto t = CheckDiskTarget(d->target_path, opts_.allow_regular_file_disks, kStage);
-      // A leftover VM may hold the disk open exclusively; it is destroyed below and the disk
-      // checked again before the wipe.
-      if (!t.ok() && t.error().reason != "disk_busy") {
-        t.error().details["slot_key"] = s.slot_key();
-        return t.error();
-      }
-      disks.emplace(s.slot_key(), *d);
-    }
-    // Hold the slots while they are wiped, so no other allocation can lease them meanwhile.
-    int32_t attempt = 0;
-    if (auto rec = store_.Get(LeaseKey(p.allocation_id())); rec.ok() && rec->has_value()) {
-      attempt = (**rec).value("attempt", 0);
-    }
-    if (auto r = TakeLease(store_, p.allocation_id(), slot_keys, attempt); !r.ok()) {
-      return WithStage(r.error(), kStage);
-    }
+    auto held = HoldSlotsForCleanup(p, store_, *devices, opts_, kStage);
+    if (!held.ok()) return held.error();
+    disks = std::move(*held);
   }
 
   // ---- a leftover domain goes first: a running VM would write to the disk during the wipe ----
   const std::string domain = DomainName(p.allocation_id());
   auto conn = Conn();
   if (!conn.ok()) return WithStage(conn.error(), "undefine");
-  {
-    auto dom = LookupDomain(*conn, domain, "undefine");
-    if (!dom.ok()) return dom.error();
-    std::string note = "no domain " + domain + " left";
-    if (dom->has_value()) {
-      virDomainPtr d = dom->value().get();
-      if (virDomainIsActive(d) == 1 && virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
-        return LibvirtError("undefine", "destroy_failed", "destroying leftover " + domain,
-                            {{"domain_name", domain}});
-      }
-      dom->reset();
-      auto u = UndefineDomain(*conn, domain, opts_, "undefine");
-      if (!u.ok()) return u.error();
-      note = "leftover domain " + domain + " destroyed and " + *u;
-    }
-    auto again = LookupDomain(*conn, domain, "undefine");
-    if (!again.ok()) return again.error();
-    if (again->has_value()) {
-      return StageError(Code::kInternal, "undefine_failed",
-                        "domain " + domain + " is still defined", "undefine",
-                        {{"domain_name", domain}});
-    }
-    progress("undefine", note, 100);
-  }
+  if (auto r = RemoveLeftoverDomain(*conn, domain, opts_, progress); !r.ok()) return r.error();
 
   // ---- wipe and verify, disk by disk ----
-  std::map<std::string, std::string> methods;  // slot_key -> discard|zero
-  auto wipefs = FindToolIn(opts_.tools_root, "wipefs", "wipe");
-  if (!wipefs.ok()) return wipefs.error();
-  auto blkid = FindToolIn(opts_.tools_root, "blkid", "verify");
-  if (!blkid.ok()) return blkid.error();
-  int done = 0;
-  for (const auto& [slot_key, d] : disks) {
-    std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id}};
-    auto t = CheckDiskTarget(d.target_path, opts_.allow_regular_file_disks, "wipe");
-    if (!t.ok()) {
-      t.error().details["slot_key"] = slot_key;
-      return t.error();
-    }
-    if (auto r =
-            RunOk({*wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed", det);
-        !r.ok()) {
-      return r.error();
-    }
-    std::string method;
-    std::string why;
-    if (t->block && t->discard) {
-      auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
-      if (!tool.ok()) return tool.error();
-      auto r = RunTool({*tool, d.target_path}, opts_.wipe_timeout);
-      if (r.ok() && r->exit_code == 0) {
-        method = "discard";
-      } else {
-        why = r.ok() ? FirstLine(r->err) : r.error().message;
-      }
-    } else {
-      why = t->block ? "device does not support discard" : "regular file";
-    }
-    if (method.empty()) {
-      // Discard unsupported: zero the whole disk (zeroing only its edges would leave the
-      // previous tenant's data readable).
-      if (t->block) {
-        auto tool = FindToolIn(opts_.tools_root, "blkdiscard", "wipe");
-        if (!tool.ok()) return tool.error();
-        if (auto r =
-                RunOk({*tool, "-z", d.target_path}, opts_.wipe_timeout, "wipe", "wipe_failed", det);
-            !r.ok()) {
-          return r.error();
-        }
-      } else {
-        const int fd = ::open(d.target_path.c_str(), O_WRONLY | O_CLOEXEC);
-        if (fd < 0) {
-          return StageError(Code::kInternal, "wipe_failed",
-                            fmt::format("{}: {}", d.target_path, Errno(errno)), "wipe", det);
-        }
-        const std::string zeros(1 << 20, '\0');
-        uint64_t off = 0;
-        bool ok = true;
-        while (ok && off < t->size) {
-          const size_t n = static_cast<size_t>(std::min<uint64_t>(zeros.size(), t->size - off));
-          ok = ::pwrite(fd, zeros.data(), n, static_cast<off_t>(off)) == static_cast<ssize_t>(n);
-          off += n;
-        }
-        ok = ok && ::fsync(fd) == 0;
-        ::close(fd);
-        if (!ok) {
-          return StageError(Code::kInternal, "wipe_failed", "zeroing " + d.target_path, "wipe",
-                            det);
-        }
-      }
-      method = "zero";
-    }
-    // Verify: neither wipefs nor blkid (probing the device itself) finds a signature.
-    auto listed = RunOk({*wipefs, "--noheadings", "--output", "TYPE,OFFSET", d.target_path},
-                        milliseconds(60000), "verify", "verify_failed", det);
-    if (!listed.ok()) return listed.error();
-    auto probed = RunTool({*blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000));
-    if (!probed.ok()) return WithStage(probed.error(), "verify");
-    if (probed->exit_code != 0 && probed->exit_code != 2) {
-      return ToolFailed("verify", "verify_failed", *blkid, *probed, det);
-    }
-    const bool remaining = !Trim(listed->out).empty() || probed->exit_code == 0;
-    if (remaining) {
-      det["wipefs"] = FirstLine(listed->out);
-      det["blkid"] = FirstLine(probed->out);
-      return StageError(Code::kInternal, "signatures_remaining",
-                        d.by_id + " still carries a signature after the wipe", "verify", det);
-    }
-    methods[slot_key] = method;
-    ++done;
-    progress("wipe",
-             fmt::format("slot {}: {} wiped by {}{}; no signature left", slot_key, d.by_id, method,
-                         why.empty() ? "" : " (" + why + ")"),
-             done * 100 / static_cast<int>(disks.size()));
-  }
-
-  if (disks.empty()) progress("wipe", "no slot disks to wipe", 100);
+  auto methods = WipeSlotDisks(disks, opts_, progress);
+  if (!methods.ok()) return methods.error();
 
   // ---- network state (the networking code's hook) ----
   bool network_removed = false;
@@ -1276,23 +1485,7 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
     }
     if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   }
-  v1::CleanupOutput out;
-  out.set_runtime(v1::VM_RUNTIME_LIBVIRT);
-  const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
-  for (const auto& s : p.slots()) {
-    auto* proof = out.add_proofs();
-    proof->set_slot_key(s.slot_key());
-    proof->set_nvme_by_id(s.nvme_by_id());
-    auto it = methods.find(s.slot_key());
-    proof->set_method(it == methods.end() ? v1::WIPE_METHOD_UNSPECIFIED
-                                          : enums::FromColumn<v1::WipeMethod>(it->second));
-    proof->set_signatures_remaining(false);
-    proof->set_domain_undefined(true);
-    proof->set_network_state_removed(network_removed);
-    proof->set_exposure_state_removed(exposure_removed);
-    *proof->mutable_verified_at() = now;
-  }
-  return out;
+  return CleanupProofs(p, *methods, network_removed, exposure_removed);
 }
 
 Result<AdoptionReport> LibvirtRuntime::Adopt() {

@@ -145,6 +145,20 @@ class LibvirtRuntime : public VmRuntime {
   Result<v1::ProvisionOutput> AwaitReadiness(_virDomain* dom, const v1::ProvisionBundle& b,
                                              const std::vector<std::string>& plan,
                                              const RecordFn& record, const ProgressFn& progress);
+  // Provision's steps, in order (libvirt_runtime.cpp).
+  struct ProvisionTarget;
+  Result<ProvisionTarget> CheckTarget(const v1::ProvisionBundle& b, const ProgressFn& progress);
+  Result<void> DestroyNeverRunDomain(_virConnect* conn, const v1::ProvisionBundle& b,
+                                     const ProgressFn& progress);
+  Result<void> LeaseSlots(const v1::ProvisionBundle& b, const ProgressFn& progress);
+  Result<v1::ProvisionBundle> SeedInput(const v1::ProvisionBundle& b);
+  Result<v1::ProvisionOutput> InstallAndStart(const v1::ProvisionBundle& b,
+                                              const v1::ProvisionBundle& seeded,
+                                              const ProvisionTarget& t,
+                                              const std::vector<std::string>& plan,
+                                              const RecordFn& record, const ProgressFn& progress);
+  Result<void> RunDomain(_virDomain* dom, const std::string& domain, bool paused,
+                         const RecordFn& record, const ProgressFn& progress);
   LocalStore& store_;
   LibvirtOptions opts_;
   mutable std::mutex mu_;  // ledger changes and domain records

@@ -1010,6 +1010,372 @@ Error WithApplied(Error e, const ApplyReport& rep) {
   return e;
 }
 
+// ---------------------------------------------------------------- apply steps
+// ApplyNetwork's steps, in order. Each records what it changed in `rep`; its errors once
+// something may have changed carry the changes so far (WithApplied), the probes and refusals
+// before the first change return their errors as they are.
+
+using Vnics = std::vector<std::pair<const OvsInterface*, const NetReservation*>>;
+
+Result<void> RequireApplyTools(const NetHost& h, const NetworkSpec& spec) {
+  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  const std::vector<std::string> tools =
+      spec.datapath == Datapath::kOvs
+          ? std::vector<std::string>{"ip",      "iptables",  "sysctl",
+                                     "dnsmasq", "ovs-vsctl", "ovs-ofctl"}
+          : std::vector<std::string>{"ip", "iptables", "bridge", "sysctl", "dnsmasq"};
+  for (const auto& tool : tools) {
+    if (auto t = h.Tool(tool); !t.ok()) return t.error();
+  }
+  return Ok();
+}
+
+// An OVS bridge of that name, created (fail_mode=secure, ours) or adopted; a Linux bridge or
+// any other link of that name, or flows the platform did not install, are refused.
+Result<void> CreateOrAdoptOvsBridge(const Ovs& ovs, const NetworkSpec& spec, const NetContext& ctx,
+                                    const BridgeState& br, ApplyReport& rep) {
+  if (br.is_bridge) {
+    return Error::FailedPrecondition("bridge_name_conflict",
+                                     spec.bridge + " exists as a Linux bridge, not an OVS bridge");
+  }
+  auto st = ProbeOvs(ovs, spec.bridge, false);
+  if (!st.ok()) return st.error();
+  if (br.exists && !st->bridge.exists) {
+    return Error::FailedPrecondition("bridge_name_conflict",
+                                     spec.bridge + " exists and is not an OVS bridge");
+  }
+  if (!st->flows.foreign.empty()) return ForeignFlows(spec, st->flows.foreign);
+  if (!st->bridge.exists) {
+    Args add{"--may-exist",
+             "add-br",
+             spec.bridge,
+             "--",
+             "set",
+             "bridge",
+             spec.bridge,
+             "fail_mode=secure",
+             "external_ids:gpuaas-managed=true"};
+    if (!ctx.ovs_datapath_type.empty()) add.push_back("datapath_type=" + ctx.ovs_datapath_type);
+    if (auto r = ovs.Vsctl(add); !r.ok()) return WithApplied(r.error(), rep);
+    rep.created_bridge = true;
+  } else if (st->bridge.fail_mode != "secure" || !st->bridge.managed) {
+    // A runbook host's ovsbr0: ours from now on; its datapath and ports stay as they are.
+    if (auto r = ovs.Vsctl(
+            {"set", "bridge", spec.bridge, "fail_mode=secure", "external_ids:gpuaas-managed=true"});
+        !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.adopted_bridge = true;
+  }
+  return Ok();
+}
+
+// ovs-vswitchd creates the internal port a moment after the database says so; `br` is
+// re-probed until it exists.
+Result<void> AwaitOvsInternalPort(const NetHost& h, const NetworkSpec& spec, const Plan& p,
+                                  BridgeState& br, const ApplyReport& rep) {
+  const auto deadline = Clock::now() + std::chrono::seconds(5);
+  for (;;) {
+    auto probed = ProbeBridge(h, spec, p);
+    if (!probed.ok()) return WithApplied(probed.error(), rep);
+    br = *probed;
+    if (br.exists || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (!br.exists) {
+    return WithApplied(
+        Error::Unavailable("bridge_not_created", "ovs-vswitchd did not create " + spec.bridge +
+                                                     "'s internal port (is it running?)"),
+        rep);
+  }
+  return Ok();
+}
+
+Result<void> EnsureLinuxBridge(const NetHost& h, const NetworkSpec& spec, const BridgeState& br,
+                               ApplyReport& rep) {
+  if (br.exists && !br.is_bridge) {
+    return Error::FailedPrecondition("bridge_name_conflict",
+                                     spec.bridge + " exists and is not a bridge");
+  }
+  if (!br.exists) {
+    if (auto r = h.Must("ip", {"link", "add", spec.bridge, "type", "bridge", "stp_state", "0",
+                               "forward_delay", "0"});
+        !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.created_bridge = true;
+  }
+  return Ok();
+}
+
+Result<void> EnsureBridgeAddressAndUp(const NetHost& h, const NetworkSpec& spec, const Plan& p,
+                                      const BridgeState& br, ApplyReport& rep) {
+  if (!br.has_gateway) {
+    if (auto r = h.Must("ip", {"addr", "add", p.gateway_cidr, "dev", spec.bridge}); !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.added_gateway_address = true;
+  }
+  if (!br.up) {
+    if (auto r = h.Must("ip", {"link", "set", spec.bridge, "up"}); !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.set_bridge_up = true;
+  }
+  return Ok();
+}
+
+// 1. Bridge with the gateway address, up. Conflicts are refused before anything changes.
+Result<void> EnsureBridge(const NetHost& h, const Ovs& ovs, const NetworkSpec& spec,
+                          const NetContext& ctx, const Plan& p, ApplyReport& rep) {
+  auto owners = GatewayOwners(h, spec, p);
+  if (!owners.ok()) return owners.error();
+  if (!owners->empty()) return GatewayConflict(spec, p, *owners);
+  auto br = ProbeBridge(h, spec, p);
+  if (!br.ok()) return br.error();
+  if (spec.datapath == Datapath::kOvs) {
+    if (auto r = CreateOrAdoptOvsBridge(ovs, spec, ctx, *br, rep); !r.ok()) return r.error();
+    if (rep.created_bridge) {
+      if (auto r = AwaitOvsInternalPort(h, spec, p, *br, rep); !r.ok()) return r.error();
+    }
+  } else {
+    if (auto r = EnsureLinuxBridge(h, spec, *br, rep); !r.ok()) return r.error();
+  }
+  return EnsureBridgeAddressAndUp(h, spec, p, *br, rep);
+}
+
+// 2. Forwarding (never turned off here: it is namespace-wide and may serve others).
+Result<void> EnsureIpForward(const NetHost& h, const NetworkSpec& spec, ApplyReport& rep) {
+  if (!spec.ip_forward) return Ok();
+  auto fwd = ReadIpForward(h);
+  if (!fwd.ok()) return WithApplied(fwd.error(), rep);
+  if (*fwd != "1") {
+    if (auto r = h.Must("sysctl", {"-q", "-w", "net.ipv4.ip_forward=1"}); !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.enabled_ip_forward = true;
+  }
+  return Ok();
+}
+
+// 3. NAT and FORWARD chains.
+Result<void> EnsureNatAndForward(const NetHost& h, const NetworkSpec& spec, const Plan& p,
+                                 ApplyReport& rep) {
+  auto nat = EnsureNat(h, spec, p);
+  if (!nat.ok()) return WithApplied(nat.error(), rep);
+  rep.added_masquerade = nat->added;
+  auto fwd = EnsureChain(h, "filter", "FORWARD", p.fwd_chain, ForwardRules(spec, p));
+  if (!fwd.ok()) return WithApplied(fwd.error(), rep);
+  rep.added_forward_rules = fwd->added;
+  rep.removed_stale_rules = nat->rebuilt || fwd->rebuilt;
+  return Ok();
+}
+
+// Every reserved guest's tap onto the bridge. On OVS, `ifaces` is filled with the interfaces
+// as listed before the taps were moved.
+Result<void> ReattachTaps(const NetHost& h, const Ovs& ovs, const NetworkSpec& spec, const Plan& p,
+                          std::vector<OvsInterface>& ifaces, ApplyReport& rep) {
+  const bool ovs_dp = spec.datapath == Datapath::kOvs;
+  auto taps = ProbeTaps(h, spec, p);
+  if (!taps.ok()) return WithApplied(taps.error(), rep);
+  if (ovs_dp) {
+    auto listed = ovs.Interfaces();
+    if (!listed.ok()) return WithApplied(listed.error(), rep);
+    ifaces = std::move(*listed);
+  }
+  for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ifaces)) {
+    Result<ToolResult> r = ToolResult{};
+    if (!ovs_dp) {
+      r = h.Must("ip", {"link", "set", "dev", tap.name, "master", spec.bridge});
+    } else {
+      if (!tap.master.empty() && tap.master != "ovs-system") {
+        r = h.Must("ip", {"link", "set", "dev", tap.name, "nomaster"});
+      }
+      // --if-exists del-port: off another OVS bridge in the same transaction.
+      if (r.ok()) {
+        r = ovs.Vsctl({"--if-exists", "del-port", tap.name, "--", "add-port", spec.bridge, tap.name,
+                       "--", "set", "interface", tap.name, "external_ids:attached-mac=" + tap.mac});
+      }
+    }
+    if (!r.ok()) return WithApplied(r.error(), rep);
+    rep.reattached_vnics.push_back(tap.name);
+  }
+  return Ok();
+}
+
+// Re-read: the re-added ports get their OpenFlow port numbers from ovs-vswitchd.
+Result<void> AwaitReattachedPortNumbers(const Ovs& ovs, std::vector<OvsInterface>& ifaces,
+                                        const ApplyReport& rep) {
+  const auto deadline = Clock::now() + std::chrono::seconds(3);
+  for (;;) {
+    auto listed = ovs.Interfaces();
+    if (!listed.ok()) return WithApplied(listed.error(), rep);
+    ifaces = std::move(*listed);
+    bool numbered = true;
+    for (const auto& i : ifaces) {
+      for (const auto& n : rep.reattached_vnics) {
+        numbered = numbered && (i.name != n || i.ofport > 0);
+      }
+    }
+    if (numbered || Clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return Ok();
+}
+
+// Every vNIC's sysctls (kVnicSysctls), ingress policing and slot tag.
+Result<void> ConfigureOvsVnics(const NetHost& h, const Ovs& ovs, const NetworkSpec& spec,
+                               const Vnics& vnics, ApplyReport& rep) {
+  std::vector<std::string> names;
+  names.reserve(vnics.size());
+  for (const auto& [i, r] : vnics) names.push_back(i->name);
+  auto sys_off = VnicSysctlsOff(h, names);
+  if (!sys_off.ok()) return WithApplied(sys_off.error(), rep);
+  for (const auto& [i, r] : vnics) {
+    const bool db_ok = VnicConfigured(spec, *i, *r);
+    if (db_ok && !sys_off->count(i->name)) continue;
+    if (sys_off->count(i->name)) {
+      Args set{"-q", "-w"};
+      for (const auto& [k, v] : kVnicSysctls) {
+        set.push_back(fmt::format("net/ipv4/conf/{}/{}={}", i->name, k, v));
+      }
+      if (auto w = h.Must("sysctl", set); !w.ok()) return WithApplied(w.error(), rep);
+    }
+    rep.configured_vnics.push_back(i->name);
+    if (db_ok) continue;
+    if (auto set = ovs.Vsctl({"set", "interface", i->name,
+                              fmt::format("ingress_policing_rate={}", spec.vnic_ingress_kbps),
+                              fmt::format("ingress_policing_burst={}", spec.vnic_ingress_burst_kb),
+                              "external_ids:gpuaas-slot=" + r->slot_key});
+        !set.ok()) {
+      return WithApplied(set.error(), rep);
+    }
+  }
+  return Ok();
+}
+
+// Exactly our flows on the bridge; flows someone else installed meanwhile are refused.
+Result<void> EnsureOurFlows(const Ovs& ovs, const NetworkSpec& spec, const Plan& p,
+                            const Vnics& vnics, ApplyReport& rep) {
+  auto flows = ovs.Flows(spec.bridge);
+  if (!flows.ok()) return WithApplied(flows.error(), rep);
+  if (!flows->foreign.empty()) return WithApplied(ForeignFlows(spec, flows->foreign), rep);
+  const auto want = WantFlows(spec, vnics);
+  if (flows->ours != want) {
+    if (auto r = ovs.ReplaceOurFlows(spec.bridge, want, p.flows); !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.replaced_flows = true;
+  }
+  return Ok();
+}
+
+Result<void> EnsurePortIsolation(const NetHost& h, const NetworkSpec& spec, ApplyReport& rep) {
+  auto ports = ProbePorts(h, spec);
+  if (!ports.ok()) return WithApplied(ports.error(), rep);
+  for (const auto& [port, isolated] : *ports) {
+    if (isolated == spec.isolate_ports) continue;
+    if (auto r = h.Must(
+            "bridge", {"link", "set", "dev", port, "isolated", spec.isolate_ports ? "on" : "off"});
+        !r.ok()) {
+      return WithApplied(r.error(), rep);
+    }
+    rep.isolation_changed_ports.push_back(port);
+  }
+  return Ok();
+}
+
+// 4. The slice vNICs: every reserved guest's tap on the bridge; then, on a Linux bridge,
+// every port isolated; on OVS, every vNIC policed and tagged, and exactly our flows.
+Result<void> EnsureVnics(const NetHost& h, const Ovs& ovs, const NetworkSpec& spec, const Plan& p,
+                         ApplyReport& rep) {
+  std::vector<OvsInterface> ifaces;
+  if (auto r = ReattachTaps(h, ovs, spec, p, ifaces, rep); !r.ok()) return r.error();
+  if (spec.datapath != Datapath::kOvs) return EnsurePortIsolation(h, spec, rep);
+  if (!rep.reattached_vnics.empty()) {
+    if (auto r = AwaitReattachedPortNumbers(ovs, ifaces, rep); !r.ok()) return r.error();
+  }
+  const auto vnics = OvsVnics(spec, p, ifaces);
+  if (auto r = ConfigureOvsVnics(h, ovs, spec, vnics, rep); !r.ok()) return r.error();
+  return EnsureOurFlows(ovs, spec, p, vnics, rep);
+}
+
+// The seed incident: reservation files an earlier manual run left for the host's dnsmasq.
+Result<void> MoveStaleDnsmasqFilesAside(const NetworkSpec& spec, const NetContext& ctx,
+                                        ApplyReport& rep) {
+  for (const auto& name : StaleDnsmasqFiles(ctx.host_dnsmasq_dir)) {
+    const std::string aside = spec.state_dir + "/stale-dnsmasq";
+    ::mkdir(aside.c_str(), 0755);
+    const std::string from = fmt::format("{}/{}", ctx.host_dnsmasq_dir, name);
+    if (::rename(from.c_str(), fmt::format("{}/{}", aside, name).c_str()) != 0) {
+      return WithApplied(Error::Internal("state_write_failed", ctx.host_dnsmasq_dir + "/" + name +
+                                                                   ": " + std::strerror(errno)),
+                         rep);
+    }
+    rep.removed_stale_dnsmasq_files.push_back(name);
+  }
+  return Ok();
+}
+
+// The MACs added, changed and removed by replacing the hosts file `old_hosts` with p.res.
+void NoteReservationChanges(const std::string& old_hosts, const Plan& p, ApplyReport& rep) {
+  auto before = ParseHosts(old_hosts);
+  std::set<std::string> wanted;
+  for (const auto& r : p.res) {
+    wanted.insert(r.mac);
+    auto it = before.find(r.mac);
+    if (it == before.end()) {
+      rep.added_reservations.push_back(r.mac);
+    } else if (it->second.ip != r.ip || it->second.hostname != r.hostname) {
+      rep.changed_reservations.push_back(r.mac);
+    }
+  }
+  for (const auto& [mac, e] : before) {
+    if (!wanted.count(mac)) rep.removed_reservations.push_back(mac);
+  }
+}
+
+// 5. dnsmasq files: the hosts file holds exactly the reservations. True = the hosts file
+// changed.
+Result<bool> WriteDnsmasqFiles(const NetworkSpec& spec, const Plan& p, ApplyReport& rep) {
+  const std::string hosts = RenderHosts(p.res);
+  const std::string conf = RenderConf(p, spec);
+  auto old_hosts = ReadWhole(p.hosts);
+  const bool hosts_changed = old_hosts != hosts;
+  if (hosts_changed) {
+    NoteReservationChanges(old_hosts.value_or(""), p, rep);
+    if (auto r = WriteAtomic(p.hosts, hosts); !r.ok()) return WithApplied(r.error(), rep);
+  }
+  if (ReadWhole(p.conf) != conf) {
+    if (auto r = WriteAtomic(p.conf, conf); !r.ok()) return WithApplied(r.error(), rep);
+    rep.wrote_dnsmasq_config = true;
+  }
+  return hosts_changed;
+}
+
+// 6. dnsmasq: started when not running, restarted when its config or bridge changed under it,
+// otherwise SIGHUP re-reads dhcp-hostsfile.
+Result<void> EnsureDnsmasq(const NetHost& h, const Plan& p, bool hosts_changed, ApplyReport& rep) {
+  auto pid = RunningDnsmasq(p);
+  if (pid && (rep.wrote_dnsmasq_config || rep.created_bridge)) {
+    StopPid(*pid);
+    pid.reset();
+    rep.restarted_dnsmasq = true;
+  }
+  if (!pid) {
+    auto started = StartDnsmasq(h, p);
+    if (!started.ok()) return WithApplied(started.error(), rep);
+    pid = *started;
+    rep.started_dnsmasq = !rep.restarted_dnsmasq;
+  } else if (hosts_changed) {
+    auto restarted = ReloadDnsmasq(h, p, *pid);
+    if (!restarted.ok()) return WithApplied(restarted.error(), rep);
+    (*restarted ? rep.restarted_dnsmasq : rep.reloaded_dnsmasq) = true;
+  }
+  rep.dnsmasq_pid = *pid;
+  return Ok();
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- public API
@@ -1050,15 +1416,7 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   if (!plan.ok()) return plan.error();
   const Plan& p = *plan;
   NetHost h(ctx);
-  if (auto r = h.Preflight(); !r.ok()) return r.error();
-  const std::vector<std::string> tools =
-      spec.datapath == Datapath::kOvs
-          ? std::vector<std::string>{"ip",      "iptables",  "sysctl",
-                                     "dnsmasq", "ovs-vsctl", "ovs-ofctl"}
-          : std::vector<std::string>{"ip", "iptables", "bridge", "sysctl", "dnsmasq"};
-  for (const auto& tool : tools) {
-    if (auto t = h.Tool(tool); !t.ok()) return t.error();
-  }
+  if (auto r = RequireApplyTools(h, spec); !r.ok()) return r.error();
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
   if (!lock.ok()) {
@@ -1067,268 +1425,15 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
 
   ApplyReport rep;
   rep.version = spec.version;
-
-  // 1. Bridge with the gateway address, up. Conflicts are refused before anything changes.
-  const bool ovs_dp = spec.datapath == Datapath::kOvs;
   const Ovs ovs(h, ctx.ovs_rundir);
-  auto owners = GatewayOwners(h, spec, p);
-  if (!owners.ok()) return owners.error();
-  if (!owners->empty()) return GatewayConflict(spec, p, *owners);
-  auto br = ProbeBridge(h, spec, p);
-  if (!br.ok()) return br.error();
-  if (ovs_dp) {
-    if (br->is_bridge) {
-      return Error::FailedPrecondition(
-          "bridge_name_conflict", spec.bridge + " exists as a Linux bridge, not an OVS bridge");
-    }
-    auto st = ProbeOvs(ovs, spec.bridge, false);
-    if (!st.ok()) return st.error();
-    if (br->exists && !st->bridge.exists) {
-      return Error::FailedPrecondition("bridge_name_conflict",
-                                       spec.bridge + " exists and is not an OVS bridge");
-    }
-    if (!st->flows.foreign.empty()) return ForeignFlows(spec, st->flows.foreign);
-    if (!st->bridge.exists) {
-      Args add{"--may-exist",
-               "add-br",
-               spec.bridge,
-               "--",
-               "set",
-               "bridge",
-               spec.bridge,
-               "fail_mode=secure",
-               "external_ids:gpuaas-managed=true"};
-      if (!ctx.ovs_datapath_type.empty()) add.push_back("datapath_type=" + ctx.ovs_datapath_type);
-      if (auto r = ovs.Vsctl(add); !r.ok()) return WithApplied(r.error(), rep);
-      rep.created_bridge = true;
-    } else if (st->bridge.fail_mode != "secure" || !st->bridge.managed) {
-      // A runbook host's ovsbr0: ours from now on; its datapath and ports stay as they are.
-      if (auto r = ovs.Vsctl({"set", "bridge", spec.bridge, "fail_mode=secure",
-                              "external_ids:gpuaas-managed=true"});
-          !r.ok()) {
-        return WithApplied(r.error(), rep);
-      }
-      rep.adopted_bridge = true;
-    }
-    if (rep.created_bridge) {
-      // ovs-vswitchd creates the internal port a moment after the database says so.
-      const auto deadline = Clock::now() + std::chrono::seconds(5);
-      for (;;) {
-        br = ProbeBridge(h, spec, p);
-        if (!br.ok()) return WithApplied(br.error(), rep);
-        if (br->exists || Clock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      if (!br->exists) {
-        return WithApplied(
-            Error::Unavailable("bridge_not_created", "ovs-vswitchd did not create " + spec.bridge +
-                                                         "'s internal port (is it running?)"),
-            rep);
-      }
-    }
-  } else {
-    if (br->exists && !br->is_bridge) {
-      return Error::FailedPrecondition("bridge_name_conflict",
-                                       spec.bridge + " exists and is not a bridge");
-    }
-    if (!br->exists) {
-      if (auto r = h.Must("ip", {"link", "add", spec.bridge, "type", "bridge", "stp_state", "0",
-                                 "forward_delay", "0"});
-          !r.ok()) {
-        return WithApplied(r.error(), rep);
-      }
-      rep.created_bridge = true;
-    }
-  }
-  if (!br->has_gateway) {
-    if (auto r = h.Must("ip", {"addr", "add", p.gateway_cidr, "dev", spec.bridge}); !r.ok()) {
-      return WithApplied(r.error(), rep);
-    }
-    rep.added_gateway_address = true;
-  }
-  if (!br->up) {
-    if (auto r = h.Must("ip", {"link", "set", spec.bridge, "up"}); !r.ok()) {
-      return WithApplied(r.error(), rep);
-    }
-    rep.set_bridge_up = true;
-  }
-
-  // 2. Forwarding (never turned off here: it is namespace-wide and may serve others).
-  if (spec.ip_forward) {
-    auto fwd = ReadIpForward(h);
-    if (!fwd.ok()) return WithApplied(fwd.error(), rep);
-    if (*fwd != "1") {
-      if (auto r = h.Must("sysctl", {"-q", "-w", "net.ipv4.ip_forward=1"}); !r.ok()) {
-        return WithApplied(r.error(), rep);
-      }
-      rep.enabled_ip_forward = true;
-    }
-  }
-
-  // 3. NAT and FORWARD chains.
-  auto nat = EnsureNat(h, spec, p);
-  if (!nat.ok()) return WithApplied(nat.error(), rep);
-  rep.added_masquerade = nat->added;
-  auto fwd = EnsureChain(h, "filter", "FORWARD", p.fwd_chain, ForwardRules(spec, p));
-  if (!fwd.ok()) return WithApplied(fwd.error(), rep);
-  rep.added_forward_rules = fwd->added;
-  rep.removed_stale_rules = nat->rebuilt || fwd->rebuilt;
-
-  // 4. The slice vNICs: every reserved guest's tap on the bridge; then, on a Linux bridge,
-  // every port isolated; on OVS, every vNIC policed and tagged, and exactly our flows.
-  auto taps = ProbeTaps(h, spec, p);
-  if (!taps.ok()) return WithApplied(taps.error(), rep);
-  std::vector<OvsInterface> ifaces;
-  if (ovs_dp) {
-    auto listed = ovs.Interfaces();
-    if (!listed.ok()) return WithApplied(listed.error(), rep);
-    ifaces = std::move(*listed);
-  }
-  for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ifaces)) {
-    Result<ToolResult> r = ToolResult{};
-    if (!ovs_dp) {
-      r = h.Must("ip", {"link", "set", "dev", tap.name, "master", spec.bridge});
-    } else {
-      if (!tap.master.empty() && tap.master != "ovs-system") {
-        r = h.Must("ip", {"link", "set", "dev", tap.name, "nomaster"});
-      }
-      // --if-exists del-port: off another OVS bridge in the same transaction.
-      if (r.ok()) {
-        r = ovs.Vsctl({"--if-exists", "del-port", tap.name, "--", "add-port", spec.bridge, tap.name,
-                       "--", "set", "interface", tap.name, "external_ids:attached-mac=" + tap.mac});
-      }
-    }
-    if (!r.ok()) return WithApplied(r.error(), rep);
-    rep.reattached_vnics.push_back(tap.name);
-  }
-  if (ovs_dp) {
-    if (!rep.reattached_vnics.empty()) {
-      // Re-read: the re-added ports get their OpenFlow port numbers from ovs-vswitchd.
-      const auto deadline = Clock::now() + std::chrono::seconds(3);
-      for (;;) {
-        auto listed = ovs.Interfaces();
-        if (!listed.ok()) return WithApplied(listed.error(), rep);
-        ifaces = std::move(*listed);
-        bool numbered = true;
-        for (const auto& i : ifaces) {
-          for (const auto& n : rep.reattached_vnics) {
-            numbered = numbered && (i.name != n || i.ofport > 0);
-          }
-        }
-        if (numbered || Clock::now() >= deadline) break;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    const auto vnics = OvsVnics(spec, p, ifaces);
-    std::vector<std::string> names;
-    names.reserve(vnics.size());
-    for (const auto& [i, r] : vnics) names.push_back(i->name);
-    auto sys_off = VnicSysctlsOff(h, names);
-    if (!sys_off.ok()) return WithApplied(sys_off.error(), rep);
-    for (const auto& [i, r] : vnics) {
-      const bool db_ok = VnicConfigured(spec, *i, *r);
-      if (db_ok && !sys_off->count(i->name)) continue;
-      if (sys_off->count(i->name)) {
-        Args set{"-q", "-w"};
-        for (const auto& [k, v] : kVnicSysctls) {
-          set.push_back(fmt::format("net/ipv4/conf/{}/{}={}", i->name, k, v));
-        }
-        if (auto w = h.Must("sysctl", set); !w.ok()) return WithApplied(w.error(), rep);
-      }
-      rep.configured_vnics.push_back(i->name);
-      if (db_ok) continue;
-      if (auto set =
-              ovs.Vsctl({"set", "interface", i->name,
-                         fmt::format("ingress_policing_rate={}", spec.vnic_ingress_kbps),
-                         fmt::format("ingress_policing_burst={}", spec.vnic_ingress_burst_kb),
-                         "external_ids:gpuaas-slot=" + r->slot_key});
-          !set.ok()) {
-        return WithApplied(set.error(), rep);
-      }
-    }
-    auto flows = ovs.Flows(spec.bridge);
-    if (!flows.ok()) return WithApplied(flows.error(), rep);
-    if (!flows->foreign.empty()) return WithApplied(ForeignFlows(spec, flows->foreign), rep);
-    const auto want = WantFlows(spec, vnics);
-    if (flows->ours != want) {
-      if (auto r = ovs.ReplaceOurFlows(spec.bridge, want, p.flows); !r.ok()) {
-        return WithApplied(r.error(), rep);
-      }
-      rep.replaced_flows = true;
-    }
-  } else {
-    auto ports = ProbePorts(h, spec);
-    if (!ports.ok()) return WithApplied(ports.error(), rep);
-    for (const auto& [port, isolated] : *ports) {
-      if (isolated == spec.isolate_ports) continue;
-      if (auto r = h.Must("bridge", {"link", "set", "dev", port, "isolated",
-                                     spec.isolate_ports ? "on" : "off"});
-          !r.ok()) {
-        return WithApplied(r.error(), rep);
-      }
-      rep.isolation_changed_ports.push_back(port);
-    }
-  }
-
-  // The seed incident: reservation files an earlier manual run left for the host's dnsmasq.
-  for (const auto& name : StaleDnsmasqFiles(ctx.host_dnsmasq_dir)) {
-    const std::string aside = spec.state_dir + "/stale-dnsmasq";
-    ::mkdir(aside.c_str(), 0755);
-    const std::string from = fmt::format("{}/{}", ctx.host_dnsmasq_dir, name);
-    if (::rename(from.c_str(), fmt::format("{}/{}", aside, name).c_str()) != 0) {
-      return WithApplied(Error::Internal("state_write_failed", ctx.host_dnsmasq_dir + "/" + name +
-                                                                   ": " + std::strerror(errno)),
-                         rep);
-    }
-    rep.removed_stale_dnsmasq_files.push_back(name);
-  }
-
-  // 5. dnsmasq files: the hosts file holds exactly the reservations.
-  const std::string hosts = RenderHosts(p.res);
-  const std::string conf = RenderConf(p, spec);
-  auto old_hosts = ReadWhole(p.hosts);
-  const bool hosts_changed = old_hosts != hosts;
-  if (hosts_changed) {
-    auto before = ParseHosts(old_hosts.value_or(""));
-    std::set<std::string> wanted;
-    for (const auto& r : p.res) {
-      wanted.insert(r.mac);
-      auto it = before.find(r.mac);
-      if (it == before.end()) {
-        rep.added_reservations.push_back(r.mac);
-      } else if (it->second.ip != r.ip || it->second.hostname != r.hostname) {
-        rep.changed_reservations.push_back(r.mac);
-      }
-    }
-    for (const auto& [mac, e] : before) {
-      if (!wanted.count(mac)) rep.removed_reservations.push_back(mac);
-    }
-    if (auto r = WriteAtomic(p.hosts, hosts); !r.ok()) return WithApplied(r.error(), rep);
-  }
-  if (ReadWhole(p.conf) != conf) {
-    if (auto r = WriteAtomic(p.conf, conf); !r.ok()) return WithApplied(r.error(), rep);
-    rep.wrote_dnsmasq_config = true;
-  }
-
-  // 6. dnsmasq: started when not running, restarted when its config or bridge changed under it,
-  // otherwise SIGHUP re-reads dhcp-hostsfile.
-  auto pid = RunningDnsmasq(p);
-  if (pid && (rep.wrote_dnsmasq_config || rep.created_bridge)) {
-    StopPid(*pid);
-    pid.reset();
-    rep.restarted_dnsmasq = true;
-  }
-  if (!pid) {
-    auto started = StartDnsmasq(h, p);
-    if (!started.ok()) return WithApplied(started.error(), rep);
-    pid = *started;
-    rep.started_dnsmasq = !rep.restarted_dnsmasq;
-  } else if (hosts_changed) {
-    auto restarted = ReloadDnsmasq(h, p, *pid);
-    if (!restarted.ok()) return WithApplied(restarted.error(), rep);
-    (*restarted ? rep.restarted_dnsmasq : rep.reloaded_dnsmasq) = true;
-  }
-  rep.dnsmasq_pid = *pid;
+  if (auto r = EnsureBridge(h, ovs, spec, ctx, p, rep); !r.ok()) return r.error();
+  if (auto r = EnsureIpForward(h, spec, rep); !r.ok()) return r.error();
+  if (auto r = EnsureNatAndForward(h, spec, p, rep); !r.ok()) return r.error();
+  if (auto r = EnsureVnics(h, ovs, spec, p, rep); !r.ok()) return r.error();
+  if (auto r = MoveStaleDnsmasqFilesAside(spec, ctx, rep); !r.ok()) return r.error();
+  auto hosts_changed = WriteDnsmasqFiles(spec, p, rep);
+  if (!hosts_changed.ok()) return hosts_changed.error();
+  if (auto r = EnsureDnsmasq(h, p, *hosts_changed, rep); !r.ok()) return r.error();
   return rep;
 }
 

@@ -24,6 +24,7 @@
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
+#include "lease_report.hpp"
 #include "libvirt_runtime.hpp"
 #include "net_host.hpp"
 #include "ovs.hpp"

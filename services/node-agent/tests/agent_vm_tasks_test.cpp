@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -161,7 +162,12 @@ class NodeAgentVmTaskTest : public ::testing::Test {
   uint64_t ProgressCount() {
     auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_NODE",
                                            "gpuaas.v1.evt.node." + kNode + ".task.progress");
-    return n.ok() ? *n : 0;
+    if (!n.ok()) {
+      // An unreadable count is a failure, never 0 (which "nothing published" would accept).
+      ADD_FAILURE() << "progress count: " << n.error().ToString();
+      return std::numeric_limits<uint64_t>::max();
+    }
+    return *n;
   }
   v1::ProvisionBundle Bundle() {
     v1::ProvisionBundle b;
@@ -448,7 +454,9 @@ TEST_F(NodeAgentVmTaskTest, SilentBehaviorAnswersNothing) {
   for (const char* status : {"succeeded", "failed", "rejected", "progress"}) {
     auto n = messaging::StreamSubjectCount(*conn_, "GPUAAS_EVT_NODE",
                                            "gpuaas.v1.evt.node." + kNode + ".task." + status);
-    EXPECT_EQ(n.ok() ? *n : 0, std::string(status) == "succeeded" ? 1u : 0u) << status;
+    // A count that cannot be read proves nothing about what was published: it fails the test.
+    ASSERT_TRUE(n.ok()) << status << ": " << n.error().ToString();
+    EXPECT_EQ(*n, std::string(status) == "succeeded" ? 1u : 0u) << status;
   }
 }
 
