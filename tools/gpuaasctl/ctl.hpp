@@ -9,6 +9,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <CLI/CLI.hpp>
@@ -120,6 +121,18 @@ Result<void> ListAll(rpc::Client& client, const std::string& subject, Req req,
 
 // Runs the parsed subcommand of a group, or nullopt when none of the group's was parsed.
 using Action = std::function<std::optional<int>(rpc::Client&, const Globals&)>;
+
+// A group's action from its commands' (each added by its own function, each nullopt unless its
+// command was parsed): the first that ran, or nullopt.
+template <typename ActionT>
+ActionT FirstOf(std::vector<ActionT> actions) {
+  return [actions = std::move(actions)](auto&... args) -> std::optional<int> {
+    for (const auto& action : actions) {
+      if (auto rc = action(args...)) return rc;
+    }
+    return std::nullopt;
+  };
+}
 
 // node register/list, scheduler nodes/rebuild-projection (node_commands.cpp).
 Action AddNodeCommands(CLI::App& app);

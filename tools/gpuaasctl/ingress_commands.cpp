@@ -109,42 +109,53 @@ void PrintDocument(const v1::GetNodeExposuresResponse& r) {
   PrintTable({"EXPOSURE", "ALLOCATION", "SLOT", "PUBLIC -> TARGET"}, rows);
 }
 
-}  // namespace
+struct PoolSetOpts {
+  std::string name, kind, region, node;
+  std::vector<std::string> addresses;
+  std::pair<int32_t, int32_t> ports{0, 0};
+};
 
-Action AddIngressCommands(CLI::App& app) {
-  struct Opts {
-    std::string name, kind, region, node, alloc, protocol = "tcp", state, id;
-    std::vector<std::string> addresses;
-    std::pair<int32_t, int32_t> ports{0, 0};
-    int32_t port = 0;
-    int64_t version = 0;
-  };
-  auto o = std::make_shared<Opts>();
+int RunPoolSet(rpc::Client& client, const Globals& g, const PoolSetOpts& o) {
+  int rc = kExitOk;
+  auto kind = ParseFlag<v1::EndpointPoolKind>(g, "kind", o.kind, &rc);
+  if (!kind) return rc;
+  v1::SetEndpointPoolRequest req;
+  auto* p = req.mutable_pool();
+  p->set_name(o.name);
+  p->set_kind(*kind);
+  p->set_region(o.region);
+  p->set_node_id(o.node);
+  for (const auto& a : o.addresses) p->add_addresses(a);
+  p->set_port_min(o.ports.first);
+  p->set_port_max(o.ports.second);
+  auto r = client.Call<v1::SetEndpointPoolResponse>("gpuaas.v1.ingress.pool.set", req, g.Timeout());
+  if (!r.ok()) return Fail(g, r.error());
+  return Print(g, *r, [&] {
+    std::cout << fmt::format("pool {} {} (generation {})\n", r->pool().name(),
+                             r->created() ? "created" : "replaced", r->pool().generation());
+    PrintPool(r->pool());
+  });
+}
 
-  auto* ingress =
-      app.add_subcommand("ingress", "Public endpoints: pools, exposures of allocations");
-  ingress->require_subcommand(1);
-  auto* pool = ingress->add_subcommand("pool", "Endpoint pools (admin)");
-  pool->require_subcommand(1);
-  auto* pool_set = pool->add_subcommand("set", "Create or replace an endpoint pool");
-  pool_set->add_option("--name", o->name, "Pool name (a lowercase DNS label)")->required();
+// ingress pool set: creates or replaces an endpoint pool (admin).
+Action AddPoolSet(CLI::App& pool) {
+  auto o = std::make_shared<PoolSetOpts>();
+  auto* set = pool.add_subcommand("set", "Create or replace an endpoint pool");
+  set->add_option("--name", o->name, "Pool name (a lowercase DNS label)")->required();
   OneOfEnum<v1::EndpointPoolKind>(
-      pool_set
-          ->add_option("--kind", o->kind,
-                       "port_range: ports of one node's public address; public_ip: whole "
-                       "addresses routed to the region's nodes")
+      set->add_option("--kind", o->kind,
+                      "port_range: ports of one node's public address; public_ip: whole "
+                      "addresses routed to the region's nodes")
           ->required());
-  pool_set->add_option("--region", o->region, "Region it serves")->required();
-  pool_set->add_option("--node", o->node, "The node whose uplink holds the address (port_range)");
-  pool_set
-      ->add_option("--address", o->addresses,
-                   "Public IPv4 address (port_range: exactly one; public_ip: repeatable)")
+  set->add_option("--region", o->region, "Region it serves")->required();
+  set->add_option("--node", o->node, "The node whose uplink holds the address (port_range)");
+  set->add_option("--address", o->addresses,
+                  "Public IPv4 address (port_range: exactly one; public_ip: repeatable)")
       ->required()
       ->delimiter(',');
-  pool_set
-      ->add_option_function<std::string>(
-          "--ports", [o](const std::string& v) { o->ports = *ParsePorts(v); },
-          "Ports handed out, MIN-MAX (port_range), e.g. 20000-20999")
+  set->add_option_function<std::string>(
+         "--ports", [o](const std::string& v) { o->ports = *ParsePorts(v); },
+         "Ports handed out, MIN-MAX (port_range), e.g. 20000-20999")
       ->check(CLI::Validator(
           [](const std::string& v) {
             return ParsePorts(v)
@@ -152,13 +163,56 @@ Action AddIngressCommands(CLI::App& app) {
                        : fmt::format("{}: want MIN-MAX (MIN <= MAX), e.g. 20000-20999", v);
           },
           "MIN-MAX"));
-  auto* pool_list = pool->add_subcommand("list", "Endpoint pools with their usage");
-  pool_list->add_option("--region", o->region, "Only this region");
-  auto* pool_delete =
-      pool->add_subcommand("delete", "Delete an endpoint pool (refused while one is in use)");
-  pool_delete->add_option("--name", o->name, "Pool name")->required();
+  return [set, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!set->parsed()) return std::nullopt;
+    return RunPoolSet(client, g, *o);
+  };
+}
 
-  auto* expose = ingress->add_subcommand(
+// ingress pool list: endpoint pools with their usage.
+Action AddPoolList(CLI::App& pool) {
+  auto region = std::make_shared<std::string>();
+  auto* list = pool.add_subcommand("list", "Endpoint pools with their usage");
+  list->add_option("--region", *region, "Only this region");
+  return [list, region](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!list->parsed()) return std::nullopt;
+    v1::ListEndpointPoolsRequest req;
+    req.set_region(*region);
+    auto r =
+        client.Call<v1::ListEndpointPoolsResponse>("gpuaas.v1.ingress.pool.list", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] { PrintPools(r->pools()); });
+  };
+}
+
+// ingress pool delete: deletes an endpoint pool no exposure uses.
+Action AddPoolDelete(CLI::App& pool) {
+  auto name = std::make_shared<std::string>();
+  auto* del =
+      pool.add_subcommand("delete", "Delete an endpoint pool (refused while one is in use)");
+  del->add_option("--name", *name, "Pool name")->required();
+  return [del, name](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!del->parsed()) return std::nullopt;
+    v1::DeleteEndpointPoolRequest req;
+    req.set_name(*name);
+    auto r = client.Call<v1::DeleteEndpointPoolResponse>("gpuaas.v1.ingress.pool.delete", req,
+                                                         g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::cout << fmt::format("pool {} deleted ({} of region {})\n", r->pool().name(),
+                               Txt(r->pool().kind()), r->pool().region());
+    });
+  };
+}
+
+// ingress expose: one more endpoint of a live slice allocation.
+Action AddExpose(CLI::App& ingress) {
+  struct Opts {
+    std::string alloc, name, protocol = "tcp";
+    int32_t port = 0;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* expose = ingress.add_subcommand(
       "expose", "Expose one more endpoint of a live slice allocation (idempotent per name)");
   expose->add_option("--alloc", o->alloc, "Allocation id")->required();
   expose->add_option("--name", o->name, "Endpoint name (a lowercase DNS label: ssh, jupyter)")
@@ -166,108 +220,102 @@ Action AddIngressCommands(CLI::App& app) {
   expose->add_option("--port", o->port, "The VM's port")->required()->check(CLI::Range(1, 65535));
   OneOfEnum<v1::TransportProtocol>(expose->add_option("--protocol", o->protocol, "Protocol"))
       ->capture_default_str();
-  auto* unexpose = ingress->add_subcommand("unexpose", "Stop exposing one endpoint (idempotent)");
-  unexpose->add_option("--id", o->id, "Exposure id")->required();
-  auto* exposures = ingress->add_subcommand("exposures", "Exposures (default: all but removed)");
+  return [expose, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!expose->parsed()) return std::nullopt;
+    int rc = kExitOk;
+    auto protocol = ParseFlag<v1::TransportProtocol>(g, "protocol", o->protocol, &rc);
+    if (!protocol) return rc;
+    v1::CreateExposureRequest req;
+    req.set_allocation_id(o->alloc);
+    req.set_name(o->name);
+    req.set_protocol(*protocol);
+    req.set_port(o->port);
+    auto r = client.Call<v1::CreateExposureResponse>("gpuaas.v1.ingress.exposure.create", req,
+                                                     g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      if (!r->created()) std::cout << "(it existed already)\n";
+      PrintExposure(r->exposure());
+    });
+  };
+}
+
+// ingress unexpose: stops exposing one endpoint.
+Action AddUnexpose(CLI::App& ingress) {
+  auto id = std::make_shared<std::string>();
+  auto* unexpose = ingress.add_subcommand("unexpose", "Stop exposing one endpoint (idempotent)");
+  unexpose->add_option("--id", *id, "Exposure id")->required();
+  return [unexpose, id](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!unexpose->parsed()) return std::nullopt;
+    v1::DeleteExposureRequest req;
+    req.set_exposure_id(*id);
+    auto r = client.Call<v1::DeleteExposureResponse>("gpuaas.v1.ingress.exposure.delete", req,
+                                                     g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] { PrintExposure(r->exposure()); });
+  };
+}
+
+// ingress exposures: exposures of an allocation, a node and/or in a state.
+Action AddExposures(CLI::App& ingress) {
+  struct Opts {
+    std::string alloc, node, state;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* exposures = ingress.add_subcommand("exposures", "Exposures (default: all but removed)");
   exposures->add_option("--alloc", o->alloc, "Only this allocation's");
   exposures->add_option("--node", o->node, "Only this node's");
   OneOfEnum<v1::ExposureState>(exposures->add_option("--state", o->state, "Only this state"));
+  return [exposures, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!exposures->parsed()) return std::nullopt;
+    int rc = kExitOk;
+    auto state = ParseFlag<v1::ExposureState>(g, "state", o->state, &rc);
+    if (!state) return rc;
+    v1::ListExposuresRequest req;
+    req.set_allocation_id(o->alloc);
+    req.set_node_id(o->node);
+    req.set_state(*state);
+    auto r =
+        client.Call<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] { PrintExposures(r->exposures()); });
+  };
+}
+
+// ingress node: a node's exposure document (a version of it) and the version its agent acked.
+Action AddIngressNode(CLI::App& ingress) {
+  struct Opts {
+    std::string node;
+    int64_t version = 0;
+  };
+  auto o = std::make_shared<Opts>();
   auto* node =
-      ingress->add_subcommand("node", "A node's exposure document and the version its agent acked");
+      ingress.add_subcommand("node", "A node's exposure document and the version its agent acked");
   node->add_option("--node", o->node, "Node id")->required();
   node->add_option("--version", o->version, "Document version (default: latest)");
-
-  return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
-    const auto timeout = g.Timeout();
-    if (pool_set->parsed()) {
-      int rc = kExitOk;
-      auto kind = ParseFlag<v1::EndpointPoolKind>(g, "kind", o->kind, &rc);
-      if (!kind) return rc;
-      v1::SetEndpointPoolRequest req;
-      auto* p = req.mutable_pool();
-      p->set_name(o->name);
-      p->set_kind(*kind);
-      p->set_region(o->region);
-      p->set_node_id(o->node);
-      for (const auto& a : o->addresses) p->add_addresses(a);
-      p->set_port_min(o->ports.first);
-      p->set_port_max(o->ports.second);
-      auto r = client.Call<v1::SetEndpointPoolResponse>("gpuaas.v1.ingress.pool.set", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format("pool {} {} (generation {})\n", r->pool().name(),
-                                 r->created() ? "created" : "replaced", r->pool().generation());
-        PrintPool(r->pool());
-      });
-    }
-    if (pool_list->parsed()) {
-      v1::ListEndpointPoolsRequest req;
-      req.set_region(o->region);
-      auto r =
-          client.Call<v1::ListEndpointPoolsResponse>("gpuaas.v1.ingress.pool.list", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintPools(r->pools()); });
-    }
-    if (pool_delete->parsed()) {
-      v1::DeleteEndpointPoolRequest req;
-      req.set_name(o->name);
-      auto r = client.Call<v1::DeleteEndpointPoolResponse>("gpuaas.v1.ingress.pool.delete", req,
-                                                           timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format("pool {} deleted ({} of region {})\n", r->pool().name(),
-                                 Txt(r->pool().kind()), r->pool().region());
-      });
-    }
-    if (expose->parsed()) {
-      int rc = kExitOk;
-      auto protocol = ParseFlag<v1::TransportProtocol>(g, "protocol", o->protocol, &rc);
-      if (!protocol) return rc;
-      v1::CreateExposureRequest req;
-      req.set_allocation_id(o->alloc);
-      req.set_name(o->name);
-      req.set_protocol(*protocol);
-      req.set_port(o->port);
-      auto r = client.Call<v1::CreateExposureResponse>("gpuaas.v1.ingress.exposure.create", req,
-                                                       timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        if (!r->created()) std::cout << "(it existed already)\n";
-        PrintExposure(r->exposure());
-      });
-    }
-    if (unexpose->parsed()) {
-      v1::DeleteExposureRequest req;
-      req.set_exposure_id(o->id);
-      auto r = client.Call<v1::DeleteExposureResponse>("gpuaas.v1.ingress.exposure.delete", req,
-                                                       timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintExposure(r->exposure()); });
-    }
-    if (exposures->parsed()) {
-      int rc = kExitOk;
-      auto state = ParseFlag<v1::ExposureState>(g, "state", o->state, &rc);
-      if (!state) return rc;
-      v1::ListExposuresRequest req;
-      req.set_allocation_id(o->alloc);
-      req.set_node_id(o->node);
-      req.set_state(*state);
-      auto r =
-          client.Call<v1::ListExposuresResponse>("gpuaas.v1.ingress.exposure.list", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintExposures(r->exposures()); });
-    }
-    if (node->parsed()) {
-      v1::GetNodeExposuresRequest req;
-      req.set_node_id(o->node);
-      req.set_version(o->version);
-      auto r = client.Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get",
-                                                         req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintDocument(*r); });
-    }
-    return std::nullopt;
+  return [node, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!node->parsed()) return std::nullopt;
+    v1::GetNodeExposuresRequest req;
+    req.set_node_id(o->node);
+    req.set_version(o->version);
+    auto r = client.Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", req,
+                                                       g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] { PrintDocument(*r); });
   };
+}
+
+}  // namespace
+
+Action AddIngressCommands(CLI::App& app) {
+  auto* ingress =
+      app.add_subcommand("ingress", "Public endpoints: pools, exposures of allocations");
+  ingress->require_subcommand(1);
+  auto* pool = ingress->add_subcommand("pool", "Endpoint pools (admin)");
+  pool->require_subcommand(1);
+  return FirstOf<Action>({AddPoolSet(*pool), AddPoolList(*pool), AddPoolDelete(*pool),
+                          AddExpose(*ingress), AddUnexpose(*ingress), AddExposures(*ingress),
+                          AddIngressNode(*ingress)});
 }
 
 }  // namespace gpuaas::ctl

@@ -214,219 +214,292 @@ int RepairClaim(rpc::Client& client, const Globals& g, const std::string& node,
   return kExitOk;
 }
 
-}  // namespace
+// node discover: asks the node's agent to report its topology.
+Action AddNodeDiscover(CLI::App& node) {
+  auto id = std::make_shared<std::string>();
+  auto* discover = node.add_subcommand("discover", "Ask the node's agent to report its topology");
+  discover->add_option("--id", *id, "Node id")->required();
+  return [discover, id](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!discover->parsed()) return std::nullopt;
+    v1::DiscoverNodeRequest req;
+    req.set_node_id(*id);
+    auto r = client.Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", req,
+                                                   g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::cout << fmt::format("discovery task {} sent to {}; see `gpuaasctl node show --id {}`\n",
+                               r->task_id(), *id, *id);
+    });
+  };
+}
 
-Action AddInventoryCommands(CLI::App& app) {
+// node show: what inventory knows of a node.
+Action AddNodeShow(CLI::App& node) {
+  auto id = std::make_shared<std::string>();
+  auto* show = node.add_subcommand(
+      "show", "Evidence, blockers, candidates, slots, drift and tasks of a node");
+  show->add_option("--id", *id, "Node id")->required();
+  return [show, id](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!show->parsed()) return std::nullopt;
+    v1::ShowNodeRequest req;
+    req.set_node_id(*id);
+    auto r = client.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] { PrintShow(*r); });
+  };
+}
+
+// slot approve: approves candidate slots of a snapshot; exit 4 when one was rejected.
+Action AddSlotApprove(CLI::App& slot) {
   struct Opts {
-    std::string node, slot, reason, nvme, method, evidence, region, name, enabled;
+    std::string node;
     int64_t snapshot = 0;
-    int wait_s = 120;
     std::vector<std::string> slots;
   };
   auto o = std::make_shared<Opts>();
-
-  // "node" and "scheduler" exist (AddNodeCommands); discover/show and slots join them.
-  CLI::App* node = app.get_subcommand("node");
-  auto* discover = node->add_subcommand("discover", "Ask the node's agent to report its topology");
-  discover->add_option("--id", o->node, "Node id")->required();
-  auto* show = node->add_subcommand(
-      "show", "Evidence, blockers, candidates, slots, drift and tasks of a node");
-  show->add_option("--id", o->node, "Node id")->required();
-
-  auto* slot = app.add_subcommand("slot", "Approved node resource slots");
-  slot->require_subcommand(1);
-  auto* approve = slot->add_subcommand("approve", "Approve candidate slot(s) of a snapshot");
+  auto* approve = slot.add_subcommand("approve", "Approve candidate slot(s) of a snapshot");
   approve->add_option("--node", o->node, "Node id")->required();
   approve->add_option("--snapshot", o->snapshot, "Snapshot version (default: latest)");
   approve->add_option("--slot", o->slots, "Slot key (repeatable; default: every candidate)");
-  auto* disable = slot->add_subcommand("disable", "Take a slot out of sale");
+  return [approve, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!approve->parsed()) return std::nullopt;
+    v1::ApproveSlotsRequest req;
+    req.set_node_id(o->node);
+    req.set_snapshot_version(o->snapshot);
+    for (const auto& s : o->slots) req.add_slot_keys(s);
+    auto r =
+        client.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    Print(g, *r, [&] {
+      std::cout << fmt::format("snapshot {}; desired slot set version {}\n", r->snapshot_version(),
+                               r->desired_version());
+      PrintApprovals(r->results());
+    });
+    for (const auto& a : r->results()) {
+      if (!a.approved()) return kExitOutcome;  // something was rejected: scripts can tell
+    }
+    return kExitOk;
+  };
+}
+
+// slot disable: takes a slot out of sale.
+Action AddSlotDisable(CLI::App& slot) {
+  struct Opts {
+    std::string node, slot, reason;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* disable = slot.add_subcommand("disable", "Take a slot out of sale");
   disable->add_option("--node", o->node, "Node id")->required();
   disable->add_option("--slot", o->slot, "Slot key")->required();
   disable->add_option("--reason", o->reason, "Why (shown in node show)");
-  auto* repair = slot->add_subcommand(
+  return [disable, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!disable->parsed()) return std::nullopt;
+    v1::DisableSlotRequest req;
+    req.set_node_id(o->node);
+    req.set_slot_key(o->slot);
+    req.set_reason(o->reason);
+    auto r =
+        client.Call<v1::DisableSlotResponse>("gpuaas.v1.inventory.slot.disable", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::cout << fmt::format("slot {} disabled ({}); desired slot set version {}\n",
+                               r->slot().slot_key(), r->slot().disabled_reason(),
+                               r->desired_version());
+    });
+  };
+}
+
+// slot repair: the scheduler's half (RepairClaim), then inventory re-validates the slot; exit 4
+// when it is rejected.
+Action AddSlotRepair(CLI::App& slot) {
+  struct Opts {
+    std::string node, slot;
+    int wait_s = 120;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* repair = slot.add_subcommand(
       "repair",
       "Bring a slot back: a cleanup_blocked claim is cleaned again (the host's cleanup proof "
       "frees it), then the slot is re-validated against the latest evidence (clears drift)");
   repair->add_option("--node", o->node, "Node id")->required();
   repair->add_option("--slot", o->slot, "Slot key")->required();
   repair->add_option("--wait-s", o->wait_s, "How long to wait for the cleanup proof (default 120)");
+  return [repair, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!repair->parsed()) return std::nullopt;
+    if (int rc = RepairClaim(client, g, o->node, o->slot, o->wait_s); rc != kExitOk) return rc;
+    v1::RepairSlotRequest req;
+    req.set_node_id(o->node);
+    req.set_slot_key(o->slot);
+    auto r =
+        client.Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    Print(g, *r, [&] {
+      google::protobuf::RepeatedPtrField<v1::SlotApproval> one;
+      *one.Add() = r->result();
+      PrintApprovals(one);
+    });
+    return r->result().approved() ? kExitOk : kExitOutcome;
+  };
+}
 
-  auto* disk = app.add_subcommand("disk", "Slot disks");
-  disk->require_subcommand(1);
-  auto* wipe = disk->add_subcommand("wipe-proof", "Record that a disk was wiped");
+// disk wipe-proof: records that a slot disk was wiped.
+Action AddDiskWipeProof(CLI::App& disk) {
+  struct Opts {
+    std::string node, nvme, method, evidence;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* wipe = disk.add_subcommand("wipe-proof", "Record that a disk was wiped");
   wipe->add_option("--node", o->node, "Node id")->required();
   wipe->add_option("--nvme", o->nvme, "/dev/disk/by-id/... path")->required();
   Suggest(wipe->add_option("--method", o->method, "blkdiscard | nvme-format | wipefs")->required(),
           {"blkdiscard", "nvme-format", "wipefs"});
   wipe->add_option("--evidence", o->evidence, "What proves it (command output, ticket)")
       ->required();
-
-  auto* avail = app.add_subcommand("availability", "Sellable slots per region/pool/SKU");
-  avail->add_option("--region", o->region, "Only this region");
-
-  auto* region = app.add_subcommand("region", "Regions");
-  region->require_subcommand(1);
-  auto* region_list = region->add_subcommand("list", "List regions and their pools");
-  auto* region_set = region->add_subcommand("set", "Enable or disable a region");
-  region_set->add_option("--name", o->name, "Region")->required();
-  OneOf(region_set->add_option("--enabled", o->enabled, "Enable (true) or disable (false)")
-            ->required(),
-        {"true", "false"});
-
-  CLI::App* sched = app.get_subcommand("scheduler");
-  auto* sched_slots = sched->add_subcommand("slots", "Slots in the scheduler's projection");
-  sched_slots->add_option("--node", o->node, "Only this node");
-  sched_slots->add_option("--region", o->region, "Only this region");
-
-  return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
-    const auto timeout = g.Timeout();
-    if (discover->parsed()) {
-      v1::DiscoverNodeRequest req;
-      req.set_node_id(o->node);
-      auto r =
-          client.Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format(
-            "discovery task {} sent to {}; see `gpuaasctl node show --id {}`\n", r->task_id(),
-            o->node, o->node);
-      });
-    }
-    if (show->parsed()) {
-      v1::ShowNodeRequest req;
-      req.set_node_id(o->node);
-      auto r = client.Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintShow(*r); });
-    }
-    if (approve->parsed()) {
-      v1::ApproveSlotsRequest req;
-      req.set_node_id(o->node);
-      req.set_snapshot_version(o->snapshot);
-      for (const auto& s : o->slots) req.add_slot_keys(s);
-      auto r =
-          client.Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      Print(g, *r, [&] {
-        std::cout << fmt::format("snapshot {}; desired slot set version {}\n",
-                                 r->snapshot_version(), r->desired_version());
-        PrintApprovals(r->results());
-      });
-      for (const auto& a : r->results()) {
-        if (!a.approved()) return kExitOutcome;  // something was rejected: scripts can tell
-      }
-      return kExitOk;
-    }
-    if (disable->parsed()) {
-      v1::DisableSlotRequest req;
-      req.set_node_id(o->node);
-      req.set_slot_key(o->slot);
-      req.set_reason(o->reason);
-      auto r =
-          client.Call<v1::DisableSlotResponse>("gpuaas.v1.inventory.slot.disable", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format("slot {} disabled ({}); desired slot set version {}\n",
-                                 r->slot().slot_key(), r->slot().disabled_reason(),
-                                 r->desired_version());
-      });
-    }
-    if (repair->parsed()) {
-      if (int rc = RepairClaim(client, g, o->node, o->slot, o->wait_s); rc != kExitOk) return rc;
-      v1::RepairSlotRequest req;
-      req.set_node_id(o->node);
-      req.set_slot_key(o->slot);
-      auto r = client.Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      Print(g, *r, [&] {
-        google::protobuf::RepeatedPtrField<v1::SlotApproval> one;
-        *one.Add() = r->result();
-        PrintApprovals(one);
-      });
-      return r->result().approved() ? kExitOk : kExitOutcome;
-    }
-    if (wipe->parsed()) {
-      v1::RecordWipeProofRequest req;
-      req.set_node_id(o->node);
-      req.set_nvme_by_id(o->nvme);
-      req.set_method(o->method);
-      req.set_evidence(o->evidence);
-      auto r = client.Call<v1::RecordWipeProofResponse>(
-          "gpuaas.v1.inventory.disk.wipe_proof.record", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format("wipe proof for {} on {} recorded at {}\n", o->nvme, o->node,
-                                 Time(r->recorded_at()));
-      });
-    }
-    if (avail->parsed()) {
-      v1::ListAvailabilityRequest req;
-      req.set_region(o->region);
-      auto r = client.Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list",
-                                                         req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::vector<std::vector<std::string>> rows;
-        for (const auto& a : r->availability()) {
-          rows.push_back({a.region(), a.pool(), a.sku(), a.gpu_model(),
-                          std::to_string(a.schedulable_slots()), std::to_string(a.approved_slots()),
-                          std::to_string(a.nodes())});
-        }
-        PrintTable({"REGION", "POOL", "SKU", "MODEL", "SCHEDULABLE", "APPROVED", "NODES"}, rows);
-      });
-    }
-    if (region_list->parsed()) {
-      auto r = client.Call<v1::ListRegionsResponse>("gpuaas.v1.inventory.region.list",
-                                                    v1::ListRegionsRequest(), timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::vector<std::vector<std::string>> rows;
-        for (const auto& x : r->regions()) {
-          rows.push_back({x.name(), x.enabled() ? "enabled" : "disabled",
-                          Join({x.pools().begin(), x.pools().end()})});
-        }
-        PrintTable({"REGION", "STATE", "POOLS"}, rows);
-      });
-    }
-    if (region_set->parsed()) {
-      v1::SetRegionRequest req;
-      req.set_name(o->name);
-      req.set_enabled(o->enabled == "true");
-      auto r = client.Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", req, timeout);
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] {
-        std::cout << fmt::format("region {} {}\n", r->region().name(),
-                                 r->region().enabled() ? "enabled" : "disabled");
-      });
-    }
-    if (sched_slots->parsed()) {
-      v1::ListProjectedSlotsRequest req;
-      req.set_node_id(o->node);
-      req.set_region(o->region);
-      v1::ListProjectedSlotsResponse all;
-      auto r = ListAll<v1::ListProjectedSlotsResponse>(
-          client, "gpuaas.v1.scheduler.slot.list", req, timeout,
-          [&](v1::ListProjectedSlotsResponse& page) {
-            all.mutable_slots()->MergeFrom(page.slots());
-          });
-      if (!r.ok()) return Fail(g, r.error());
-      return Print(g, all, [&] {
-        std::vector<std::vector<std::string>> rows;
-        for (const auto& s : all.slots()) {
-          rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), Txt(s.admin_state()),
-                          Txt(s.health()), s.schedulable() ? "yes" : "no",
-                          Join({s.node_blockers().begin(), s.node_blockers().end()}),
-                          Txt(s.lifecycle()),
-                          s.allocation_id().empty() ? "-" : s.allocation_id().substr(0, 8),
-                          std::to_string(s.generation())});
-        }
-        PrintTable({"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS",
-                    "LIFECYCLE", "ALLOC", "GEN"},
-                   rows);
-      });
-    }
-    return std::nullopt;
+  return [wipe, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!wipe->parsed()) return std::nullopt;
+    v1::RecordWipeProofRequest req;
+    req.set_node_id(o->node);
+    req.set_nvme_by_id(o->nvme);
+    req.set_method(o->method);
+    req.set_evidence(o->evidence);
+    auto r = client.Call<v1::RecordWipeProofResponse>("gpuaas.v1.inventory.disk.wipe_proof.record",
+                                                      req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::cout << fmt::format("wipe proof for {} on {} recorded at {}\n", o->nvme, o->node,
+                               Time(r->recorded_at()));
+    });
   };
+}
+
+// availability: sellable slots per region/pool/SKU.
+Action AddAvailability(CLI::App& app) {
+  auto region = std::make_shared<std::string>();
+  auto* avail = app.add_subcommand("availability", "Sellable slots per region/pool/SKU");
+  avail->add_option("--region", *region, "Only this region");
+  return [avail, region](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!avail->parsed()) return std::nullopt;
+    v1::ListAvailabilityRequest req;
+    req.set_region(*region);
+    auto r = client.Call<v1::ListAvailabilityResponse>("gpuaas.v1.inventory.availability.list", req,
+                                                       g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::vector<std::vector<std::string>> rows;
+      for (const auto& a : r->availability()) {
+        rows.push_back({a.region(), a.pool(), a.sku(), a.gpu_model(),
+                        std::to_string(a.schedulable_slots()), std::to_string(a.approved_slots()),
+                        std::to_string(a.nodes())});
+      }
+      PrintTable({"REGION", "POOL", "SKU", "MODEL", "SCHEDULABLE", "APPROVED", "NODES"}, rows);
+    });
+  };
+}
+
+// region list: the regions and their pools.
+Action AddRegionList(CLI::App& region) {
+  auto* list = region.add_subcommand("list", "List regions and their pools");
+  return [list](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!list->parsed()) return std::nullopt;
+    auto r = client.Call<v1::ListRegionsResponse>("gpuaas.v1.inventory.region.list",
+                                                  v1::ListRegionsRequest(), g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::vector<std::vector<std::string>> rows;
+      for (const auto& x : r->regions()) {
+        rows.push_back({x.name(), x.enabled() ? "enabled" : "disabled",
+                        Join({x.pools().begin(), x.pools().end()})});
+      }
+      PrintTable({"REGION", "STATE", "POOLS"}, rows);
+    });
+  };
+}
+
+// region set: enables or disables a region.
+Action AddRegionSet(CLI::App& region) {
+  struct Opts {
+    std::string name, enabled;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* set = region.add_subcommand("set", "Enable or disable a region");
+  set->add_option("--name", o->name, "Region")->required();
+  OneOf(set->add_option("--enabled", o->enabled, "Enable (true) or disable (false)")->required(),
+        {"true", "false"});
+  return [set, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!set->parsed()) return std::nullopt;
+    v1::SetRegionRequest req;
+    req.set_name(o->name);
+    req.set_enabled(o->enabled == "true");
+    auto r = client.Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", req, g.Timeout());
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, *r, [&] {
+      std::cout << fmt::format("region {} {}\n", r->region().name(),
+                               r->region().enabled() ? "enabled" : "disabled");
+    });
+  };
+}
+
+void PrintProjectedSlots(const v1::ListProjectedSlotsResponse& all) {
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& s : all.slots()) {
+    rows.push_back({s.node_id(), s.slot_key(), s.region(), s.sku(), Txt(s.admin_state()),
+                    Txt(s.health()), s.schedulable() ? "yes" : "no",
+                    Join({s.node_blockers().begin(), s.node_blockers().end()}), Txt(s.lifecycle()),
+                    s.allocation_id().empty() ? "-" : s.allocation_id().substr(0, 8),
+                    std::to_string(s.generation())});
+  }
+  PrintTable({"NODE", "SLOT", "REGION", "SKU", "ADMIN", "HEALTH", "SCHEDULABLE", "BLOCKERS",
+              "LIFECYCLE", "ALLOC", "GEN"},
+             rows);
+}
+
+// scheduler slots: every page of the slots in the scheduler's projection.
+Action AddSchedulerSlots(CLI::App& sched) {
+  struct Opts {
+    std::string node, region;
+  };
+  auto o = std::make_shared<Opts>();
+  auto* slots = sched.add_subcommand("slots", "Slots in the scheduler's projection");
+  slots->add_option("--node", o->node, "Only this node");
+  slots->add_option("--region", o->region, "Only this region");
+  return [slots, o](rpc::Client& client, const Globals& g) -> std::optional<int> {
+    if (!slots->parsed()) return std::nullopt;
+    v1::ListProjectedSlotsRequest req;
+    req.set_node_id(o->node);
+    req.set_region(o->region);
+    v1::ListProjectedSlotsResponse all;
+    auto r = ListAll<v1::ListProjectedSlotsResponse>(client, "gpuaas.v1.scheduler.slot.list", req,
+                                                     g.Timeout(),
+                                                     [&](v1::ListProjectedSlotsResponse& page) {
+                                                       all.mutable_slots()->MergeFrom(page.slots());
+                                                     });
+    if (!r.ok()) return Fail(g, r.error());
+    return Print(g, all, [&] { PrintProjectedSlots(all); });
+  };
+}
+
+// A command group that needs one of its subcommands.
+CLI::App& Group(CLI::App& app, const std::string& name, const std::string& description) {
+  CLI::App* group = app.add_subcommand(name, description);
+  group->require_subcommand(1);
+  return *group;
+}
+
+}  // namespace
+
+Action AddInventoryCommands(CLI::App& app) {
+  // "node" and "scheduler" exist (AddNodeCommands); discover/show and slots join them.
+  CLI::App& node = *app.get_subcommand("node");
+  CLI::App& sched = *app.get_subcommand("scheduler");
+  // Added in the order --help lists them: slot, disk, availability, region.
+  CLI::App& slot = Group(app, "slot", "Approved node resource slots");
+  CLI::App& disk = Group(app, "disk", "Slot disks");
+  Action availability = AddAvailability(app);
+  CLI::App& region = Group(app, "region", "Regions");
+  return FirstOf<Action>({AddNodeDiscover(node), AddNodeShow(node), AddSlotApprove(slot),
+                          AddSlotDisable(slot), AddSlotRepair(slot), AddDiskWipeProof(disk),
+                          availability, AddRegionList(region), AddRegionSet(region),
+                          AddSchedulerSlots(sched)});
 }
 
 }  // namespace gpuaas::ctl
