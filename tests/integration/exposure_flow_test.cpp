@@ -110,18 +110,21 @@ class ExposureFlowTest : public ::testing::Test {
     if (!l.ok()) return {};
     return {l->exposures().begin(), l->exposures().end()};
   }
-  std::vector<std::string> TimelineDetails(const std::string& id) {
+  std::vector<v1::TimelineEntry> Timeline(const std::string& id) {
     v1::GetAllocationTimelineRequest r;
     r.set_allocation_id(id);
     auto t = Call<v1::GetAllocationTimelineResponse>("gpuaas.v1.scheduler.allocation.timeline", r);
-    std::vector<std::string> out;
-    if (t.ok()) {
-      for (const auto& e : t->entries()) {
-        out.push_back(
-            fmt::format("{} {} {}", enums::Text(e.step()), enums::Text(e.state()), e.detail()));
-      }
+    EXPECT_TRUE(t.ok()) << t.error().ToString();
+    if (!t.ok()) return {};
+    return {t->entries().begin(), t->entries().end()};
+  }
+  static std::string Describe(const std::vector<v1::TimelineEntry>& timeline) {
+    std::vector<std::string> lines;
+    for (const auto& e : timeline) {
+      lines.push_back(fmt::format("{} {} {} {}", enums::Text(e.step()), enums::Text(e.state()),
+                                  enums::Text(e.task_type()), e.detail()));
     }
-    return out;
+    return fmt::format("{}", fmt::join(lines, "\n"));
   }
 
   testing::Platform p_;
@@ -155,14 +158,21 @@ TEST_F(ExposureFlowTest, ASliceIsActiveOnlyWithItsEndpointsAndReleaseFreesThem) 
 
   // The VM was up before the allocation was active: the timeline has the vm.provision success,
   // then the row saying every endpoint was applied, then nothing else made it active.
-  const auto timeline = TimelineDetails(id);
+  // Read from the entries' typed fields (step, state, task type), not their text.
+  const auto timeline = Timeline(id);
   int provisioned = -1, applied = -1;
   for (int i = 0; i < static_cast<int>(timeline.size()); ++i) {
-    if (timeline[i].rfind("task_succeeded provisioning", 0) == 0) provisioned = i;
-    if (timeline[i].find("every endpoint applied") != std::string::npos) applied = i;
+    const auto& e = timeline[i];
+    if (e.step() == v1::TIMELINE_STEP_TASK_SUCCEEDED &&
+        e.task_type() == v1::TASK_TYPE_VM_PROVISION) {
+      provisioned = i;
+    }
+    if (e.step() == v1::TIMELINE_STEP_STATE && e.state() == v1::ALLOCATION_STATE_ACTIVE) {
+      applied = i;
+    }
   }
-  EXPECT_GE(provisioned, 0) << fmt::format("{}", fmt::join(timeline, "\n"));
-  EXPECT_GT(applied, provisioned) << fmt::format("{}", fmt::join(timeline, "\n"));
+  EXPECT_GE(provisioned, 0) << Describe(timeline);
+  EXPECT_GT(applied, provisioned) << Describe(timeline);
 
   // The node's document maps both ports to the VM's management IP, and the node acked it.
   v1::GetNodeExposuresRequest g;

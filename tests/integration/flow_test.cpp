@@ -220,10 +220,13 @@ TEST_F(FlowTest, ProjectionRebuildsFromTheStream) {
 }
 
 // Keeps registering nodes (each retried until inventory acknowledges it) while `outage` runs,
-// then checks that every acknowledged registration reached the scheduler's projection.
+// then checks that some registration met the outage (a retryable refusal while it ran) and that
+// every acknowledged registration reached the scheduler's projection.
 void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::function<void()>& outage,
                                      std::chrono::seconds settle) {
   std::atomic<bool> stop{false};
+  std::atomic<bool> in_outage{false};
+  std::atomic<int> refused_in_outage{0};
   std::set<std::string> acked;
   std::thread writer([&] {
     for (int i = 0; !stop || i < 5; ++i) {
@@ -233,6 +236,7 @@ void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::funct
           acked.insert(r->node().node_id());
           break;
         }
+        if (in_outage) ++refused_in_outage;
         EXPECT_TRUE(r.error().retryable) << r.error().ToString();
         std::this_thread::sleep_for(50ms);
       }
@@ -240,10 +244,14 @@ void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::funct
     }
   });
   std::this_thread::sleep_for(300ms);
+  in_outage = true;
   outage();
+  in_outage = false;
   stop = true;
   writer.join();
   ASSERT_GE(acked.size(), 5u);
+  // Without this the test would pass just as well if the outage happened between requests.
+  EXPECT_GE(refused_in_outage.load(), 1) << "no registration was refused during the outage";
   ASSERT_TRUE(testing::WaitFor(
       [&] {
         auto p = Projection();

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "fixture_host.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
@@ -111,28 +112,140 @@ class Platform {
     return agent;
   }
 
+  // The environment of a simulated agent whose VM runtime behaves as `behavior` (succeed |
+  // fail | silent), with fast steps and desired-set polls.
+  static EnvMap SimulatedAgentEnv(const std::string& behavior = "succeed") {
+    return {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
+            {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
+            {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}};
+  }
+
   // A simulated agent in `pool` whose VM tasks succeed, its slots approved as an operator does
   // and schedulable in the scheduler's projection.
   // `extra` overrides the agent's environment.
   void StartApprovedAgent(const std::string& id, const std::string& pool, int gpus,
                           const EnvMap& extra = {}) {
-    EnvMap env = {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
-                  {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", "succeed"},
-                  {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}};
+    EnvMap env = SimulatedAgentEnv();
     for (const auto& [k, v] : extra) env[k] = v;
     StartAgent(id, gpus, pool, env);
+    ApproveAll(id);
+    ASSERT_TRUE(WaitSchedulable(id, gpus));
+  }
+
+  // Once `node_id` has reported its topology, approves every candidate, as an operator does.
+  void ApproveAll(const std::string& node_id) {
     ASSERT_TRUE(WaitFor([&] {
       v1::ShowNodeRequest r;
-      r.set_node_id(id);
+      r.set_node_id(node_id);
       auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
       return s.ok() && s->snapshot_version() >= 1;
-    }));
+    })) << node_id
+        << " never reported its topology";
     v1::ApproveSlotsRequest approve;
-    approve.set_node_id(id);
+    approve.set_node_id(node_id);
     auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
     ASSERT_TRUE(a.ok()) << a.error().ToString();
     for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
-    ASSERT_TRUE(WaitSchedulable(id, gpus));
+  }
+
+  // A slice of `gpus` GPUs for tenant acme in `pool` of us-east-1.
+  Result<v1::Allocation> CreateSlice(const std::string& request_id, const std::string& pool,
+                                     int gpus) {
+    v1::CreateAllocationRequest r;
+    r.set_tenant("acme");
+    r.set_request_id(request_id);
+    r.set_sku("h200-sxm-slice");
+    r.set_gpu_count(gpus);
+    r.set_region("us-east-1");
+    r.set_pool(pool);
+    r.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA test");
+    auto c = Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
+    if (!c.ok()) return c.error();
+    return c->allocation();
+  }
+
+  // The tenant's release, or (`force`) the operator's force-release (its own subject).
+  Result<v1::Allocation> Release(const std::string& id, const std::string& reason = "",
+                                 bool force = false) {
+    Result<v1::ReleaseAllocationResponse> x = Error::Internal("unreached", "");
+    if (force) {
+      v1::ForceReleaseAllocationRequest r;
+      r.set_allocation_id(id);
+      r.set_reason(reason);
+      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.force_release", r);
+    } else {
+      v1::ReleaseAllocationRequest r;
+      r.set_allocation_id(id);
+      r.set_reason(reason);
+      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r);
+    }
+    if (!x.ok()) return x.error();
+    return x->allocation();
+  }
+
+  v1::GetAllocationTimelineResponse Timeline(const std::string& id) {
+    v1::GetAllocationTimelineRequest r;
+    r.set_allocation_id(id);
+    r.set_page_size(500);
+    auto t = Call<v1::GetAllocationTimelineResponse>("gpuaas.v1.scheduler.allocation.timeline", r);
+    EXPECT_TRUE(t.ok()) << t.error().ToString();
+    return t.ok() ? *t : v1::GetAllocationTimelineResponse();
+  }
+
+  // Timeline rows as "step[ task_type]", for failure messages and counts.
+  std::vector<std::string> Steps(const std::string& id) {
+    std::vector<std::string> out;
+    const auto timeline = Timeline(id);
+    for (const auto& e : timeline.entries()) {
+      const auto& type = enums::Text(e.task_type());
+      out.push_back(enums::Text(e.step()) + (type.empty() ? "" : " " + type));
+    }
+    return out;
+  }
+
+  // How many entries of `t` are `step` of a task of `type` ("" = no task).
+  static int CountSteps(const v1::GetAllocationTimelineResponse& t, v1::TimelineStep step,
+                        v1::TaskType type) {
+    int n = 0;
+    for (const auto& e : t.entries()) n += (e.step() == step && e.task_type() == type) ? 1 : 0;
+    return n;
+  }
+
+  // The allocation once it is in `state` with nothing in flight (one timeline snapshot says
+  // both), as it is from there on.
+  v1::Allocation WaitSettled(const std::string& id, v1::AllocationState state) {
+    v1::Allocation a;
+    EXPECT_TRUE(WaitFor(
+        [&] {
+          v1::GetAllocationTimelineRequest tr;
+          tr.set_allocation_id(id);
+          tr.set_page_size(1);
+          auto t = Call<v1::GetAllocationTimelineResponse>(
+              "gpuaas.v1.scheduler.allocation.timeline", tr);
+          if (!t.ok() || t->state() != state || t->in_flight()) return false;
+          v1::GetAllocationRequest g;
+          g.set_allocation_id(id);
+          auto r = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
+          if (!r.ok()) return false;
+          a = r->allocation();
+          return a.state() == state;
+        },
+        std::chrono::seconds(20)))
+        << id << " is " << enums::Text(a.state()) << ", wanted " << enums::Text(state)
+        << "; timeline:\n"
+        << ::testing::PrintToString(Steps(id));
+    return a;
+  }
+
+  // The scheduler's projection of `node`'s slots; a failed call fails the test (an empty list
+  // would pass every "each slot is ..." check).
+  std::vector<v1::ProjectedSlot> Slots(const std::string& node) {
+    v1::ListProjectedSlotsRequest lr;
+    lr.set_node_id(node);
+    auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
+    EXPECT_TRUE(l.ok()) << l.error().ToString();
+    if (!l.ok()) return {};
+    return {l->slots().begin(), l->slots().end()};
   }
 
   // Whether the scheduler's projection comes to show exactly `n` schedulable slots of

@@ -27,91 +27,15 @@ class SagaFlowTest : public ::testing::Test {
   // A simulated agent in pool `pool` whose VM runtime behaves as `behavior`; its slots approved.
   void StartApprovedAgent(const std::string& id, const std::string& pool,
                           const std::string& behavior) {
-    p_.StartAgent(id, 4, pool,
-                  {{"GPUAAS_NODE_DESIRED_POLL_MS", "100"},
-                   {"GPUAAS_NODE_AGENT_SIM_BEHAVIOR", behavior},
-                   {"GPUAAS_NODE_AGENT_SIM_STEP_MS", "5"}});
-    ASSERT_TRUE(testing::WaitFor([&] {
-      v1::ShowNodeRequest r;
-      r.set_node_id(id);
-      auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
-      return s.ok() && s->snapshot_version() >= 1;
-    }));
-    v1::ApproveSlotsRequest approve;
-    approve.set_node_id(id);
-    auto a = Call<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve);
-    ASSERT_TRUE(a.ok()) << a.error().ToString();
-    for (const auto& r : a->results()) ASSERT_TRUE(r.approved()) << r.DebugString();
-  }
-  std::vector<v1::ProjectedSlot> Slots(const std::string& node) {
-    v1::ListProjectedSlotsRequest lr;
-    lr.set_node_id(node);
-    auto l = Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", lr);
-    if (!l.ok()) return {};
-    return {l->slots().begin(), l->slots().end()};
+    p_.StartApprovedAgent(id, pool, 4, testing::Platform::SimulatedAgentEnv(behavior));
   }
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req) {
     return p_.Call<Resp>(subject, req);
   }
-  Result<v1::Allocation> Create(const std::string& request_id, const std::string& pool, int gpus) {
-    v1::CreateAllocationRequest r;
-    r.set_tenant("acme");
-    r.set_request_id(request_id);
-    r.set_sku("h200-sxm-slice");
-    r.set_gpu_count(gpus);
-    r.set_region("us-east-1");
-    r.set_pool(pool);
-    r.add_ssh_authorized_keys("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGpuYWFzdGVzdA test");
-    auto c = Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
-    if (!c.ok()) return c.error();
-    return c->allocation();
-  }
-  v1::GetAllocationTimelineResponse Timeline(const std::string& id) {
-    v1::GetAllocationTimelineRequest r;
-    r.set_allocation_id(id);
-    auto t = Call<v1::GetAllocationTimelineResponse>("gpuaas.v1.scheduler.allocation.timeline", r);
-    EXPECT_TRUE(t.ok());
-    return t.ok() ? *t : v1::GetAllocationTimelineResponse();
-  }
-  v1::Allocation WaitSettled(const std::string& id, const std::string& state) {
-    v1::Allocation a;
-    EXPECT_TRUE(testing::WaitFor(
-        [&] {
-          v1::GetAllocationRequest g;
-          g.set_allocation_id(id);
-          auto r = Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", g);
-          if (!r.ok()) return false;
-          a = r->allocation();
-          return enums::Text(a.state()) == state && !Timeline(id).in_flight();
-        },
-        20s))
-        << id << " is " << enums::Text(a.state()) << ", wanted " << state;
-    return a;
-  }
-  // `force`: the operator's force-release (its own subject).
-  Result<v1::Allocation> Release(const std::string& id, bool force = false) {
-    Result<v1::ReleaseAllocationResponse> x = Error::Internal("unreached", "");
-    if (force) {
-      v1::ForceReleaseAllocationRequest r;
-      r.set_allocation_id(id);
-      r.set_reason("test force-release");
-      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.force_release", r);
-    } else {
-      v1::ReleaseAllocationRequest r;
-      r.set_allocation_id(id);
-      x = Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", r);
-    }
-    if (!x.ok()) return x.error();
-    return x->allocation();
-  }
-  static int Count(const v1::GetAllocationTimelineResponse& t, const std::string& step,
-                   const std::string& type) {
-    int n = 0;
-    for (const auto& e : t.entries()) {
-      n += (enums::Text(e.step()) == step && enums::Text(e.task_type()) == type) ? 1 : 0;
-    }
-    return n;
+  static int Count(const v1::GetAllocationTimelineResponse& t, v1::TimelineStep step,
+                   v1::TaskType type) {
+    return testing::Platform::CountSteps(t, step, type);
   }
 
   testing::Platform p_;
@@ -126,42 +50,43 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
   }
 
   // All three at once: each node runs its own tasks.
-  auto ok = Create("ok-1", "ok", 2);
-  auto bad = Create("bad-1", "broken", 4);
-  auto quiet = Create("quiet-1", "quiet", 1);
+  auto ok = p_.CreateSlice("ok-1", "ok", 2);
+  auto bad = p_.CreateSlice("bad-1", "broken", 4);
+  auto quiet = p_.CreateSlice("quiet-1", "quiet", 1);
   ASSERT_TRUE(ok.ok() && bad.ok() && quiet.ok());
   EXPECT_EQ(ok->state(), v1::ALLOCATION_STATE_PROVISIONING);
 
   // Success: active with the network identity the node observed, which is the reservation.
-  auto a = WaitSettled(ok->allocation_id(), "active");
+  auto a = p_.WaitSettled(ok->allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
   ASSERT_TRUE(a.has_network());
   EXPECT_EQ(a.network().lease_state(), v1::LEASE_STATE_BOUND);
   EXPECT_EQ(a.network().actual_ip(), a.network().expected_ip());
   EXPECT_EQ(a.network().domain_name(), "gpuaas-" + a.allocation_id());
-  auto t = Timeline(a.allocation_id());
-  EXPECT_GE(Count(t, "task_progress", "vm.provision"), 5) << "validate, lease, image, ...";
-  EXPECT_EQ(Count(t, "task_succeeded", "vm.provision"), 1);
-  for (const auto& s : Slots("sim-ok")) {
+  auto t = p_.Timeline(a.allocation_id());
+  EXPECT_GE(Count(t, v1::TIMELINE_STEP_TASK_PROGRESS, v1::TASK_TYPE_VM_PROVISION), 5)
+      << "validate, lease, image, ...";
+  EXPECT_EQ(Count(t, v1::TIMELINE_STEP_TASK_SUCCEEDED, v1::TASK_TYPE_VM_PROVISION), 1);
+  for (const auto& s : p_.Slots("sim-ok")) {
     const bool mine = std::count(a.slot_keys().begin(), a.slot_keys().end(), s.slot_key()) > 0;
     EXPECT_EQ(s.lifecycle(),
               mine ? v1::SLOT_LIFECYCLE_STATE_ACTIVE : v1::SLOT_LIFECYCLE_STATE_AVAILABLE)
         << s.slot_key();
   }
   // Release: vm.release, then slot.cleanup with a proof per slot; then the slots are free.
-  auto r = Release(a.allocation_id());
+  auto r = p_.Release(a.allocation_id());
   ASSERT_TRUE(r.ok()) << r.error().ToString();
-  a = WaitSettled(a.allocation_id(), "released");
+  a = p_.WaitSettled(a.allocation_id(), v1::ALLOCATION_STATE_RELEASED);
   for (const auto& c : a.claims()) EXPECT_TRUE(c.has_released_at());
-  t = Timeline(a.allocation_id());
-  EXPECT_EQ(Count(t, "task_succeeded", "vm.release"), 1);
-  EXPECT_EQ(Count(t, "task_succeeded", "slot.cleanup"), 1);
-  EXPECT_EQ(Count(t, "claims_freed", "slot.cleanup"), 1);
-  for (const auto& s : Slots("sim-ok")) {
+  t = p_.Timeline(a.allocation_id());
+  EXPECT_EQ(Count(t, v1::TIMELINE_STEP_TASK_SUCCEEDED, v1::TASK_TYPE_VM_RELEASE), 1);
+  EXPECT_EQ(Count(t, v1::TIMELINE_STEP_TASK_SUCCEEDED, v1::TASK_TYPE_SLOT_CLEANUP), 1);
+  EXPECT_EQ(Count(t, v1::TIMELINE_STEP_CLAIMS_FREED, v1::TASK_TYPE_SLOT_CLEANUP), 1);
+  for (const auto& s : p_.Slots("sim-ok")) {
     EXPECT_EQ(s.lifecycle(), v1::SLOT_LIFECYCLE_STATE_AVAILABLE) << s.slot_key();
   }
 
   // Failure: failed with the node's stage and code; cleanup ran and proved the slots clean.
-  auto f = WaitSettled(bad->allocation_id(), "failed");
+  auto f = p_.WaitSettled(bad->allocation_id(), v1::ALLOCATION_STATE_FAILED);
   ASSERT_TRUE(f.has_failure());
   EXPECT_EQ(f.failure().stage(), v1::LIFECYCLE_STAGE_PROVISIONING);
   EXPECT_EQ(f.failure().code(), "lease_timeout");
@@ -180,8 +105,8 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
         return true;
       },
       20s))
-      << f.DebugString() << Timeline(f.allocation_id()).DebugString();
-  auto ft = Timeline(f.allocation_id());
+      << f.DebugString() << p_.Timeline(f.allocation_id()).DebugString();
+  auto ft = p_.Timeline(f.allocation_id());
   bool saw_stage = false;
   for (const auto& e : ft.entries()) {
     if (e.step() == v1::TIMELINE_STEP_TASK_FAILED && e.stage() == v1::TASK_STAGE_READINESS) {
@@ -189,33 +114,38 @@ TEST_F(SagaFlowTest, SimulatedAgentsSucceedFailAndStaySilent) {
     }
   }
   EXPECT_TRUE(saw_stage) << "the node's failing stage is on the timeline";
-  EXPECT_EQ(Count(ft, "task_succeeded", "slot.cleanup"), 1);
+  EXPECT_EQ(Count(ft, v1::TIMELINE_STEP_TASK_SUCCEEDED, v1::TASK_TYPE_SLOT_CLEANUP), 1);
   // The slots are reusable: a new 4-GPU allocation fits on that node again (and fails again).
-  auto again = Create("bad-2", "broken", 4);
+  auto again = p_.CreateSlice("bad-2", "broken", 4);
   ASSERT_TRUE(again.ok()) << again.error().ToString();
 
   // Silence: node_unresponsive after the deadline; its cleanup is unanswered, so the slot stays
   // cleanup_blocked and unplaceable — a force-release too only sends the cleanup again: the slot
   // is freed by a proof, never without one.
-  auto q = WaitSettled(quiet->allocation_id(), "failed");
+  auto q = p_.WaitSettled(quiet->allocation_id(), v1::ALLOCATION_STATE_FAILED);
   EXPECT_EQ(q.failure().code(), "node_unresponsive");
   for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
   int blocked = 0;
-  for (const auto& s : Slots("sim-quiet")) {
+  for (const auto& s : p_.Slots("sim-quiet")) {
     blocked += s.lifecycle() == v1::SLOT_LIFECYCLE_STATE_CLEANUP_BLOCKED ? 1 : 0;
   }
   EXPECT_EQ(blocked, 1);
-  auto forced = Release(q.allocation_id(), true);
+  auto forced = p_.Release(q.allocation_id(), "test force-release", true);
   ASSERT_TRUE(forced.ok());
   for (const auto& c : forced->claims()) EXPECT_FALSE(c.has_released_at());
   // The allocation stays failed throughout, so wait for the positive signal: the second cleanup
   // timed out (right after the force-release its task may not be in flight yet).
   EXPECT_TRUE(testing::WaitFor(
-      [&] { return Count(Timeline(q.allocation_id()), "task_timed_out", "slot.cleanup") == 2; },
+      [&] {
+        return Count(p_.Timeline(q.allocation_id()), v1::TIMELINE_STEP_TASK_TIMED_OUT,
+                     v1::TASK_TYPE_SLOT_CLEANUP) == 2;
+      },
       20s));
-  q = WaitSettled(quiet->allocation_id(), "failed");
+  q = p_.WaitSettled(quiet->allocation_id(), v1::ALLOCATION_STATE_FAILED);
   for (const auto& c : q.claims()) EXPECT_EQ(c.phase(), v1::CLAIM_PHASE_CLEANUP_BLOCKED);
-  EXPECT_EQ(Count(Timeline(q.allocation_id()), "task_timed_out", "slot.cleanup"), 2);
+  EXPECT_EQ(Count(p_.Timeline(q.allocation_id()), v1::TIMELINE_STEP_TASK_TIMED_OUT,
+                  v1::TASK_TYPE_SLOT_CLEANUP),
+            2);
 
   // Inventory saw the VM tasks' outcomes too (node show, recent tasks).
   v1::ShowNodeRequest sr;

@@ -280,7 +280,12 @@ class OutboxTest : public StoreTest {
   uint64_t StreamCount() {
     auto n =
         messaging::StreamSubjectCount(*conn_, "TEST_OUT", "gpuaas.v1.evt.test.node.registered");
-    return n.ok() ? *n : 0;
+    // A failed count fails the test: read as 0 it would pass every "nothing published yet".
+    if (!n.ok()) {
+      ADD_FAILURE() << "counting TEST_OUT: " << n.error().ToString();
+      return UINT64_MAX;
+    }
+    return *n;
   }
   int64_t Unpublished() {
     return *store::WithTx(*pool_, [](pqxx::work& tx) -> Result<int64_t> {
