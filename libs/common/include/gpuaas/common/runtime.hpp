@@ -150,27 +150,6 @@ void BlockTerminationSignals();
 // Returns the exit code to use when main should stop now (help, bad config), else -1.
 int ParseServiceArgs(int argc, char** argv, const std::string& service, config::Schema& schema);
 
-// A service that so far only has the shared runtime (health, metrics, NATS, its database and
-// migrations) and no requests of its own.
-struct BasicConfig {
-  CommonConfig common;
-  void Register(config::Schema& schema) { common.Register(schema, true); }
-};
-
-class BasicService {
- public:
-  BasicService(std::string name, const std::vector<store::Migration>* migrations,
-               const BasicConfig& cfg)
-      : svc_(Component{std::move(name), migrations}, cfg.common) {}
-  Result<void> Start() { return svc_.Start(); }
-  int Run() { return svc_.Run(); }
-  void Shutdown() { svc_.Shutdown(); }
-  Service& runtime() { return svc_; }
-
- private:
-  Service svc_;
-};
-
 // The whole main() of a service: config from --config/env, start, run until signalled.
 // Svc: constructible from Cfg, with Result<void> Start() and int Run(); Cfg: Register(Schema&).
 template <typename Svc, typename Cfg>
