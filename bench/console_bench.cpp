@@ -48,17 +48,17 @@
 #include <fmt/format.h>
 
 #include "bench_util.hpp"
-#include "console_gw_service.hpp"
-#include "console_relay.hpp"
-#include "domain_xml.hpp"
 #include "gpuaas/common/config.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
+#include "gpuaas/node_agent/agent/local_store.hpp"
+#include "gpuaas/node_agent/console/console_relay.hpp"
+#include "gpuaas/node_agent/runtime/domain_xml.hpp"
+#include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "local_store.hpp"
 #include "test_env.hpp"
-#include "vm_runtime.hpp"
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;

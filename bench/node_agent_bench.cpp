@@ -49,12 +49,12 @@
 
 #include "bench_util.hpp"
 #include "bundle_fixture.hpp"
-#include "discovery.hpp"
-#include "fixture_host.hpp"
 #include "gpuaas/common/ids.hpp"
-#include "host.hpp"
-#include "libvirt_runtime.hpp"
-#include "local_store.hpp"
+#include "gpuaas/node_agent/agent/local_store.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/runtime/libvirt_runtime.hpp"
 #include "loop_disk.hpp"
 
 namespace fs = std::filesystem;

@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "placement.hpp"
+#include "gpuaas/scheduler/placement.hpp"
 
 namespace {
 

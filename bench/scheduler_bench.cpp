@@ -69,11 +69,11 @@
 #include "gpuaas/common/process_metrics.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "placement_cache.hpp"
-#include "scheduler_service.hpp"
 #include "test_env.hpp"
 
 using namespace gpuaas;

@@ -14,15 +14,19 @@ function(gpuaas_embed_sql target namespace dir)
   target_sources(${target} PRIVATE ${out})
 endfunction()
 
-# gpuaas_test(<name> LABELS ... [UNIT_SUITES ...] SOURCES ... LIBS ...): one gtest binary per
-# library/service. Each TEST()/TEST_F() becomes its own ctest case (its own process, so a crash
+# gpuaas_test(<name> LABELS ... [UNIT_SUITES ...] SOURCES ... LIBS ... [INCLUDES ...]): one gtest
+# binary per library/service. INCLUDES: private include folders (a service's own tests name its
+# src/; every other target sees only the service's include/). Each TEST()/TEST_F() becomes its own ctest case (its own process, so a crash
 # names its case). Suites listed in UNIT_SUITES need no servers and are labelled `unit`; the
 # others get LABELS (e.g. nats, pg).
 function(gpuaas_test name)
-  cmake_parse_arguments(T "" "" "LABELS;UNIT_SUITES;SOURCES;LIBS" ${ARGN})
+  cmake_parse_arguments(T "" "" "LABELS;UNIT_SUITES;SOURCES;LIBS;INCLUDES" ${ARGN})
   add_executable(${name} ${T_SOURCES})
   target_link_libraries(${name} PRIVATE ${T_LIBS} gpuaas_testing GTest::gtest GTest::gmock
     GTest::gtest_main gpuaas_warnings)
+  if(T_INCLUDES)
+    target_include_directories(${name} PRIVATE ${T_INCLUDES})
+  endif()
   gtest_add_tests(TARGET ${name} SOURCES ${T_SOURCES} TEST_LIST tests)
   # A GTEST_SKIP() is reported by ctest as skipped, never as passed (gtest prints the marker
   # only for a skipped test; each ctest test runs one gtest case).

@@ -15,14 +15,14 @@
 #include <string>
 #include <vector>
 
-#include "catalog.hpp"
 #include "fuzz_check.hpp"
 #include "gpuaas/common/config.hpp"
-#include "inventory_service.hpp"
-#include "ipam_domain.hpp"
-#include "ipam_service.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
+#include "gpuaas/node_agent/agent/node_agent.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 
 namespace gpuaas::fuzz {
 namespace {

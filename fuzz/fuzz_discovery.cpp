@@ -23,10 +23,10 @@
 #include <string>
 #include <vector>
 
-#include "discovery.hpp"
-#include "fixture_host.hpp"
 #include "fuzz_check.hpp"
-#include "host.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 
 namespace gpuaas::fuzz {
 namespace {

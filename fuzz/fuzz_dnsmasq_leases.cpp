@@ -17,12 +17,12 @@
 #include <string>
 
 #include "fuzz_check.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/network/lease_report.hpp"
+#include "gpuaas/node_agent/network/net_apply.hpp"
+#include "gpuaas/node_agent/runtime/libvirt_runtime.hpp"
 #include "gpuaas/v1/ipam.pb.h"
-#include "host.hpp"
-#include "ipam_domain.hpp"
-#include "lease_report.hpp"
-#include "libvirt_runtime.hpp"
-#include "net_apply.hpp"
 
 namespace gpuaas::fuzz {
 namespace {

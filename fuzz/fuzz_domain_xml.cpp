@@ -20,11 +20,11 @@
 #include <string>
 #include <vector>
 
-#include "domain_xml.hpp"
 #include "fuzz_check.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/runtime/domain_xml.hpp"
+#include "gpuaas/node_agent/runtime/libvirt_runtime.hpp"
 #include "gpuaas/v1/node.pb.h"
-#include "host.hpp"
-#include "libvirt_runtime.hpp"
 
 namespace gpuaas::fuzz {
 namespace {

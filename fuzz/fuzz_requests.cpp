@@ -31,7 +31,6 @@
 #include <string>
 #include <vector>
 
-#include "catalog.hpp"
 #include "fuzz_check.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
@@ -39,13 +38,14 @@
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/validate.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
+#include "gpuaas/inventory/slot_rules.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/topology.pb.h"
-#include "inventory_service.hpp"
-#include "ipam_domain.hpp"
-#include "slot_rules.hpp"
 
 namespace gpuaas::access {
 const char* EmbeddedAsyncApi();  // contract_embed.cpp (generated)

@@ -1,5 +1,5 @@
 // gpuaas-console-gw
-#include "console_gw_service.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 
 int main(int argc, char** argv) {
   using gpuaas::console_gw::ConsoleGwConfig;

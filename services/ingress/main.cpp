@@ -1,5 +1,5 @@
 // gpuaas-ingress
-#include "ingress_service.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 
 int main(int argc, char** argv) {
   using gpuaas::ingress::IngressConfig;

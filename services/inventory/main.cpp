@@ -1,5 +1,5 @@
 // gpuaas-inventory: regions, pools, nodes, topology and approved slots.
-#include "inventory_service.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
 
 int main(int argc, char** argv) {
   using gpuaas::inventory::InventoryConfig;

@@ -1,5 +1,5 @@
 // gpuaas-ipam
-#include "ipam_service.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 
 int main(int argc, char** argv) {
   using gpuaas::ipam::IpamConfig;

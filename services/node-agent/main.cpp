@@ -9,11 +9,11 @@
 
 #include <CLI/CLI.hpp>
 
-#include "discovery.hpp"
-#include "fixture_host.hpp"
 #include "gpuaas/common/proto_json.hpp"
-#include "node_agent.hpp"
-#include "parity.hpp"
+#include "gpuaas/node_agent/agent/node_agent.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/discovery/parity.hpp"
 
 namespace {
 

@@ -1,5 +1,5 @@
 // gpuaas-scheduler: allocations, claims, placement and the allocation lifecycle.
-#include "scheduler_service.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 
 int main(int argc, char** argv) {
   using gpuaas::scheduler::SchedulerConfig;

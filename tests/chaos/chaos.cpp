@@ -49,11 +49,11 @@
 #include <CLI/CLI.hpp>
 #include <pqxx/pqxx>
 
-#include "fixture_host.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"

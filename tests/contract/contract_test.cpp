@@ -40,18 +40,18 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
-#include "console_gw_service.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "ingress_service.hpp"
 #include "platform.hpp"
 
 namespace gpuaas {

@@ -21,8 +21,8 @@
 #include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
-#include "console_gw_service.hpp"
 #include "gpuaas/common/http.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "platform.hpp"

@@ -39,13 +39,13 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
-#include "console_gw_service.hpp"
-#include "discovery.hpp"
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "host.hpp"
 #include "loop_disk.hpp"
 #include "platform.hpp"
 

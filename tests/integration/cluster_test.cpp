@@ -31,21 +31,21 @@
 #include <nlohmann/json.hpp>
 #include <pqxx/pqxx>
 
-#include "allocations.hpp"
-#include "fixture_host.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
+#include "gpuaas/node_agent/agent/node_agent.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "inventory_service.hpp"
-#include "ipam_service.hpp"
 #include "load_config.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas {

@@ -14,8 +14,8 @@
 
 #include <fmt/format.h>
 
-#include "console_gw_service.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/event.pb.h"
 #include "platform.hpp"

@@ -12,13 +12,13 @@
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
+#include "gpuaas/node_agent/agent/node_agent.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "inventory_service.hpp"
 #include "load_config.hpp"
-#include "node_agent.hpp"
-#include "scheduler_service.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas {

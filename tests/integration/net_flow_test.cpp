@@ -14,10 +14,10 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/node_agent/network/net_apply.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "net_apply.hpp"
 #include "netns_lab.hpp"
 #include "platform.hpp"
 

@@ -1,4 +1,4 @@
-#include "console_bridge.hpp"
+#include "gpuaas/console_gw/console_bridge.hpp"
 
 #include <nats/nats.h>
 

@@ -1,4 +1,4 @@
-#include "console_domain.hpp"
+#include "gpuaas/console_gw/console_domain.hpp"
 
 #include <openssl/rand.h>
 #include <openssl/sha.h>

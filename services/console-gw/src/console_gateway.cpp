@@ -1,4 +1,4 @@
-#include "console_gateway.hpp"
+#include "gpuaas/console_gw/console_gateway.hpp"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>

@@ -5,7 +5,6 @@
 
 #include <fmt/format.h>
 
-#include "console_domain.hpp"
 #include "console_store.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
@@ -13,6 +12,7 @@
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/console_gw/console_domain.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 

@@ -1,4 +1,4 @@
-#include "console_gw_service.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 
 #include <google/protobuf/dynamic_message.h>
 #include <google/protobuf/util/time_util.h>

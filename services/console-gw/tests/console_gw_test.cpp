@@ -22,11 +22,11 @@
 #include <nats/nats.h>
 #include <nlohmann/json.hpp>
 
-#include "console_domain.hpp"
-#include "console_gw_service.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/console_gw/console_domain.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"

@@ -13,11 +13,11 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ingress_domain.hpp"
 #include "ingress_metrics.hpp"
-#include "ingress_service.hpp"
 #include "ingress_store.hpp"
 
 namespace gpuaas::ingress {

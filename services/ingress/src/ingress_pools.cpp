@@ -2,8 +2,8 @@
 // exposure holds or handing one out twice. The SQL is in ingress_store.cpp.
 #include <fmt/format.h>
 
+#include "gpuaas/ingress/ingress_service.hpp"
 #include "ingress_domain.hpp"
-#include "ingress_service.hpp"
 #include "ingress_store.hpp"
 
 namespace gpuaas::ingress {

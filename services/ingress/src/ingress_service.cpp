@@ -1,4 +1,4 @@
-#include "ingress_service.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"

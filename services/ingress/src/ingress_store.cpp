@@ -7,8 +7,8 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 #include "ingress_domain.hpp"
-#include "ingress_service.hpp"
 
 namespace gpuaas::ingress {
 

@@ -24,11 +24,11 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/ingress/ingress_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ingress_domain.hpp"
-#include "ingress_service.hpp"
 #include "load_config.hpp"
 #include "test_env.hpp"
 

@@ -10,10 +10,10 @@
 
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/inventory/slot_rules.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/topology.pb.h"
-#include "slot_rules.hpp"
 #include "slot_store.hpp"
 #include "slots.hpp"
 

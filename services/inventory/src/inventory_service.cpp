@@ -1,4 +1,4 @@
-#include "inventory_service.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
 
 #include <map>
 #include <memory>

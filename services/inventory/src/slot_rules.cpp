@@ -1,4 +1,4 @@
-#include "slot_rules.hpp"
+#include "gpuaas/inventory/slot_rules.hpp"
 
 #include <algorithm>
 #include <cctype>

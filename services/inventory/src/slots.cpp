@@ -11,12 +11,12 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/inventory/slot_rules.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
-#include "slot_rules.hpp"
 #include "slot_store.hpp"
 
 namespace gpuaas::inventory {

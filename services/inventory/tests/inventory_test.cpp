@@ -10,8 +10,8 @@
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/inventory/inventory_service.hpp"
 #include "gpuaas/v1/inventory.pb.h"
-#include "inventory_service.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::inventory {

@@ -1,4 +1,4 @@
-#include "slot_rules.hpp"
+#include "gpuaas/inventory/slot_rules.hpp"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

@@ -14,12 +14,12 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "ipam_domain.hpp"
-#include "ipam_service.hpp"
 #include "ipam_store.hpp"
 
 namespace gpuaas::ipam {

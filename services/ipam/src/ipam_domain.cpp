@@ -1,4 +1,4 @@
-#include "ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
 
 #include <google/protobuf/util/message_differencer.h>
 #include <google/protobuf/util/time_util.h>

@@ -11,8 +11,8 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/v1/ipam.pb.h"
-#include "ipam_domain.hpp"
 #include "ipam_store.hpp"
 
 namespace gpuaas::ipam {

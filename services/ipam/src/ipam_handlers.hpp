@@ -7,8 +7,8 @@
 #include <string>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 #include "ipam_orphans.hpp"
-#include "ipam_service.hpp"
 
 namespace gpuaas::rpc {
 struct Context;

@@ -9,7 +9,7 @@
 
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
-#include "ipam_service.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 #include "ipam_store.hpp"
 
 namespace gpuaas::ipam {

@@ -1,4 +1,4 @@
-#include "ipam_service.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 
 #include <memory>
 
@@ -8,8 +8,8 @@
 #include "gpuaas/common/inbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/v1/ipam.pb.h"
-#include "ipam_domain.hpp"
 #include "ipam_handlers.hpp"
 #include "ipam_orphans.hpp"
 

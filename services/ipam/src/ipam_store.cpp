@@ -8,8 +8,8 @@
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
-#include "ipam_domain.hpp"
-#include "ipam_service.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 
 namespace gpuaas::ipam {
 

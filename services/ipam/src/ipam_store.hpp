@@ -13,8 +13,8 @@
 
 #include "gpuaas/common/documents.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/v1/ipam.pb.h"
-#include "ipam_domain.hpp"
 
 namespace gpuaas::ipam {
 

@@ -12,8 +12,8 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/enums.hpp"
-#include "ipam_domain.hpp"
-#include "ipam_service.hpp"
+#include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 #include "load_config.hpp"
 
 namespace gpuaas::ipam {

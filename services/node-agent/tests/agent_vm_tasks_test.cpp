@@ -18,17 +18,17 @@
 
 #include <nlohmann/json.hpp>
 
-#include "fixture_host.hpp"
 #include "gpuaas/common/config.hpp"
 #include "gpuaas/common/http.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/node_agent/agent/node_agent.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "load_config.hpp"
-#include "node_agent.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::node_agent {

@@ -16,14 +16,14 @@
 #include <string>
 #include <thread>
 
-#include "console_relay.hpp"
-#include "domain_xml.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/node_agent/agent/local_store.hpp"
+#include "gpuaas/node_agent/console/console_relay.hpp"
+#include "gpuaas/node_agent/runtime/domain_xml.hpp"
+#include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "gpuaas/v1/console.pb.h"
-#include "local_store.hpp"
 #include "test_env.hpp"
-#include "vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
 namespace {

@@ -11,10 +11,10 @@
 #include <regex>
 #include <set>
 
-#include "discovery.hpp"
-#include "fixture_host.hpp"
-#include "host.hpp"
-#include "parity.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/discovery/parity.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::node_agent {

@@ -1,6 +1,6 @@
 // DocumentFollower with fake hooks: what is applied and acked, in which order, and what a
 // failure of each hook leaves behind.
-#include "document_follower.hpp"
+#include "gpuaas/node_agent/agent/document_follower.hpp"
 
 #include <gtest/gtest.h>
 

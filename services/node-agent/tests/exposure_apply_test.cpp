@@ -10,7 +10,7 @@
 // A server in the VM namespace answers TCP :22 with a banner and then echoes, and echoes UDP on
 // :7; the client dials 203.0.113.10:20022 (and udp :20007). TEST-NET-3 exists only inside the
 // namespaces; no packet leaves the machine. It SKIPs without root, nft or conntrack.
-#include "exposure_apply.hpp"
+#include "gpuaas/node_agent/network/exposure_apply.hpp"
 
 #include <arpa/inet.h>
 #include <fmt/format.h>
@@ -33,8 +33,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "host.hpp"
-#include "net_apply.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/network/net_apply.hpp"
 #include "netns_lab.hpp"
 
 namespace gpuaas::node_agent {

@@ -12,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "host.hpp"
-#include "image_cache.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
+#include "runtime/image_cache.hpp"
 #include "test_env.hpp"
 #include "test_files.hpp"
 

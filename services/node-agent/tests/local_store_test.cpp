@@ -3,7 +3,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "local_store.hpp"
+#include "gpuaas/node_agent/agent/local_store.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::node_agent {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 
 namespace gpuaas::node_agent::testing {
 

@@ -3,7 +3,7 @@
 // udhcpc/ping) inside network namespaces it creates per test and deletes afterwards: the root
 // namespace's network is never touched and no packet leaves the machine. It SKIPs without root
 // or the tools.
-#include "net_apply.hpp"
+#include "gpuaas/node_agent/network/net_apply.hpp"
 
 #include <fmt/format.h>
 #include <gmock/gmock.h>
@@ -19,7 +19,7 @@
 #include <sstream>
 #include <thread>
 
-#include "host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 #include "netns_lab.hpp"
 
 namespace gpuaas::node_agent {

@@ -23,7 +23,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 
 namespace gpuaas::node_agent::testing {
 

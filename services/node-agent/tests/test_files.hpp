@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 
 namespace gpuaas::node_agent {
 

@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "bundle_fixture.hpp"
-#include "discovery.hpp"
-#include "fixture_host.hpp"
-#include "local_store.hpp"
+#include "gpuaas/node_agent/agent/local_store.hpp"
+#include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "test_env.hpp"
-#include "vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
 namespace {

@@ -6,11 +6,11 @@
 #include <fmt/ranges.h>
 
 #include "allocation_rows.hpp"
-#include "allocations.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
 #include "lifecycle.hpp"
 
 namespace gpuaas::scheduler {

@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "gpuaas/scheduler/placement_cache.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "placement_cache.hpp"
 
 namespace gpuaas::scheduler {
 

@@ -1,4 +1,4 @@
-#include "allocations.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
 
 #include <map>
 #include <optional>
@@ -18,8 +18,8 @@
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
-#include "placement.hpp"
-#include "placement_cache.hpp"
+#include "gpuaas/scheduler/placement.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
 #include "scheduler_metrics.hpp"
 
 namespace gpuaas::scheduler {

@@ -13,8 +13,8 @@
 #include <string_view>
 #include <vector>
 
-#include "catalog.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
 #include "gpuaas/v1/apps.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 

@@ -1,4 +1,4 @@
-#include "catalog.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
 
 #include <yaml-cpp/yaml.h>
 

@@ -1,4 +1,4 @@
-#include "placement.hpp"
+#include "gpuaas/scheduler/placement.hpp"
 
 #include <algorithm>
 #include <array>

@@ -1,4 +1,4 @@
-#include "placement_cache.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
 
 #include <malloc.h>
 

@@ -7,8 +7,8 @@
 #include <memory>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
-#include "scheduler_service.hpp"
 
 namespace gpuaas::rpc {
 struct Context;

@@ -1,4 +1,4 @@
-#include "saga.hpp"
+#include "gpuaas/scheduler/saga.hpp"
 
 #include <google/protobuf/util/time_util.h>
 #include <prometheus/counter.h>

@@ -3,13 +3,13 @@
 // beside their domain: allocations.cpp, apps_rpc.cpp, saga.cpp, projection_rpc.cpp.
 #include <memory>
 
-#include "allocations.hpp"
 #include "apps.hpp"
-#include "catalog.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
+#include "gpuaas/scheduler/saga.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "projection_rpc.hpp"
-#include "saga.hpp"
-#include "scheduler_service.hpp"
 
 namespace gpuaas::scheduler {
 

@@ -1,18 +1,18 @@
-#include "scheduler_service.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 
 #include <fstream>
 #include <iterator>
 #include <map>
 #include <thread>
 
-#include "catalog.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
+#include "gpuaas/scheduler/saga.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
-#include "placement_cache.hpp"
-#include "saga.hpp"
 #include "scheduler_metrics.hpp"
 
 namespace gpuaas::scheduler {

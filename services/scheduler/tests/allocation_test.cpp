@@ -11,8 +11,6 @@
 #include <prometheus/registry.h>
 
 #include "allocation_rows.hpp"
-#include "allocations.hpp"
-#include "catalog.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -20,6 +18,9 @@
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -27,7 +28,6 @@
 #include "load_config.hpp"
 #include "scheduler_fixture.hpp"
 #include "scheduler_metrics.hpp"
-#include "scheduler_service.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::scheduler {

@@ -12,9 +12,9 @@
 #include <fmt/format.h>
 
 #include "apps.hpp"
-#include "catalog.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/scheduler/catalog.hpp"
 #include "gpuaas/v1/apps.pb.h"
 #include "scheduler_fixture.hpp"
 #include "test_env.hpp"

@@ -8,8 +8,8 @@
 #include <map>
 #include <set>
 
-#include "placement.hpp"
-#include "placement_cache.hpp"
+#include "gpuaas/scheduler/placement.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
 #include "scheduler_fixture.hpp"
 
 namespace gpuaas::scheduler {

@@ -1,4 +1,4 @@
-#include "placement.hpp"
+#include "gpuaas/scheduler/placement.hpp"
 
 #include <gtest/gtest.h>
 

@@ -10,16 +10,16 @@
 
 #include <fmt/format.h>
 
-#include "allocations.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/allocations.hpp"
+#include "gpuaas/scheduler/scheduler_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "load_config.hpp"
-#include "scheduler_service.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::scheduler {

@@ -13,10 +13,10 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/ipam/ipam_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
-#include "ipam_service.hpp"
 #include "load_config.hpp"
 #include "test_env.hpp"
 

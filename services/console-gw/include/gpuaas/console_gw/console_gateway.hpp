@@ -1,0 +1,100 @@
+#pragma once
+// console-gw's HTTP + WebSocket listener (Boost.Beast, compiled only in console_gateway.cpp):
+// the operator page and noVNC as static files, the page's JSON API (login with an operator's
+// request token kept in an HttpOnly cookie; calls forwarded over NATS with that token), and the
+// console WebSocket at /console/ws/<session>?grant=<grant>, relayed through a Bridge. What it
+// needs from the service is the small Backend interface, so the listener holds no policy.
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gpuaas/common/log.hpp"
+#include "gpuaas/common/result.hpp"
+#include "gpuaas/console_gw/console_bridge.hpp"
+
+namespace gpuaas::console_gw {
+
+// A WebSocket connect as the gateway saw it.
+struct ConnectAttempt {
+  std::string session_id;  // from the path
+  std::string grant;       // from the query
+  std::string origin;
+  std::string client_address;
+};
+
+// A session the grant unlocked (now CONNECTED).
+struct Claimed {
+  std::string session_id;
+  std::string allocation_id;
+  std::string node_id;
+  std::string domain;
+  int64_t max_duration_s = 0;
+};
+
+struct ApiReply {
+  int status = 200;
+  std::string json;
+};
+
+struct Identity {
+  std::string subject;  // "user:alice"
+  std::vector<std::string> roles;
+  int64_t expires_unix = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // An operator's request token: its principal, or UNAUTHENTICATED / PERMISSION_DENIED.
+  virtual Result<Identity> Login(const std::string& token) = 0;
+  // One page request forwarded with the operator's token (subject from the allowed list).
+  virtual ApiReply Call(const std::string& token, const std::string& subject,
+                        const std::string& json) = 0;
+  // A connect refused before the grant was looked at (cross_origin, bad path): audited.
+  virtual void Refused(const ConnectAttempt& a, const std::string& failure,
+                       const std::string& detail) = 0;
+  // Uses up the grant: the session, or PERMISSION_DENIED with the failure as reason
+  // (grant_unknown, grant_used, grant_expired, grant_revoked, wrong_scope), audited either way.
+  virtual Result<Claimed> Claim(const ConnectAttempt& a) = 0;
+  // Starts the relay for a claimed session (the node opens the VM's console). On failure the
+  // session is FAILED (reason node_refused / node_unreachable) and nothing stays open.
+  virtual Result<std::shared_ptr<Bridge>> Open(const Claimed& c, Bridge::Callbacks cb) = 0;
+  // The connection is live; `stop` ends it (revoked, max_duration, gateway_stopping) from any
+  // thread.
+  virtual void Live(const std::string& session_id,
+                    std::function<void(const std::string& reason)> stop) = 0;
+  // It ended: DISCONNECTED (or FAILED for a relay failure) with its byte counts, audited.
+  virtual void Finish(const std::string& session_id, const std::string& reason,
+                      uint64_t bytes_to_client, uint64_t bytes_from_client) = 0;
+};
+
+struct GatewayOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;
+  std::string web_dir;                       // the operator page
+  std::string novnc_dir;                     // noVNC's files, served under /novnc/
+  std::vector<std::string> allowed_origins;  // empty: same origin (Host) only
+  bool secure_cookies = false;               // behind TLS: the cookie gets `Secure`
+  int workers = 4;                           // threads for blocking backend calls
+};
+
+class Gateway {
+ public:
+  Gateway(GatewayOptions opts, Backend& backend, log::Logger logger);
+  ~Gateway();
+  Gateway(const Gateway&) = delete;
+  Gateway& operator=(const Gateway&) = delete;
+  Result<uint16_t> Start();
+  // Stops accepting, closes live consoles (gateway_stopping) and joins the threads.
+  void Stop();
+  size_t LiveConnections() const;
+
+  struct Impl;  // opaque (Beast lives in console_gateway.cpp only)
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace gpuaas::console_gw
