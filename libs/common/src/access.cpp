@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "gpuaas/common/auth.hpp"
+#include "gpuaas/common/reasons.hpp"
 
 namespace gpuaas::access {
 
@@ -67,7 +68,7 @@ bool Contains(const std::vector<std::string>& v, const std::string& s) {
 
 Result<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return Error::NotFound("file_missing", "cannot read " + path);
+  if (!in) return Error::NotFound(reason::kFileMissing, "cannot read " + path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -143,7 +144,7 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
     doc = YAML::Load(asyncapi_yaml);
     roles = YAML::Load(roles_yaml);
   } catch (const std::exception& e) {
-    return Error::FailedPrecondition("contract_unreadable",
+    return Error::FailedPrecondition(reason::kContractUnreadable,
                                      std::string("the contract does not parse: ") + e.what());
   }
   try {
@@ -272,12 +273,13 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
       c.operations.push_back(std::move(op));
     }
   } catch (const std::exception& e) {
-    return Error::FailedPrecondition("contract_access",
+    return Error::FailedPrecondition(reason::kContractAccess,
                                      std::string("malformed access contract: ") + e.what());
   }
   if (!problems.empty()) {
     Error e = Error::FailedPrecondition(
-        "contract_access", fmt::format("{} access problem(s) in the contract", problems.size()));
+        reason::kContractAccess,
+        fmt::format("{} access problem(s) in the contract", problems.size()));
     e.details = problems;
     return e;
   }
@@ -287,10 +289,11 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
 Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
                                    const std::string& node_id) {
   auto it = c.roles.find(role);
-  if (it == c.roles.end()) return Error::NotFound("role_unknown", "no role " + role);
+  if (it == c.roles.end()) return Error::NotFound(reason::kRoleUnknown, "no role " + role);
   const Role& r = it->second;
   if ((r.kind == Kind::kNode) != !node_id.empty()) {
-    return Error::InvalidArgument("node_id", "a node id is required for, and only for, node roles");
+    return Error::InvalidArgument(reason::kNodeId,
+                                  "a node id is required for, and only for, node roles");
   }
   Permissions p;
   p.subscribe.insert(InboxPrefix(role, node_id) + ".>");
@@ -385,7 +388,7 @@ Result<std::string> RenderAuthorization(const Contract& c, const std::vector<Use
       "authorization {\n  users = [\n";
   for (const auto& u : users) {
     if (!auth::IsUserPublicKey(u.nkey)) {
-      return Error::InvalidArgument("nkey_invalid", "not a user public nkey: " + u.nkey);
+      return Error::InvalidArgument(reason::kNkeyInvalid, "not a user public nkey: " + u.nkey);
     }
     auto p = PermissionsFor(c, u.role, u.node_id);
     if (!p.ok()) return p.error();
@@ -418,11 +421,13 @@ Result<void> WritePublic(const std::string& path, const std::string& content) {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << content;
-    if (!out) return Error::Internal("write_failed", "cannot write " + tmp);
+    if (!out) return Error::Internal(reason::kWriteFailed, "cannot write " + tmp);
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) return Error::Internal("write_failed", "cannot rename " + tmp + ": " + ec.message());
+  if (ec) {
+    return Error::Internal(reason::kWriteFailed, "cannot rename " + tmp + ": " + ec.message());
+  }
   return Ok();
 }
 }  // namespace
@@ -430,7 +435,7 @@ Result<void> WritePublic(const std::string& path, const std::string& content) {
 Result<void> InitKeys(const Contract& c, const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir + "/nodes", ec);
-  if (ec) return Error::Internal("keys_dir", "cannot create " + dir + ": " + ec.message());
+  if (ec) return Error::Internal(reason::kKeysDir, "cannot create " + dir + ": " + ec.message());
   fs::permissions(dir, fs::perms::owner_all, ec);
   for (const auto& [name, role] : c.roles) {
     if (role.kind == Kind::kNode || fs::exists(SeedPath(dir, name))) continue;
@@ -456,7 +461,7 @@ Result<std::string> ReadPublicKey(const std::string& path) {
   key.erase(std::remove_if(key.begin(), key.end(), [](char ch) { return std::isspace(ch); }),
             key.end());
   if (!auth::IsUserPublicKey(key)) {
-    return Error::InvalidArgument("nkey_invalid", path + " holds no user public nkey");
+    return Error::InvalidArgument(reason::kNkeyInvalid, path + " holds no user public nkey");
   }
   return key;
 }
@@ -499,16 +504,14 @@ bool ValidNodeId(const std::string& id) {
 
 Result<std::string> EnrollNode(const std::string& dir, const std::string& node_id) {
   if (!ValidNodeId(node_id)) {
-    return Error::InvalidArgument("node_id_invalid",
+    return Error::InvalidArgument(reason::kNodeIdInvalid,
                                   "node id must be 1-63 of [a-z0-9-]: '" + node_id + "'");
   }
   const std::string path = dir + "/nodes/" + node_id + ".pub";
   if (fs::exists(path)) {
-    return Error{Code::kAlreadyExists,
-                 "node_enrolled",
-                 node_id + " is enrolled already; revoke it first to issue a new key",
-                 {},
-                 false};
+    return Error::Of(Code::kAlreadyExists, reason::kNodeEnrolled,
+                     node_id + " is enrolled already; revoke it first to issue a new key", {},
+                     false);
   }
   std::error_code ec;
   fs::create_directories(dir + "/nodes", ec);
@@ -520,11 +523,11 @@ Result<std::string> EnrollNode(const std::string& dir, const std::string& node_i
 
 Result<void> RevokeNode(const std::string& dir, const std::string& node_id) {
   if (!ValidNodeId(node_id)) {
-    return Error::InvalidArgument("node_id_invalid", "invalid node id '" + node_id + "'");
+    return Error::InvalidArgument(reason::kNodeIdInvalid, "invalid node id '" + node_id + "'");
   }
   std::error_code ec;
   if (!fs::remove(dir + "/nodes/" + node_id + ".pub", ec)) {
-    return Error::NotFound("node_not_enrolled", node_id + " is not enrolled");
+    return Error::NotFound(reason::kNodeNotEnrolled, node_id + " is not enrolled");
   }
   return Ok();
 }

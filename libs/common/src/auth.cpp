@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/validate.hpp"
 
 namespace gpuaas::auth {
@@ -162,7 +163,7 @@ bool DecodeChecked(std::string_view s, std::vector<uint8_t>& raw) {
 }
 
 Error SeedInvalid(const std::string& why) {
-  return Error::InvalidArgument("nkey_seed_invalid", "not a NATS user seed: " + why);
+  return Error::InvalidArgument(reason::kNkeySeedInvalid, "not a NATS user seed: " + why);
 }
 
 std::string EncodeUserSeed(const uint8_t* key) {
@@ -176,12 +177,12 @@ std::string EncodeUserSeed(const uint8_t* key) {
 
 Result<std::string> PublicFromRawSeed(const uint8_t* key) {
   PkeyPtr pkey(EVP_PKEY_new_raw_private_key(EVP_PKEY_ED25519, nullptr, key, kKeyLen));
-  if (!pkey) return Error::Internal("nkey_crypto", "cannot load an ed25519 key");
+  if (!pkey) return Error::Internal(reason::kNkeyCrypto, "cannot load an ed25519 key");
   std::vector<uint8_t> raw(1 + kKeyLen);
   raw[0] = kPrefixUser;
   size_t len = kKeyLen;
   if (EVP_PKEY_get_raw_public_key(pkey.get(), raw.data() + 1, &len) != 1 || len != kKeyLen) {
-    return Error::Internal("nkey_crypto", "cannot derive an ed25519 public key");
+    return Error::Internal(reason::kNkeyCrypto, "cannot derive an ed25519 public key");
   }
   return EncodeChecked(std::move(raw));
 }
@@ -255,11 +256,12 @@ int64_t UnixSeconds(std::chrono::system_clock::time_point t) {
   return std::chrono::duration_cast<std::chrono::seconds>(t.time_since_epoch()).count();
 }
 
-Error Unauthenticated(std::string reason, std::string message) {
-  return {Code::kUnauthenticated, std::move(reason), std::move(message), {}, false};
+Error Unauthenticated(Reason why, std::string message) {
+  return Error::Of(Code::kUnauthenticated, why, std::move(message));
 }
 Error BadClaim(const std::string& claim, const std::string& message) {
-  return {Code::kUnauthenticated, "token_claims", message, {{"claim", claim}}, false};
+  return Error::Of(Code::kUnauthenticated, reason::kTokenClaims, message, {{"claim", claim}},
+                   false);
 }
 
 // base64url without padding, strictly (the JWS compact form).
@@ -320,7 +322,8 @@ Result<Principal> PrincipalFromClaims(const json& claims, int64_t now) {
   const auto iat = integer("iat");
   if (!iat) return BadClaim("iat", "iat is missing or not an integer");
   if (*exp <= now - kLeewaySeconds) {
-    return Unauthenticated("token_expired", fmt::format("the token expired {} s ago", now - *exp));
+    return Unauthenticated(reason::kTokenExpired,
+                           fmt::format("the token expired {} s ago", now - *exp));
   }
   if (*iat > now + kLeewaySeconds) return BadClaim("iat", "iat is in the future");
   if (*exp <= *iat || *exp - *iat > kMaxTokenTtl.count()) {
@@ -369,7 +372,7 @@ Result<NKeyPair> NewUserNKey() {
   SecretBytes key;
   key.get().resize(kKeyLen);
   if (RAND_bytes(key.get().data(), static_cast<int>(kKeyLen)) != 1) {
-    return Error::Internal("nkey_crypto", "no random bytes for a new key");
+    return Error::Internal(reason::kNkeyCrypto, "no random bytes for a new key");
   }
   auto pub = PublicFromRawSeed(key.get().data());
   if (!pub) return pub.error();
@@ -407,7 +410,7 @@ Result<std::string> SignWithSeed(const std::string& seed, std::string_view data)
   if (!ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1 ||
       EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
                      reinterpret_cast<const unsigned char*>(data.data()), data.size()) != 1) {
-    return Error::Internal("nkey_sign_failed", "Ed25519 signing failed");
+    return Error::Internal(reason::kNkeySignFailed, "Ed25519 signing failed");
   }
   sig.resize(len);
   return sig;
@@ -421,17 +424,18 @@ bool IsUserPublicKey(const std::string& key) {
 
 Result<std::string> ReadSeedFile(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) return Error::NotFound("seed_file_missing", path + ": " + Errno());
+  if (fd.get() < 0) return Error::NotFound(reason::kSeedFileMissing, path + ": " + Errno());
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) {
-    return Error::NotFound("seed_file_missing", path + ": " + Errno());
+    return Error::NotFound(reason::kSeedFileMissing, path + ": " + Errno());
   }
-  if (!S_ISREG(st.st_mode)) return Error::NotFound("seed_file_missing", path + ": not a file");
+  if (!S_ISREG(st.st_mode)) return Error::NotFound(reason::kSeedFileMissing, path + ": not a file");
   if ((st.st_mode & 077) != 0) {
     return Error::FailedPrecondition(
-        "seed_file_mode", fmt::format("{} has mode {:04o}: a secret must be readable by its owner "
-                                      "only (0600 or 0400)",
-                                      path, st.st_mode & 07777));
+        reason::kSeedFileMode,
+        fmt::format("{} has mode {:04o}: a secret must be readable by its owner "
+                    "only (0600 or 0400)",
+                    path, st.st_mode & 07777));
   }
   constexpr size_t kMaxSize = 4096;  // a seed is 58 characters
   std::string text;
@@ -441,7 +445,7 @@ Result<std::string> ReadSeedFile(const std::string& path) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) {
       OPENSSL_cleanse(text.data(), text.size());
-      return Error::NotFound("seed_file_missing", path + ": " + Errno());
+      return Error::NotFound(reason::kSeedFileMissing, path + ": " + Errno());
     }
     if (n == 0) break;
     text.append(buf.data(), static_cast<size_t>(n));
@@ -464,11 +468,12 @@ Result<void> WriteSecretFile(const std::string& path, const std::string& content
   namespace fs = std::filesystem;
   const fs::path target(path);
   if (target.filename().empty()) {
-    return Error::InvalidArgument("secret_file_path", "not a file path: " + path);
+    return Error::InvalidArgument(reason::kSecretFilePath, "not a file path: " + path);
   }
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const auto fail = [&](const std::string& what) {
-    return Error::Internal("secret_file_write", fmt::format("{}: {}: {}", path, what, Errno()));
+    return Error::Internal(reason::kSecretFileWrite,
+                           fmt::format("{}: {}: {}", path, what, Errno()));
   };
 
   // Create the missing directories, outermost first, each 0700.
@@ -512,14 +517,14 @@ Result<void> WriteSecretFile(const std::string& path, const std::string& content
 
 Result<SigningKey> NewSigningKey() {
   PkeyPtr key(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
-  if (!key) return Error::Internal("signing_key_crypto", "cannot generate an EC P-256 key");
+  if (!key) return Error::Internal(reason::kSigningKeyCrypto, "cannot generate an EC P-256 key");
   BioPtr priv(BIO_new(BIO_s_mem()));
   BioPtr pub(BIO_new(BIO_s_mem()));
   if (!priv || !pub ||
       PEM_write_bio_PKCS8PrivateKey(priv.get(), key.get(), nullptr, nullptr, 0, nullptr, nullptr) !=
           1 ||
       PEM_write_bio_PUBKEY(pub.get(), key.get()) != 1) {
-    return Error::Internal("signing_key_crypto", "cannot write the key as PEM");
+    return Error::Internal(reason::kSigningKeyCrypto, "cannot write the key as PEM");
   }
   SigningKey out{BioString(priv.get()), BioString(pub.get())};
   // The memory BIO held the private key; scrub it before it is freed.
@@ -537,26 +542,27 @@ Result<std::string> IssueToken(const std::string& private_pem, const Principal& 
                                std::chrono::seconds ttl,
                                std::chrono::system_clock::time_point now) {
   if (auto problem = PrincipalProblem(principal.subject, principal.tenant, principal.roles)) {
-    return Error::InvalidArgument("principal_invalid", problem->second,
+    return Error::InvalidArgument(reason::kPrincipalInvalid, problem->second,
                                   {{"claim", problem->first}});
   }
   for (const auto& [claim, text] :
        {std::pair<std::string, const std::string*>{"sub", &principal.subject},
         {"tenant", &principal.tenant}}) {
     if (auto why = validate::TextProblem(*text); !why.empty()) {
-      return Error::InvalidArgument(
-          "principal_invalid", fmt::format("the {} claim: {}", claim, why), {{"claim", claim}});
+      return Error::InvalidArgument(reason::kPrincipalInvalid,
+                                    fmt::format("the {} claim: {}", claim, why),
+                                    {{"claim", claim}});
     }
   }
   if (ttl <= std::chrono::seconds(0) || ttl > kMaxTokenTtl) {
     return Error::InvalidArgument(
-        "token_ttl_invalid",
+        reason::kTokenTtlInvalid,
         fmt::format("ttl {} s is outside (0, {}] s", ttl.count(), kMaxTokenTtl.count()));
   }
   // Checked here, not left to libjwt: it would read an encrypted key with OpenSSL's default
   // passphrase prompt, and sign with whatever key type it is given.
   if (!IsP256PrivateKeyPem(private_pem)) {
-    return Error::InvalidArgument("signing_key_invalid",
+    return Error::InvalidArgument(reason::kSigningKeyInvalid,
                                   "the signing key is not an EC P-256 private key in PEM");
   }
   const int64_t iat = UnixSeconds(now);
@@ -566,50 +572,52 @@ Result<std::string> IssueToken(const std::string& private_pem, const Principal& 
   if (!principal.tenant.empty()) claims["tenant"] = principal.tenant;
 
   jwt_t* raw = nullptr;
-  if (jwt_new(&raw) != 0) return Error::Internal("token_issue", "jwt_new failed");
+  if (jwt_new(&raw) != 0) return Error::Internal(reason::kTokenIssue, "jwt_new failed");
   JwtPtr jwt(raw);
   if (jwt_add_grants_json(jwt.get(), claims.dump().c_str()) != 0) {
-    return Error::Internal("token_issue", "cannot add the claims");
+    return Error::Internal(reason::kTokenIssue, "cannot add the claims");
   }
   if (jwt_set_alg(jwt.get(), JWT_ALG_ES256,
                   reinterpret_cast<const unsigned char*>(private_pem.data()),
                   static_cast<int>(private_pem.size())) != 0) {
-    return Error::InvalidArgument("signing_key_invalid", "libjwt refused the signing key");
+    return Error::InvalidArgument(reason::kSigningKeyInvalid, "libjwt refused the signing key");
   }
   CStrPtr token(jwt_encode_str(jwt.get()));
-  if (!token) return Error::InvalidArgument("signing_key_invalid", "signing with the key failed");
+  if (!token) {
+    return Error::InvalidArgument(reason::kSigningKeyInvalid, "signing with the key failed");
+  }
   return std::string(token.get());
 }
 
 Result<Principal> VerifyToken(const std::string& token, const std::vector<std::string>& public_pems,
                               std::chrono::system_clock::time_point now) {
-  if (token.empty()) return Unauthenticated("token_missing", "no token");
+  if (token.empty()) return Unauthenticated(reason::kTokenMissing, "no token");
   // JWS compact form: header.payload.signature.
   const size_t d1 = token.find('.');
   const size_t d2 = d1 == std::string::npos ? d1 : token.find('.', d1 + 1);
   if (d2 == std::string::npos || token.find('.', d2 + 1) != std::string::npos) {
-    return Unauthenticated("token_malformed", "a token has three dot-separated parts");
+    return Unauthenticated(reason::kTokenMalformed, "a token has three dot-separated parts");
   }
   const std::string_view view(token);
   auto header = DecodeJsonSegment(view.substr(0, d1));
-  if (!header) return Unauthenticated("token_malformed", "the header is not base64url JSON");
+  if (!header) return Unauthenticated(reason::kTokenMalformed, "the header is not base64url JSON");
   // The algorithm is decided here, before libjwt sees the token: libjwt picks the verification
   // from the header, so "none" or HS256 keyed with our public key would otherwise pass.
   auto alg = header->find("alg");
   if (alg == header->end() || !alg->is_string()) {
-    return Unauthenticated("token_malformed", "the header names no algorithm");
+    return Unauthenticated(reason::kTokenMalformed, "the header names no algorithm");
   }
   if (alg->get<std::string>() != "ES256") {
     return Unauthenticated(
-        "token_algorithm",
+        reason::kTokenAlgorithm,
         fmt::format("algorithm '{}' is refused: only ES256 is accepted", alg->get<std::string>()));
   }
   if (!DecodeJsonSegment(view.substr(d1 + 1, d2 - d1 - 1))) {
-    return Unauthenticated("token_malformed", "the payload is not base64url JSON");
+    return Unauthenticated(reason::kTokenMalformed, "the payload is not base64url JSON");
   }
   std::string signature;
   if (d2 + 1 == token.size() || !Base64UrlDecode(view.substr(d2 + 1), signature)) {
-    return Unauthenticated("token_malformed", "the signature is missing or not base64url");
+    return Unauthenticated(reason::kTokenMalformed, "the signature is missing or not base64url");
   }
 
   JwtPtr verified;
@@ -626,13 +634,14 @@ Result<Principal> VerifyToken(const std::string& token, const std::vector<std::s
     }
   }
   if (!verified) {
-    return Unauthenticated("token_signature", "no trusted key verifies the token's signature");
+    return Unauthenticated(reason::kTokenSignature,
+                           "no trusted key verifies the token's signature");
   }
   CStrPtr grants(jwt_get_grants_json(verified.get(), nullptr));
-  if (!grants) return Unauthenticated("token_malformed", "the token has no claims");
+  if (!grants) return Unauthenticated(reason::kTokenMalformed, "the token has no claims");
   json claims = json::parse(grants.get(), nullptr, /*allow_exceptions=*/false);
   if (claims.is_discarded() || !claims.is_object()) {
-    return Unauthenticated("token_malformed", "the claims are not a JSON object");
+    return Unauthenticated(reason::kTokenMalformed, "the claims are not a JSON object");
   }
   return PrincipalFromClaims(claims, UnixSeconds(now));
 }

@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include "gpuaas/common/reasons.hpp"
+
 extern char** environ;  // NOLINT
 
 namespace gpuaas::config {
@@ -159,7 +161,7 @@ Result<void> Schema::Load(const std::string& path, const std::map<std::string, s
   if (!path.empty()) {
     std::ifstream in(path);
     if (!in) {
-      return Error::InvalidArgument("config_unreadable",
+      return Error::InvalidArgument(reason::kConfigUnreadable,
                                     fmt::format("cannot read config file {}", path));
     }
     std::stringstream ss;
@@ -184,7 +186,7 @@ Result<void> Schema::LoadFromString(const std::string& yaml,
         }
       }
     } catch (const YAML::Exception& e) {
-      return Error::InvalidArgument("config_yaml_invalid", e.what());
+      return Error::InvalidArgument(reason::kConfigYamlInvalid, e.what());
     }
   }
   std::set<std::string> known;
@@ -202,7 +204,7 @@ Result<void> Schema::LoadFromString(const std::string& yaml,
   if (!problems.empty()) {
     std::string msg = fmt::format("{} configuration problem(s):", problems.size());
     for (const auto& [k, v] : problems) msg += fmt::format(" {}: {};", k, v);
-    return Error::InvalidArgument("config_invalid", msg, problems);
+    return Error::InvalidArgument(reason::kConfigInvalid, msg, problems);
   }
   return Ok();
 }

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::contract {
@@ -39,7 +40,7 @@ Result<Role> ParseRole(const std::string& name) {
   for (Role r : {Role::kServe, Role::kConsume, Role::kPublish, Role::kRequest}) {
     if (name == RoleName(r)) return r;
   }
-  return Error::InvalidArgument("unknown_role", "not a contract role: '" + name + "'");
+  return Error::InvalidArgument(reason::kUnknownRole, "not a contract role: '" + name + "'");
 }
 
 void Registry::Record(Entry e) {
@@ -130,7 +131,8 @@ Result<std::vector<Entry>> EntriesFromJson(const std::string& json) {
     }
     return out;
   } catch (const std::exception& e) {
-    return Error::InvalidArgument("malformed_contract", std::string("contract JSON: ") + e.what());
+    return Error::InvalidArgument(reason::kMalformedContract,
+                                  std::string("contract JSON: ") + e.what());
   }
 }
 

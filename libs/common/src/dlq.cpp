@@ -8,6 +8,7 @@
 
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
@@ -23,7 +24,7 @@ Error JsFailure(natsStatus s, jsErrCode jerr, const std::string& what) {
 }
 
 Error NotFound(uint64_t sequence) {
-  return Error::NotFound("dead_letter_not_found",
+  return Error::NotFound(reason::kDeadLetterNotFound,
                          fmt::format("no dead letter at sequence {} of {}", sequence, kStream));
 }
 
@@ -100,7 +101,7 @@ Result<v1::ReplayDeadLetterResponse> Replay(const ReplayDeps& deps,
                                             const v1::ReplayDeadLetterRequest& req,
                                             rpc::Context& ctx) {
   if (req.dlq_sequence() == 0) {
-    return Error::InvalidArgument("dlq_sequence_required",
+    return Error::InvalidArgument(reason::kDlqSequenceRequired,
                                   "dlq_sequence: the dead letter's sequence in GPUAAS_DLQ");
   }
   auto entry = Get(*deps.nats, req.dlq_sequence());
@@ -108,7 +109,7 @@ Result<v1::ReplayDeadLetterResponse> Replay(const ReplayDeps& deps,
   v1::DeadLetter dl;
   if (!dl.ParseFromString(entry->data) || dl.consumer().empty() || dl.subject().empty()) {
     return Error::FailedPrecondition(
-        "dead_letter_malformed",
+        reason::kDeadLetterMalformed,
         fmt::format("GPUAAS_DLQ sequence {} is not a gpuaas.v1.DeadLetter", entry->sequence));
   }
   messaging::Headers headers(dl.headers().begin(), dl.headers().end());
@@ -136,7 +137,7 @@ Result<v1::ReplayDeadLetterResponse> Replay(const ReplayDeps& deps,
     resp.set_republished_sequence(ack->sequence);
   } else {
     Error e = Error::NotFound(
-        "consumer_not_owned",
+        reason::kConsumerNotOwned,
         fmt::format("{} neither runs nor manages consumer {} on {}: replay it through the "
                     "service the contract names for it",
                     deps.service, dl.consumer(), dl.stream()));
@@ -250,9 +251,9 @@ Result<std::string> ReplayServiceOf(const access::Contract& c, const std::string
       if (!k.managed_by.empty()) return k.managed_by;
     }
   }
-  Error e =
-      Error::NotFound("consumer_unknown", "the contract declares no durable consumer " + consumer +
-                                              (stream.empty() ? "" : " on " + stream));
+  Error e = Error::NotFound(reason::kConsumerUnknown, "the contract declares no durable consumer " +
+                                                          consumer +
+                                                          (stream.empty() ? "" : " on " + stream));
   e.details = {{"consumer", consumer}};
   return e;
 }

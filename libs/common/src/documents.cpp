@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/store.hpp"
 
 namespace gpuaas::documents {
@@ -37,7 +38,7 @@ Result<VersionFields> FieldsOf(const Message& m) {
                   f.created_at->message_type()->full_name() == "google.protobuf.Timestamp";
   if (!ok) {
     return Error::Internal(
-        "document_without_version",
+        reason::kDocumentWithoutVersion,
         fmt::format("{} has no int64 version and google.protobuf.Timestamp created_at fields",
                     d->full_name()));
   }
@@ -116,15 +117,14 @@ Result<int64_t> Load(pqxx::work& tx, const Tables& t, const std::string& node_id
                                  tx.quote_name(t.documents)),
                      node_id, want);
   if (doc.empty()) {
-    return Error{Code::kNotFound,
-                 "document_version_not_found",
-                 fmt::format("node {} has {} versions up to {}", node_id, t.what, latest),
-                 {{"version", std::to_string(version)}, {"latest", std::to_string(latest)}},
-                 false};
+    return Error::Of(Code::kNotFound, reason::kDocumentVersionNotFound,
+                     fmt::format("node {} has {} versions up to {}", node_id, t.what, latest),
+                     {{"version", std::to_string(version)}, {"latest", std::to_string(latest)}},
+                     false);
   }
   if (auto p = protojson::FromJson(doc[0][0].as<std::string>(), &out); !p.ok()) {
-    return Error::Internal("corrupt_document", fmt::format("{} {} of node {}: {}", t.what, want,
-                                                           node_id, p.error().message));
+    return Error::Internal(reason::kCorruptDocument, fmt::format("{} {} of node {}: {}", t.what,
+                                                                 want, node_id, p.error().message));
   }
   return latest;
 }
@@ -145,7 +145,7 @@ AckState LoadAck(pqxx::work& tx, const Tables& t, const std::string& node_id) {
 
 Result<void> ValidateAck(int64_t version, const std::vector<std::string>& blockers) {
   if (version < 0) {
-    return Error::InvalidArgument("invalid_version", "version must be >= 0",
+    return Error::InvalidArgument(reason::kInvalidVersion, "version must be >= 0",
                                   {{"version", "must be >= 0"}});
   }
   std::map<std::string, std::string> problems;
@@ -155,7 +155,7 @@ Result<void> ValidateAck(int64_t version, const std::vector<std::string>& blocke
     }
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_blocker", "blockers are stable snake_case names",
+    return Error::InvalidArgument(reason::kInvalidBlocker, "blockers are stable snake_case names",
                                   std::move(problems));
   }
   return Ok();
@@ -166,12 +166,11 @@ Result<AckResult> RecordAck(pqxx::work& tx, const Tables& t, const std::string& 
   if (auto v = ValidateAck(version, blockers); !v.ok()) return v.error();
   const int64_t latest = Latest(tx, t, node_id);
   if (version > latest) {
-    return Error{Code::kInvalidArgument,
-                 "unknown_version",
-                 fmt::format("node {} has {} versions up to {}; cannot ack {}", node_id, t.what,
-                             latest, version),
-                 {{"version", std::to_string(version)}, {"latest", std::to_string(latest)}},
-                 false};
+    return Error::Of(Code::kInvalidArgument, reason::kUnknownVersion,
+                     fmt::format("node {} has {} versions up to {}; cannot ack {}", node_id, t.what,
+                                 latest, version),
+                     {{"version", std::to_string(version)}, {"latest", std::to_string(latest)}},
+                     false);
   }
   const std::string acks = tx.quote_name(t.acks);
   auto r = tx.exec_params(

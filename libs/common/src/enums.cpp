@@ -6,6 +6,7 @@
 #include <map>
 #include <mutex>
 
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/v1/types.pb.h"
 
 namespace gpuaas::enums {
@@ -42,8 +43,9 @@ const Table& TableOf(const google::protobuf::EnumDescriptor* d) {
     if (text.empty()) {
       std::string_view name = v->name();
       if (name.substr(0, prefix.size()) == prefix) name.remove_prefix(prefix.size());
-      for (char c : name)
+      for (char c : name) {
         text.push_back(static_cast<char>(std::tolower(static_cast<unsigned char>(c))));
+      }
     }
     t.text[v->number()] = text;
     t.number[text] = v->number();
@@ -81,12 +83,24 @@ std::string JoinTexts(const google::protobuf::EnumDescriptor* d) {
   return out;
 }
 
-Error InvalidValue(std::string_view field, std::string_view got,
-                   const google::protobuf::EnumDescriptor* d) {
+namespace {
+Error InvalidValueOf(std::string reason, std::string_view field, std::string_view got,
+                     const google::protobuf::EnumDescriptor* d) {
   std::string f(field);
-  return Error::InvalidArgument(f + "_invalid",
+  return Error::InvalidArgument(std::move(reason),
                                 f + " '" + std::string(got) + "' is not one of: " + JoinTexts(d),
                                 {{f, "one of " + JoinTexts(d)}});
+}
+}  // namespace
+
+Error InvalidValue(std::string_view field, std::string_view got,
+                   const google::protobuf::EnumDescriptor* d) {
+  return InvalidValueOf(reason::FieldInvalid(field), field, got, d);
+}
+
+Error InvalidValue(Reason reason, std::string_view field, std::string_view got,
+                   const google::protobuf::EnumDescriptor* d) {
+  return InvalidValueOf(reason.str(), field, got, d);
 }
 
 }  // namespace gpuaas::enums

@@ -7,6 +7,8 @@
 #include <map>
 #include <thread>
 
+#include "gpuaas/common/reasons.hpp"
+
 namespace gpuaas::http {
 
 namespace asio = boost::asio;
@@ -102,7 +104,7 @@ Result<uint16_t> Server::Start() {
     impl_->acceptor->listen();
     impl_->port = impl_->acceptor->local_endpoint().port();
   } catch (const std::exception& e) {
-    return Error::Unavailable("http_bind_failed",
+    return Error::Unavailable(reason::kHttpBindFailed,
                               impl_->host + ":" + std::to_string(impl_->port) + ": " + e.what());
   }
   impl_->Accept();
@@ -138,7 +140,7 @@ Result<std::pair<int, std::string>> Get(const std::string& host, uint16_t port,
     stream.socket().shutdown(tcp::socket::shutdown_both, ec);
     return std::make_pair(static_cast<int>(res.result_int()), res.body());
   } catch (const std::exception& e) {
-    return Error::Unavailable("http_get_failed", e.what());
+    return Error::Unavailable(reason::kHttpGetFailed, e.what());
   }
 }
 

@@ -16,6 +16,7 @@
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::messaging {
@@ -24,23 +25,21 @@ Error NatsError(natsStatus s, const std::string& what) {
   const char* text = natsStatus_GetText(s);
   switch (s) {
     case NATS_TIMEOUT:
-      return {Code::kDeadlineExceeded, "nats_timeout", what + ": " + text, {}, true};
+      return Error::Of(Code::kDeadlineExceeded, reason::kNatsTimeout, what + ": " + text, {}, true);
     case NATS_NO_RESPONDERS:
-      return {Code::kUnavailable,
-              "no_responders",
-              what + ": no service answers this subject",
-              {},
-              true};
+      return Error::Of(Code::kUnavailable, reason::kNoResponders,
+                       what + ": no service answers this subject", {}, true);
     case NATS_CONNECTION_CLOSED:
     case NATS_CONNECTION_DISCONNECTED:
     case NATS_NO_SERVER:
     case NATS_STALE_CONNECTION:
     case NATS_NOT_YET_CONNECTED:
-      return {Code::kUnavailable, "nats_unavailable", what + ": " + text, {}, true};
+      return Error::Of(Code::kUnavailable, reason::kNatsUnavailable, what + ": " + text, {}, true);
     case NATS_MAX_PAYLOAD:
-      return {Code::kInvalidArgument, "payload_too_large", what + ": " + text, {}, false};
+      return Error::Of(Code::kInvalidArgument, reason::kPayloadTooLarge, what + ": " + text, {},
+                       false);
     default:
-      return {Code::kUnavailable, "nats_error", what + ": " + text, {}, true};
+      return Error::Of(Code::kUnavailable, reason::kNatsError, what + ": " + text, {}, true);
   }
 }
 
@@ -341,11 +340,8 @@ Result<void> Connection::CheckPermitted(const std::string& subject,
     if (text.find(quoted) != std::string::npos) {
       std::string message = "the NATS server refused ";
       message.append(subject).append(" for this identity: ").append(text);
-      return Error{Code::kPermissionDenied,
-                   "nats_permission_denied",
-                   message,
-                   {{"subject", subject}},
-                   false};
+      return Error::Of(Code::kPermissionDenied, reason::kNatsPermissionDenied, message,
+                       {{"subject", subject}}, false);
     }
   }
   return Ok();
@@ -488,7 +484,7 @@ Result<Message> StreamLastMessage(Connection& conn, const std::string& stream,
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus s = js_GetLastMsg(&m, conn.js(), stream.c_str(), subject.c_str(), nullptr, &jerr);
   if (s == NATS_NOT_FOUND || jerr == JSNoMessageFoundErr) {
-    return Error::NotFound("no_message", "no message for " + subject + " in " + stream);
+    return Error::NotFound(reason::kNoMessage, "no message for " + subject + " in " + stream);
   }
   if (s != NATS_OK) return JsError(s, jerr, "last message of " + subject);
   Message out = FromNats(m);
@@ -510,7 +506,7 @@ struct Consumer::Metrics {
 Result<void> SettleMsg(Connection& conn, natsMsg* m, Settle how, int64_t nak_delay_ms) {
   const char* reply = natsMsg_GetReply(m);
   if (reply == nullptr || *reply == '\0') {
-    return Error::FailedPrecondition("not_jetstream", "the message has no ack subject");
+    return Error::FailedPrecondition(reason::kNotJetstream, "the message has no ack subject");
   }
   std::string body;
   switch (how) {

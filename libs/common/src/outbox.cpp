@@ -12,6 +12,7 @@
 #include <optional>
 
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
 
@@ -76,7 +77,7 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) { return Appen
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id) {
   if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0 &&
       spec.nats_subject.rfind("gpuaas.v1.node.", 0) != 0) {
-    return Error::Internal("bad_event_subject",
+    return Error::Internal(reason::kBadEventSubject,
                            "the outbox publishes events (gpuaas.v1.evt.>) and node tasks "
                            "(gpuaas.v1.node.>), not " +
                                spec.nats_subject);
@@ -248,7 +249,7 @@ void Relay::Loop() {
     const auto now = std::chrono::steady_clock::now();
     if (woken || stop_ || now - last_batch >= std::chrono::milliseconds(opts_.idle_poll_ms)) {
       last_batch = now;
-      Result<int> r = Error::Internal("", "");
+      Result<int> r = 0;  // RunBatch or the exception sets it
       try {
         r = RunBatch(*c);
       } catch (const std::exception& e) {

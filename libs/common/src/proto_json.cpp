@@ -2,6 +2,8 @@
 
 #include <google/protobuf/util/json_util.h>
 
+#include "gpuaas/common/reasons.hpp"
+
 namespace gpuaas::protojson {
 
 std::string ToJson(const google::protobuf::Message& m, bool pretty) {
@@ -18,9 +20,9 @@ Result<void> FromJson(const std::string& json, google::protobuf::Message* m) {
   o.ignore_unknown_fields = true;
   auto s = google::protobuf::util::JsonStringToMessage(json, m, o);
   if (!s.ok()) {
-    return Error::InvalidArgument("malformed_json", "not a valid " +
-                                                        m->GetDescriptor()->full_name() +
-                                                        " document: " + std::string(s.message()));
+    return Error::InvalidArgument(reason::kMalformedJson,
+                                  "not a valid " + m->GetDescriptor()->full_name() +
+                                      " document: " + std::string(s.message()));
   }
   return Ok();
 }

@@ -21,6 +21,7 @@
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/validate.hpp"
 #include "gpuaas/v1/status.pb.h"
 
@@ -139,35 +140,29 @@ struct Server::Impl {
   Result<void> Dispatch(const messaging::Message& m, Context& ctx, google::protobuf::Any* out) {
     if (m.data.size() > opts.max_payload) {
       return Error::InvalidArgument(
-          "payload_too_large",
+          reason::kPayloadTooLarge,
           fmt::format("request is {} bytes; the limit is {}", m.data.size(), opts.max_payload),
           {{"size", std::to_string(m.data.size())}, {"limit", std::to_string(opts.max_payload)}});
     }
     auto tokens = access::SubjectTokens(m.subject);
     if (tokens.size() < 3 || tokens[0] != "gpuaas") {
-      return Error::InvalidArgument("unknown_subject", "not a gpuaas subject: " + m.subject);
+      return Error::InvalidArgument(reason::kUnknownSubject, "not a gpuaas subject: " + m.subject);
     }
     if (tokens[1] != "v1") {
       return Error::InvalidArgument(
-          "unsupported_version",
+          reason::kUnsupportedVersion,
           fmt::format("subject version '{}' is not served; this service speaks v1", tokens[1]),
           {{"version", tokens[1]}, {"supported", "v1"}});
     }
     auto it = handlers.find(m.subject);
     if (it == handlers.end()) {
-      return {Error{Code::kUnimplemented,
-                    "unknown_subject",
-                    "no handler for " + m.subject + " in " + service,
-                    {},
-                    false}};
+      return Error::Of(Code::kUnimplemented, reason::kUnknownSubject,
+                       "no handler for " + m.subject + " in " + service, {}, false);
     }
     if (auto a = Authenticate(m, ctx); !a.ok()) return a;
     if (std::chrono::system_clock::now() >= ctx.deadline) {
-      return {Error{Code::kDeadlineExceeded,
-                    "deadline_exceeded",
-                    "the caller's deadline passed before the request was handled",
-                    {},
-                    false}};
+      return Error::Of(Code::kDeadlineExceeded, reason::kDeadlineExceeded,
+                       "the caller's deadline passed before the request was handled", {}, false);
     }
     // Events the handler appends name this principal (outbox::ActorScope); a platform caller's
     // requests leave them to the service's own identity.
@@ -183,7 +178,7 @@ struct Server::Impl {
     try {
       return it->second(m.data, ctx, out);
     } catch (const std::exception& e) {
-      return Error::Internal("handler_exception", e.what());
+      return Error::Internal(reason::kHandlerException, e.what());
     }
   }
 
@@ -240,21 +235,15 @@ struct Server::Impl {
     }
     if (bearer.empty()) {
       if (!m.Header(auth::kHeaderAuthorization).empty()) {
-        return Error{Code::kUnauthenticated,
-                     "token_malformed",
-                     "the Authorization header is not 'Bearer <token>'",
-                     {},
-                     false};
+        return Error::Of(Code::kUnauthenticated, reason::kTokenMalformed,
+                         "the Authorization header is not 'Bearer <token>'", {}, false);
       }
       if (a.internal) {
         ctx.principal.subject = "internal";
         return Ok();
       }
-      return Error{Code::kUnauthenticated,
-                   "token_missing",
-                   m.subject + " needs a request token (Authorization: Bearer)",
-                   {},
-                   false};
+      return Error::Of(Code::kUnauthenticated, reason::kTokenMissing,
+                       m.subject + " needs a request token (Authorization: Bearer)", {}, false);
     }
     auto p = Verified(bearer);
     if (!p.ok()) return p.error();
@@ -269,11 +258,9 @@ struct Server::Impl {
     if (!allowed) {
       std::string roles;
       for (const auto& r : p->roles) roles += (roles.empty() ? "" : ",") + r;
-      return Error{Code::kPermissionDenied,
-                   "role_not_allowed",
-                   fmt::format("{} ({}) may not call {}", p->subject, roles, m.subject),
-                   {{"principal", p->subject}, {"roles", roles}},
-                   false};
+      return Error::Of(Code::kPermissionDenied, reason::kRoleNotAllowed,
+                       fmt::format("{} ({}) may not call {}", p->subject, roles, m.subject),
+                       {{"principal", p->subject}, {"roles", roles}}, false);
     }
     return Ok();
   }
@@ -397,7 +384,7 @@ void Server::Drain(std::chrono::milliseconds timeout) {
 Result<void> DecodeRequest(const std::string& data, google::protobuf::Message& req) {
   if (!req.ParseFromString(data)) {
     return Error::InvalidArgument(
-        "malformed_payload",
+        reason::kMalformedPayload,
         "request body is not a valid " + req.GetDescriptor()->full_name() + " message");
   }
   // Protobuf strings may hold NUL, but PostgreSQL text and C strings end at it: what would be
@@ -427,7 +414,8 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
   if (!resp.ok()) return resp.error();
   v1::Reply reply;
   if (!reply.ParseFromString(resp->data)) {
-    return Error::Internal("malformed_reply", "reply to " + subject + " is not a gpuaas.v1.Reply");
+    return Error::Internal(reason::kMalformedReply,
+                           "reply to " + subject + " is not a gpuaas.v1.Reply");
   }
   const auto& st = reply.status();
   if (st.code() != v1::OK) {
@@ -442,14 +430,16 @@ Result<std::string> Client::CallRaw(const std::string& subject, const std::strin
   const std::string& url = reply.result().type_url();
   if (url.size() < expected_type.size() ||
       url.compare(url.size() - expected_type.size(), expected_type.size(), expected_type) != 0) {
-    return Error::Internal("unexpected_reply_type", "expected " + expected_type + ", got " + url);
+    return Error::Internal(reason::kUnexpectedReplyType,
+                           "expected " + expected_type + ", got " + url);
   }
   return reply.result().value();
 }
 
 Result<int> PageLimit(int32_t page_size, int def, int max) {
   if (page_size < 0 || page_size > max) {
-    return Error::InvalidArgument("invalid_page_size", fmt::format("page_size must be 0..{}", max),
+    return Error::InvalidArgument(reason::kInvalidPageSize,
+                                  fmt::format("page_size must be 0..{}", max),
                                   {{"page_size", fmt::format("must be 0..{}", max)}});
   }
   return page_size == 0 ? def : page_size;

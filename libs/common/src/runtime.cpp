@@ -18,6 +18,7 @@
 #include "gpuaas/common/dlq.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/process_metrics.hpp"
+#include "gpuaas/common/reasons.hpp"
 
 namespace gpuaas::runtime {
 
@@ -90,7 +91,7 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
     std::stringstream pem;
     pem << in.rdbuf();
     if (!in || pem.str().empty()) {
-      return Error::InvalidArgument("token_public_key_unreadable",
+      return Error::InvalidArgument(reason::kTokenKeyUnreadable,
                                     "auth.token_public_keys: cannot read " + path);
     }
     token_keys_.push_back(pem.str());
@@ -99,7 +100,7 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   if (!nc.ok()) return nc.error();
   nats_ = *nc;
   AddReadinessCheck("nats", [this]() -> Result<void> {
-    if (!nats_->Connected()) return Error::Unavailable("nats_disconnected", "not connected");
+    if (!nats_->Connected()) return Error::Unavailable(reason::kNatsDisconnected, "not connected");
     return Ok();
   });
 

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/reasons.hpp"
+
 namespace gpuaas::store {
 
 Pool::Lease::~Lease() {
@@ -20,11 +22,8 @@ Result<Pool::Lease> Pool::Acquire() {
       std::chrono::steady_clock::now() + std::chrono::milliseconds(opts_.acquire_timeout_ms);
   while (idle_.empty() && open_ >= opts_.size) {
     if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) {
-      return Error{Code::kResourceExhausted,
-                   "db_pool_exhausted",
-                   "no database connection free within the acquire timeout",
-                   {},
-                   true};
+      return Error::Of(Code::kResourceExhausted, reason::kDbPoolExhausted,
+                       "no database connection free within the acquire timeout", {}, true);
     }
   }
   if (!idle_.empty()) {
@@ -41,7 +40,7 @@ Result<Pool::Lease> Pool::Acquire() {
     std::lock_guard relock(mu_);
     --open_;
     cv_.notify_one();
-    return Error::Unavailable("db_unavailable", std::string("cannot connect: ") + e.what());
+    return Error::Unavailable(reason::kDbUnavailable, std::string("cannot connect: ") + e.what());
   }
 }
 
@@ -77,25 +76,25 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
   if (dynamic_cast<const pqxx::serialization_failure*>(&e) ||
       dynamic_cast<const pqxx::deadlock_detected*>(&e)) {
     *retry_tx = true;
-    return Error::Aborted("tx_conflict", e.what());
+    return Error::Aborted(reason::kTxConflict, e.what());
   }
   if (dynamic_cast<const pqxx::broken_connection*>(&e) ||
       dynamic_cast<const pqxx::in_doubt_error*>(&e)) {
     *broken = true;
-    return Error::Unavailable("db_unavailable", e.what());
+    return Error::Unavailable(reason::kDbUnavailable, e.what());
   }
   if (const auto* se = dynamic_cast<const pqxx::sql_error*>(&e)) {
     const std::string& state = se->sqlstate();
     // 57P01 admin_shutdown, 57P02 crash_shutdown, 57P03 cannot_connect_now, 08xxx connection.
     if (state.rfind("57P", 0) == 0 || state.rfind("08", 0) == 0) {
       *broken = true;
-      return Error::Unavailable("db_unavailable", e.what());
+      return Error::Unavailable(reason::kDbUnavailable, e.what());
     }
     if (state == "40001" || state == "40P01") {
       *retry_tx = true;
-      return Error::Aborted("tx_conflict", e.what());
+      return Error::Aborted(reason::kTxConflict, e.what());
     }
-    Error err = Error::Internal("db_error", e.what());
+    Error err = Error::Internal(reason::kDbError, e.what());
     err.details["sqlstate"] = state;
     return err;
   }
@@ -103,9 +102,9 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
     // Any other libpq-level failure (a connection lost mid-statement, a server gone away):
     // the database, not the request, is the problem.
     *broken = true;
-    return Error::Unavailable("db_unavailable", e.what());
+    return Error::Unavailable(reason::kDbUnavailable, e.what());
   }
-  return Error::Internal("internal", e.what());
+  return Error::Internal(reason::kInternal, e.what());
 }
 
 namespace detail {
@@ -156,7 +155,7 @@ Result<int> Migrate(Pool& pool, const std::string& component,
           pqxx::nontransaction nt(c);
           nt.exec("SELECT pg_advisory_unlock(hashtext('gpuaas_schema_migrations'))");
           return Error::FailedPrecondition(
-              "migration_changed",
+              reason::kMigrationChanged,
               fmt::format("{} migration {} ({}) was changed after it was applied", component,
                           m.version, m.name));
         }

@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "gpuaas/common/reasons.hpp"
+
 namespace gpuaas::validate {
 
 namespace {
@@ -104,7 +106,7 @@ Result<void> RefuseNulStrings(const google::protobuf::Message& m) {
   std::map<std::string, std::string> details;
   for (const auto& path : bad) details[path] = "contains a NUL byte";
   return Error::InvalidArgument(
-      "string_has_nul",
+      reason::kStringHasNul,
       fmt::format("{} has a NUL byte; text fields may not contain NUL", fmt::join(bad, ", ")),
       std::move(details));
 }

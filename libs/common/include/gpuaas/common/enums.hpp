@@ -51,8 +51,11 @@ std::vector<std::string> Texts() {
 // "a, b, c": the valid texts, for error messages and CLI help.
 std::string JoinTexts(const google::protobuf::EnumDescriptor* d);
 
-// INVALID_ARGUMENT `<field>_invalid` naming the valid texts.
+// INVALID_ARGUMENT `<field>_invalid` (reason::FieldInvalid) naming the valid texts.
 Error InvalidValue(std::string_view field, std::string_view got,
+                   const google::protobuf::EnumDescriptor* d);
+// The same with a reason from the caller's registry (e.g. its kDatapathInvalid).
+Error InvalidValue(Reason reason, std::string_view field, std::string_view got,
                    const google::protobuf::EnumDescriptor* d);
 
 // Parses user input (a flag, a YAML value) or answers INVALID_ARGUMENT `<field>_invalid`.

@@ -75,7 +75,7 @@ class GroupCommit {
   };
   struct Outcome {
     enum Kind { kAlone, kCommitted, kFailed } kind = kAlone;
-    Error error = Error::Internal("", "");  // kFailed: the unit's error
+    Error error;  // kFailed: the unit's error
   };
   Result<void> Submit(const std::function<Result<void>(pqxx::work&)>& body);
   // Runs `group` in one transaction: what became of each unit.

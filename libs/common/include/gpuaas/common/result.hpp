@@ -5,6 +5,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -33,12 +34,57 @@ enum class Code : int {
 
 const char* CodeName(Code code);
 
+// A stable snake_case reason (Status.reason) from a registry: each service lists every reason it
+// answers in one header (`<service>_reasons.hpp`, libs/common's in `reasons.hpp`), one
+// `inline constexpr Reason kName{"text"};` a line. Errors are made from these constants and
+// decisions compare an error's reason with one (`e.Is(reason::kDiskBusy)`), never with free text;
+// a client still accepts reasons it does not know (they grow with the product).
+class Reason {
+ public:
+  explicit constexpr Reason(std::string_view text) : text_(text) {}
+  constexpr std::string_view text() const { return text_; }
+  std::string str() const { return std::string(text_); }
+  friend bool operator==(Reason a, Reason b) { return a.text_ == b.text_; }
+  friend bool operator==(const std::string& s, Reason r) { return s == r.text_; }
+
+ private:
+  std::string_view text_;
+};
+
 struct Error {
   Code code = Code::kUnknown;
-  std::string reason;   // stable snake_case, e.g. "node_id_invalid"
+  std::string reason;   // stable snake_case, e.g. "node_id_invalid" (a registry's Reason)
   std::string message;  // for humans
   std::map<std::string, std::string> details;
   bool retryable = false;
+
+  // Whether this is `r` (whatever the code).
+  bool Is(Reason r) const { return reason == r; }
+
+  // An error of any code; `retryable` as the caller says.
+  static Error Of(Code code, Reason reason, std::string message,
+                  std::map<std::string, std::string> details = {}, bool retryable = false) {
+    return {code, reason.str(), std::move(message), std::move(details), retryable};
+  }
+  static Error InvalidArgument(Reason reason, std::string message,
+                               std::map<std::string, std::string> details = {}) {
+    return InvalidArgument(reason.str(), std::move(message), std::move(details));
+  }
+  static Error NotFound(Reason reason, std::string message) {
+    return NotFound(reason.str(), std::move(message));
+  }
+  static Error FailedPrecondition(Reason reason, std::string message) {
+    return FailedPrecondition(reason.str(), std::move(message));
+  }
+  static Error Unavailable(Reason reason, std::string message) {
+    return Unavailable(reason.str(), std::move(message));
+  }
+  static Error Internal(Reason reason, std::string message) {
+    return Internal(reason.str(), std::move(message));
+  }
+  static Error Aborted(Reason reason, std::string message) {
+    return Aborted(reason.str(), std::move(message));
+  }
 
   static Error InvalidArgument(std::string reason, std::string message,
                                std::map<std::string, std::string> details = {}) {

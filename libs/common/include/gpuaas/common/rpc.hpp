@@ -16,6 +16,7 @@
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/result.hpp"
 
 namespace prometheus {
@@ -143,7 +144,7 @@ class Client {
     if (!raw.ok()) return raw.error();
     Resp resp;
     if (!resp.ParseFromString(*raw)) {
-      return Error::Internal("malformed_reply",
+      return Error::Internal(gpuaas::reason::kMalformedReply,
                              "reply result does not parse as " + Resp::descriptor()->full_name());
     }
     return resp;

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "gpuaas/common/log.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/result.hpp"
 
 namespace gpuaas::store {
@@ -99,7 +100,7 @@ void BackoffSleep(int attempt);
 template <typename F>
 auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval<pqxx::work&>())) {
   using R = decltype(fn(std::declval<pqxx::work&>()));
-  Error last = Error::Unavailable("db_unavailable", "no attempt made");
+  Error last = Error::Unavailable(gpuaas::reason::kDbUnavailable, "no attempt made");
   for (int attempt = 1; attempt <= opts.max_attempts; ++attempt) {
     auto lease = pool.Acquire();
     if (!lease.ok()) return R(lease.error());
