@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
 
 namespace gpuaas::ctl {
@@ -59,7 +60,8 @@ bool IsLabel(std::string_view s) {
 Result<v1::EndpointRequest> ParseExpose(std::string_view text) {
   const auto bad = [&](std::string_view why) {
     return Error::InvalidArgument(
-        "expose_invalid", fmt::format("{}: {} (want NAME:PORT[/tcp|udp], e.g. ssh:22)", text, why));
+        reason::kExposeInvalid,
+        fmt::format("{}: {} (want NAME:PORT[/tcp|udp], e.g. ssh:22)", text, why));
   };
   const auto colon = text.find(':');
   if (colon == std::string_view::npos) return bad("no ':' between name and port");
@@ -415,21 +417,21 @@ struct ReleaseOpts {
 };
 
 int RunAllocRelease(rpc::Client& client, const Globals& g, const ReleaseOpts& o) {
-  Result<v1::ReleaseAllocationResponse> r = Error::Internal("unreached", "");
-  if (o.force) {
-    // Its own subject, which only the operator role may publish.
-    v1::ForceReleaseAllocationRequest req;
-    req.set_allocation_id(o.id);
-    req.set_reason(o.reason);
-    r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.force_release",
-                                                   req, g.Timeout());
-  } else {
+  auto r = [&]() -> Result<v1::ReleaseAllocationResponse> {
+    if (o.force) {
+      // Its own subject, which only the operator role may publish.
+      v1::ForceReleaseAllocationRequest req;
+      req.set_allocation_id(o.id);
+      req.set_reason(o.reason);
+      return client.Call<v1::ReleaseAllocationResponse>(
+          "gpuaas.v1.scheduler.allocation.force_release", req, g.Timeout());
+    }
     v1::ReleaseAllocationRequest req;
     req.set_allocation_id(o.id);
     req.set_reason(o.reason);
-    r = client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", req,
-                                                   g.Timeout());
-  }
+    return client.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", req,
+                                                      g.Timeout());
+  }();
   if (!r.ok()) return Fail(g, r.error());
   Print(g, *r, [&] { PrintAllocation(r->allocation()); });
   if (o.watch) return FollowTimeline(client, g, o.id, true, Want::kReleased, o.watch_timeout_s);

@@ -31,6 +31,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/v1/console.pb.h"
@@ -172,7 +173,7 @@ Result<std::vector<Stored>> ReadStream(messaging::Connection& conn, const std::s
                             nullptr, false);
     natsMsg_Destroy(m);
     if (body.is_discarded()) {
-      return Error::Internal("malformed_js_reply", what + ": the reply is not JSON");
+      return Error::Internal(reason::kMalformedJsReply, what + ": the reply is not JSON");
     }
     return body;
   };
@@ -189,7 +190,7 @@ Result<std::vector<Stored>> ReadStream(messaging::Connection& conn, const std::s
   if (!info.ok()) return info.error();
   if (auto e = JsApiError(*info)) {
     if (e->err_code == kJsStreamNotFound) return std::vector<Stored>{};
-    return Error::Unavailable("stream_info_failed",
+    return Error::Unavailable(reason::kStreamInfoFailed,
                               fmt::format("stream info {}: {}", stream, e->description));
   }
   const auto& state = (*info)["state"];
@@ -223,7 +224,7 @@ Result<std::vector<Stored>> ReadStream(messaging::Connection& conn, const std::s
     if (auto e = JsApiError(*body)) {
       // A deleted message leaves a gap in the sequence.
       if (e->err_code != kJsNoMessageFound) {
-        return Error::Unavailable("message_get_failed",
+        return Error::Unavailable(reason::kMessageGetFailed,
                                   fmt::format("message get {}: {}", stream, e->description));
       }
     } else {
@@ -630,7 +631,7 @@ Result<pb::Timestamp> ParseSince(const std::string& text) {
     return t;
   }
   return Error::InvalidArgument(
-      "since_invalid",
+      reason::kSinceInvalid,
       "--since takes an RFC 3339 time (2025-01-31T12:00:00Z) or an age (90s, "
       "15m, 2h, 7d), got '" +
           text + "'");
@@ -653,7 +654,7 @@ int Run(messaging::Connection& conn, const Globals& g, Target t, const Options& 
     const size_t slash = t.id.find('/');
     if (slash == std::string::npos || slash == 0 || slash + 1 == t.id.size()) {
       return Usage(g, Error::InvalidArgument(
-                          "slot_id_invalid",
+                          reason::kSlotIdInvalid,
                           "a slot id is <node_id>/<slot_key> (gpu-01/gpu-0000:18:00.0), got '" +
                               t.id + "'"));
     }
@@ -701,7 +702,7 @@ int Run(messaging::Connection& conn, const Globals& g, Target t, const Options& 
   if (records.empty()) {
     std::string message = fmt::format("no events for {} {}", t.Noun(), t.id);
     if (since) message += " since " + pb::util::TimeUtil::ToString(*since);
-    Error e = Error::NotFound("no_events", message);
+    Error e = Error::NotFound(reason::kNoEvents, message);
     e.details = {{t.Noun() + "_id", t.id}};
     return Fail(g, e);
   }

@@ -11,8 +11,10 @@
 #include <fmt/format.h>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
+#include "gpuaas/common/reasons.hpp"
 
 namespace gpuaas::ctl {
 
@@ -25,7 +27,7 @@ Result<access::Contract> Contract(const std::string& dir) {
 
 Result<std::string> Read(const std::string& path) {
   std::ifstream in(path);
-  if (!in) return Error::NotFound("file_missing", "cannot read " + path);
+  if (!in) return Error::NotFound(gpuaas::reason::kFileMissing, "cannot read " + path);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
@@ -45,7 +47,7 @@ Result<void> Render(const access::Contract& c, const std::string& keys, const st
     {
       std::ofstream f(out + ".tmp", std::ios::trunc);
       f << *conf;
-      if (!f) return Error::Internal("write_failed", "cannot write " + out + ".tmp");
+      if (!f) return Error::Internal(gpuaas::reason::kWriteFailed, "cannot write " + out + ".tmp");
     }
     std::filesystem::rename(out + ".tmp", out);
   }
@@ -54,7 +56,7 @@ Result<void> Render(const access::Contract& c, const std::string& keys, const st
     if (!pid.ok()) return pid.error();
     const int n = std::atoi(pid->c_str());
     if (n <= 0 || kill(n, SIGHUP) != 0) {
-      return Error::Unavailable("nats_reload_failed", "cannot signal nats-server pid " + *pid);
+      return Error::Unavailable(reason::kNatsReloadFailed, "cannot signal nats-server pid " + *pid);
     }
   }
   return Ok();
@@ -131,7 +133,7 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
       int64_t n = 0;
       char unit = 's';
       if (std::sscanf(o->ttl.c_str(), "%ld%c", &n, &unit) < 1 || n <= 0) {
-        return Usage(g, Error::InvalidArgument("invalid_ttl", "--ttl is <n>s|<n>m|<n>h"));
+        return Usage(g, Error::InvalidArgument(reason::kInvalidTtl, "--ttl is <n>s|<n>m|<n>h"));
       }
       const int64_t mult = unit == 'h' ? 3600 : unit == 'm' ? 60 : 1;
       auth::Principal p;

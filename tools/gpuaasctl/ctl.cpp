@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/v1/status.pb.h"
 
 namespace gpuaas::ctl {
@@ -49,9 +50,9 @@ bool FromTransport(const Error& e) {
   // messaging::NatsError's reasons: the request never got a service's reply; and rpc::Server's
   // deadline_exceeded: the request expired before a service handled it.
   if (e.code != Code::kUnavailable && e.code != Code::kDeadlineExceeded) return false;
-  return e.reason == "nats_timeout" || e.reason == "no_responders" ||
-         e.reason == "nats_unavailable" || e.reason == "nats_error" ||
-         e.reason == "deadline_exceeded";
+  return e.Is(gpuaas::reason::kNatsTimeout) || e.Is(gpuaas::reason::kNoResponders) ||
+         e.Is(gpuaas::reason::kNatsUnavailable) || e.Is(gpuaas::reason::kNatsError) ||
+         e.Is(gpuaas::reason::kDeadlineExceeded);
 }
 
 int Fail(const Globals& g, const Error& e) {

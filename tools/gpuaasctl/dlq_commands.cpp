@@ -15,8 +15,10 @@
 #include <nlohmann/json.hpp>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/dlq.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::ctl {
@@ -239,7 +241,7 @@ int RunDlqReplay(messaging::Connection& conn, rpc::Client& client, const Globals
   if (!l) return rc;
   if (!l->parsed) {
     return Fail(g, Error::FailedPrecondition(
-                       "dead_letter_malformed",
+                       gpuaas::reason::kDeadLetterMalformed,
                        fmt::format("sequence {} is not a gpuaas.v1.DeadLetter", seq)));
   }
   auto service = dlq::ReplayServiceOf(access::EmbeddedContract(), l->dl.stream(), l->dl.consumer());
@@ -286,7 +288,7 @@ DlqAction AddDlqDiscard(CLI::App& dlq_cmd) {
     if (!*yes) {
       return Usage(g,
                    Error::InvalidArgument(
-                       "confirm_required",
+                       reason::kConfirmRequired,
                        fmt::format("discard deletes dead letter {} for good; pass --yes", *seq)));
     }
     if (auto r = dlq::Delete(conn, *seq); !r.ok()) return Fail(g, r.error());

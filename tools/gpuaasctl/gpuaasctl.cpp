@@ -10,12 +10,19 @@
 #include <CLI/CLI.hpp>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 
 #ifndef GPUAASCTL_VERSION
 #define GPUAASCTL_VERSION "unknown"
 #endif
+
+namespace gpuaas::ctl {
+// status (status_commands.cpp): the platform's health summary; it reads GPUAAS_DLQ over the
+// connection besides its requests.
+DlqAction AddStatusCommand(CLI::App& app);
+}  // namespace gpuaas::ctl
 
 using namespace gpuaas;
 using namespace gpuaas::ctl;
@@ -67,6 +74,7 @@ int main(int argc, char** argv) {
                                        AddIngressCommands(app), AddConsoleCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto dlq_action = AddDlqCommands(app);
+  const auto status_action = AddStatusCommand(app);
   const auto auth_action = AddAuthCommands(app);
   const auto completion = AddCompletionCommand(app);
 
@@ -90,7 +98,7 @@ int main(int argc, char** argv) {
     std::ifstream in(token_file);
     in >> g.token;
     if (!in && g.token.empty()) {
-      return Usage(g, Error::InvalidArgument("token_file", "cannot read " + token_file));
+      return Usage(g, Error::InvalidArgument(ctl::reason::kTokenFile, "cannot read " + token_file));
     }
   }
 
@@ -109,6 +117,7 @@ int main(int argc, char** argv) {
 
   if (auto rc = audit_action(**conn, g)) return *rc;
   if (auto rc = dlq_action(**conn, client, g)) return *rc;
+  if (auto rc = status_action(**conn, client, g)) return *rc;
   for (const auto& action : actions) {
     if (auto rc = action(client, g)) return *rc;
   }

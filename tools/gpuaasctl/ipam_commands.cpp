@@ -170,10 +170,11 @@ int RunIpamSubnet(rpc::Client& client, const Globals& g, const SubnetOpts& o) {
   if (!r.ok()) return Fail(g, r.error());
   return Print(g, *r, [&] {
     const auto& x = r->rule();
+    // What the rule applies to, from the fields its scope sets (node_id; region + pool; region).
     std::cout << fmt::format("{} rule {}: {} gateway {}  datapath {}  bridge {}{}\n", x.scope(),
-                             x.scope() == "node"   ? x.node_id()
-                             : x.scope() == "pool" ? x.region() + "/" + x.pool()
-                                                   : x.region(),
+                             !x.node_id().empty() ? x.node_id()
+                             : !x.pool().empty()  ? x.region() + "/" + x.pool()
+                                                  : x.region(),
                              x.subnet(), x.gateway(), Txt(x.datapath(), "(inherited)"),
                              Or(x.bridge(), "(default)"), r->changed() ? "" : " (unchanged)");
     if (r->document_version() > 0) {

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "ctl.hpp"
+#include "ctl_reasons.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 
@@ -49,7 +50,8 @@ Action AddNodeCommands(CLI::App& app) {
       for (const auto& l : o->labels) {
         auto eq = l.find('=');
         if (eq == std::string::npos) {
-          return Usage(g, Error::InvalidArgument("invalid_label", "labels are key=value: " + l));
+          return Usage(g,
+                       Error::InvalidArgument(reason::kInvalidLabel, "labels are key=value: " + l));
         }
         (*req.mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
       }

@@ -62,6 +62,7 @@ declare -A ARGS=(
   ['ipam reprovision']='--node n1 --slot s1'
   ['ipam orphans']='--remove --node n1'
   ['catalog']=''
+  ['status']=''
   ['catalog list']=''
   ['app list']=''
   ['app check']='jupyter --sku h200-sxm-slice --gpus 1'
