@@ -447,19 +447,20 @@ void CheckLeaseReport(const v1::LeaseReport& report) {
 }
 
 void CheckTopology(const v1::TopologyReport& report) {
-  static const std::set<std::string> kReasons = {inventory::reason::kGpuPciAddressMissing,
-                                                 inventory::reason::kGpuNotFound,
-                                                 inventory::reason::kNvmeByIdMissing,
-                                                 inventory::reason::kNvmeNotFound,
-                                                 inventory::reason::kNvmeOsDisk,
-                                                 inventory::reason::kNvmeMounted,
-                                                 inventory::reason::kNvmeChildPartitionMounted,
-                                                 inventory::reason::kNvmeUnexpectedFilesystem,
-                                                 inventory::reason::kNvmeInUse,
-                                                 inventory::reason::kFabricNotPerSlotVf,
-                                                 inventory::reason::kFabricVfMissing,
-                                                 inventory::reason::kFabricVfNotFound,
-                                                 inventory::reason::kFabricVfDuplicate};
+  static const std::set<std::string> kReasons = {
+      inventory::reason::kGpuPciAddressMissing.str(),
+      inventory::reason::kGpuNotFound.str(),
+      inventory::reason::kNvmeByIdMissing.str(),
+      inventory::reason::kNvmeNotFound.str(),
+      inventory::reason::kNvmeOsDisk.str(),
+      inventory::reason::kNvmeMounted.str(),
+      inventory::reason::kNvmeChildPartitionMounted.str(),
+      inventory::reason::kNvmeUnexpectedFilesystem.str(),
+      inventory::reason::kNvmeInUse.str(),
+      inventory::reason::kFabricNotPerSlotVf.str(),
+      inventory::reason::kFabricVfMissing.str(),
+      inventory::reason::kFabricVfNotFound.str(),
+      inventory::reason::kFabricVfDuplicate.str()};
   inventory::ApprovalContext ctx;
   ctx.report = &report;
   for (const auto& c : report.candidates()) {

@@ -10,6 +10,7 @@
 
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/inventory/slot_rules.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
@@ -27,7 +28,7 @@ using Reservations = std::map<std::string, Result<v1::ReserveSlotAddressResponse
 Result<void> CheckApproveRequest(const v1::ApproveSlotsRequest& req) {
   if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
   if (req.snapshot_version() < 0) {
-    return Error::InvalidArgument("invalid_snapshot_version", "snapshot_version must be >= 0",
+    return Error::InvalidArgument(reason::kInvalidSnapshotVersion, "snapshot_version must be >= 0",
                                   {{"snapshot_version", "must be >= 0 (0 = latest)"}});
   }
   return Ok();
@@ -35,15 +36,13 @@ Result<void> CheckApproveRequest(const v1::ApproveSlotsRequest& req) {
 
 Error NoSuchSnapshot(const v1::ApproveSlotsRequest& req) {
   if (req.snapshot_version() != 0) {
-    return Error{Code::kNotFound,
-                 "snapshot_not_found",
-                 fmt::format("node {} has no topology snapshot version {}", req.node_id(),
-                             req.snapshot_version()),
-                 {{"snapshot_version", std::to_string(req.snapshot_version())}},
-                 false};
+    return Error::Of(Code::kNotFound, reason::kSnapshotNotFound,
+                     fmt::format("node {} has no topology snapshot version {}", req.node_id(),
+                                 req.snapshot_version()),
+                     {{"snapshot_version", std::to_string(req.snapshot_version())}});
   }
   return Error::FailedPrecondition(
-      "no_topology_snapshot",
+      reason::kNoTopologySnapshot,
       "node " + req.node_id() + " has not reported its topology yet; run node discover");
 }
 
@@ -87,9 +86,9 @@ std::vector<v1::Slot> Holders(const std::map<std::string, v1::Slot>& slots) {
   return out;
 }
 
-v1::SlotRejection Rejection(const std::string& reason, const std::string& message) {
+v1::SlotRejection Rejection(Reason why, const std::string& message) {
   v1::SlotRejection r;
-  r.set_reason(reason);
+  r.set_reason(why.str());
   r.set_message(message);
   return r;
 }
@@ -224,21 +223,31 @@ std::vector<v1::SlotRejection> FinalRejections(FinalCheck& f, const v1::Candidat
   return rejections;
 }
 
+// The disabled_reason of a slot a failed approval disabled, after its first rejection.
+std::string RejectedDisabledReason(const v1::SlotRejection& first) {
+  return "approval rejected: " + first.reason();
+}
+
+// Whether a disabled slot's reason is an operator's rather than the one a failed approval wrote
+// (approval writes it from the slot's own first rejection; disable keeps the rejections).
+bool DisabledByOperator(const v1::Slot& s) {
+  if (s.admin_state() != v1::SLOT_ADMIN_STATE_DISABLED || s.disabled_reason().empty()) {
+    return false;
+  }
+  return s.rejections().empty() || s.disabled_reason() != RejectedDisabledReason(s.rejections(0));
+}
+
 // Incomplete or unsafe: recorded, but disabled (an operator's reason for an earlier disable
 // is kept).
 void MarkRejected(v1::Slot& slot, const std::vector<v1::SlotRejection>& rejections,
                   const v1::Slot* existing) {
   slot.set_admin_state(v1::SLOT_ADMIN_STATE_DISABLED);
   slot.set_health(v1::SLOT_HEALTH_UNKNOWN);
-  slot.set_disabled_reason("approval rejected: " + rejections.front().reason());
+  slot.set_disabled_reason(RejectedDisabledReason(rejections.front()));
   for (const auto& r : rejections) *slot.add_rejections() = r;
   if (existing == nullptr) return;
   *slot.mutable_drift() = existing->drift();
-  if (existing->admin_state() == v1::SLOT_ADMIN_STATE_DISABLED &&
-      !existing->disabled_reason().empty() &&
-      existing->disabled_reason().rfind("approval rejected", 0) != 0) {
-    slot.set_disabled_reason(existing->disabled_reason());
-  }
+  if (DisabledByOperator(*existing)) slot.set_disabled_reason(existing->disabled_reason());
 }
 
 void MarkApproved(v1::Slot& slot, const v1::Slot* existing, ApprovalMode mode) {
@@ -297,7 +306,7 @@ Result<v1::ApproveSlotsResponse> WriteApproval(pqxx::work& tx, const ApprovalDep
   auto snap = LoadSnapshot(tx, req.node_id(), req.snapshot_version());
   if (!snap.ok()) return snap.error();
   if (!snap->has_value()) {
-    return Error::FailedPrecondition("no_topology_snapshot", "topology snapshot disappeared");
+    return Error::FailedPrecondition(reason::kNoTopologySnapshot, "topology snapshot disappeared");
   }
   const Snapshot& snapshot = **snap;
   auto slots = LoadSlots(tx, req.node_id());
@@ -345,7 +354,7 @@ void ReleaseUnapproved(const ApprovalDeps& d, const std::string& node_id,
     v1::ReleaseSlotAddressRequest req;
     req.set_node_id(node_id);
     req.set_slot_key(key);
-    req.set_reason("approval_rejected");
+    req.set_reason(reason::kApprovalRejected.str());
     auto rel = rpc::Client(d.nats).Call<v1::ReleaseSlotAddressResponse>(
         "gpuaas.v1.ipam.reservation.release", req, std::chrono::milliseconds(d.ipam_timeout_ms),
         ctx.traceparent);

@@ -9,6 +9,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "inventory_handlers.hpp"
@@ -94,7 +95,7 @@ Result<void> ValidateRegister(const v1::RegisterNodeRequest& req) {
   }
   if (req.agent_version().size() > 64) problems["agent_version"] = "at most 64 characters";
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_node_registration",
+    return Error::InvalidArgument(reason::kInvalidNodeRegistration,
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   return Ok();

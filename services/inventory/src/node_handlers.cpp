@@ -9,8 +9,10 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/inventory/inventory_service.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/node.pb.h"
@@ -85,7 +87,7 @@ Result<void> FillNodeEvidence(pqxx::work& tx, const NodeCtx& node, v1::ShowNodeR
   for (const auto& b : node.blockers) {
     resp.add_node_blockers(b);
     auto* dr = resp.add_drift();
-    dr->set_kind("node_blocker");
+    dr->set_kind(reason::kNodeBlocker.str());
     dr->set_detail(b);
   }
   resp.set_desired_version(documents::Latest(tx, DesiredTables(), node.node_id));
@@ -183,8 +185,8 @@ Result<v1::GetDesiredSlotsResponse> InventoryHandlers::DesiredGet(
     v1::GetDesiredSlotsResponse resp;
     auto latest = documents::Load(tx, DesiredTables(), req.node_id(), 0, *resp.mutable_desired());
     if (!latest.ok()) {
-      if (latest.error().reason == "corrupt_document") {
-        latest.error().reason = "corrupt_desired_set";
+      if (latest.error().Is(gpuaas::reason::kCorruptDocument)) {
+        latest.error().reason = reason::kCorruptDesiredSet.str();
       }
       return latest.error();
     }

@@ -7,6 +7,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "inventory_handlers.hpp"
 #include "node_store.hpp"
@@ -18,11 +19,11 @@ namespace gpuaas::inventory {
 namespace {
 
 Error SlotNotFound(const std::string& node_id, const std::string& slot_key) {
-  return Error::NotFound("slot_not_found", "node " + node_id + " has no slot " + slot_key);
+  return Error::NotFound(reason::kSlotNotFound, "node " + node_id + " has no slot " + slot_key);
 }
 
 Error SlotKeyRequired() {
-  return Error::InvalidArgument("invalid_slot_key", "slot_key is required",
+  return Error::InvalidArgument(reason::kInvalidSlotKey, "slot_key is required",
                                 {{"slot_key", "required"}});
 }
 
@@ -37,7 +38,7 @@ Result<void> ValidateWipeProof(const v1::RecordWipeProofRequest& req) {
   }
   if (req.evidence().empty()) problems["evidence"] = "required: what proves the wipe";
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_wipe_proof",
+    return Error::InvalidArgument(reason::kInvalidWipeProof,
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   return Ok();
@@ -164,7 +165,7 @@ Result<v1::ListRegionsResponse> InventoryHandlers::RegionList(const v1::ListRegi
 Result<v1::SetRegionResponse> InventoryHandlers::RegionSet(const v1::SetRegionRequest& req,
                                                            rpc::Context& ctx) const {
   if (!ids::IsNodeId(req.name())) {
-    return Error::InvalidArgument("invalid_region",
+    return Error::InvalidArgument(reason::kInvalidRegion,
                                   "region names are lowercase DNS labels: '" + req.name() + "'",
                                   {{"name", "must be a lowercase DNS label"}});
   }

@@ -110,9 +110,9 @@ std::vector<std::string> Signatures(const v1::NvmeDevice& nvme) {
 
 class Rejections {
  public:
-  void Add(const char* reason, std::string message) {
+  void Add(Reason reason, std::string message) {
     v1::SlotRejection r;
-    r.set_reason(reason);
+    r.set_reason(reason.str());
     r.set_message(std::move(message));
     out_.push_back(std::move(r));
   }
@@ -217,10 +217,10 @@ void CheckFabric(const v1::CandidateSlot& c, const ApprovalContext& ctx, Rejecti
   }
 }
 
-v1::DriftRecord Drift(const v1::Slot& slot, std::string_view kind, std::string detail) {
+v1::DriftRecord Drift(const v1::Slot& slot, Reason kind, std::string detail) {
   v1::DriftRecord d;
   d.set_slot_key(slot.slot_key());
-  d.set_kind(std::string(kind));
+  d.set_kind(kind.str());
   d.set_detail(std::move(detail));
   return d;
 }
@@ -241,7 +241,7 @@ std::vector<v1::DriftRecord> DetectDrift(const v1::Slot& slot, const v1::Topolog
   // An empty GPU address or NVMe path on an approved slot cannot match evidence; it is reported
   // as missing so that such a row never looks healthy.
   if (slot.gpu_pci_address().empty() || FindGpu(report, slot.gpu_pci_address()) == nullptr) {
-    out.push_back(Drift(slot, "gpu_missing",
+    out.push_back(Drift(slot, reason::kGpuMissing,
                         "GPU " + Quoted(slot.gpu_pci_address()) +
                             " is no longer in the topology report of node " +
                             Quoted(report.node_id())));
@@ -249,7 +249,7 @@ std::vector<v1::DriftRecord> DetectDrift(const v1::Slot& slot, const v1::Topolog
   const v1::NvmeDevice* nvme =
       slot.nvme_by_id().empty() ? nullptr : FindNvme(report, slot.nvme_by_id());
   if (nvme == nullptr) {
-    out.push_back(Drift(slot, "nvme_missing",
+    out.push_back(Drift(slot, reason::kNvmeMissing,
                         "NVMe " + Quoted(slot.nvme_by_id()) +
                             " is no longer in the topology report of node " +
                             Quoted(report.node_id())));
@@ -262,12 +262,12 @@ std::vector<v1::DriftRecord> DetectDrift(const v1::Slot& slot, const v1::Topolog
       mounts.push_back(std::move(part));
     }
     if (!mounts.empty()) {
-      out.push_back(Drift(slot, "nvme_mounted",
+      out.push_back(Drift(slot, reason::kNvmeMounted,
                           "NVMe " + slot.nvme_by_id() + " is now mounted: " + Join(mounts)));
     }
   }
   if (!slot.fabric_vf_pci_address().empty() && !VfPresent(report, slot.fabric_vf_pci_address())) {
-    out.push_back(Drift(slot, "fabric_vf_missing",
+    out.push_back(Drift(slot, reason::kFabricVfMissing,
                         "fabric VF " + slot.fabric_vf_pci_address() +
                             " is no longer in the topology report of node " +
                             Quoted(report.node_id())));

@@ -3,6 +3,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 
 namespace gpuaas::inventory {
@@ -18,7 +19,7 @@ Result<std::optional<Snapshot>> LoadSnapshot(pqxx::work& tx, const std::string& 
   Snapshot s;
   s.version = rows[0][0].as<int64_t>();
   if (auto r = protojson::FromJson(rows[0][1].as<std::string>(), &s.report); !r.ok()) {
-    return Error::Internal("corrupt_snapshot", r.error().message);
+    return Error::Internal(reason::kCorruptSnapshot, r.error().message);
   }
   s.received_at = rows[0][2].as<double>();
   return std::optional<Snapshot>(std::move(s));
@@ -69,7 +70,7 @@ Result<std::map<std::string, v1::Slot>> LoadSlots(pqxx::work& tx, const std::str
                                       node_id)) {
     v1::Slot s;
     if (auto p = protojson::FromJson(r[1].as<std::string>(), &s); !p.ok()) {
-      return Error::Internal("corrupt_slot", p.error().message);
+      return Error::Internal(reason::kCorruptSlot, p.error().message);
     }
     out[r[0].as<std::string>()] = std::move(s);
   }

@@ -11,6 +11,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/inventory/slot_rules.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
@@ -100,11 +101,8 @@ std::optional<v1::Slot> WithIpamDrift(const v1::Slot& slot, const v1::IpamDrift&
 Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock lock) {
   auto placement = LoadNodePlacement(tx, node_id, lock);
   if (!placement) {
-    return Error{Code::kNotFound,
-                 "node_not_found",
-                 "inventory does not know node " + node_id,
-                 {{"node_id", node_id}},
-                 false};
+    return Error::Of(Code::kNotFound, reason::kNodeNotFound,
+                     "inventory does not know node " + node_id, {{"node_id", node_id}});
   }
   NodeCtx c;
   c.node_id = node_id;
@@ -120,11 +118,11 @@ Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock loc
 
 Result<void> CheckNodeId(const std::string& id) {
   if (id.empty()) {
-    return Error::InvalidArgument("invalid_node_id", "node_id is required",
+    return Error::InvalidArgument(reason::kInvalidNodeId, "node_id is required",
                                   {{"node_id", "required"}});
   }
   if (!ids::IsNodeId(id)) {
-    return Error::InvalidArgument("invalid_node_id", "node_id is not a valid node id: " + id,
+    return Error::InvalidArgument(reason::kInvalidNodeId, "node_id is not a valid node id: " + id,
                                   {{"node_id", "must be a lowercase DNS label"}});
   }
   return Ok();
@@ -162,7 +160,10 @@ Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
   return slot;
 }
 
-bool IsIpamDrift(const std::string& kind) { return kind.rfind("ipam_", 0) == 0; }
+bool IsIpamDrift(const std::string& kind) {
+  return kind == reason::kIpamLeaseMismatch || kind == reason::kIpamLeaseMissing ||
+         kind == reason::kIpamLeaseUnexpected || kind == reason::kIpamVnicDrift;
+}
 
 std::string DriftDetail(const v1::Slot& s) {
   std::string out;
@@ -213,11 +214,12 @@ Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const s
 Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source) {
   v1::TopologyReport report;
   if (!ev.data().UnpackTo(&report)) {
-    return Error::InvalidArgument("malformed_event",
+    return Error::InvalidArgument(reason::kMalformedEvent,
                                   "event data is not a gpuaas.v1.TopologyReport");
   }
   if (!ids::IsNodeId(report.node_id())) {
-    return Error::InvalidArgument("malformed_event", "topology report without a valid node_id");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "topology report without a valid node_id");
   }
   auto before = LoadNode(tx, report.node_id(), RowLock::kForUpdate);
   if (!before.ok()) return before.error();  // unknown node: not retryable, dead-lettered
@@ -251,11 +253,11 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
   if (ev.data().Is<v1::NodeTaskProgress>()) return Ok();
   v1::NodeTaskResult res;
   if (!ev.data().UnpackTo(&res)) {
-    return Error::InvalidArgument("malformed_event",
+    return Error::InvalidArgument(reason::kMalformedEvent,
                                   "event data is not a gpuaas.v1.NodeTaskResult");
   }
   if (!ids::IsUuid(res.task_id())) {
-    return Error::InvalidArgument("malformed_event", "task result without a task id");
+    return Error::InvalidArgument(reason::kMalformedEvent, "task result without a task id");
   }
   // A result without a final status (none, queued, or one this inventory does not know) is
   // recorded as failed.
@@ -276,12 +278,13 @@ Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {
 Result<void> ApplyIpamDriftEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source) {
   v1::IpamDriftSnapshot snap;
   if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event",
+    return Error::InvalidArgument(reason::kMalformedEvent,
                                   "event data is not a gpuaas.v1.IpamDriftSnapshot");
   }
   const auto& d = snap.drift();
   if (!ids::IsNodeId(d.node_id()) || !IsIpamDrift(d.kind())) {
-    return Error::InvalidArgument("malformed_event", "ipam drift without a node id or ipam kind");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "ipam drift without a node id or ipam kind");
   }
   if (d.slot_key().empty()) return Ok();  // a lease no slot owns: ipam's node-level evidence
   const auto seen = LockIpamDriftMark(tx, d.node_id(), d.slot_key());

@@ -65,8 +65,9 @@ Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
 // Same slot apart from bookkeeping (generation, time)?
 bool SameSlot(v1::Slot a, v1::Slot b);
 
-// Drift ipam reports (lease mismatch/missing/unexpected) is kept apart from the topology drift
-// inventory detects itself: each source sets and clears only its own.
+// Drift ipam reports (lease mismatch/missing/unexpected, vNIC drift) is kept apart from the
+// topology drift inventory detects itself: each source sets and clears only its own. True for
+// exactly the four ipam kinds of the registry (ipam.proto IpamDrift.kind).
 bool IsIpamDrift(const std::string& kind);
 // "kind: detail; ..." of every drift record of the slot (its health_detail while degraded).
 std::string DriftDetail(const v1::Slot& s);

@@ -1,35 +1,18 @@
 #pragma once
 // Pure slot rules of the inventory (no I/O): the approval validator that turns an advisory
 // candidate into an approved slot only when it is a complete, safe bundle, drift detection of an
-// approved slot against newer evidence, and the SKU a GPU is sold as. Every rejection carries a
-// machine-readable reason; every rule has its own unit test (tests/slot_rules_test.cpp).
+// approved slot against newer evidence, and the SKU a GPU is sold as. Every rejection and drift
+// record carries a machine-readable reason of inventory_reasons.hpp; every rule has its own unit
+// test (tests/slot_rules_test.cpp).
 #include <set>
 #include <string>
 #include <vector>
 
+#include "gpuaas/inventory/inventory_reasons.hpp"  // the rejection reasons (reason::k...)
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/topology.pb.h"
 
 namespace gpuaas::inventory {
-
-// Rejection reasons (SlotRejection.reason).
-namespace reason {
-inline constexpr const char* kGpuPciAddressMissing = "gpu_pci_address_missing";
-inline constexpr const char* kGpuNotFound = "gpu_not_found";
-inline constexpr const char* kNvmeByIdMissing = "nvme_by_id_missing";
-inline constexpr const char* kNvmeNotFound = "nvme_not_found";
-inline constexpr const char* kNvmeOsDisk = "nvme_os_disk";
-inline constexpr const char* kNvmeMounted = "nvme_mounted";
-inline constexpr const char* kNvmeChildPartitionMounted = "nvme_child_partition_mounted";
-inline constexpr const char* kNvmeUnexpectedFilesystem = "nvme_unexpected_filesystem";
-inline constexpr const char* kNvmeInUse = "nvme_in_use";
-inline constexpr const char* kFabricNotPerSlotVf = "fabric_not_per_slot_vf";
-inline constexpr const char* kFabricVfMissing = "fabric_vf_missing";
-inline constexpr const char* kFabricVfNotFound = "fabric_vf_not_found";
-inline constexpr const char* kFabricVfDuplicate = "fabric_vf_duplicate";
-inline constexpr const char* kAddressReservationFailed = "address_reservation_failed";
-inline constexpr const char* kNotInSnapshot = "not_in_snapshot";
-}  // namespace reason
 
 struct ApprovalContext {
   // Evidence of the snapshot the candidate comes from.
