@@ -157,7 +157,7 @@ void CheckCatalog(const std::string& yaml) {
                name);
     for (int g : sku.allowed_gpu_counts) FUZZ_CHECK(g >= 1 && g <= 16, name);
     // Every count the catalog allows is an order it accepts (reserved shapes aside).
-    if (sku.shape == "gpu_slice" || sku.shape == "baremetal") {
+    if (sku.shape == v1::CAPACITY_SHAPE_GPU_SLICE || sku.shape == v1::CAPACITY_SHAPE_BAREMETAL) {
       for (int g : sku.allowed_gpu_counts) {
         auto v = c->Validate(name, g, v1::NETWORK_MODE_UNSPECIFIED);
         FUZZ_CHECK(v.ok() && v->first == &sku, name + (v.ok() ? "" : ": " + v.error().ToString()));

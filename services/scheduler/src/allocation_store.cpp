@@ -12,6 +12,7 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/scheduler/allocations.hpp"
 #include "lifecycle.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -75,8 +76,7 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   a.set_tenant(r[1].as<std::string>());
   a.set_request_id(r[2].as<std::string>());
   a.set_sku(r[3].as<std::string>());
-  a.set_shape(r[4].as<std::string>() == "baremetal" ? v1::CAPACITY_SHAPE_BAREMETAL
-                                                    : v1::CAPACITY_SHAPE_GPU_SLICE);
+  a.set_shape(enums::FromColumn<v1::CapacityShape>(r[4].as<std::string>()));
   a.set_gpu_count(r[5].as<int>());
   a.set_region(r[6].as<std::string>());
   a.set_pool(r[7].as<std::string>());
@@ -121,7 +121,8 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
 Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, bool lock,
                                       const std::string& tenant_scope) {
   if (!ids::IsUuid(id)) {
-    return Error::InvalidArgument("invalid_allocation_id", "allocation ids are UUIDs: '" + id + "'",
+    return Error::InvalidArgument(reason::kInvalidAllocationId,
+                                  "allocation ids are UUIDs: '" + id + "'",
                                   {{"allocation_id", "must be a UUID"}});
   }
   auto r = store::Prepared(tx,
@@ -129,11 +130,8 @@ Result<v1::Allocation> LoadAllocation(pqxx::work& tx, const std::string& id, boo
                                        kAllocColumns, lock ? " FOR UPDATE" : ""),
                            id);
   if (r.empty() || (!tenant_scope.empty() && r[0][1].as<std::string>() != tenant_scope)) {
-    return Error{Code::kNotFound,
-                 "allocation_not_found",
-                 "no allocation " + id,
-                 {{"allocation_id", id}},
-                 false};
+    return Error::Of(Code::kNotFound, reason::kAllocationNotFound, "no allocation " + id,
+                     {{"allocation_id", id}});
   }
   return FromRow(tx, r[0]);
 }
@@ -310,8 +308,8 @@ void InsertAllocation(pqxx::work& tx, const NewAllocation& a) {
                   "gpu_count, "
                   "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
                   "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
-                  a.id, a.tenant, a.request_id, a.sku, a.shape, a.gpu_count, a.region, a.pool,
-                  a.network_mode, a.node_id);
+                  a.id, a.tenant, a.request_id, a.sku, enums::Text(a.shape), a.gpu_count, a.region,
+                  a.pool, enums::Text(a.network_mode), a.node_id);
 }
 
 void SetAllocationApp(pqxx::work& tx, const std::string& allocation_id, const std::string& app) {
@@ -418,7 +416,8 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
            "FROM allocation_resource_claims x WHERE x.allocation_id = a.allocation_id AND "
            "x.released_at IS NULL)) GROUP BY 1, 2, 3",
            kLiveStates))) {
-    const bool bm = r[1].as<std::string>() == "baremetal";
+    const bool bm = enums::FromColumn<v1::CapacityShape>(r[1].as<std::string>()) ==
+                    v1::CAPACITY_SHAPE_BAREMETAL;
     const int gpus = r[2].as<int>(), slots = r[3].as<int>(), excl = r[4].as<int>();
     const int node_count = r[5].as<int>();
     const bool same_node = !r[6].is_null() && r[6].as<bool>();

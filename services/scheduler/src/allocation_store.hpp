@@ -64,11 +64,11 @@ struct NewAllocation {
   std::string tenant;
   std::string request_id;
   std::string sku;
-  std::string shape;
+  v1::CapacityShape shape = v1::CAPACITY_SHAPE_UNSPECIFIED;
   int gpu_count = 0;
   std::string region;
   std::string pool;
-  std::string network_mode;
+  v1::NetworkMode network_mode = v1::NETWORK_MODE_UNSPECIFIED;
   std::string node_id;
 };
 // The allocation row, `reserved`, generation 1.

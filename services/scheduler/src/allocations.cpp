@@ -21,6 +21,7 @@
 #include "gpuaas/scheduler/placement.hpp"
 #include "gpuaas/scheduler/placement_cache.hpp"
 #include "scheduler_metrics.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -39,12 +40,10 @@ constexpr int kMaxEndpoints = 16;
 
 // A tenant principal asked for another tenant.
 Error TenantDenied(const rpc::Context& ctx, const std::string& tenant) {
-  return Error{
-      Code::kPermissionDenied,
-      "tenant_not_allowed",
+  return Error::Of(
+      Code::kPermissionDenied, reason::kTenantNotAllowed,
       ctx.principal.subject + " acts for tenant " + ctx.principal.tenant + ", not " + tenant,
-      {{"tenant", tenant}, {"principal_tenant", ctx.principal.tenant}},
-      false};
+      {{"tenant", tenant}, {"principal_tenant", ctx.principal.tenant}});
 }
 
 // The request's `expose` entries: DNS-label names and ports, each named once.
@@ -89,18 +88,15 @@ Result<void> ValidateCreate(const v1::CreateAllocationRequest& req) {
   }
   CheckExposures(req, problems);
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_allocation_request",
+    return Error::InvalidArgument(reason::kInvalidAllocationRequest,
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   return Ok();
 }
 
 Error RegionDisabled(const std::string& region) {
-  return Error{Code::kFailedPrecondition,
-               "region_disabled",
-               "region " + region + " is disabled",
-               {{"region", region}},
-               false};
+  return Error::Of(Code::kFailedPrecondition, reason::kRegionDisabled,
+                   "region " + region + " is disabled", {{"region", region}});
 }
 
 // A create request checked against the catalog and its app: what its transaction places.
@@ -126,19 +122,19 @@ Result<CreateOrder> CheckOrder(const Catalog& catalog, const v1::CreateAllocatio
   o.req = &req;
   o.sku = checked->first;
   o.network_mode = checked->second;
-  o.baremetal = o.sku->shape == "baremetal";
+  o.baremetal = o.sku->shape == v1::CAPACITY_SHAPE_BAREMETAL;
   if (!o.baremetal) {
     auto img = catalog.FindImage(req.image());
     if (!img.ok()) return img.error();
     o.image = *img;
   } else if (!req.image().empty()) {
-    return Error::InvalidArgument("image_not_for_baremetal",
+    return Error::InvalidArgument(reason::kImageNotForBaremetal,
                                   "baremetal nodes are handed over without a VM image",
                                   {{"image", req.image()}});
   }
   if (o.baremetal && req.expose_size() > 0) {
     return Error::InvalidArgument(
-        "exposure_not_for_baremetal",
+        reason::kExposureNotForBaremetal,
         "a bare-metal node has its own public addresses; ingress exposes slice VMs only",
         {{"expose", "must be empty for baremetal"}});
   }
@@ -172,19 +168,29 @@ Error NoPlacement(const v1::CreateAllocationRequest& req, const Sku& sku, int gp
       {"unschedulable_slots_in_region", std::to_string(c.unschedulable_in_region)},
       {"incomplete_slots_ignored", std::to_string(c.incomplete)},
       {"requested_gpus", std::to_string(gpus)}};
-  return Error{
-      Code::kResourceExhausted, "no_placement",
-      fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
-                  "({} free matching GPUs in the region, at most {} on one node)",
-                  req.region(), gpus, sku.gpu_sku,
-                  sku.fabric_type.empty() ? "any" : sku.fabric_type, c.matching, c.max_on_one_node),
-      d, true};
+  const std::string& fabric = enums::Text(sku.fabric_type);
+  return Error::Of(Code::kResourceExhausted, reason::kNoPlacement,
+                   fmt::format("no node in {} has {} free {} slot(s) with {} fabric together "
+                               "({} free matching GPUs in the region, at most {} on one node)",
+                               req.region(), gpus, sku.gpu_sku, fabric.empty() ? "any" : fabric,
+                               c.matching, c.max_on_one_node),
+                   d, true);
+}
+
+// Why a slice found nothing, for gpuaas_no_placement_total: from the refusal's counts.
+NoPlacementKind ClassifyNoPlacement(const PlacementCache::FreeCounts& c, int requested) {
+  if (c.free_of_sku == 0) return NoPlacementKind::kNoFreeGpus;
+  if (c.matching == 0) return NoPlacementKind::kFabricMismatch;
+  if (c.nodes_with_enough > 0) return NoPlacementKind::kContended;
+  if (requested > 0 && c.matching >= requested) return NoPlacementKind::kFragmented;
+  return NoPlacementKind::kNotEnoughFreeGpus;
 }
 
 // What the proposals of one create request came to (gpuaas_placement_choices_total).
 struct ChoiceStats {
   bool from_index = false;
   bool refused_by_index = false;  // the synced index had nothing: the refusal's counts from it
+  bool region_disabled = false;   // SQL found the region's slots all disabled
   int placed = 0;
   int stale = 0;  // the re-check found them claimed or no longer schedulable
   int held = 0;   // locked by another placement
@@ -192,15 +198,16 @@ struct ChoiceStats {
 
 // The SQL read of the create path (every slot of the SKU in the region, with its live claims),
 // ranked with placement::Rank: used when the replica's placement index has nothing to propose
-// and cannot sync, or is not loaded.
-Result<std::optional<std::vector<placement::Choice>>> RankFromSql(
-    pqxx::work& tx, const v1::CreateAllocationRequest& req, const Sku& sku,
-    const placement::Request& preq) {
+// and cannot sync, or is not loaded. nullopt: the region is disabled.
+std::optional<std::vector<placement::Choice>> RankFromSql(pqxx::work& tx,
+                                                          const v1::CreateAllocationRequest& req,
+                                                          const Sku& sku,
+                                                          const placement::Request& preq) {
   bool region_enabled = false;
   const auto views = ReadNodeViews(tx, req.region(), req.pool(), sku.gpu_sku, &region_enabled);
-  if (views.empty()) return std::optional<std::vector<placement::Choice>>();
-  if (!region_enabled) return RegionDisabled(req.region());
-  return std::optional(placement::Rank(views, preq, kChoices));
+  if (views.empty()) return std::vector<placement::Choice>();
+  if (!region_enabled) return std::nullopt;
+  return placement::Rank(views, preq, kChoices);
 }
 
 // The choices one placement round of a slice tries, best first (none: nothing to place).
@@ -214,7 +221,7 @@ Result<Proposals> Propose(pqxx::work& tx, const v1::CreateAllocationRequest& req
                           int gpus, PlacementCache* cache, ChoiceStats* stats) {
   placement::Request preq;
   preq.gpus = gpus;
-  preq.fabric_type = sku.fabric_type;
+  preq.fabric_type = enums::Text(sku.fabric_type);
   Proposals out;
   if (cache != nullptr && cache->ready()) {
     auto ranked = cache->Rank(req.region(), req.pool(), sku.gpu_sku, preq, kChoices);
@@ -235,8 +242,11 @@ Result<Proposals> Propose(pqxx::work& tx, const v1::CreateAllocationRequest& req
     }
   }
   auto ranked = RankFromSql(tx, req, sku, preq);
-  if (!ranked.ok()) return ranked.error();
-  if (ranked->has_value()) out.choices = std::move(**ranked);
+  if (!ranked) {
+    stats->region_disabled = true;
+    return RegionDisabled(req.region());
+  }
+  out.choices = std::move(*ranked);
   return out;
 }
 
@@ -327,6 +337,7 @@ class CreateTransaction {
       cache_->Refresh(tx, {provisional_});  // run again: the earlier run's claim is gone
       provisional_.clear();
     }
+    refusal_ = NoPlacementKind::kNone;  // this run's
     v1::CreateAllocationResponse resp;
     // Retries of one request id, on any replica, one at a time: the later ones find the
     // first one's allocation instead of racing it to the unique (tenant, request_id) key.
@@ -337,11 +348,15 @@ class CreateTransaction {
     }
     // Slices learn it from the slots they scan anyway.
     if (o_.baremetal && RegionHasOnlyDisabledSlots(tx, req_.region())) {
+      refusal_ = NoPlacementKind::kRegionDisabled;
       return RegionDisabled(req_.region());
     }
     bool contended = false;
     auto placed = PlaceInRounds(tx, &contended);
-    if (!placed.ok()) return placed.error();
+    if (!placed.ok()) {
+      if (stats_.region_disabled) refusal_ = NoPlacementKind::kRegionDisabled;
+      return placed.error();
+    }
     if (!placed->has_value()) return Refusal(tx, contended);
     auto a = Record(tx, **placed);
     if (!a.ok()) return a.error();
@@ -349,6 +364,10 @@ class CreateTransaction {
     resp.set_created(true);
     return resp;
   }
+
+  // Why the last run refused for capacity (kNone: it did not); what the create's error was when
+  // the create failed.
+  NoPlacementKind refusal() const { return refusal_; }
 
   // After the transaction (committed or not): the choice metrics, and this replica's index.
   void Finish(store::Pool& pool, const Result<v1::CreateAllocationResponse>& created) {
@@ -377,6 +396,7 @@ class CreateTransaction {
   Result<std::optional<Placed>> PlaceInRounds(pqxx::work& tx, bool* contended) {
     Result<std::optional<Placed>> placed = std::optional<Placed>();
     stats_.refused_by_index = false;  // this run of the transaction's
+    stats_.region_disabled = false;
     for (int attempt = 0; attempt < kPlaceAttempts; ++attempt) {
       const bool wait = attempt >= kSkipAttempts;
       if (wait && attempt == kSkipAttempts) SetLockTimeout(tx, kLockWaitMs);
@@ -396,31 +416,29 @@ class CreateTransaction {
   Error Refusal(pqxx::work& tx, bool contended) {
     const Sku& sku = *o_.sku;
     if (o_.baremetal) {
-      return Error{Code::kResourceExhausted,
-                   "no_placement",
-                   "no node in " + req_.region() + " is free of claims for baremetal",
-                   {{"requested", "node_exclusive"}},
-                   true};
+      refusal_ = NoPlacementKind::kNoFreeNode;
+      return Error::Of(Code::kResourceExhausted, reason::kNoPlacement,
+                       "no node in " + req_.region() + " is free of claims for baremetal",
+                       {{"requested", "node_exclusive"}}, true);
     }
     if (contended) {
       // Still held by others after waiting: capacity may exist, so not no_placement.
-      return Error{
-          Code::kUnavailable,
-          "placement_contended",
+      refusal_ = NoPlacementKind::kContended;
+      return Error::Of(
+          Code::kUnavailable, reason::kPlacementContended,
           fmt::format("every choice for {} GPU(s) in {} stayed held by other placements; try again",
                       o_.gpus, req_.region()),
           {{"requested_gpus", std::to_string(o_.gpus)},
            {"attempts", std::to_string(kPlaceAttempts)}},
-          true};
+          true);
     }
-    if (stats_.refused_by_index) {
-      return NoPlacement(
-          req_, sku, o_.gpus,
-          cache_->Count(req_.region(), req_.pool(), sku.gpu_sku, sku.fabric_type, o_.gpus));
-    }
-    return NoPlacement(
-        req_, sku, o_.gpus,
-        CountFree(tx, req_.region(), req_.pool(), sku.gpu_sku, sku.fabric_type, o_.gpus));
+    const std::string& fabric = enums::Text(sku.fabric_type);
+    const PlacementCache::FreeCounts counts =
+        stats_.refused_by_index
+            ? cache_->Count(req_.region(), req_.pool(), sku.gpu_sku, fabric, o_.gpus)
+            : CountFree(tx, req_.region(), req_.pool(), sku.gpu_sku, fabric, o_.gpus);
+    refusal_ = ClassifyNoPlacement(counts, o_.gpus);
+    return NoPlacement(req_, sku, o_.gpus, counts);
   }
 
   // The allocation `reserved` on `p` with its endpoints and claims, announced, on the
@@ -428,7 +446,7 @@ class CreateTransaction {
   Result<v1::Allocation> Record(pqxx::work& tx, const Placed& p) {
     const std::string id = ids::NewUuidV7();
     InsertAllocation(tx, {id, req_.tenant(), req_.request_id(), req_.sku(), o_.sku->shape, o_.gpus,
-                          req_.region(), req_.pool(), enums::Text(o_.network_mode), p.node_id});
+                          req_.region(), req_.pool(), o_.network_mode, p.node_id});
     if (!req_.app().empty()) SetAllocationApp(tx, id, req_.app());
     for (const auto& e : o_.expose) InsertEndpoint(tx, id, e);
     if (o_.baremetal) {
@@ -468,6 +486,7 @@ class CreateTransaction {
   store::GroupCommit* group_;
   rpc::Context& ctx_;
   ChoiceStats stats_;
+  NoPlacementKind refusal_ = NoPlacementKind::kNone;
   // The node this create claimed slots of in a run that may not have committed (a group's
   // transaction is committed after later creates ran in it): the index is told at once, so
   // those creates do not propose the same slots, and is corrected (the node read again) if
@@ -489,13 +508,14 @@ AllocationHandlers::AllocationHandlers(std::shared_ptr<store::Pool> pool, Catalo
 
 Result<v1::CreateAllocationResponse> AllocationHandlers::Create(
     const v1::CreateAllocationRequest& req, rpc::Context& ctx) {
-  auto r = PlaceAndCommit(req, ctx);
-  if (saga_.metrics) saga_.metrics->CreateAnswered(r);
+  NoPlacementKind refusal = NoPlacementKind::kNone;
+  auto r = PlaceAndCommit(req, ctx, &refusal);
+  if (saga_.metrics) saga_.metrics->CreateAnswered(r, refusal);
   return r;
 }
 
 Result<v1::CreateAllocationResponse> AllocationHandlers::PlaceAndCommit(
-    const v1::CreateAllocationRequest& req, rpc::Context& ctx) {
+    const v1::CreateAllocationRequest& req, rpc::Context& ctx, NoPlacementKind* refusal) {
   auto order = CheckOrder(catalog_, req, ctx);
   if (!order.ok()) return order.error();
   CreateTransaction run(*order, saga_, cache_, group_, ctx);
@@ -504,6 +524,9 @@ Result<v1::CreateAllocationResponse> AllocationHandlers::PlaceAndCommit(
   };
   auto created = group_ != nullptr ? group_->Run(create) : store::WithTx(*pool_, create);
   run.Finish(*pool_, created);
+  // A failed create's error is its last run's answer (a run that throws runs again, and a
+  // failed group transaction runs every unit again alone).
+  if (!created.ok()) *refusal = run.refusal();
   return created;
 }
 
@@ -537,7 +560,7 @@ Result<v1::ListAllocationsResponse> AllocationHandlers::List(const v1::ListAlloc
   auto page = rpc::PageLimit(req.page_size());
   if (!page.ok()) return page.error();
   if (!req.page_token().empty() && !ids::IsUuid(req.page_token())) {
-    return Error::InvalidArgument("invalid_page_token", "page_token is not from a list reply",
+    return Error::InvalidArgument(reason::kInvalidPageToken, "page_token is not from a list reply",
                                   {{"page_token", "use next_page_token"}});
   }
   if (req.state() != v1::ALLOCATION_STATE_UNSPECIFIED && enums::Text(req.state()).empty()) {
@@ -560,12 +583,10 @@ Result<v1::ListAllocationsResponse> AllocationHandlers::List(const v1::ListAlloc
 Result<v1::ReleaseAllocationResponse> AllocationHandlers::Release(
     const v1::ReleaseAllocationRequest& req, rpc::Context& ctx) {
   if (req.force()) {
-    return Error{Code::kPermissionDenied,
-                 "force_moved",
-                 "force-release is gpuaas.v1.scheduler.allocation.force_release, which "
-                 "only the operator role may call",
-                 {{"subject", "gpuaas.v1.scheduler.allocation.force_release"}},
-                 false};
+    return Error::Of(Code::kPermissionDenied, reason::kForceMoved,
+                     "force-release is gpuaas.v1.scheduler.allocation.force_release, which "
+                     "only the operator role may call",
+                     {{"subject", "gpuaas.v1.scheduler.allocation.force_release"}});
   }
   outbox::SetActorReason(req.reason());
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::ReleaseAllocationResponse> {
@@ -584,7 +605,7 @@ Result<v1::ReleaseAllocationResponse> AllocationHandlers::Release(
 Result<v1::ReleaseAllocationResponse> AllocationHandlers::ForceRelease(
     const v1::ForceReleaseAllocationRequest& req, rpc::Context& ctx) {
   if (req.reason().empty()) {
-    return Error::InvalidArgument("reason_required",
+    return Error::InvalidArgument(reason::kReasonRequired,
                                   "a force-release skips the cleanup proof: say why",
                                   {{"reason", "required"}});
   }

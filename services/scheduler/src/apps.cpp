@@ -14,6 +14,7 @@
 #include <fmt/ranges.h>
 
 #include "gpuaas/common/enums.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler::apps {
 
@@ -158,19 +159,19 @@ bool Unusable(v1::AllocationState s) {
 std::string_view ReasonText(Reason r) {
   switch (r) {
     case Reason::kMultiNodeRequiresBaremetal:
-      return "multi_node_requires_baremetal";
+      return reason::kMultiNodeRequiresBaremetal.text();
     case Reason::kShapeNotSupported:
-      return "shape_not_supported";
+      return reason::kShapeNotSupported.text();
     case Reason::kGpuCountBelowMinimum:
-      return "gpu_count_below_minimum";
+      return reason::kGpuCountBelowMinimum.text();
     case Reason::kGpuCountAboveMaximum:
-      return "gpu_count_above_maximum";
+      return reason::kGpuCountAboveMaximum.text();
     case Reason::kNodeCountBelowMinimum:
-      return "node_count_below_minimum";
+      return reason::kNodeCountBelowMinimum.text();
     case Reason::kMultiNodeNotSupported:
-      return "multi_node_not_supported";
+      return reason::kMultiNodeNotSupported.text();
     case Reason::kAllocationNotUsable:
-      return "allocation_not_usable";
+      return reason::kAllocationNotUsable.text();
   }
   return "unknown";
 }
@@ -253,11 +254,9 @@ Result<const v1::AppManifest*> Lookup(std::string_view name) {
   std::vector<std::string> names;
   names.reserve(All().apps_size());
   for (const auto& a : All().apps()) names.push_back(a.name());
-  return Error{Code::kNotFound,
-               "unknown_app",
-               fmt::format("no app named '{}' in the catalog", name),
-               {{"app", std::string(name)}, {"offered", fmt::format("{}", fmt::join(names, ","))}},
-               false};
+  return Error::Of(
+      Code::kNotFound, reason::kUnknownApp, fmt::format("no app named '{}' in the catalog", name),
+      {{"app", std::string(name)}, {"offered", fmt::format("{}", fmt::join(names, ","))}});
 }
 
 std::vector<v1::AppEndpoint> Endpoints(const v1::AppManifest& app) {
@@ -272,7 +271,7 @@ Result<std::vector<v1::EndpointRequest>> EndpointsToExpose(const v1::CreateAlloc
   if (!app.ok()) return app.error();
   if (auto why = Check(**app, target); !why.empty()) {
     Error e = Error::FailedPrecondition(
-        "app_not_compatible",
+        reason::kAppNotCompatible,
         fmt::format("app {} cannot run on this order: {}", req.app(), why.front().message));
     for (const auto& w : why) {
       e.details[std::string(ReasonText(w.reason))] = w.message;
@@ -290,7 +289,7 @@ Result<std::vector<v1::EndpointRequest>> EndpointsToExpose(const v1::CreateAlloc
     if (named && same_port) continue;  // asked for explicitly as well
     if (named || same_port) {
       return Error::InvalidArgument(
-          "invalid_allocation_request",
+          reason::kInvalidAllocationRequest,
           fmt::format("expose and app {} both name endpoint {} or port {}", req.app(), ep.name(),
                       ep.port()),
           {{"expose", "must not clash with the app's endpoints"}});
@@ -368,7 +367,7 @@ Result<Target> FromOrder(const Catalog& catalog, const v1::AppOrder& order) {
     if (order.gpu_count() == 0) problems["gpu_count"] = "required without a sku (1..64)";
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_order",
+    return Error::InvalidArgument(reason::kInvalidOrder,
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   Target t;
@@ -380,15 +379,14 @@ Result<Target> FromOrder(const Catalog& catalog, const v1::AppOrder& order) {
     auto checked = catalog.Validate(order.sku(), order.gpu_count(), v1::NETWORK_MODE_UNSPECIFIED);
     if (!checked.ok()) return checked.error();
     const Sku& sku = *checked->first;
-    const auto shape = enums::FromColumn<v1::CapacityShape>(sku.shape);
-    if (order.shape() != v1::CAPACITY_SHAPE_UNSPECIFIED && order.shape() != shape) {
+    if (order.shape() != v1::CAPACITY_SHAPE_UNSPECIFIED && order.shape() != sku.shape) {
       return Error::InvalidArgument(
-          "shape_mismatch",
-          fmt::format("SKU {} has shape {}, not {}", sku.name, sku.shape,
+          reason::kShapeMismatch,
+          fmt::format("SKU {} has shape {}, not {}", sku.name, enums::Text(sku.shape),
                       enums::Text(order.shape())),
-          {{"shape", enums::Text(order.shape())}, {"sku_shape", sku.shape}});
+          {{"shape", enums::Text(order.shape())}, {"sku_shape", enums::Text(sku.shape)}});
     }
-    t.shape = shape;
+    t.shape = sku.shape;
     if (t.gpu_count == 0) t.gpu_count = sku.allowed_gpu_counts.front();
   }
   return t;

@@ -9,6 +9,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -48,13 +49,13 @@ Result<v1::ListAppsResponse> AppHandlers::List(const v1::ListAppsRequest& /*req*
 Result<v1::CheckAppCompatibilityResponse> AppHandlers::Compatibility(
     const v1::CheckAppCompatibilityRequest& req, rpc::Context& ctx) {
   if (req.app().empty()) {
-    return Error::InvalidArgument("app_required", "name the app to check (app.list)",
+    return Error::InvalidArgument(reason::kAppRequired, "name the app to check (app.list)",
                                   {{"app", "required"}});
   }
   auto app = apps::Lookup(req.app());
   if (!app.ok()) return app.error();
   Result<apps::Target> target = Error::InvalidArgument(
-      "target_required", "check the app against an allocation_id or an order",
+      reason::kTargetRequired, "check the app against an allocation_id or an order",
       {{"target", "allocation_id or order"}});
   if (req.has_order()) {
     target = apps::FromOrder(catalog_, req.order());

@@ -10,15 +10,19 @@
 #include <fmt/ranges.h>
 
 #include "gpuaas/common/enums.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
 namespace {
 
-// The shapes and network modes this scheduler can sell today (text forms of CapacityShape and
-// NetworkMode); the others exist in the contract for later issues.
-const std::set<std::string> kShapes = {"baremetal", "gpu_slice", "gpu_partition", "gpu_shared"};
-const std::set<std::string> kModes = {"private-nat", "fabric-only"};
+// The shapes a catalog may model and the network modes this scheduler can sell today; the other
+// modes exist in the contract for later issues.
+const std::set<v1::CapacityShape> kShapes = {
+    v1::CAPACITY_SHAPE_BAREMETAL, v1::CAPACITY_SHAPE_GPU_SLICE, v1::CAPACITY_SHAPE_GPU_PARTITION,
+    v1::CAPACITY_SHAPE_GPU_SHARED};
+const std::set<v1::NetworkMode> kModes = {v1::NETWORK_MODE_PRIVATE_NAT,
+                                          v1::NETWORK_MODE_FABRIC_ONLY};
 const std::set<std::string> kKeys = {
     "shape",         "sharing_mechanism",  "gpu_sku",     "allowed_gpu_counts",
     "vcpus_per_gpu", "memory_mib_per_gpu", "fabric_type", "network_modes"};
@@ -30,6 +34,18 @@ std::optional<std::string> ScalarText(const YAML::Node& n) {
   return n.Scalar();
 }
 
+// Shapes sold today; gpu_partition and gpu_shared are modelled, not offered.
+bool Orderable(const Sku& s) {
+  return s.shape == v1::CAPACITY_SHAPE_BAREMETAL || s.shape == v1::CAPACITY_SHAPE_GPU_SLICE;
+}
+
+std::vector<std::string> ModeTexts(const Sku& s) {
+  std::vector<std::string> out;
+  out.reserve(s.network_modes.size());
+  for (auto m : s.network_modes) out.push_back(enums::Text(m));
+  return out;
+}
+
 }  // namespace
 
 Result<Catalog> Catalog::Parse(const std::string& yaml) {
@@ -39,14 +55,15 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
   try {
     root = YAML::Load(yaml);
   } catch (const std::exception& e) {
-    return Error::InvalidArgument("invalid_catalog", std::string("not YAML: ") + e.what());
+    return Error::InvalidArgument(reason::kInvalidCatalog, std::string("not YAML: ") + e.what());
   }
   if (!root.IsNull() && !root.IsMap()) {
-    return Error::InvalidArgument("invalid_catalog", "the catalog must be a map with `skus`",
+    return Error::InvalidArgument(reason::kInvalidCatalog, "the catalog must be a map with `skus`",
                                   {{"<root>", "must be a map"}});
   }
   if (!root["skus"] || !root["skus"].IsMap() || root["skus"].size() == 0) {
-    return Error::InvalidArgument("invalid_catalog", "the catalog needs a non-empty `skus` map",
+    return Error::InvalidArgument(reason::kInvalidCatalog,
+                                  "the catalog needs a non-empty `skus` map",
                                   {{"skus", "required"}});
   }
   for (const auto& entry : root["skus"]) {
@@ -66,13 +83,15 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     }
     Sku s;
     s.name = name;
+    std::string shape, fabric_type;
+    std::vector<std::string> modes;
     try {
       for (const auto& kv : n) {
         if (!kKeys.count(kv.first.as<std::string>())) {
           bad(kv.first.as<std::string>(), "unknown key");
         }
       }
-      s.shape = n["shape"] ? n["shape"].as<std::string>() : "";
+      shape = n["shape"] ? n["shape"].as<std::string>() : "";
       s.sharing_mechanism = n["sharing_mechanism"] ? n["sharing_mechanism"].as<std::string>() : "";
       s.gpu_sku = n["gpu_sku"] ? n["gpu_sku"].as<std::string>() : "";
       if (n["allowed_gpu_counts"]) {
@@ -80,19 +99,24 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
       }
       s.vcpus_per_gpu = n["vcpus_per_gpu"] ? n["vcpus_per_gpu"].as<int>() : 0;
       s.memory_mib_per_gpu = n["memory_mib_per_gpu"] ? n["memory_mib_per_gpu"].as<int64_t>() : 0;
-      s.fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
-      if (n["network_modes"]) s.network_modes = n["network_modes"].as<std::vector<std::string>>();
+      fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
+      if (n["network_modes"]) modes = n["network_modes"].as<std::vector<std::string>>();
     } catch (const std::exception& e) {
       bad("", std::string("wrong type: ") + e.what());
       continue;
     }
-    if (!s.fabric_type.empty() && !enums::Parse<v1::FabricType>(s.fabric_type)) {
+    if (auto f = enums::Parse<v1::FabricType>(fabric_type)) {
+      s.fabric_type = *f;
+    } else if (!fabric_type.empty()) {
       bad("fabric_type", "one of " + enums::JoinTexts(v1::FabricType_descriptor()));
     }
-    if (!kShapes.count(s.shape) || !enums::Parse<v1::CapacityShape>(s.shape)) {
+    if (auto sh = enums::Parse<v1::CapacityShape>(shape); sh && kShapes.count(*sh)) {
+      s.shape = *sh;
+    } else {
       bad("shape", "one of baremetal, gpu_slice, gpu_partition, gpu_shared");
     }
-    if ((s.shape == "gpu_partition" || s.shape == "gpu_shared") && s.sharing_mechanism.empty()) {
+    if ((s.shape == v1::CAPACITY_SHAPE_GPU_PARTITION || s.shape == v1::CAPACITY_SHAPE_GPU_SHARED) &&
+        s.sharing_mechanism.empty()) {
       bad("sharing_mechanism", "required for reserved shapes");
     }
     if (s.gpu_sku.empty()) bad("gpu_sku", "required");
@@ -100,12 +124,16 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     for (int g : s.allowed_gpu_counts) {
       if (g < 1 || g > 16) bad("allowed_gpu_counts", "counts are 1..16");
     }
-    if (s.network_modes.empty()) bad("network_modes", "at least one mode");
-    for (const auto& m : s.network_modes) {
-      if (!kModes.count(m)) bad("network_modes", "modes are private-nat, fabric-only");
+    if (modes.empty()) bad("network_modes", "at least one mode");
+    for (const auto& text : modes) {
+      if (auto m = enums::Parse<v1::NetworkMode>(text); m && kModes.count(*m)) {
+        s.network_modes.push_back(*m);
+      } else {
+        bad("network_modes", "modes are private-nat, fabric-only");
+      }
     }
-    if (s.shape == "gpu_slice" &&
-        std::count(s.network_modes.begin(), s.network_modes.end(), "fabric-only")) {
+    if (s.shape == v1::CAPACITY_SHAPE_GPU_SLICE &&
+        std::count(s.network_modes.begin(), s.network_modes.end(), v1::NETWORK_MODE_FABRIC_ONLY)) {
       bad("network_modes", "fabric-only is not offered for slices (they need the NAT vNIC)");
     }
     c.skus_[name] = std::move(s);
@@ -163,8 +191,9 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     }
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument(
-        "invalid_catalog", fmt::format("{} problem(s) in the catalog", problems.size()), problems);
+    return Error::InvalidArgument(reason::kInvalidCatalog,
+                                  fmt::format("{} problem(s) in the catalog", problems.size()),
+                                  problems);
   }
   return c;
 }
@@ -180,12 +209,11 @@ Result<const Image*> Catalog::FindImage(const std::string& name) const {
   if (it == images_.end()) {
     std::vector<std::string> names;
     for (const auto& [n, x] : images_) names.push_back(n);
-    return Error{Code::kInvalidArgument,
-                 "unknown_image",
-                 want.empty() ? "the catalog has no default image; name one"
-                              : "no image named '" + want + "' in the catalog",
-                 {{"image", want}, {"offered", fmt::format("{}", fmt::join(names, ","))}},
-                 false};
+    return Error::InvalidArgument(
+        reason::kUnknownImage,
+        want.empty() ? "the catalog has no default image; name one"
+                     : "no image named '" + want + "' in the catalog",
+        {{"image", want}, {"offered", fmt::format("{}", fmt::join(names, ","))}});
   }
   return &it->second;
 }
@@ -197,56 +225,50 @@ Result<std::pair<const Sku*, v1::NetworkMode>> Catalog::Validate(const std::stri
   if (!s) {
     std::vector<std::string> names;
     for (const auto& [n, x] : skus_) {
-      if (x.shape == "baremetal" || x.shape == "gpu_slice") names.push_back(n);
+      if (Orderable(x)) names.push_back(n);
     }
-    return Error{Code::kInvalidArgument,
-                 "unknown_sku",
-                 "no SKU named '" + sku + "'",
-                 {{"sku", sku}, {"offered", fmt::format("{}", fmt::join(names, ","))}},
-                 false};
+    return Error::InvalidArgument(
+        reason::kUnknownSku, "no SKU named '" + sku + "'",
+        {{"sku", sku}, {"offered", fmt::format("{}", fmt::join(names, ","))}});
   }
-  if (s->shape != "baremetal" && s->shape != "gpu_slice") {
-    return Error{Code::kInvalidArgument,
-                 "shape_not_offered",
-                 fmt::format("SKU {} has shape {} ({}), which is modelled but not offered yet", sku,
-                             s->shape, s->sharing_mechanism),
-                 {{"shape", s->shape}},
-                 false};
+  if (!Orderable(*s)) {
+    return Error::InvalidArgument(
+        reason::kShapeNotOffered,
+        fmt::format("SKU {} has shape {} ({}), which is modelled but not offered yet", sku,
+                    enums::Text(s->shape), s->sharing_mechanism),
+        {{"shape", enums::Text(s->shape)}});
   }
   const bool count_ok =
       std::count(s->allowed_gpu_counts.begin(), s->allowed_gpu_counts.end(), gpu_count) > 0 ||
-      (s->shape == "baremetal" && gpu_count == 0);
+      (s->shape == v1::CAPACITY_SHAPE_BAREMETAL && gpu_count == 0);
   if (!count_ok) {
-    return Error{Code::kInvalidArgument,
-                 "gpu_count_not_allowed",
-                 fmt::format("SKU {} allows {} GPUs, not {}", sku,
-                             fmt::join(s->allowed_gpu_counts, "/"), gpu_count),
-                 {{"gpu_count", std::to_string(gpu_count)},
-                  {"allowed", fmt::format("{}", fmt::join(s->allowed_gpu_counts, ","))}},
-                 false};
+    return Error::InvalidArgument(
+        reason::kGpuCountNotAllowed,
+        fmt::format("SKU {} allows {} GPUs, not {}", sku, fmt::join(s->allowed_gpu_counts, "/"),
+                    gpu_count),
+        {{"gpu_count", std::to_string(gpu_count)},
+         {"allowed", fmt::format("{}", fmt::join(s->allowed_gpu_counts, ","))}});
   }
   if (mode != v1::NETWORK_MODE_UNSPECIFIED && enums::Text(mode).empty()) {
     return enums::InvalidValue("network_mode", std::to_string(static_cast<int>(mode)),
                                v1::NetworkMode_descriptor());
   }
-  const std::string effective =
-      mode == v1::NETWORK_MODE_UNSPECIFIED ? s->network_modes.front() : enums::Text(mode);
-  if (s->shape == "gpu_slice" && effective == "fabric-only") {
-    return Error{Code::kInvalidArgument,
-                 "fabric_only_not_for_slices",
-                 "slices always get the private-nat management vNIC; fabric-only is baremetal only",
-                 {{"network_mode", effective}},
-                 false};
+  const v1::NetworkMode effective =
+      mode == v1::NETWORK_MODE_UNSPECIFIED ? s->network_modes.front() : mode;
+  if (s->shape == v1::CAPACITY_SHAPE_GPU_SLICE && effective == v1::NETWORK_MODE_FABRIC_ONLY) {
+    return Error::InvalidArgument(
+        reason::kFabricOnlyNotForSlices,
+        "slices always get the private-nat management vNIC; fabric-only is baremetal only",
+        {{"network_mode", enums::Text(effective)}});
   }
   if (!std::count(s->network_modes.begin(), s->network_modes.end(), effective)) {
-    return Error{Code::kInvalidArgument,
-                 "network_mode_not_allowed",
-                 fmt::format("SKU {} offers network modes {}, not {}", sku,
-                             fmt::join(s->network_modes, ","), effective),
-                 {{"network_mode", effective}},
-                 false};
+    return Error::InvalidArgument(
+        reason::kNetworkModeNotAllowed,
+        fmt::format("SKU {} offers network modes {}, not {}", sku, fmt::join(ModeTexts(*s), ","),
+                    enums::Text(effective)),
+        {{"network_mode", enums::Text(effective)}});
   }
-  return std::make_pair(s, enums::FromColumn<v1::NetworkMode>(effective));
+  return std::make_pair(s, effective);
 }
 
 v1::ListCatalogResponse Catalog::ToProto() const {
@@ -254,19 +276,17 @@ v1::ListCatalogResponse Catalog::ToProto() const {
   for (const auto& [name, s] : skus_) {
     auto* p = out.add_skus();
     p->set_name(name);
-    p->set_shape(enums::FromColumn<v1::CapacityShape>(s.shape));
+    p->set_shape(s.shape);
     p->set_gpu_sku(s.gpu_sku);
     for (int n : s.allowed_gpu_counts) p->add_allowed_gpu_counts(n);
-    p->set_fabric_type(enums::FromColumn<v1::FabricType>(s.fabric_type));
-    for (const auto& m : s.network_modes) {
-      p->add_network_modes(enums::FromColumn<v1::NetworkMode>(m));
-    }
+    p->set_fabric_type(s.fabric_type);
+    for (auto m : s.network_modes) p->add_network_modes(m);
     if (s.vcpus_per_gpu > 0 || s.memory_mib_per_gpu > 0) {
       p->mutable_runtime_profile()->set_vcpus_per_gpu(s.vcpus_per_gpu);
       p->mutable_runtime_profile()->set_memory_mib_per_gpu(s.memory_mib_per_gpu);
     }
     p->set_sharing_mechanism(s.sharing_mechanism);
-    p->set_orderable(s.shape == "baremetal" || s.shape == "gpu_slice");
+    p->set_orderable(Orderable(s));
   }
   for (const auto& [name, img] : images_) {
     auto* p = out.add_images();

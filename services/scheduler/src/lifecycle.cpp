@@ -1,6 +1,7 @@
 #include "lifecycle.hpp"
 
 #include "gpuaas/common/enums.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler::lifecycle {
 
@@ -54,12 +55,10 @@ Effects Freed(S s, v1::TimelineStep step) {
 }
 
 Error Illegal(S s, Event e) {
-  return Error{
-      Code::kFailedPrecondition,
-      "illegal_transition",
+  return Error::Of(
+      Code::kFailedPrecondition, reason::kIllegalTransition,
       "an allocation in state " + enums::Text(s) + " cannot take " + std::string(EventName(e)),
-      {{"state", enums::Text(s)}, {"event", std::string(EventName(e))}},
-      false};
+      {{"state", enums::Text(s)}, {"event", std::string(EventName(e))}});
 }
 
 }  // namespace
@@ -118,7 +117,7 @@ std::vector<v1::ClaimPhase> LiveClaimPhases(v1::AllocationState state) {
 
 Result<Effects> Next(v1::AllocationState s, Event e, const Context& c) {
   if (enums::Text(s).empty()) {
-    return Error::InvalidArgument("state_invalid", "no allocation is in state UNSPECIFIED");
+    return Error::InvalidArgument(reason::kStateInvalid, "no allocation is in state UNSPECIFIED");
   }
   const bool provisioning = s == v1::ALLOCATION_STATE_PROVISIONING;
   const bool releasing = s == v1::ALLOCATION_STATE_RELEASING;

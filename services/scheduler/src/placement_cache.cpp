@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "gpuaas/common/store.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -94,7 +95,7 @@ Result<void> PlacementCache::Start() {
     Connect();
   } catch (const std::exception& e) {
     Disconnect();
-    return Error::Unavailable("placement_cache_unavailable",
+    return Error::Unavailable(reason::kPlacementCacheUnavailable,
                               std::string("placement cache: ") + e.what());
   }
   thread_ = std::thread([this] { Loop(); });

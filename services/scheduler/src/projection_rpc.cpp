@@ -8,6 +8,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -121,7 +122,8 @@ Result<v1::ListProjectedSlotsResponse> ProjectionHandlers::ListSlots(
   if (!req.page_token().empty()) {
     const size_t slash = req.page_token().rfind('/');
     if (slash == std::string::npos || slash == 0 || slash + 1 == req.page_token().size()) {
-      return Error::InvalidArgument("invalid_page_token", "page_token is not from a list reply",
+      return Error::InvalidArgument(reason::kInvalidPageToken,
+                                    "page_token is not from a list reply",
                                     {{"page_token", "use next_page_token"}});
     }
     after_node = req.page_token().substr(0, slash);
@@ -136,7 +138,7 @@ Result<v1::RebuildProjectionResponse> ProjectionHandlers::RebuildProjection(
     const v1::RebuildProjectionRequest& req, rpc::Context& ctx) {
   // The rebuild empties the projection first: never on an empty or accidental request.
   if (!req.confirm()) {
-    return Error::InvalidArgument("confirm_required",
+    return Error::InvalidArgument(reason::kConfirmRequired,
                                   "projection.rebuild empties the node and slot projections "
                                   "before replaying; send confirm = true",
                                   {{"confirm", "must be true"}});

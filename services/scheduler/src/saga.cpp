@@ -24,6 +24,7 @@
 #include "lifecycle.hpp"
 #include "saga_store.hpp"
 #include "scheduler_metrics.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -47,7 +48,7 @@ Result<std::string> SendTask(pqxx::work& tx, const v1::Allocation& a, v1::NodeTa
   t.set_correlation_id(a.allocation_id());
   t.set_requested_by(opts.source);
   const std::string& type = enums::Text(t.type());
-  InsertTask(tx, t.task_id(), a.allocation_id(), a.node_id(), type, attempt, deadline_s);
+  InsertTask(tx, t.task_id(), a.allocation_id(), a.node_id(), t.type(), attempt, deadline_s);
   auto ev = outbox::Append(
       tx,
       {fmt::format("gpuaas.v1.node.{node_id}.task", fmt::arg("node_id", a.node_id())), "",
@@ -174,9 +175,10 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
           "cleanup_blocked until `gpuaasctl slot repair` once it answers)",
           enums::Text(a.state()), fx.send.empty() ? "nothing" : enums::Text(fx.send.front()));
     }
-    AddTimeline(tx, id,
-                {fx.step, fx.state, in.task_id, in.task_type, v1::TASK_STAGE_UNSPECIFIED,
-                 fx.step == v1::TIMELINE_STEP_FORCE_RELEASED ? "force_released" : "", detail});
+    AddTimeline(
+        tx, id,
+        {fx.step, fx.state, in.task_id, in.task_type, v1::TASK_STAGE_UNSPECIFIED,
+         fx.step == v1::TIMELINE_STEP_FORCE_RELEASED ? reason::kForceReleased.str() : "", detail});
   }
   v1::Allocation after = a;
   if (fx.announce) {
@@ -207,7 +209,8 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
         sent = SendCleanup(tx, after, opts, traceparent);
         break;
       default:
-        return Error::Internal("unexpected_task", "the lifecycle has no task " + enums::Text(type));
+        return Error::Internal(reason::kUnexpectedTask,
+                               "the lifecycle has no task " + enums::Text(type));
     }
     if (!sent.ok()) return sent.error();
   }
@@ -218,18 +221,35 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
 // A task's outcome as the saga sees it.
 enum class Verdict { kSucceeded, kFailed, kRejected, kTimedOut };
 
-const char* VerdictText(Verdict v) {
+// The task row's status for a verdict (its text names the verdict in timeline details too).
+TaskStatus VerdictStatus(Verdict v) {
   switch (v) {
     case Verdict::kSucceeded:
-      return "succeeded";
+      return TaskStatus::kSucceeded;
     case Verdict::kFailed:
-      return "failed";
+      return TaskStatus::kFailed;
     case Verdict::kRejected:
-      return "rejected";
+      return TaskStatus::kRejected;
     case Verdict::kTimedOut:
-      return "timed_out";
+      return TaskStatus::kTimedOut;
   }
-  return "failed";
+  return TaskStatus::kFailed;
+}
+
+std::string_view VerdictText(Verdict v) { return TaskStatusText(VerdictStatus(v)); }
+
+// The failure code of a task that did not succeed and whose node gave no reason.
+Reason VerdictReason(Verdict v) {
+  switch (v) {
+    case Verdict::kRejected:
+      return reason::kTaskRejected;
+    case Verdict::kTimedOut:
+      return reason::kTaskTimedOut;
+    case Verdict::kSucceeded:
+    case Verdict::kFailed:
+      break;
+  }
+  return reason::kTaskFailed;
 }
 
 v1::TimelineStep VerdictStep(Verdict v) {
@@ -315,7 +335,7 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
                              enums::Text(o.result->slot_cleanup().runtime()));
       } else {
         if (!problem.empty()) {
-          code = "cleanup_proof_incomplete";
+          code = reason::kCleanupProofIncomplete.str();
           detail = problem;
           step = v1::TIMELINE_STEP_TASK_FAILED;
         }
@@ -324,7 +344,7 @@ Result<void> OnOutcome(pqxx::work& tx, const v1::Allocation& a, const TaskRow& t
       break;
     }
     default:
-      return Error::InvalidArgument("task_type_invalid",
+      return Error::InvalidArgument(reason::kTaskTypeInvalid,
                                     "the scheduler sends no task " + enums::Text(task.type));
   }
   lifecycle::Context ctx;
@@ -407,7 +427,7 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
   Applied in;
   in.a = &*a;
   if (force) {
-    in.cause = {"force_released",
+    in.cause = {reason::kForceReleased.str(),
                 "force-released by " +
                     (outbox::CurrentActor() != nullptr ? outbox::CurrentActor()->subject()
                                                        : std::string("an operator")) +
@@ -425,7 +445,7 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
   if (ev.data().Is<v1::NodeTaskProgress>()) {
     v1::NodeTaskProgress p;
     if (!ev.data().UnpackTo(&p)) {
-      return Error::InvalidArgument("malformed_event", "progress without a NodeTaskProgress");
+      return Error::InvalidArgument(reason::kMalformedEvent, "progress without a NodeTaskProgress");
     }
     if (!ids::IsUuid(p.task_id())) return Ok();
     auto task = FindTask(tx, p.task_id(), false);
@@ -433,7 +453,8 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
     auto a = LoadAllocation(tx, task->allocation_id, true);
     if (!a.ok()) return a.error();
     auto fresh = FindTask(tx, p.task_id(), false);
-    if (!fresh || fresh->status != "sent") return Ok();  // progress after the result: history
+    // Progress after the result: history.
+    if (!fresh || fresh->status != TaskStatus::kSent) return Ok();
     AddTimeline(tx, a->allocation_id(),
                 {v1::TIMELINE_STEP_TASK_PROGRESS, a->state(), p.task_id(), p.type(), p.stage(), "",
                  p.detail(), p.percent()});
@@ -441,7 +462,7 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
   }
   v1::NodeTaskResult res;
   if (!ev.data().UnpackTo(&res)) {
-    return Error::InvalidArgument("malformed_event", "task event without a NodeTaskResult");
+    return Error::InvalidArgument(reason::kMalformedEvent, "task event without a NodeTaskResult");
   }
   if (!ids::IsUuid(res.task_id())) return Ok();
   auto task = FindTask(tx, res.task_id(), false);
@@ -454,29 +475,28 @@ Result<void> ApplyNodeTaskEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
                           : res.status() == v1::TASK_STATUS_REJECTED ? Verdict::kRejected
                                                                      : Verdict::kFailed;
   Outcome o{verdict, res.stage(), res.error().reason(), res.error().message(), &res};
-  if (task->status != "sent") {
+  if (task->status != TaskStatus::kSent) {
     AddTimeline(
         tx, a->allocation_id(),
         {v1::TIMELINE_STEP_LATE_RESULT, a->state(), task->task_id, task->type, o.stage, o.code,
-         fmt::format("{} arrived after the task was {}", VerdictText(verdict), task->status)});
+         fmt::format("{} arrived after the task was {}", VerdictText(verdict),
+                     task->status ? TaskStatusText(*task->status) : "unknown")});
     return Ok();
   }
-  FinishTask(tx, task->task_id, VerdictText(verdict), o.code, o.detail);
-  if (o.code.empty() && verdict != Verdict::kSucceeded) {
-    o.code = std::string("task_") + VerdictText(verdict);
-  }
+  FinishTask(tx, task->task_id, VerdictStatus(verdict), o.code, o.detail);
+  if (o.code.empty() && verdict != Verdict::kSucceeded) o.code = VerdictReason(verdict).str();
   return OnOutcome(tx, *a, *task, o, opts, "");
 }
 
 Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaOptions& opts) {
   v1::ExposureSnapshot snap;
   if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event",
+    return Error::InvalidArgument(reason::kMalformedEvent,
                                   "event data is not a gpuaas.v1.ExposureSnapshot");
   }
   const auto& e = snap.exposure();
   if (!ids::IsUuid(e.allocation_id()) || !ids::IsUuid(e.exposure_id())) {
-    return Error::InvalidArgument("malformed_event", "exposure event without ids");
+    return Error::InvalidArgument(reason::kMalformedEvent, "exposure event without ids");
   }
   auto a = LoadAllocation(tx, e.allocation_id(), true);
   if (!a.ok()) {
@@ -513,7 +533,7 @@ Result<void> ApplyExposureEvent(pqxx::work& tx, const v1::Event& ev, const SagaO
        v1::TASK_TYPE_UNSPECIFIED, v1::TASK_STAGE_UNSPECIFIED, failed ? e.reason() : "", detail});
   Applied in;
   in.a = &*a;
-  in.cause = {e.reason().empty() ? std::string("exposure_failed") : e.reason(), detail};
+  in.cause = {e.reason().empty() ? reason::kExposureFailed.str() : e.reason(), detail};
   auto applied = Apply(tx, *fx, in, opts, "");
   if (!applied.ok()) return applied.error();
   return Ok();
@@ -534,7 +554,7 @@ Result<int> SweepOverdueTasks(store::Pool& pool, const SagaOptions& opts, int ma
       // Another replica or the result got there first.
       if (!LockOverdueTask(tx, id)) return false;
       MarkTaskTimedOut(tx, id);
-      Outcome o{Verdict::kTimedOut, v1::TASK_STAGE_UNSPECIFIED, "node_unresponsive",
+      Outcome o{Verdict::kTimedOut, v1::TASK_STAGE_UNSPECIFIED, reason::kNodeUnresponsive.str(),
                 fmt::format("node {} did not answer {} within its deadline", a->node_id(),
                             enums::Text(task->type)),
                 nullptr};
@@ -643,7 +663,7 @@ Result<int64_t> ParseSeqToken(const std::string& token) {
       after = std::stoll(token, &used);
       if (used != token.size() || after < 0) throw std::invalid_argument("");
     } catch (const std::exception&) {
-      return Error::InvalidArgument("invalid_page_token",
+      return Error::InvalidArgument(reason::kInvalidPageToken,
                                     "page_token is a seq from a timeline reply",
                                     {{"page_token", token}});
     }

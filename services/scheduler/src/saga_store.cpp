@@ -7,6 +7,7 @@
 #include "allocation_rows.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -23,7 +24,7 @@ std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool
   if (r.empty()) return std::nullopt;
   return TaskRow{r[0][0].as<std::string>(), r[0][1].as<std::string>(),
                  enums::FromColumn<v1::TaskType>(r[0][2].as<std::string>()), r[0][3].as<int>(),
-                 r[0][4].as<std::string>()};
+                 ParseTaskStatus(r[0][4].as<std::string>())};
 }
 
 int NextAttempt(pqxx::work& tx, const std::string& allocation_id, v1::TaskType type) {
@@ -36,13 +37,12 @@ int NextAttempt(pqxx::work& tx, const std::string& allocation_id, v1::TaskType t
 }
 
 void InsertTask(pqxx::work& tx, const std::string& task_id, const std::string& allocation_id,
-                const std::string& node_id, const std::string& type, int attempt,
-                int64_t deadline_s) {
+                const std::string& node_id, v1::TaskType type, int attempt, int64_t deadline_s) {
   store::Prepared(
       tx,
       "INSERT INTO allocation_tasks (task_id, allocation_id, node_id, type, attempt, deadline) "
       "VALUES ($1, $2, $3, $4, $5, now() + make_interval(secs => $6))",
-      task_id, allocation_id, node_id, type, attempt, static_cast<double>(deadline_s));
+      task_id, allocation_id, node_id, enums::Text(type), attempt, static_cast<double>(deadline_s));
 }
 
 void CancelOpenTasks(pqxx::work& tx, const std::string& allocation_id) {
@@ -52,13 +52,13 @@ void CancelOpenTasks(pqxx::work& tx, const std::string& allocation_id) {
                   allocation_id);
 }
 
-void FinishTask(pqxx::work& tx, const std::string& task_id, const std::string& status,
+void FinishTask(pqxx::work& tx, const std::string& task_id, TaskStatus status,
                 const std::string& error_reason, const std::string& error_detail) {
   store::Prepared(
       tx,
       "UPDATE allocation_tasks SET status = $2, finished_at = now(), error_reason = $3, "
       "error_detail = $4 WHERE task_id = $1",
-      task_id, status, error_reason, error_detail);
+      task_id, std::string(TaskStatusText(status)), error_reason, error_detail);
 }
 
 bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id) {
@@ -93,9 +93,9 @@ bool LockOverdueTask(pqxx::work& tx, const std::string& task_id) {
 void MarkTaskTimedOut(pqxx::work& tx, const std::string& task_id) {
   store::Prepared(
       tx,
-      "UPDATE allocation_tasks SET status = 'timed_out', finished_at = now(), error_reason = "
-      "'node_unresponsive' WHERE task_id = $1",
-      task_id);
+      "UPDATE allocation_tasks SET status = 'timed_out', finished_at = now(), error_reason = $2 "
+      "WHERE task_id = $1",
+      task_id, reason::kNodeUnresponsive.str());
 }
 
 std::map<std::string, int> OpenTasksByType(pqxx::work& tx) {

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpuaas/scheduler/task_status.hpp"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -25,7 +26,7 @@ struct TaskRow {
   std::string allocation_id;
   v1::TaskType type = v1::TASK_TYPE_UNSPECIFIED;
   int attempt = 0;
-  std::string status;
+  std::optional<TaskStatus> status;  // nullopt: a status this build does not know (a newer writer)
 };
 // The task row `task_id` (FOR UPDATE when `lock`), if any.
 std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool lock);
@@ -33,12 +34,11 @@ std::optional<TaskRow> FindTask(pqxx::work& tx, const std::string& task_id, bool
 int NextAttempt(pqxx::work& tx, const std::string& allocation_id, v1::TaskType type);
 // A task row, `sent`, due `deadline_s` from now.
 void InsertTask(pqxx::work& tx, const std::string& task_id, const std::string& allocation_id,
-                const std::string& node_id, const std::string& type, int attempt,
-                int64_t deadline_s);
+                const std::string& node_id, v1::TaskType type, int attempt, int64_t deadline_s);
 // Every `sent` task of the allocation becomes `cancelled`.
 void CancelOpenTasks(pqxx::work& tx, const std::string& allocation_id);
 // A result for the task: its status (succeeded, failed, rejected) and error.
-void FinishTask(pqxx::work& tx, const std::string& task_id, const std::string& status,
+void FinishTask(pqxx::work& tx, const std::string& task_id, TaskStatus status,
                 const std::string& error_reason, const std::string& error_detail);
 // The allocation has a task `sent` and not answered.
 bool HasOpenTask(pqxx::work& tx, const std::string& allocation_id);

@@ -15,36 +15,26 @@
 
 namespace gpuaas::scheduler {
 
-namespace {
-
-int64_t Detail(const Error& e, const std::string& key) {
-  auto it = e.details.find(key);
-  if (it == e.details.end()) return -1;
-  try {
-    return std::stoll(it->second);
-  } catch (const std::exception&) {
-    return -1;
+std::string_view NoPlacementLabel(NoPlacementKind k) {
+  switch (k) {
+    case NoPlacementKind::kNone:
+      return "";
+    case NoPlacementKind::kRegionDisabled:
+      return "region_disabled";
+    case NoPlacementKind::kNoFreeNode:
+      return "no_free_node";
+    case NoPlacementKind::kNoFreeGpus:
+      return "no_free_gpus";
+    case NoPlacementKind::kFabricMismatch:
+      return "fabric_mismatch";
+    case NoPlacementKind::kFragmented:
+      return "fragmented";
+    case NoPlacementKind::kContended:
+      return "contended";
+    case NoPlacementKind::kNotEnoughFreeGpus:
+      return "not_enough_free_gpus";
   }
-}
-
-}  // namespace
-
-std::string NoPlacementReason(const Error& e) {
-  if (e.reason == "region_disabled") return "region_disabled";
-  // Other placements held every choice through several waits (capacity may exist).
-  if (e.reason == "placement_contended") return "contended";
-  if (e.reason != "no_placement") return "";
-  if (auto it = e.details.find("requested");
-      it != e.details.end() && it->second == "node_exclusive") {
-    return "no_free_node";
-  }
-  const int64_t requested = Detail(e, "requested_gpus");
-  if (Detail(e, "free_gpus_of_sku") == 0) return "no_free_gpus";
-  const int64_t matching = Detail(e, "free_gpus_matching_fabric");
-  if (matching == 0) return "fabric_mismatch";
-  if (Detail(e, "nodes_with_enough_free_slots") > 0) return "contended";
-  if (requested > 0 && matching >= requested) return "fragmented";
-  return "not_enough_free_gpus";
+  return "";
 }
 
 SchedulerMetrics::SchedulerMetrics(prometheus::Registry& registry)
@@ -89,17 +79,18 @@ void SchedulerMetrics::Choices(bool from_index, int placed, int stale, int held)
   if (held > 0) choices_->Add({{"source", src}, {"outcome", "held"}}).Increment(held);
 }
 
-void SchedulerMetrics::CreateAnswered(const Result<v1::CreateAllocationResponse>& r) {
+void SchedulerMetrics::CreateAnswered(const Result<v1::CreateAllocationResponse>& r,
+                                      NoPlacementKind refusal) {
   if (r.ok()) {
     placements_->Add({{"result", r->created() ? "placed" : "duplicate"}}).Increment();
     return;
   }
-  const Error& e = r.error();
-  if (const std::string reason = NoPlacementReason(e); !reason.empty()) {
+  if (refusal != NoPlacementKind::kNone) {
     placements_->Add({{"result", "no_placement"}}).Increment();
-    no_placement_->Add({{"reason", reason}}).Increment();
+    no_placement_->Add({{"reason", std::string(NoPlacementLabel(refusal))}}).Increment();
     return;
   }
+  const Error& e = r.error();
   switch (e.code) {
     case Code::kInvalidArgument:
     case Code::kNotFound:

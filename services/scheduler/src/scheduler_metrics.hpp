@@ -2,7 +2,7 @@
 // The scheduler's domain metrics (docs/operations.md has the table):
 //   gpuaas_placements_total{result}          create requests by outcome: placed | duplicate |
 //                                            no_placement | rejected | error
-//   gpuaas_no_placement_total{reason}        why nothing could be placed (NoPlacementReason)
+//   gpuaas_no_placement_total{reason}        why nothing could be placed (NoPlacementKind)
 //   gpuaas_allocation_create_seconds         request -> active: observed when an allocation
 //                                            becomes active, from its created_at
 //   gpuaas_allocations{state}                allocations per state (sampled from the database)
@@ -16,6 +16,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/process_metrics.hpp"
@@ -36,18 +37,26 @@ class Pool;
 
 namespace gpuaas::scheduler {
 
-// The reason label of a no_placement (or region_disabled) error, from its details:
-// region_disabled, no_free_node (baremetal), no_free_gpus (none of the SKU free),
-// fabric_mismatch (free ones of another fabric), fragmented (enough free in the region, not
-// together on one node), contended (a node had enough, others took them first),
-// not_enough_free_gpus (fewer free than asked). "" when `e` is not a placement failure.
-std::string NoPlacementReason(const Error& e);
+// Why a create found no capacity: what the create path decided when it refused (no_placement,
+// placement_contended or region_disabled), read by gpuaas_no_placement_total{reason}.
+enum class NoPlacementKind {
+  kNone,               // the create was not refused for capacity
+  kRegionDisabled,     // region_disabled
+  kNoFreeNode,         // baremetal: no node free of claims
+  kNoFreeGpus,         // none of the SKU free
+  kFabricMismatch,     // free ones only of another fabric
+  kFragmented,         // enough free in the region, not together on one node
+  kContended,          // a node had enough but others took them first, or placement_contended
+  kNotEnoughFreeGpus,  // fewer free than asked
+};
+// The reason label of `k` ("" for kNone).
+std::string_view NoPlacementLabel(NoPlacementKind k);
 
 class SchedulerMetrics {
  public:
   explicit SchedulerMetrics(prometheus::Registry& registry);
-  // One create request's answer.
-  void CreateAnswered(const Result<v1::CreateAllocationResponse>& r);
+  // One create request's answer; `refusal`: why it found no capacity, as the create path said.
+  void CreateAnswered(const Result<v1::CreateAllocationResponse>& r, NoPlacementKind refusal);
   // `a` just became active (in the committing transaction).
   void Activated(const v1::Allocation& a);
   // Proposals of one create request: how many were tried with each outcome.

@@ -14,6 +14,7 @@
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "scheduler_metrics.hpp"
+#include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -40,7 +41,7 @@ Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>
   for (size_t i = 0; i < events.size(); ++i) {
     v1::NodeSnapshot& snap = snaps[i];
     if (!events[i]->data().UnpackTo(&snap) || snap.node().node_id().empty()) {
-      return Error::InvalidArgument("malformed_event",
+      return Error::InvalidArgument(reason::kMalformedEvent,
                                     "event data is not a gpuaas.v1.NodeSnapshot");
     }
     keyed.emplace_back(snap.node().node_id(), snap.node().generation());
@@ -89,7 +90,7 @@ Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>
     v1::SlotSnapshot& snap = snaps[i];
     if (!events[i]->data().UnpackTo(&snap) || snap.slot().node_id().empty() ||
         snap.slot().slot_key().empty()) {
-      return Error::InvalidArgument("malformed_event",
+      return Error::InvalidArgument(reason::kMalformedEvent,
                                     "event data is not a gpuaas.v1.SlotSnapshot");
     }
     keyed.emplace_back(std::make_pair(snap.slot().node_id(), snap.slot().slot_key()),
@@ -244,7 +245,7 @@ Result<Catalog> LoadCatalog(const std::string& file) {
   if (!file.empty()) {
     std::ifstream in(file);
     if (!in) {
-      return Error::InvalidArgument("catalog_unreadable",
+      return Error::InvalidArgument(reason::kCatalogUnreadable,
                                     "cannot read scheduler.catalog_file " + file);
     }
     yaml.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
@@ -344,11 +345,9 @@ Result<RebuildStats> SchedulerService::RebuildProjection(std::chrono::millisecon
       auto backlog = c->Backlog();
       if (backlog.ok() && *backlog == 0) break;
       if (std::chrono::steady_clock::now() > deadline) {
-        return Error{Code::kDeadlineExceeded,
-                     "rebuild_incomplete",
-                     "replay is still running; the projection will finish catching up",
-                     {},
-                     true};
+        return Error::Of(Code::kDeadlineExceeded, reason::kRebuildIncomplete,
+                         "replay is still running; the projection will finish catching up", {},
+                         true);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }

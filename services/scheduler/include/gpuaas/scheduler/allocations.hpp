@@ -31,6 +31,7 @@ class Pool;
 namespace gpuaas::scheduler {
 
 class PlacementCache;
+enum class NoPlacementKind;  // scheduler_metrics.hpp
 
 // The handlers of gpuaas.v1.scheduler.allocation.{create,get,list,release,force_release} and
 // catalog.list (routed in scheduler_routes.cpp).
@@ -56,8 +57,9 @@ class AllocationHandlers {
   Result<v1::ListCatalogResponse> ListCatalog(const v1::ListCatalogRequest& req, rpc::Context& ctx);
 
  private:
+  // `refusal`: why a failed create found no capacity (kNone when that was not why).
   Result<v1::CreateAllocationResponse> PlaceAndCommit(const v1::CreateAllocationRequest& req,
-                                                      rpc::Context& ctx);
+                                                      rpc::Context& ctx, NoPlacementKind* refusal);
 
   std::shared_ptr<store::Pool> pool_;
   Catalog catalog_;

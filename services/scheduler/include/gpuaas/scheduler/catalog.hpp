@@ -8,19 +8,21 @@
 
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "gpuaas/v1/types.pb.h"
 
 namespace gpuaas::scheduler {
 
 struct Sku {
   std::string name;
-  std::string shape;  // CapacityShape text: baremetal | gpu_slice | gpu_partition | gpu_shared
+  v1::CapacityShape shape = v1::CAPACITY_SHAPE_UNSPECIFIED;  // never UNSPECIFIED once parsed
   std::string sharing_mechanism;  // reserved shapes only (mig, time-slicing, mps)
   std::string gpu_sku;            // inventory slot SKU ("h200-sxm")
   std::vector<int> allowed_gpu_counts;
   int vcpus_per_gpu = 0;
   int64_t memory_mib_per_gpu = 0;
-  std::string fabric_type;                 // FabricType text of the required slot fabric ("" = any)
-  std::vector<std::string> network_modes;  // NetworkMode texts; the first is the default
+  v1::FabricType fabric_type =
+      v1::FABRIC_TYPE_UNSPECIFIED;             // required slot fabric (UNSPECIFIED = any)
+  std::vector<v1::NetworkMode> network_modes;  // the first is the default
 };
 
 // A VM image tenants may boot on a slice: where the node fetches it and its digest.
