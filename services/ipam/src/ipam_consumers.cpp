@@ -15,6 +15,7 @@
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/ipam/ipam_service.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
@@ -40,8 +41,8 @@ Result<int> Unbind(pqxx::work& tx, const std::string& node_id, const std::string
   for (const auto& r : rows) {
     const auto key = r[0].as<std::string>();
     auto res = FindReservation(tx, node_id, key);
-    if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res, "unbound",
-                                     source, "");
+    if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res,
+                                     reason::kUnbound.str(), source, "");
         !a.ok()) {
       return a.error();
     }
@@ -87,8 +88,8 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
         a.node_id(), store::TextArrayLiteral(keys), a.allocation_id());
     for (const auto& r : rows) {
       auto res = FindReservation(tx, a.node_id(), r[0].as<std::string>());
-      if (auto x = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res, "bound",
-                                       source, "");
+      if (auto x = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res,
+                                       reason::kBound.str(), source, "");
           !x.ok()) {
         return x.error();
       }
@@ -122,10 +123,11 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
 Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
   v1::NodeSnapshot snap;
   if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.NodeSnapshot");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "event data is not a gpuaas.v1.NodeSnapshot");
   }
   if (!ids::IsNodeId(snap.node().node_id())) {
-    return Error::InvalidArgument("malformed_event", "node event without a valid node id");
+    return Error::InvalidArgument(reason::kMalformedEvent, "node event without a valid node id");
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : snap.node().generation();
   tx.exec_params(
@@ -139,11 +141,13 @@ Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
 Result<void> ApplyInventorySlotEvent(pqxx::work& tx, const v1::Event& ev) {
   v1::SlotSnapshot snap;
   if (!ev.data().UnpackTo(&snap)) {
-    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.SlotSnapshot");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "event data is not a gpuaas.v1.SlotSnapshot");
   }
   const auto& s = snap.slot();
   if (!ids::IsNodeId(s.node_id()) || s.slot_key().empty()) {
-    return Error::InvalidArgument("malformed_event", "slot event without a node id or slot key");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "slot event without a node id or slot key");
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : s.generation();
   tx.exec_params(
@@ -158,7 +162,8 @@ Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConf
                              const std::string& source) {
   v1::LeaseReport report;
   if (!ev.data().UnpackTo(&report)) {
-    return Error::InvalidArgument("malformed_event", "event data is not a gpuaas.v1.LeaseReport");
+    return Error::InvalidArgument(reason::kMalformedEvent,
+                                  "event data is not a gpuaas.v1.LeaseReport");
   }
   if (auto v = ValidateLeaseReport(report); !v.ok()) return v.error();
   const int64_t observed_ms = report.has_observed_at()

@@ -11,6 +11,7 @@
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 
 namespace gpuaas::ipam {
 
@@ -43,7 +44,7 @@ uint64_t Fnv(uint64_t h, std::string_view s) {
   return h;
 }
 
-Error Invalid(const std::string& reason, const std::string& field, const std::string& problem) {
+Error Invalid(Reason reason, const std::string& field, const std::string& problem) {
   return Error::InvalidArgument(reason, field + ": " + problem, {{field, problem}});
 }
 
@@ -83,22 +84,22 @@ Result<Cidr> ParseCidr(std::string_view s, const std::string& field, int min_pre
                        int max_prefix) {
   const size_t slash = s.find('/');
   if (slash == std::string_view::npos) {
-    return Invalid("invalid_cidr", field,
+    return Invalid(reason::kInvalidCidr, field,
                    fmt::format("'{}' is not an IPv4 CIDR like 10.100.0.0/24", s));
   }
   auto ip = ParseIpv4(s.substr(0, slash));
   int64_t prefix = -1;
   if (!ip || !ParseInt(s.substr(slash + 1), &prefix) || prefix > 32) {
-    return Invalid("invalid_cidr", field,
+    return Invalid(reason::kInvalidCidr, field,
                    fmt::format("'{}' is not an IPv4 CIDR like 10.100.0.0/24", s));
   }
   if (prefix < min_prefix || prefix > max_prefix) {
-    return Invalid("invalid_cidr", field,
+    return Invalid(reason::kInvalidCidr, field,
                    fmt::format("prefix /{} is outside /{}../{}", prefix, min_prefix, max_prefix));
   }
   Cidr c{*ip, static_cast<int>(prefix)};
   if ((*ip & c.Mask()) != *ip) {
-    return Invalid("invalid_cidr", field,
+    return Invalid(reason::kInvalidCidr, field,
                    fmt::format("'{}' has host bits set (the network is {}/{})", s,
                                FormatIpv4(*ip & c.Mask()), prefix));
   }
@@ -115,11 +116,11 @@ Result<uint32_t> ResolveGateway(const Cidr& subnet, std::string_view gateway) {
   if (gateway.empty()) return subnet.network + 1;
   auto g = ParseIpv4(gateway);
   if (!g) {
-    return Invalid("invalid_gateway", "gateway",
+    return Invalid(reason::kInvalidGateway, "gateway",
                    fmt::format("'{}' is not an IPv4 address", gateway));
   }
   if (!subnet.Contains(*g) || *g == subnet.network || *g == subnet.Broadcast()) {
-    return Invalid("invalid_gateway", "gateway",
+    return Invalid(reason::kInvalidGateway, "gateway",
                    fmt::format("{} is not a host address of {}", gateway, subnet.ToString()));
   }
   return *g;
@@ -334,7 +335,7 @@ Result<void> ValidateLeaseReport(const v1::LeaseReport& report) {
     if (!snake) problems[at + "kind"] = "snake_case, 1-64 characters";
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument("malformed_lease_report",
+    return Error::InvalidArgument(reason::kMalformedLeaseReport,
                                   fmt::format("{} invalid field(s)", problems.size()), problems);
   }
   return Ok();
@@ -390,14 +391,14 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     if (s.allocation_id.empty()) continue;
     Finding f{s.slot_key, s.slot_key, s.mac, "", "", s.ip, actual, s.allocation_id};
     if (state == v1::LEASE_STATE_MISMATCH) {
-      f.kind = kDriftMismatch;
+      f.kind = reason::kIpamLeaseMismatch.str();
       f.detail = agent_mac != mac
                      ? fmt::format("the node leases {} to MAC {} (reserved MAC {})", actual,
                                    o->mac(), s.mac)
                      : fmt::format("MAC {} has lease {} (reserved {})", s.mac, actual, s.ip);
     } else if (state == v1::LEASE_STATE_MISSING && primaries.count(s.slot_key) &&
                observed_at_ms - s.bound_at_ms >= readiness_timeout_ms) {
-      f.kind = kDriftMissing;
+      f.kind = reason::kIpamLeaseMissing.str();
       f.detail = fmt::format("no DHCP lease for {} ({}) {}s after binding to allocation {}", s.mac,
                              s.ip, (observed_at_ms - s.bound_at_ms) / 1000, s.allocation_id);
     }
@@ -417,7 +418,7 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
     obs->set_hostname(o.hostname());
     l.set_document_version(report.document_version());
     *l.mutable_observed_at() = at;
-    Finding f{key, "", obs->mac(), kDriftUnexpected, "", "", o.actual_ip(), ""};
+    Finding f{key, "", obs->mac(), reason::kIpamLeaseUnexpected.str(), "", "", o.actual_ip(), ""};
     if (auto it = reserved_ip.find(o.actual_ip()); it != reserved_ip.end()) {
       // Someone holds a slot's reserved IP: that slot's drift, whatever else it has.
       const ReservedSlot& s = *it->second;
@@ -451,7 +452,7 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
         Finding{key,
                 key,
                 s.mac,
-                kDriftVnic,
+                reason::kIpamVnicDrift.str(),
                 fmt::format("the node reports its vNIC drifted: {}", fmt::join(kinds, ", ")),
                 s.ip,
                 "",
@@ -477,7 +478,7 @@ std::vector<std::string> SplitCsv(const std::string& s) {
   return out;
 }
 
-Result<void> CheckNodeId(const std::string& id, const std::string& reason) {
+Result<void> CheckNodeId(const std::string& id, Reason reason) {
   if (id.empty()) {
     return Error::InvalidArgument(reason, "node_id is required", {{"node_id", "required"}});
   }
@@ -489,7 +490,7 @@ Result<void> CheckNodeId(const std::string& id, const std::string& reason) {
 }
 
 Result<void> ValidateSlotKeys(const std::string& node_id, const std::string& slot_key,
-                              const std::string& reason) {
+                              Reason reason) {
   std::map<std::string, std::string> problems;
   if (!ids::IsNodeId(node_id)) problems["node_id"] = "must be a lowercase DNS label";
   if (slot_key.empty() || slot_key.size() > 128) problems["slot_key"] = "required, at most 128";
@@ -498,7 +499,7 @@ Result<void> ValidateSlotKeys(const std::string& node_id, const std::string& slo
 }
 
 Result<void> ValidateReserveRequest(const v1::ReserveSlotAddressRequest& req) {
-  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), "invalid_reservation_request");
+  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), reason::kInvalidReservationRequest);
       !v.ok()) {
     return v.error();
   }
@@ -509,7 +510,7 @@ Result<void> ValidateReserveRequest(const v1::ReserveSlotAddressRequest& req) {
   if (req.pool().size() > 63) problems["pool"] = "at most 63 characters";
   if (!req.pool().empty() && req.region().empty()) problems["region"] = "required with pool";
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_reservation_request", "invalid field(s)", problems);
+    return Error::InvalidArgument(reason::kInvalidReservationRequest, "invalid field(s)", problems);
   }
   return Ok();
 }
@@ -520,7 +521,7 @@ namespace {
 
 Error SubnetOverlap(const Cidr& subnet, const std::string& other, const std::string& where) {
   return Error::InvalidArgument(
-      "subnet_overlap",
+      reason::kSubnetOverlap,
       fmt::format("management subnet {} overlaps {} ({}) within one node's scope",
                   subnet.ToString(), other, where),
       {{"subnet", subnet.ToString()}, {"overlaps", other}, {"source", where}});
@@ -528,34 +529,34 @@ Error SubnetOverlap(const Cidr& subnet, const std::string& other, const std::str
 
 // The scope a SetSubnetRequest names: node_id alone, region + pool, or region (INVALID_ARGUMENT
 // invalid_scope otherwise, and for a bad region or pool).
-Result<std::string> SubnetRuleScope(const v1::SetSubnetRequest& req) {
-  std::string scope;
+Result<Scope> SubnetRuleScope(const v1::SetSubnetRequest& req) {
+  Scope scope = Scope::kNode;
   if (!req.node_id().empty()) {
     if (!req.region().empty() || !req.pool().empty()) {
-      return Error::InvalidArgument("invalid_scope",
+      return Error::InvalidArgument(reason::kInvalidScope,
                                     "a node rule names only node_id (not region or pool)",
                                     {{"scope", "node_id alone, region+pool, or region"}});
     }
-    if (auto v = CheckNodeId(req.node_id(), "invalid_scope"); !v.ok()) return v.error();
-    scope = kScopeNode;
+    if (auto v = CheckNodeId(req.node_id(), reason::kInvalidScope); !v.ok()) return v.error();
+    scope = Scope::kNode;
   } else if (!req.pool().empty()) {
     if (req.region().empty()) {
-      return Error::InvalidArgument("invalid_scope", "a pool rule needs its region",
+      return Error::InvalidArgument(reason::kInvalidScope, "a pool rule needs its region",
                                     {{"region", "required with pool"}});
     }
-    scope = kScopePool;
+    scope = Scope::kPool;
   } else if (!req.region().empty()) {
-    scope = kScopeRegion;
+    scope = Scope::kRegion;
   } else {
-    return Error::InvalidArgument("invalid_scope", "name a region, a region+pool or a node",
+    return Error::InvalidArgument(reason::kInvalidScope, "name a region, a region+pool or a node",
                                   {{"scope", "node_id alone, region+pool, or region"}});
   }
   if (!req.region().empty() && !ids::IsNodeId(req.region())) {
-    return Error::InvalidArgument("invalid_scope", "region must be a lowercase DNS label",
+    return Error::InvalidArgument(reason::kInvalidScope, "region must be a lowercase DNS label",
                                   {{"region", "must be a lowercase DNS label"}});
   }
   if (req.pool().size() > 63) {
-    return Error::InvalidArgument("invalid_scope", "pool is at most 63 characters",
+    return Error::InvalidArgument(reason::kInvalidScope, "pool is at most 63 characters",
                                   {{"pool", "at most 63 characters"}});
   }
   return scope;
@@ -565,18 +566,22 @@ Result<std::string> SubnetRuleScope(const v1::SetSubnetRequest& req) {
 // datapath_invalid); a bridge only with a datapath, and a valid interface name (invalid_bridge).
 Result<Datapath> ValidateRuleDatapath(const v1::SetSubnetRequest& req) {
   if (req.datapath() != v1::NETWORK_DATAPATH_UNSPECIFIED && enums::Text(req.datapath()).empty()) {
-    return enums::InvalidValue("datapath", std::to_string(static_cast<int>(req.datapath())),
-                               v1::NetworkDatapath_descriptor());
+    // What enums::InvalidValue("datapath", ...) answers, from the registry.
+    const std::string valid = enums::JoinTexts(v1::NetworkDatapath_descriptor());
+    return Error::InvalidArgument(
+        reason::kDatapathInvalid,
+        fmt::format("datapath '{}' is not one of: {}", static_cast<int>(req.datapath()), valid),
+        {{"datapath", "one of " + valid}});
   }
   if (!req.bridge().empty() && !ValidBridgeName(req.bridge())) {
-    return Error::InvalidArgument("invalid_bridge",
+    return Error::InvalidArgument(reason::kInvalidBridge,
                                   "bridge must be 1-15 of [A-Za-z0-9_.-]: '" + req.bridge() + "'",
                                   {{"bridge", "1-15 of [A-Za-z0-9_.-]"}});
   }
   // A bridge name means something only for a datapath: inheriting the datapath but not the
   // bridge could pair an OVS bridge name with a Linux bridge.
   if (!req.bridge().empty() && req.datapath() == v1::NETWORK_DATAPATH_UNSPECIFIED) {
-    return Error::InvalidArgument("invalid_bridge", "a bridge is set only with its datapath",
+    return Error::InvalidArgument(reason::kInvalidBridge, "a bridge is set only with its datapath",
                                   {{"bridge", "requires datapath"}});
   }
   return Datapath{req.datapath(), req.bridge()};
@@ -586,20 +591,20 @@ Result<Datapath> ValidateRuleDatapath(const v1::SetSubnetRequest& req) {
 
 std::vector<RuleScope> ApplicableRules(const std::string& node_id, const std::string& region,
                                        const std::string& pool) {
-  std::vector<RuleScope> out{{kScopeNode, "", "", node_id}};
-  if (!region.empty() && !pool.empty()) out.push_back({kScopePool, region, pool, ""});
-  if (!region.empty()) out.push_back({kScopeRegion, region, "", ""});
+  std::vector<RuleScope> out{{Scope::kNode, "", "", node_id}};
+  if (!region.empty() && !pool.empty()) out.push_back({Scope::kPool, region, pool, ""});
+  if (!region.empty()) out.push_back({Scope::kRegion, region, "", ""});
   return out;
 }
 
-std::vector<BroaderRule> BroaderRules(const std::string& scope, const std::string& region,
+std::vector<BroaderRule> BroaderRules(Scope scope, const std::string& region,
                                       const std::string& pool) {
   std::vector<BroaderRule> out;
-  if (scope != kScopeRegion && !region.empty()) {
-    out.push_back({{kScopeRegion, region, "", ""}, "region " + region});
+  if (scope != Scope::kRegion && !region.empty()) {
+    out.push_back({{Scope::kRegion, region, "", ""}, "region " + region});
   }
-  if (scope == kScopeNode && !region.empty() && !pool.empty()) {
-    out.push_back({{kScopePool, region, pool, ""}, fmt::format("pool {}/{}", region, pool)});
+  if (scope == Scope::kNode && !region.empty() && !pool.empty()) {
+    out.push_back({{Scope::kPool, region, pool, ""}, fmt::format("pool {}/{}", region, pool)});
   }
   return out;
 }
@@ -627,7 +632,7 @@ Result<void> CheckSubnetCapacity(const AddressPlan& plan, int64_t required) {
   const int64_t capacity = SlotCapacity(plan);
   if (capacity >= required) return Ok();
   return Error::InvalidArgument(
-      "subnet_too_small",
+      reason::kSubnetTooSmall,
       fmt::format("{} offers {} slot addresses (offsets {}..{}, less network, gateway "
                   "and broadcast); a node needs {}",
                   plan.subnet.ToString(), capacity, plan.first_host, plan.last_host, required),
@@ -662,13 +667,11 @@ Result<void> CheckReservationsFit(const AddressPlan& plan, const std::string& no
   for (const auto& r : reservations) {
     auto ip = ParseIpv4(r.ip);
     if (!ip || !IsSlotAddress(plan, *ip)) {
-      return Error{Code::kFailedPrecondition,
-                   "subnet_in_use",
-                   fmt::format("slot {} holds {}, which is not a slot address of {}; "
-                               "release its reservation first",
-                               r.slot_key, r.ip, plan.subnet.ToString()),
-                   {{"node_id", node_id}, {"slot_key", r.slot_key}, {"ip", r.ip}},
-                   false};
+      return Error::Of(Code::kFailedPrecondition, reason::kSubnetInUse,
+                       fmt::format("slot {} holds {}, which is not a slot address of {}; "
+                                   "release its reservation first",
+                                   r.slot_key, r.ip, plan.subnet.ToString()),
+                       {{"node_id", node_id}, {"slot_key", r.slot_key}, {"ip", r.ip}});
     }
   }
   return Ok();

@@ -12,6 +12,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "ipam_store.hpp"
 
@@ -69,11 +70,9 @@ Result<v1::ReserveSlotAddressResponse> AssignSlotAddress(pqxx::work& tx, const I
   const AddressPlan plan = PlanOf(node.subnet, node.gateway, cfg.first_host, cfg.last_host);
   auto ip = PickIp(plan, LoadUsedIps(tx, req.node_id()));
   if (!ip) {
-    return Error{Code::kResourceExhausted,
-                 "subnet_exhausted",
-                 "no free slot address left in the node's management subnet " + node.subnet,
-                 {{"node_id", req.node_id()}, {"subnet", node.subnet}},
-                 false};
+    return Error::Of(Code::kResourceExhausted, reason::kSubnetExhausted,
+                     "no free slot address left in the node's management subnet " + node.subnet,
+                     {{"node_id", req.node_id()}, {"subnet", node.subnet}});
   }
   auto mac = EnsureMac(tx, req.node_id(), req.slot_key());
   if (!mac.ok()) return mac.error();
@@ -82,7 +81,7 @@ Result<v1::ReserveSlotAddressResponse> AssignSlotAddress(pqxx::work& tx, const I
   *resp.mutable_reservation() = *FindReservation(tx, req.node_id(), req.slot_key());
   resp.set_created(true);
   if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.created", resp.reservation(),
-                                   "reserved", source, ctx.traceparent);
+                                   reason::kReserved.str(), source, ctx.traceparent);
       !a.ok()) {
     return a.error();
   }
@@ -134,19 +133,17 @@ Result<v1::ReleaseSlotAddressResponse> ReleaseInTx(pqxx::work& tx, const IpamCon
     return resp;
   }
   if (!r->allocation_id().empty()) {
-    return Error{Code::kFailedPrecondition,
-                 "reservation_bound",
-                 fmt::format("slot {} of {} is bound to allocation {}; release the "
-                             "allocation first",
-                             req.slot_key(), req.node_id(), r->allocation_id()),
-                 {{"allocation_id", r->allocation_id()}, {"slot_key", req.slot_key()}},
-                 false};
+    return Error::Of(Code::kFailedPrecondition, reason::kReservationBound,
+                     fmt::format("slot {} of {} is bound to allocation {}; release the "
+                                 "allocation first",
+                                 req.slot_key(), req.node_id(), r->allocation_id()),
+                     {{"allocation_id", r->allocation_id()}, {"slot_key", req.slot_key()}});
   }
   DeleteReservation(tx, req.node_id(), req.slot_key());
   r->set_generation(r->generation() + 1);
   SetMacGeneration(tx, req.node_id(), req.slot_key(), r->generation());
   *r->mutable_updated_at() = TimeUtil::GetCurrentTime();
-  const std::string why = req.reason().empty() ? "released" : req.reason();
+  const std::string why = req.reason().empty() ? reason::kReleased.str() : req.reason();
   if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.released", *r, why, source,
                                    ctx.traceparent);
       !a.ok()) {
@@ -173,19 +170,15 @@ Result<v1::ReprovisionSlotAddressResponse> ReprovisionInTx(
   LockNode(tx, req.node_id());
   const auto owned = LockMacAssignment(tx, req.node_id(), req.slot_key());
   if (!owned) {
-    return Error{Code::kNotFound,
-                 "slot_not_found",
-                 fmt::format("slot {} of {} owns no MAC", req.slot_key(), req.node_id()),
-                 {{"node_id", req.node_id()}, {"slot_key", req.slot_key()}},
-                 false};
+    return Error::Of(Code::kNotFound, reason::kSlotNotFound,
+                     fmt::format("slot {} of {} owns no MAC", req.slot_key(), req.node_id()),
+                     {{"node_id", req.node_id()}, {"slot_key", req.slot_key()}});
   }
   auto r = FindReservation(tx, req.node_id(), req.slot_key());
   if (r && !r->allocation_id().empty()) {
-    return Error{Code::kFailedPrecondition,
-                 "reservation_bound",
-                 "a slot bound to an allocation keeps its MAC; release the allocation first",
-                 {{"allocation_id", r->allocation_id()}, {"slot_key", req.slot_key()}},
-                 false};
+    return Error::Of(Code::kFailedPrecondition, reason::kReservationBound,
+                     "a slot bound to an allocation keeps its MAC; release the allocation first",
+                     {{"allocation_id", r->allocation_id()}, {"slot_key", req.slot_key()}});
   }
   v1::ReprovisionSlotAddressResponse resp;
   resp.set_previous_mac(owned->mac);
@@ -199,7 +192,7 @@ Result<v1::ReprovisionSlotAddressResponse> ReprovisionInTx(
     r = FindReservation(tx, req.node_id(), req.slot_key());
     *resp.mutable_reservation() = *r;
     if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *r,
-                                     "reprovisioned", source, ctx.traceparent);
+                                     reason::kReprovisioned.str(), source, ctx.traceparent);
         !a.ok()) {
       return a.error();
     }
@@ -234,7 +227,7 @@ Result<void> CheckHostNetworks(pqxx::work& tx, const IpamConfig& cfg, const Subn
     }
   }
   if (auto c = CheckHostOverlap(spec.subnet, hosts); !c.ok()) return c;
-  if (spec.rule.scope != kScopeNode && !spec.own_hosts.empty()) {
+  if (spec.rule.scope != Scope::kNode && !spec.own_hosts.empty()) {
     return CheckNarrowerOverlap(spec.own_hosts,
                                 ListNarrowerSubnets(tx, spec.rule.region, spec.rule.pool));
   }
@@ -250,7 +243,7 @@ v1::SetSubnetResponse RuleResponse(const SubnetRuleSpec& spec,
   resp.set_changed(!before || before->subnet != subnet || before->gateway != gateway ||
                    before->host_cidrs != spec.host_cidrs || before->datapath != spec.datapath);
   auto* rule = resp.mutable_rule();
-  rule->set_scope(spec.rule.scope);
+  rule->set_scope(std::string(ScopeText(spec.rule.scope)));
   rule->set_region(spec.rule.region);
   rule->set_pool(spec.rule.pool);
   rule->set_node_id(spec.rule.node_id);
@@ -280,7 +273,7 @@ Result<v1::SetSubnetResponse> SetSubnetInTx(pqxx::work& tx, const IpamConfig& cf
                                             const SubnetRuleSpec& spec, rpc::Context& ctx) {
   std::optional<NodeNet> node;
   int64_t reserved = 0;
-  if (spec.rule.scope == kScopeNode) {
+  if (spec.rule.scope == Scope::kNode) {
     node = LockNode(tx, spec.rule.node_id);
     reserved = CountReservations(tx, spec.rule.node_id);
   }
@@ -306,7 +299,7 @@ Result<v1::SetSubnetResponse> SetSubnetInTx(pqxx::work& tx, const IpamConfig& cf
     resp.set_document_version(*d);
   }
   if (resp.changed()) {
-    ctx.log.Info("subnet rule set", {{"scope", spec.rule.scope},
+    ctx.log.Info("subnet rule set", {{"scope", std::string(ScopeText(spec.rule.scope))},
                                      {"region", spec.rule.region},
                                      {"pool", spec.rule.pool},
                                      {"node_id", spec.rule.node_id},
@@ -340,7 +333,7 @@ Result<v1::ReserveSlotAddressResponse> IpamHandlers::Reserve(
 Result<v1::ListReservationsResponse> IpamHandlers::ListReservations(
     const v1::ListReservationsRequest& req, rpc::Context& /*ctx*/) const {
   if (!req.node_id().empty() && !ids::IsNodeId(req.node_id())) {
-    return Error::InvalidArgument("invalid_node_id", "node_id must be a lowercase DNS label",
+    return Error::InvalidArgument(reason::kInvalidNodeId, "node_id must be a lowercase DNS label",
                                   {{"node_id", "must be a lowercase DNS label"}});
   }
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::ListReservationsResponse> {
@@ -352,7 +345,7 @@ Result<v1::ListReservationsResponse> IpamHandlers::ListReservations(
 
 Result<v1::ReleaseSlotAddressResponse> IpamHandlers::Release(
     const v1::ReleaseSlotAddressRequest& req, rpc::Context& ctx) const {
-  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), "invalid_release_request");
+  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), reason::kInvalidReleaseRequest);
       !v.ok()) {
     return v.error();
   }
@@ -362,7 +355,7 @@ Result<v1::ReleaseSlotAddressResponse> IpamHandlers::Release(
 
 Result<v1::ReprovisionSlotAddressResponse> IpamHandlers::Reprovision(
     const v1::ReprovisionSlotAddressRequest& req, rpc::Context& ctx) const {
-  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), "invalid_reprovision_request");
+  if (auto v = ValidateSlotKeys(req.node_id(), req.slot_key(), reason::kInvalidReprovisionRequest);
       !v.ok()) {
     return v.error();
   }
@@ -370,7 +363,8 @@ Result<v1::ReprovisionSlotAddressResponse> IpamHandlers::Reprovision(
   // be any other host's on the L2 domain.
   if (!DeprecatedMac(req).empty()) {
     return Error::InvalidArgument(
-        "mac_not_allowed", "a slot's MAC is derived or taken from ipam's pool; leave mac empty",
+        reason::kMacNotAllowed,
+        "a slot's MAC is derived or taken from ipam's pool; leave mac empty",
         {{"mac", "must be empty (deprecated)"}});
   }
   if (auto k = RequireKnown(*pool_, inv_, req.node_id(), req.slot_key(), {Code::kNotFound, false},
@@ -386,7 +380,7 @@ Result<v1::ListOrphansResponse> IpamHandlers::ListOrphans(const v1::ListOrphansR
                                                           rpc::Context& /*ctx*/) const {
   const int64_t min_age = req.has_min_age_seconds() ? req.min_age_seconds() : kDefaultOrphanMinAgeS;
   if (min_age < 0) {
-    return Error::InvalidArgument("invalid_min_age", "min_age_seconds must be >= 0",
+    return Error::InvalidArgument(reason::kInvalidMinAge, "min_age_seconds must be >= 0",
                                   {{"min_age_seconds", "must be >= 0"}});
   }
   if (auto c = RequireCaughtUp(inv_); !c.ok()) return c.error();
@@ -406,7 +400,7 @@ Result<v1::RemoveOrphansResponse> IpamHandlers::RemoveOrphans(const v1::RemoveOr
     problems["node_id"] = "must be a lowercase DNS label";
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_orphan_request", "invalid field(s)", problems);
+    return Error::InvalidArgument(reason::kInvalidOrphanRequest, "invalid field(s)", problems);
   }
   if (auto c = RequireCaughtUp(inv_); !c.ok()) return c.error();
   // Nodes one at a time, each judged again under its lock: a reservation made or bound
@@ -453,9 +447,9 @@ Result<v1::SetSubnetResponse> IpamHandlers::SetSubnet(const v1::SetSubnetRequest
 
 Result<v1::GetNodeNetworkResponse> IpamHandlers::GetNodeNetwork(
     const v1::GetNodeNetworkRequest& req, rpc::Context& /*ctx*/) const {
-  if (auto v = CheckNodeId(req.node_id(), "invalid_node_id"); !v.ok()) return v.error();
+  if (auto v = CheckNodeId(req.node_id(), reason::kInvalidNodeId); !v.ok()) return v.error();
   if (req.version() < 0) {
-    return Error::InvalidArgument("invalid_version", "version must be >= 0 (0 = latest)",
+    return Error::InvalidArgument(reason::kInvalidVersion, "version must be >= 0 (0 = latest)",
                                   {{"version", "must be >= 0"}});
   }
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::GetNodeNetworkResponse> {
@@ -477,7 +471,7 @@ Result<v1::GetNodeNetworkResponse> IpamHandlers::GetNodeNetwork(
 
 Result<v1::AckNodeNetworkResponse> IpamHandlers::AckNodeNetwork(
     const v1::AckNodeNetworkRequest& req, rpc::Context& ctx) const {
-  if (auto v = CheckNodeId(req.node_id(), "invalid_node_id"); !v.ok()) return v.error();
+  if (auto v = CheckNodeId(req.node_id(), reason::kInvalidNodeId); !v.ok()) return v.error();
   const std::vector<std::string> blockers(req.blockers().begin(), req.blockers().end());
   if (auto v = documents::ValidateAck(req.version(), blockers); !v.ok()) return v.error();
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::AckNodeNetworkResponse> {
@@ -496,13 +490,13 @@ Result<v1::AckNodeNetworkResponse> IpamHandlers::AckNodeNetwork(
 
 Result<v1::ListLeasesResponse> IpamHandlers::ListLeases(const v1::ListLeasesRequest& req,
                                                         rpc::Context& /*ctx*/) const {
-  if (auto v = CheckNodeId(req.node_id(), "invalid_node_id"); !v.ok()) return v.error();
+  if (auto v = CheckNodeId(req.node_id(), reason::kInvalidNodeId); !v.ok()) return v.error();
   return store::WithTx(*pool_, [&](pqxx::work& tx) { return LoadLeases(tx, req.node_id()); });
 }
 
 Result<v1::ListDriftResponse> IpamHandlers::ListDrift(const v1::ListDriftRequest& req,
                                                       rpc::Context& /*ctx*/) const {
-  if (auto v = CheckNodeId(req.node_id(), "invalid_node_id"); !v.ok()) return v.error();
+  if (auto v = CheckNodeId(req.node_id(), reason::kInvalidNodeId); !v.ok()) return v.error();
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::ListDriftResponse> {
     v1::ListDriftResponse resp;
     for (auto& d : ipam::ListDrift(tx, req.node_id(), req.include_resolved())) {

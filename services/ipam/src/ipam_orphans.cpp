@@ -9,6 +9,7 @@
 
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/ipam/ipam_service.hpp"
 #include "ipam_store.hpp"
 
@@ -22,12 +23,9 @@ constexpr auto kPoll = std::chrono::milliseconds(25);
 constexpr auto kSettle = std::chrono::milliseconds(250);
 
 Error Lagging(const std::string& what) {
-  return Error{
-      Code::kUnavailable,
-      "inventory_projection_lagging",
-      "ipam's projection of inventory has not caught up with the " + what + " events yet; retry",
-      {},
-      true};
+  return Error::Unavailable(
+      reason::kInventoryProjectionLagging,
+      "ipam's projection of inventory has not caught up with the " + what + " events yet; retry");
 }
 
 bool CaughtUp(messaging::Consumer* c) {
@@ -69,17 +67,13 @@ Result<void> RequireKnown(store::Pool& pool, const InventoryView& inv, const std
     if (found->first && found->second) return Ok();
     if (caught_up) {
       if (!found->first) {
-        return Error{unknown.code,
-                     "node_unknown",
-                     "inventory does not know node " + node_id + "; register it first",
-                     {{"node_id", node_id}},
-                     unknown.retryable};
+        return Error::Of(unknown.code, reason::kNodeUnknown,
+                         "inventory does not know node " + node_id + "; register it first",
+                         {{"node_id", node_id}}, unknown.retryable);
       }
-      return Error{unknown.code,
-                   "slot_unknown",
-                   fmt::format("inventory does not know slot {} of node {}", slot_key, node_id),
-                   {{"node_id", node_id}, {"slot_key", slot_key}},
-                   unknown.retryable};
+      return Error::Of(unknown.code, reason::kSlotUnknown,
+                       fmt::format("inventory does not know slot {} of node {}", slot_key, node_id),
+                       {{"node_id", node_id}, {"slot_key", slot_key}}, unknown.retryable);
     }
     if (std::chrono::steady_clock::now() + kPoll >= deadline) {
       return Lagging(slot ? "node and slot" : "node");

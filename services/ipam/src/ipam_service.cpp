@@ -9,6 +9,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 #include "ipam_handlers.hpp"
 #include "ipam_orphans.hpp"
@@ -113,8 +114,9 @@ Result<void> IpamConfig::Validate() const {
     problems["ipam.datapath"] = "one of " + enums::JoinTexts(v1::NetworkDatapath_descriptor());
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument(
-        "invalid_config", fmt::format("{} ipam config problem(s)", problems.size()), problems);
+    return Error::InvalidArgument(reason::kInvalidConfig,
+                                  fmt::format("{} ipam config problem(s)", problems.size()),
+                                  problems);
   }
   return Ok();
 }

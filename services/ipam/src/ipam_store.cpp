@@ -9,6 +9,7 @@
 #include "gpuaas/common/proto_json.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/ipam/ipam_service.hpp"
 
 namespace gpuaas::ipam {
@@ -159,16 +160,14 @@ Result<std::string> ClaimPoolMac(pqxx::work& tx, const std::string& node_id,
   for (int i = 0; i < 64; ++i) {
     const auto seq = tx.exec("SELECT nextval('mac_pool_seq')")[0][0].as<int64_t>();
     if (seq <= 0 || static_cast<uint64_t>(seq) >= kPoolSize) {
-      return Error{Code::kResourceExhausted,
-                   "mac_pool_exhausted",
-                   "the platform MAC pool 52:54:01:00:00:01-52:54:01:ff:ff:ff is used up",
-                   {{"node_id", node_id}, {"slot_key", slot_key}},
-                   false};
+      return Error::Of(Code::kResourceExhausted, reason::kMacPoolExhausted,
+                       "the platform MAC pool 52:54:01:00:00:01-52:54:01:ff:ff:ff is used up",
+                       {{"node_id", node_id}, {"slot_key", slot_key}});
     }
     const std::string mac = FormatMac(PoolMacValue(static_cast<uint64_t>(seq)));
     if (ClaimMac(tx, node_id, slot_key, mac, "pool", epoch)) return mac;
   }
-  return Error::Aborted("mac_pool_contended", "64 pool MACs in a row were taken; retry");
+  return Error::Aborted(reason::kMacPoolContended, "64 pool MACs in a row were taken; retry");
 }
 
 Result<std::pair<std::string, std::string>> EnsureMac(pqxx::work& tx, const std::string& node_id,
@@ -286,7 +285,7 @@ std::optional<RuleRow> LoadRule(pqxx::work& tx, const RuleScope& rule) {
   auto r = tx.exec_params(
       "SELECT subnet::text, host(gateway), host_cidrs, datapath, bridge FROM subnet_rules WHERE "
       "scope = $1 AND region = $2 AND pool = $3 AND node_id = $4",
-      rule.scope, rule.region, rule.pool, rule.node_id);
+      std::string(ScopeText(rule.scope)), rule.region, rule.pool, rule.node_id);
   if (r.empty()) return std::nullopt;
   return RuleRow{r[0][0].as<std::string>(),
                  r[0][1].as<std::string>(),
@@ -305,7 +304,7 @@ void UpsertRule(pqxx::work& tx, const RuleScope& rule, const std::string& subnet
       "ON CONFLICT (scope, region, pool, node_id) DO UPDATE SET subnet = EXCLUDED.subnet, "
       "gateway = EXCLUDED.gateway, host_cidrs = EXCLUDED.host_cidrs, "
       "datapath = EXCLUDED.datapath, bridge = EXCLUDED.bridge, updated_at = now()",
-      rule.scope, rule.region, rule.pool, rule.node_id, subnet, gateway,
+      std::string(ScopeText(rule.scope)), rule.region, rule.pool, rule.node_id, subnet, gateway,
       store::TextArrayLiteral(host_cidrs), enums::Text(datapath.datapath), datapath.bridge);
 }
 
@@ -314,10 +313,10 @@ std::vector<HostNetwork> ListNarrowerSubnets(pqxx::work& tx, const std::string& 
   std::vector<HostNetwork> out;
   for (const auto& n : tx.exec_params(
            "SELECT subnet::text, 'pool rule ' || region || '/' || pool FROM subnet_rules "
-           "WHERE scope = 'pool' AND region = $1 AND $2 = '' UNION ALL "
+           "WHERE scope = $3 AND region = $1 AND $2 = '' UNION ALL "
            "SELECT subnet::text, 'node ' || node_id FROM node_subnets WHERE region = $1 AND "
            "($2 = '' OR pool = $2)",
-           region, pool)) {
+           region, pool, std::string(ScopeText(Scope::kPool)))) {
     out.push_back({n[0].as<std::string>(), n[1].as<std::string>()});
   }
   return out;
@@ -480,7 +479,7 @@ Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& nod
            "SELECT doc::text FROM lease_observations WHERE node_id = $1 ORDER BY subject",
            node_id)) {
     if (auto p = protojson::FromJson(r[0].as<std::string>(), resp.add_leases()); !p.ok()) {
-      return Error::Internal("corrupt_lease", p.error().message);
+      return Error::Internal(reason::kCorruptLease, p.error().message);
     }
   }
   return resp;

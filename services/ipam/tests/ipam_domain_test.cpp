@@ -343,18 +343,19 @@ TEST(LeaseJudgementTest, BoundSlotsDriftOnMismatchMissingPastTimeoutAndUnexpecte
   EXPECT_EQ(early.leases.at("gpu-d").observation().expected_ip(), "10.100.0.9");
   auto late = JudgeLeases(slots, r, 1000 + 1000, 1000);
   ASSERT_EQ(late.drift.size(), 1u) << "gpu-b is a second slot of its VM; gpu-d is unbound";
-  EXPECT_EQ(late.drift.at("gpu-c").kind, kDriftMissing);
+  EXPECT_EQ(late.drift.at("gpu-c").kind, reason::kIpamLeaseMissing.str());
 
   *r.mutable_observations(0) = Obs("gpu-a", "52:54:00:00:00:01", "10.100.0.50", "mismatch");
   *r.add_observations() = Obs("", "52:54:00:99:99:99", "10.100.0.12", "unexpected");
   *r.add_observations() = Obs("", "52:54:00:77:77:77", "10.100.0.77", "unexpected");
   auto j = JudgeLeases(slots, r, 1500, 1000);
   ASSERT_EQ(j.drift.size(), 3u);
-  EXPECT_EQ(j.drift.at("gpu-a").kind, kDriftMismatch);
+  EXPECT_EQ(j.drift.at("gpu-a").kind, reason::kIpamLeaseMismatch.str());
   EXPECT_EQ(j.drift.at("gpu-a").actual_ip, "10.100.0.50");
-  EXPECT_EQ(j.drift.at("gpu-c").kind, kDriftUnexpected) << "a foreign MAC holds gpu-c's IP";
+  EXPECT_EQ(j.drift.at("gpu-c").kind, reason::kIpamLeaseUnexpected.str())
+      << "a foreign MAC holds gpu-c's IP";
   EXPECT_EQ(j.drift.at("gpu-c").allocation_id, "0190aaaa-0000-7000-8000-000000000002");
-  EXPECT_EQ(j.drift.at("mac:52:54:00:77:77:77").kind, kDriftUnexpected);
+  EXPECT_EQ(j.drift.at("mac:52:54:00:77:77:77").kind, reason::kIpamLeaseUnexpected.str());
   EXPECT_EQ(j.leases.at("mac:52:54:00:77:77:77").observation().lease_state(),
             v1::LEASE_STATE_UNEXPECTED);
 
@@ -363,7 +364,7 @@ TEST(LeaseJudgementTest, BoundSlotsDriftOnMismatchMissingPastTimeoutAndUnexpecte
   stale.set_node_id("gpu-01");
   *stale.add_observations() = Obs("gpu-a", "52:54:00:00:00:ff", "10.100.0.10", "bound");
   auto s = JudgeLeases(slots, stale, 1500, 1000);
-  EXPECT_EQ(s.drift.at("gpu-a").kind, kDriftMismatch);
+  EXPECT_EQ(s.drift.at("gpu-a").kind, reason::kIpamLeaseMismatch.str());
 }
 
 TEST(LeaseJudgementTest, AgentVnicDriftDegradesOnlyThatBoundSlot) {
@@ -386,11 +387,12 @@ TEST(LeaseJudgementTest, AgentVnicDriftDegradesOnlyThatBoundSlot) {
   ASSERT_TRUE(ValidateLeaseReport(r).ok());
   auto j = JudgeLeases(slots, r, 5000, 1000);
   ASSERT_EQ(j.drift.size(), 2u) << "gpu-d is unbound, gpu-zz is no slot of ipam's";
-  EXPECT_EQ(j.drift.at("gpu-a").kind, kDriftVnic);
+  EXPECT_EQ(j.drift.at("gpu-a").kind, reason::kIpamVnicDrift.str());
   EXPECT_EQ(j.drift.at("gpu-a").detail,
             "the node reports its vNIC drifted: vnic_detached, qos_missing");
   EXPECT_EQ(j.drift.at("gpu-a").allocation_id, slots[1].allocation_id);
-  EXPECT_EQ(j.drift.at("gpu-c").kind, kDriftMissing) << "the lease finding stays the slot's";
+  EXPECT_EQ(j.drift.at("gpu-c").kind, reason::kIpamLeaseMissing.str())
+      << "the lease finding stays the slot's";
 
   auto bad = r;
   bad.mutable_vnic_drift(0)->set_kind("Vnic-Detached");

@@ -3,6 +3,7 @@
 // resolution, the node network document and the judgement of lease reports. No I/O: the
 // service (ipam_service.cpp) runs these inside its transactions, and the unit tests run them on
 // their own (50,000-node MAC fleets, randomised address properties).
+#include <array>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -10,9 +11,11 @@
 #include <string>
 #include <string_view>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 
 namespace gpuaas::ipam {
@@ -151,16 +154,11 @@ bool SameContent(v1::NodeNetworkDocument a, v1::NodeNetworkDocument b);
 // malformed_lease_report.
 Result<void> ValidateLeaseReport(const v1::LeaseReport& report);
 
-inline constexpr const char* kDriftMismatch = "ipam_lease_mismatch";
-inline constexpr const char* kDriftMissing = "ipam_lease_missing";
-inline constexpr const char* kDriftUnexpected = "ipam_lease_unexpected";
-inline constexpr const char* kDriftVnic = "ipam_vnic_drift";
-
 struct Finding {
   std::string subject;  // slot key, or "mac:<mac>" for an unexpected lease on no reserved IP
   std::string slot_key;
   std::string mac;
-  std::string kind;
+  std::string kind;  // a drift kind of the registry (reason::kIpamLease*, kIpamVnicDrift)
   std::string detail;
   std::string expected_ip;
   std::string actual_ip;
@@ -187,24 +185,43 @@ LeaseJudgement JudgeLeases(const std::vector<ReservedSlot>& slots, const v1::Lea
 // Comma-separated items, blanks around them trimmed, empty ones dropped.
 std::vector<std::string> SplitCsv(const std::string& s);
 // A node id that must be given: INVALID_ARGUMENT `reason` when missing or not a DNS label.
-Result<void> CheckNodeId(const std::string& id, const std::string& reason);
+Result<void> CheckNodeId(const std::string& id, Reason reason);
 // A node id (lowercase DNS label) and slot key (1-128 characters), every bad field at once:
 // INVALID_ARGUMENT `reason`.
 Result<void> ValidateSlotKeys(const std::string& node_id, const std::string& slot_key,
-                              const std::string& reason);
+                              Reason reason);
 // reserve: the keys, then `region` (a DNS label, required with `pool`) and `pool` (at most 63):
 // INVALID_ARGUMENT invalid_reservation_request.
 Result<void> ValidateReserveRequest(const v1::ReserveSlotAddressRequest& req);
 
 // ---- Subnet rules ----
 
-inline constexpr const char* kScopeNode = "node";
-inline constexpr const char* kScopePool = "pool";
-inline constexpr const char* kScopeRegion = "region";
+// What a subnet rule covers: a node (node_id only), a pool of a region (region + pool) or a
+// region (region). Stored as text in subnet_rules.scope (CHECK constraint, same texts) and sent
+// as text in SubnetRule.scope; converted only there.
+enum class Scope { kNode, kPool, kRegion };
+inline constexpr std::array<std::pair<Scope, std::string_view>, 3> kScopeTexts{{
+    {Scope::kNode, "node"},
+    {Scope::kPool, "pool"},
+    {Scope::kRegion, "region"},
+}};
+constexpr std::string_view ScopeText(Scope scope) {
+  for (const auto& [s, text] : kScopeTexts) {
+    if (s == scope) return text;
+  }
+  return "";
+}
+// The scope of a text; nullopt for any other text.
+constexpr std::optional<Scope> ParseScope(std::string_view text) {
+  for (const auto& [s, t] : kScopeTexts) {
+    if (t == text) return s;
+  }
+  return std::nullopt;
+}
 
-// Which subnet rule: scope "node" (node_id only), "pool" (region + pool) or "region" (region).
+// Which subnet rule: its scope and the keys that scope uses ("" for the others).
 struct RuleScope {
-  std::string scope;
+  Scope scope = Scope::kNode;
   std::string region;
   std::string pool;
   std::string node_id;
@@ -228,7 +245,7 @@ struct BroaderRule {
   RuleScope rule;
   std::string where;
 };
-std::vector<BroaderRule> BroaderRules(const std::string& scope, const std::string& region,
+std::vector<BroaderRule> BroaderRules(Scope scope, const std::string& region,
                                       const std::string& pool);
 
 // A SetSubnetRequest, validated: scope (invalid_scope), subnet (invalid_cidr), gateway
