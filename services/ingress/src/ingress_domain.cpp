@@ -7,6 +7,7 @@
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
+#include "ingress_reasons.hpp"
 
 namespace gpuaas::ingress {
 
@@ -46,7 +47,7 @@ std::optional<uint32_t> ParseIpv4(std::string_view s) {
 Result<void> ValidatePool(const v1::EndpointPool& p) {
   if (p.kind() == v1::ENDPOINT_POOL_KIND_DNS_NAME || p.kind() == v1::ENDPOINT_POOL_KIND_OVERLAY) {
     Error e = Error::FailedPrecondition(
-        "pool_kind_not_supported",
+        reason::kPoolKindNotSupported,
         fmt::format("{} pools are reserved in the contract but not handed out yet; use port_range "
                     "or public_ip",
                     enums::Text(p.kind())));
@@ -85,7 +86,7 @@ Result<void> ValidatePool(const v1::EndpointPool& p) {
       problems["kind"] = "port_range or public_ip";
   }
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_pool",
+    return Error::InvalidArgument(reason::kInvalidPool,
                                   fmt::format("{} problem(s) with pool {}", problems.size(),
                                               p.name().empty() ? "\"\"" : p.name()),
                                   problems);
@@ -109,7 +110,7 @@ Result<void> ValidateEndpoint(const std::string& name, v1::TransportProtocol pro
   }
   if (port < 1 || port > 65535) problems["port"] = "1..65535";
   if (!problems.empty()) {
-    return Error::InvalidArgument("invalid_endpoint", "the endpoint is not valid", problems);
+    return Error::InvalidArgument(reason::kInvalidEndpoint, "the endpoint is not valid", problems);
   }
   return Ok();
 }

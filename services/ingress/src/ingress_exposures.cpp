@@ -18,6 +18,7 @@
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ingress_domain.hpp"
 #include "ingress_metrics.hpp"
+#include "ingress_reasons.hpp"
 #include "ingress_store.hpp"
 
 namespace gpuaas::ingress {
@@ -45,17 +46,24 @@ Result<v1::Exposure> Set(pqxx::work& tx, const Context& c, const std::string& id
                          const std::string& detail, int64_t doc_version = -1) {
   const double in_state_s = SecondsInState(tx, id);
   const auto prev = LoadExposureState(tx, id);
-  auto e = UpdateExposureState(tx, c, id, enums::Text(state), reason, detail, doc_version);
-  if (c.metrics != nullptr && prev == "applying" && state == v1::EXPOSURE_STATE_ACTIVE) {
+  auto e = UpdateExposureState(tx, c, id, state, reason, detail, doc_version);
+  if (c.metrics != nullptr && prev == v1::EXPOSURE_STATE_APPLYING &&
+      state == v1::EXPOSURE_STATE_ACTIVE) {
     c.metrics->Applied(in_state_s);
   }
   if (auto a = Announce(tx, c, e); !a.ok()) return a.error();
   return e;
 }
 
-bool Live(const std::string& allocation_state) {
-  return allocation_state == "reserved" || allocation_state == "provisioning" ||
-         allocation_state == "active";
+// An allocation that may hold exposures.
+bool Live(v1::AllocationState s) {
+  return s == v1::ALLOCATION_STATE_RESERVED || s == v1::ALLOCATION_STATE_PROVISIONING ||
+         s == v1::ALLOCATION_STATE_ACTIVE;
+}
+
+// Its VM is up with an address: its exposures can go to the node.
+bool VmUp(const AllocationRow& a) {
+  return a.vm_ready && !a.target_ip.empty() && a.state != v1::ALLOCATION_STATE_RESERVED;
 }
 
 // Writes the node's next document when its mappings changed; returns the latest version.
@@ -73,7 +81,7 @@ Result<void> Settle(pqxx::work& tx, const Context& c, const std::string& node_id
   auto ack = documents::LoadAck(tx, ExposureDocuments(), node_id);
   if (ack.applied_version == 0) return Ok();
   for (const auto& [id, state] : ListExposuresToSettle(tx, node_id, ack.applied_version)) {
-    if (state == "removing") {
+    if (state == v1::EXPOSURE_STATE_REMOVING) {
       auto e =
           Set(tx, c, id, v1::EXPOSURE_STATE_REMOVED, "",
               fmt::format("node {} acked document {} without it", node_id, ack.applied_version));
@@ -81,11 +89,11 @@ Result<void> Settle(pqxx::work& tx, const Context& c, const std::string& node_id
       FreeEndpoint(tx, *e);
       continue;
     }
-    if (state == "drift" && drifted_now.count(id)) continue;
+    if (state == v1::EXPOSURE_STATE_DRIFT && drifted_now.count(id)) continue;
     const std::string detail =
         simulated ? fmt::format("node {} took document {} (simulated: no kernel rule)", node_id,
                                 ack.applied_version)
-        : state == "drift"
+        : state == v1::EXPOSURE_STATE_DRIFT
             ? fmt::format("node {} reports the rule in place again (document {})", node_id,
                           ack.applied_version)
             : fmt::format("node {} applied document {}", node_id, ack.applied_version);
@@ -122,7 +130,7 @@ Result<std::vector<v1::Exposure>> StartRemove(pqxx::work& tx, const Context& c,
   // Node document locks first (see StartApply), in one order.
   for (const auto& node : NodesOfLiveExposures(tx, which)) LockNodeDocument(tx, node);
   for (const auto& x : LockLiveExposures(tx, which)) {
-    if (x.state == "requested") {
+    if (x.state == v1::EXPOSURE_STATE_REQUESTED) {
       auto e = Set(tx, c, x.id, v1::EXPOSURE_STATE_REMOVED, "", why + " (never on the node)");
       if (!e.ok()) return e.error();
       FreeEndpoint(tx, *e);
@@ -160,17 +168,18 @@ Result<std::vector<v1::Exposure>> StartRemove(pqxx::work& tx, const Context& c,
 Result<AllocationRow> LockExposableAllocation(pqxx::work& tx, const std::string& allocation_id) {
   auto a = LockAllocation(tx, allocation_id);
   if (!a) {
-    return Error::NotFound("allocation_not_found",
+    return Error::NotFound(reason::kAllocationNotFound,
                            "ingress has not seen allocation " + allocation_id);
   }
-  if (a->shape == "baremetal") {
-    return Error::FailedPrecondition("exposure_not_for_baremetal",
+  if (a->shape == v1::CAPACITY_SHAPE_BAREMETAL) {
+    return Error::FailedPrecondition(reason::kExposureNotForBaremetal,
                                      "a bare-metal node has its own public addresses; ingress "
                                      "exposes slice VMs only");
   }
   if (!Live(a->state)) {
-    return Error::FailedPrecondition("allocation_not_live",
-                                     fmt::format("allocation {} is {}", a->id, a->state));
+    return Error::FailedPrecondition(
+        reason::kAllocationNotLive,
+        fmt::format("allocation {} is {}", a->id, enums::Text(a->state)));
   }
   return *a;
 }
@@ -187,8 +196,9 @@ Result<std::optional<v1::Exposure>> FindSameEndpoint(pqxx::work& tx, const Conte
     return std::optional<v1::Exposure>(*e);
   }
   Error err = Error::FailedPrecondition(
-      "endpoint_exists", fmt::format("allocation {} already exposes {} ({}/{})", a.id, e->name(),
-                                     e->target_port(), enums::Text(e->protocol())));
+      reason::kEndpointExists,
+      fmt::format("allocation {} already exposes {} ({}/{})", a.id, e->name(), e->target_port(),
+                  enums::Text(e->protocol())));
   err.details = {{"exposure_id", e->exposure_id()}, {"name", e->name()}};
   return err;
 }
@@ -197,8 +207,9 @@ Result<void> CheckEndpointCount(pqxx::work& tx, const Context& c, const Allocati
   const auto live = CountLiveExposures(tx, a.id);
   if (live >= c.cfg.max_endpoints_per_allocation) {
     return Error::FailedPrecondition(
-        "too_many_endpoints", fmt::format("allocation {} already exposes {} endpoints (at most {})",
-                                          a.id, live, c.cfg.max_endpoints_per_allocation));
+        reason::kTooManyEndpoints,
+        fmt::format("allocation {} already exposes {} endpoints (at most {})", a.id, live,
+                    c.cfg.max_endpoints_per_allocation));
   }
   return Ok();
 }
@@ -215,18 +226,17 @@ Error Exhausted(pqxx::work& tx, const AllocationRow& a,
     names.push_back(p.name());
   }
   const auto used = CountLeasesOfPools(tx, names);
-  return Error{Code::kResourceExhausted,
-               "pool_exhausted",
-               fmt::format("every endpoint of the pools serving node {} in region {} is taken "
-                           "({} of {} used)",
-                           a.node, a.region, used, total),
-               {{"region", a.region},
-                {"node_id", a.node},
-                {"pools", fmt::format("{}", fmt::join(names, ","))},
-                {"total", std::to_string(total)},
-                {"used", std::to_string(used)},
-                {"requested", "1"}},
-               true};
+  return Error::Of(Code::kResourceExhausted, reason::kPoolExhausted,
+                   fmt::format("every endpoint of the pools serving node {} in region {} is taken "
+                               "({} of {} used)",
+                               a.node, a.region, used, total),
+                   {{"region", a.region},
+                    {"node_id", a.node},
+                    {"pools", fmt::format("{}", fmt::join(names, ","))},
+                    {"total", std::to_string(total)},
+                    {"used", std::to_string(used)},
+                    {"requested", "1"}},
+                   /*retryable=*/true);
 }
 
 // A public endpoint leased for a new exposure.
@@ -261,14 +271,11 @@ std::optional<Leased> LeaseFromPool(pqxx::work& tx, const v1::EndpointPool& p,
 Result<Leased> LeaseEndpoint(pqxx::work& tx, const AllocationRow& a, int32_t port) {
   const auto pools = LockPoolsServingNode(tx, a.region, a.node);
   if (pools.empty()) {
-    Error err{Code::kResourceExhausted,
-              "no_pool",
-              fmt::format("no endpoint pool serves node {} in region {} (gpuaasctl ingress pool "
-                          "set)",
-                          a.node, a.region),
-              {{"region", a.region}, {"node_id", a.node}},
-              false};
-    return err;
+    return Error::Of(Code::kResourceExhausted, reason::kNoPool,
+                     fmt::format("no endpoint pool serves node {} in region {} (gpuaasctl "
+                                 "ingress pool set)",
+                                 a.node, a.region),
+                     {{"region", a.region}, {"node_id", a.node}}, /*retryable=*/false);
   }
   auto held = FindHeldPublicAddress(tx, a.id);
   const std::string id = ids::NewUuidV7();
@@ -294,8 +301,8 @@ std::optional<AllocationRow> ProjectAllocation(pqxx::work& tx, const v1::Allocat
   row.tenant = a.tenant();
   row.node = a.node_id();
   row.region = a.region();
-  row.shape = enums::Text(a.shape());
-  row.state = enums::Text(a.state());
+  row.shape = a.shape();
+  row.state = a.state();
   row.slot_key = keys.empty() ? std::string() : keys.front();
   row.target_ip = a.network().expected_ip();
   row.vm_ready = a.vm_ready();
@@ -337,7 +344,7 @@ Result<void> ReserveAskedEndpoints(pqxx::work& tx, const Context& c, const v1::A
     if (r.ok()) continue;
     if (auto f = RecordUnreservable(tx, c, a, row, want, r.error()); !f.ok()) return f;
   }
-  if (row.vm_ready && !row.target_ip.empty() && row.state != "reserved") {
+  if (VmUp(row)) {
     if (auto s = StartApply(tx, c, row); !s.ok()) return s.error();
   }
   return Ok();
@@ -357,7 +364,7 @@ Result<bool> FailRefused(pqxx::work& tx, const Context& c, const v1::AckNodeExpo
       continue;
     }
     auto failed = Set(tx, c, e->exposure_id(), v1::EXPOSURE_STATE_FAILED,
-                      f.reason().empty() ? std::string("refused_by_node") : f.reason(),
+                      f.reason().empty() ? reason::kRefusedByNode.str() : f.reason(),
                       fmt::format("node {} refused it: {}", req.node_id(), f.message()));
     if (!failed.ok()) return failed.error();
     FreeEndpoint(tx, *failed);
@@ -388,7 +395,7 @@ Result<std::set<std::string>> MarkDrifted(pqxx::work& tx, const Context& c,
                                           const v1::AckNodeExposuresRequest& req) {
   std::set<std::string> drifted;
   for (const auto& d : req.drift()) {
-    if (c.metrics != nullptr) c.metrics->Drift(d.kind());
+    if (c.metrics != nullptr) c.metrics->Drift(reason::DriftKind(d.kind()));
     std::optional<v1::Exposure> e;
     if (!d.exposure_id().empty()) e = LockExposure(tx, c, d.exposure_id());
     const bool live =
@@ -436,7 +443,7 @@ Result<Reserved> Reserve(pqxx::work& tx, const Context& c, const std::string& al
   x.detail = fmt::format("reserved from pool {}", leased->pool);
   auto e = InsertRequestedExposure(tx, c, x);
   if (auto ann = Announce(tx, c, e); !ann.ok()) return ann.error();
-  if (apply && a->vm_ready && !a->target_ip.empty() && a->state != "reserved") {
+  if (apply && VmUp(*a)) {
     if (auto s = StartApply(tx, c, *a); !s.ok()) return s.error();
     if (auto again = LoadExposure(tx, c, x.id)) e = *again;
   }
@@ -453,10 +460,12 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
   if (!ev.actor().subject().empty()) actor.emplace(ev.actor());
   auto row = ProjectAllocation(tx, a, read->generation);
   if (!row) return Ok();  // older news
-  if (Live(row->state) && row->shape == "gpu_slice") return ReserveAskedEndpoints(tx, c, a, *row);
+  if (Live(row->state) && row->shape == v1::CAPACITY_SHAPE_GPU_SLICE) {
+    return ReserveAskedEndpoints(tx, c, a, *row);
+  }
   if (!Live(row->state)) {
     auto r = StartRemove(tx, c, {ExposureSelection::By::kAllocation, a.allocation_id()},
-                         "allocation " + row->state);
+                         "allocation " + enums::Text(row->state));
     if (!r.ok()) return r.error();
   }
   return Ok();
@@ -471,7 +480,7 @@ Result<v1::Exposure> Remove(pqxx::work& tx, const Context& c, const std::string&
   // Not locked here: StartRemove locks the node's document first, then the row.
   auto e = LoadExposure(tx, c, exposure_id);
   if (!e || (!tenant_scope.empty() && e->tenant() != tenant_scope)) {
-    return Error::NotFound("exposure_not_found", "no exposure " + exposure_id);
+    return Error::NotFound(reason::kExposureNotFound, "no exposure " + exposure_id);
   }
   auto r = StartRemove(tx, c, {ExposureSelection::By::kExposure, exposure_id}, "deleted");
   if (!r.ok()) return r.error();

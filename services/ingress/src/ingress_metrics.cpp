@@ -13,6 +13,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/types.pb.h"
+#include "ingress_reasons.hpp"
 
 namespace gpuaas::ingress {
 
@@ -29,19 +30,18 @@ IngressMetrics::IngressMetrics(prometheus::Registry& registry)
                   .Name("gpuaas_exposure_drift_total")
                   .Help("Exposure drift nodes reported and fixed, by kind")
                   .Register(registry)) {
-  for (const char* k : {"rule_missing", "rule_stale", "rule_foreign", "table_missing"}) {
-    drift_->Add({{"kind", k}});
+  for (Reason k :
+       {reason::kRuleMissing, reason::kRuleStale, reason::kRuleForeign, reason::kTableMissing}) {
+    drift_->Add({{"kind", k.str()}});
   }
 }
 
 void IngressMetrics::Applied(double seconds) { apply_seconds_->Observe(std::max(0.0, seconds)); }
 
-void IngressMetrics::Drift(const std::string& kind) {
+void IngressMetrics::Drift(std::optional<Reason> kind) {
   // The label comes from a node: only the kinds the contract names, so a confused agent cannot
   // grow the series without bound.
-  static const std::set<std::string> kKinds = {"rule_missing", "rule_stale", "rule_foreign",
-                                               "table_missing"};
-  drift_->Add({{"kind", kKinds.count(kind) ? kind : std::string("other")}}).Increment();
+  drift_->Add({{"kind", kind ? kind->str() : std::string("other")}}).Increment();
 }
 
 std::shared_ptr<metrics::Sampler> StartExposureGauges(std::shared_ptr<store::Pool> pool,

@@ -8,10 +8,12 @@
 //   gpuaas_endpoint_pool_endpoints{pool,usage} endpoints per pool: total | used (sampled)
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/process_metrics.hpp"
+#include "gpuaas/common/result.hpp"
 
 namespace prometheus {
 class Registry;
@@ -32,8 +34,9 @@ class IngressMetrics {
   explicit IngressMetrics(prometheus::Registry& registry);
   // An exposure became active `seconds` after it went applying.
   void Applied(double seconds);
-  // A node reported drift of `kind`.
-  void Drift(const std::string& kind);
+  // A node reported drift of `kind` (reason::DriftKind of its text; nullopt: a kind the contract
+  // does not name, counted as "other").
+  void Drift(std::optional<Reason> kind);
 
  private:
   prometheus::Histogram* apply_seconds_ = nullptr;

@@ -4,6 +4,7 @@
 
 #include "gpuaas/ingress/ingress_service.hpp"
 #include "ingress_domain.hpp"
+#include "ingress_reasons.hpp"
 #include "ingress_store.hpp"
 
 namespace gpuaas::ingress {
@@ -12,7 +13,8 @@ namespace {
 
 Error Overlap(const PoolAddress& clash) {
   Error e = Error::FailedPrecondition(
-      "pool_overlap", fmt::format("address {} is already in pool {}", clash.address, clash.pool));
+      reason::kPoolOverlap,
+      fmt::format("address {} is already in pool {}", clash.address, clash.pool));
   e.details = {{"pool", clash.pool}, {"address", clash.address}};
   return e;
 }
@@ -24,7 +26,7 @@ std::optional<Error> MoveOfHeldPool(const v1::EndpointPool& want, const PoolPlac
   const auto& node = before.node_id;
   if (region == want.region() && node == want.node_id()) return std::nullopt;
   Error e = Error::FailedPrecondition(
-      "pool_in_use",
+      reason::kPoolInUse,
       fmt::format("{} endpoint(s) of pool {} are held by exposures on {}; it cannot move to "
                   "another {}",
                   before.used, want.name(), node.empty() ? region : node,
@@ -37,7 +39,7 @@ std::optional<Error> MoveOfHeldPool(const v1::EndpointPool& want, const PoolPlac
 
 Error HeldEndpointDropped(const v1::EndpointPool& want, const HeldEndpoint& held) {
   Error e = Error::FailedPrecondition(
-      "pool_in_use",
+      reason::kPoolInUse,
       fmt::format("{}:{} of pool {} is held by an exposure", held.address, held.port, want.name()));
   e.details = {{"address", held.address}, {"port", std::to_string(held.port)}};
   return e;
@@ -67,12 +69,13 @@ Result<v1::SetEndpointPoolResponse> DefinePool(pqxx::work& tx, const v1::Endpoin
 
 Result<v1::EndpointPool> RemovePool(pqxx::work& tx, const std::string& name) {
   auto pool = LoadPool(tx, name);
-  if (!pool) return Error::NotFound("pool_not_found", "no pool " + name);
+  if (!pool) return Error::NotFound(reason::kPoolNotFound, "no pool " + name);
   LockPool(tx, name);
   const auto used = CountLeasesOfPool(tx, name);
   if (used > 0) {
     Error e = Error::FailedPrecondition(
-        "pool_in_use", fmt::format("{} endpoint(s) of pool {} are held by exposures", used, name));
+        reason::kPoolInUse,
+        fmt::format("{} endpoint(s) of pool {} are held by exposures", used, name));
     e.details = {{"used", std::to_string(used)}};
     return e;
   }

@@ -1,11 +1,11 @@
 #include "gpuaas/ingress/ingress_service.hpp"
 
-#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "ingress_metrics.hpp"
+#include "ingress_reasons.hpp"
 #include "ingress_store.hpp"
 
 namespace gpuaas::ingress {
@@ -14,7 +14,7 @@ namespace {
 
 Result<void> CheckNodeId(const std::string& id) {
   if (!ids::IsNodeId(id)) {
-    return Error::InvalidArgument("invalid_node_id", "node_id is not a valid node id",
+    return Error::InvalidArgument(reason::kInvalidNodeId, "node_id is not a valid node id",
                                   {{"node_id", id.empty() ? "required" : "not a node id"}});
   }
   return Ok();
@@ -97,7 +97,7 @@ Result<v1::CreateExposureResponse> IngressHandlers::CreateExposure(
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::CreateExposureResponse> {
     const auto owner = LoadAllocationTenant(tx, req.allocation_id());
     if (!owner || (!scope.empty() && *owner != scope)) {
-      return Error::NotFound("allocation_not_found",
+      return Error::NotFound(reason::kAllocationNotFound,
                              "ingress has not seen allocation " + req.allocation_id());
     }
     auto r = Reserve(tx, *ctx_, req.allocation_id(), req.name(), req.protocol(), req.port());
@@ -123,8 +123,7 @@ Result<v1::DeleteExposureResponse> IngressHandlers::DeleteExposure(
 
 Result<v1::ListExposuresResponse> IngressHandlers::ListExposures(
     const v1::ListExposuresRequest& req, rpc::Context& rc) const {
-  const ExposureFilter filter{req.allocation_id(), req.node_id(), enums::Text(req.state()),
-                              rc.TenantScope()};
+  const ExposureFilter filter{req.allocation_id(), req.node_id(), req.state(), rc.TenantScope()};
   return store::WithTx(
       *pool_,
       [&](pqxx::work& tx) -> Result<v1::ListExposuresResponse> {

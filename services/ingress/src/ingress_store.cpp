@@ -98,8 +98,8 @@ std::optional<AllocationRow> SelectAllocation(pqxx::work& tx, const std::string&
   a.tenant = r[0][1].as<std::string>();
   a.node = r[0][2].as<std::string>();
   a.region = r[0][3].as<std::string>();
-  a.shape = r[0][4].as<std::string>();
-  a.state = r[0][5].as<std::string>();
+  a.shape = enums::FromColumn<v1::CapacityShape>(r[0][4].as<std::string>());
+  a.state = enums::FromColumn<v1::AllocationState>(r[0][5].as<std::string>());
   a.slot_key = r[0][6].as<std::string>();
   a.target_ip = r[0][7].as<std::string>();
   a.vm_ready = r[0][8].as<bool>();
@@ -309,8 +309,8 @@ void UpsertAllocation(pqxx::work& tx, const AllocationRow& a, int64_t generation
       "ELSE EXCLUDED.slot_key END, target_ip = CASE WHEN EXCLUDED.target_ip = '' THEN "
       "allocations.target_ip ELSE EXCLUDED.target_ip END, vm_ready = EXCLUDED.vm_ready, "
       "generation = EXCLUDED.generation, updated_at = now()",
-      a.id, a.tenant, a.node, a.region, a.shape, a.state, a.slot_key, a.target_ip, a.vm_ready,
-      generation);
+      a.id, a.tenant, a.node, a.region, enums::Text(a.shape), enums::Text(a.state), a.slot_key,
+      a.target_ip, a.vm_ready, generation);
 }
 
 // ---- exposures ----
@@ -330,7 +330,7 @@ std::vector<std::string> ListExposureIds(pqxx::work& tx, const ExposureFilter& f
                       "= $1) AND ($2 = '' OR node_id = $2) AND (($3 = '' AND state <> "
                       "'removed') OR state = $3) AND ($4 = '' OR tenant = $4) ORDER BY "
                       "exposure_id DESC LIMIT 1000",
-                      f.allocation_id, f.node_id, f.state, f.tenant)) {
+                      f.allocation_id, f.node_id, enums::Text(f.state), f.tenant)) {
     out.push_back(r[0].as<std::string>());
   }
   return out;
@@ -397,21 +397,21 @@ double SecondsInState(pqxx::work& tx, const std::string& id) {
       .as<double>();
 }
 
-std::optional<std::string> LoadExposureState(pqxx::work& tx, const std::string& id) {
+std::optional<v1::ExposureState> LoadExposureState(pqxx::work& tx, const std::string& id) {
   auto r = tx.exec_params("SELECT state FROM exposures WHERE exposure_id = $1::uuid", id);
   if (r.empty()) return std::nullopt;
-  return r[0][0].as<std::string>();
+  return enums::FromColumn<v1::ExposureState>(r[0][0].as<std::string>());
 }
 
 v1::Exposure UpdateExposureState(pqxx::work& tx, const Context& c, const std::string& id,
-                                 const std::string& state, const std::string& reason,
+                                 v1::ExposureState state, const std::string& reason,
                                  const std::string& detail, int64_t doc_version) {
   auto r = tx.exec_params(
       fmt::format("UPDATE exposures SET state = $2, reason = $3, detail = $4, document_version = "
                   "CASE WHEN $5::int8 < 0 THEN document_version ELSE $5::int8 END, generation = "
                   "generation + 1, updated_at = now() WHERE exposure_id = $1::uuid RETURNING {}",
                   kCols),
-      id, state, reason, detail, doc_version);
+      id, enums::Text(state), reason, detail, doc_version);
   return FromRow(r[0], c);
 }
 
@@ -452,7 +452,9 @@ std::vector<LiveExposure> LockLiveExposures(pqxx::work& tx, const ExposureSelect
                        "exposure_id FOR UPDATE",
                        Where(s)),
            s.id)) {
-    out.push_back({r[0].as<std::string>(), r[1].as<std::string>(), r[2].as<std::string>()});
+    out.push_back({r[0].as<std::string>(),
+                   enums::FromColumn<v1::ExposureState>(r[1].as<std::string>()),
+                   r[2].as<std::string>()});
   }
   return out;
 }
@@ -464,7 +466,8 @@ std::vector<SettlingExposure> ListExposuresToSettle(pqxx::work& tx, const std::s
            "SELECT exposure_id::text, state FROM exposures WHERE node_id = $1 AND state IN "
            "('applying', 'drift', 'removing') AND document_version <= $2 ORDER BY exposure_id",
            node_id, version)) {
-    out.push_back({r[0].as<std::string>(), r[1].as<std::string>()});
+    out.push_back(
+        {r[0].as<std::string>(), enums::FromColumn<v1::ExposureState>(r[1].as<std::string>())});
   }
   return out;
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gpuaas/v1/ingress.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
 
 namespace gpuaas::ingress {
 
@@ -85,8 +86,13 @@ void FreeEndpoint(pqxx::work& tx, const v1::Exposure& e);
 
 // ---- allocations (ingress's projection of the scheduler's) ----
 
+// shape and state are stored as their enums' texts (enums::Text) and read back with
+// enums::FromColumn: UNSPECIFIED for a text this build does not know.
 struct AllocationRow {
-  std::string id, tenant, node, region, shape, state, slot_key, target_ip;
+  std::string id, tenant, node, region;
+  v1::CapacityShape shape = v1::CAPACITY_SHAPE_UNSPECIFIED;
+  v1::AllocationState state = v1::ALLOCATION_STATE_UNSPECIFIED;
+  std::string slot_key, target_ip;
   bool vm_ready = false;
 };
 std::optional<AllocationRow> LoadAllocation(pqxx::work& tx, const std::string& id);
@@ -105,12 +111,12 @@ std::optional<v1::Exposure> LoadExposure(pqxx::work& tx, const Context& c, const
 // The same, its row locked FOR UPDATE.
 std::optional<v1::Exposure> LockExposure(pqxx::work& tx, const Context& c, const std::string& id);
 
-// exposure.list: "" matches any; state "" is every state but removed. Newest first, at most
-// 1000.
+// exposure.list: "" matches any; state UNSPECIFIED is every state but removed. Newest first, at
+// most 1000.
 struct ExposureFilter {
   std::string allocation_id;
   std::string node_id;
-  std::string state;
+  v1::ExposureState state = v1::EXPOSURE_STATE_UNSPECIFIED;
   std::string tenant;
 };
 std::vector<std::string> ListExposureIds(pqxx::work& tx, const ExposureFilter& f);
@@ -137,10 +143,10 @@ v1::Exposure InsertFailedExposure(pqxx::work& tx, const Context& c, const NewExp
 
 // How long the exposure has been in its state, and which state that is.
 double SecondsInState(pqxx::work& tx, const std::string& id);
-std::optional<std::string> LoadExposureState(pqxx::work& tx, const std::string& id);
+std::optional<v1::ExposureState> LoadExposureState(pqxx::work& tx, const std::string& id);
 // Moves it to `state` with a new generation; `doc_version` < 0 keeps its document version.
 v1::Exposure UpdateExposureState(pqxx::work& tx, const Context& c, const std::string& id,
-                                 const std::string& state, const std::string& reason,
+                                 v1::ExposureState state, const std::string& reason,
                                  const std::string& detail, int64_t doc_version);
 // The allocation's `requested` exposures become `applying` towards the VM; returns their ids.
 std::vector<std::string> MarkRequestedApplying(pqxx::work& tx, const std::string& allocation_id,
@@ -159,14 +165,17 @@ struct ExposureSelection {
 std::vector<std::string> NodesOfLiveExposures(pqxx::work& tx, const ExposureSelection& s);
 // Their rows locked FOR UPDATE, by exposure id.
 struct LiveExposure {
-  std::string id, state, node_id;
+  std::string id;
+  v1::ExposureState state = v1::EXPOSURE_STATE_UNSPECIFIED;
+  std::string node_id;
 };
 std::vector<LiveExposure> LockLiveExposures(pqxx::work& tx, const ExposureSelection& s);
 
 // The node's applying, drift and removing exposures of a document version up to `version`, by
 // exposure id: (id, state).
 struct SettlingExposure {
-  std::string id, state;
+  std::string id;
+  v1::ExposureState state = v1::EXPOSURE_STATE_UNSPECIFIED;
 };
 std::vector<SettlingExposure> ListExposuresToSettle(pqxx::work& tx, const std::string& node_id,
                                                     int64_t version);
