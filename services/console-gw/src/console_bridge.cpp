@@ -62,8 +62,8 @@ void Bridge::OnMsg(natsConnection* /*nc*/, natsSubscription* /*sub*/, natsMsg* m
 
 void Bridge::Handle(const std::string& payload) {
   v1::ConsoleFrame f;
-  std::function<void(const std::string&)> notify;
-  std::string reason;
+  std::function<void(EndReason)> notify;
+  EndReason reason = EndReason::kRelayLost;
   std::string data;
   {
     std::lock_guard lock(mu_);
@@ -72,15 +72,18 @@ void Bridge::Handle(const std::string& payload) {
         !out_credit_.Ack(f.acked()) ||
         received_ + f.data().size() - delivered_ > opts_.window_bytes) {
       // A lost or reordered frame, or a node ignoring the credit it was given.
-      reason = "relay_lost";
-      SendLocked("", true, reason);
+      reason = EndReason::kRelayLost;
+      SendLocked("", reason);
       EndLocked(&notify);
     } else {
       ++expect_seq_;
       received_ += f.data().size();
       data = f.data();
       if (f.close()) {
-        reason = f.close_reason().empty() ? "vm_closed" : f.close_reason();
+        // The node's words for why; a reason this gateway does not know is a broken relay.
+        reason = f.close_reason().empty()
+                     ? EndReason::kVmClosed
+                     : ParseEndReason(f.close_reason()).value_or(EndReason::kRelayLost);
         EndLocked(&notify);
       } else {
         FlushLocked(false);
@@ -92,19 +95,19 @@ void Bridge::Handle(const std::string& payload) {
 }
 
 void Bridge::FromClient(std::string_view bytes) {
-  std::function<void(const std::string&)> notify;
+  std::function<void(EndReason)> notify;
   {
     std::lock_guard lock(mu_);
     if (ended_) return;
     pending_.append(bytes);
     if (pending_.size() > opts_.max_pending_bytes) {
-      SendLocked("", true, "client_flood");
+      SendLocked("", EndReason::kClientFlood);
       EndLocked(&notify);
     } else {
       FlushLocked(false);
     }
   }
-  if (notify) notify("client_flood");
+  if (notify) notify(EndReason::kClientFlood);
 }
 
 void Bridge::Delivered(uint64_t n, bool idle) {
@@ -128,34 +131,34 @@ void Bridge::FlushLocked(bool force_ack) {
     std::string chunk = pending_.substr(0, n);
     pending_.erase(0, n);
     out_credit_.sent += n;
-    SendLocked(std::move(chunk), false, "");
+    SendLocked(std::move(chunk));
     sent = true;
   }
-  if (!sent && force_ack) SendLocked("", false, "");
+  if (!sent && force_ack) SendLocked("");
 }
 
-void Bridge::SendLocked(std::string data, bool close, const std::string& reason) {
+void Bridge::SendLocked(std::string data, std::optional<EndReason> close) {
   v1::ConsoleFrame f;
   f.set_seq(next_seq_++);
   *f.mutable_data() = std::move(data);
   f.set_acked(delivered_);
   acked_sent_ = delivered_;
-  f.set_close(close);
-  if (close) f.set_close_reason(reason);
+  f.set_close(close.has_value());
+  if (close) f.set_close_reason(TextOf(*close).str());
   // A failed publish (connection down) loses the frame: the node sees a gap and ends the relay.
   (void)conn_->Publish(Subject("in"), f.SerializeAsString());
 }
 
-void Bridge::EndLocked(std::function<void(const std::string&)>* notify) {
+void Bridge::EndLocked(std::function<void(EndReason)>* notify) {
   ended_ = true;
   if (sub_ != nullptr) natsSubscription_Unsubscribe(sub_);
   if (notify != nullptr && cb_.on_end) *notify = cb_.on_end;
 }
 
-void Bridge::Close(const std::string& reason) {
+void Bridge::Close(EndReason reason) {
   std::lock_guard lock(mu_);
   if (ended_) return;
-  SendLocked("", true, reason);
+  SendLocked("", reason);
   EndLocked(nullptr);
 }
 

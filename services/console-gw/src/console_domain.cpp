@@ -45,7 +45,7 @@ std::string Lower(std::string_view s) {
 Result<std::string> NewGrant() {
   std::array<unsigned char, 32> raw{};
   if (RAND_bytes(raw.data(), static_cast<int>(raw.size())) != 1) {
-    return Error::Internal("random_failed", "no random bytes for a console grant");
+    return Error::Internal(reason::kRandomFailed, "no random bytes for a console grant");
   }
   return Base64Url(raw.data(), raw.size());
 }
@@ -102,16 +102,11 @@ std::optional<WsTarget> ParseWsTarget(std::string_view target) {
   return t;
 }
 
-int CloseCodeFor(std::string_view end_reason) {
-  if (end_reason == "client_closed" || end_reason == "vm_closed" || end_reason == "max_duration" ||
-      end_reason == "gateway_stopping") {
-    return 1000;
+std::optional<EndReason> ParseEndReason(std::string_view text) {
+  for (const auto& e : kEndReasons) {
+    if (e.text.text() == text) return e.value;
   }
-  if (end_reason == "revoked" || end_reason.substr(0, 6) == "grant_" ||
-      end_reason == "wrong_scope" || end_reason == "client_flood") {
-    return 1008;
-  }
-  return 1011;
+  return std::nullopt;
 }
 
 std::string ErrorJson(const Error& e) {

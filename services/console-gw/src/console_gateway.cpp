@@ -119,7 +119,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
     });
   }
 
-  void Stop(const std::string& reason) {
+  void Stop(EndReason reason) {
     asio::post(ws_.get_executor(), [self = shared_from_this(), reason] { self->End(reason); });
   }
 
@@ -127,15 +127,28 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
   void Claim() {
     auto self = shared_from_this();
     asio::post(owner_->pool, [self] {
-      auto claimed = self->owner_->backend.Claim(self->attempt_);
-      if (!claimed.ok()) {
-        asio::post(self->ws_.get_executor(), [self, e = claimed.error()] {
+      auto claim = self->owner_->backend.Claim(self->attempt_);
+      if (!claim.ok() || !claim->claimed) {
+        // Refused, or the claim could not be recorded (so no console opens unaudited): an error
+        // outside the end reasons is closed 1011 with its own reason.
+        std::optional<EndReason> refused;
+        std::string why;
+        if (claim.ok()) {
+          refused = claim->refused;
+        } else {
+          why = claim.error().reason;
+        }
+        asio::post(self->ws_.get_executor(), [self, refused, why] {
           self->ended_ = true;
-          self->CloseNow(e.reason);
+          if (refused) {
+            self->CloseNow(*refused);
+          } else {
+            self->CloseNow(websocket::close_code::internal_error, why);
+          }
         });
         return;
       }
-      self->claimed_ = *claimed;
+      self->claimed_ = *claim->claimed;
       Bridge::Callbacks cb;
       std::weak_ptr<WsSession> weak = self;
       cb.on_data = [weak](std::string data) {
@@ -144,17 +157,17 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
                      [s, d = std::move(data)]() mutable { s->Queue(std::move(d)); });
         }
       };
-      cb.on_end = [weak](const std::string& reason) {
+      cb.on_end = [weak](EndReason reason) {
         if (auto s = weak.lock()) s->Stop(reason);
       };
-      auto bridge = self->owner_->backend.Open(*claimed, cb);
-      asio::post(self->ws_.get_executor(), [self, bridge]() mutable {
-        if (!bridge.ok()) {
+      auto opened = self->owner_->backend.Open(self->claimed_, cb);
+      asio::post(self->ws_.get_executor(), [self, opened]() mutable {
+        if (!opened.bridge) {
           self->ended_ = true;
-          self->CloseNow(bridge.error().reason);
+          self->CloseNow(opened.failed);
           return;
         }
-        self->bridge_ = *bridge;
+        self->bridge_ = opened.bridge;
         // The VM may have spoken (and the browser taken it) while the node was still answering
         // the open: acknowledge that now, or its credit would be short for good.
         if (self->early_delivered_ > 0) {
@@ -163,11 +176,11 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
         }
         self->owner_->AddLive(self);
         std::weak_ptr<WsSession> holder = self;
-        self->owner_->backend.Live(self->claimed_.session_id, [holder](const std::string& reason) {
+        self->owner_->backend.Live(self->claimed_.session_id, [holder](EndReason reason) {
           if (auto s = holder.lock()) s->Stop(reason);
         });
         if (self->owner_->stopped) {
-          self->End("gateway_stopping");
+          self->End(EndReason::kGatewayStopping);
           return;
         }
         self->Read();
@@ -180,7 +193,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
       if (ec) {
         // The browser closed (or the connection broke, or the idle timeout with unanswered
         // pings fired).
-        self->End("client_closed");
+        self->End(EndReason::kClientClosed);
         return;
       }
       if (!self->ended_ && self->bridge_) {
@@ -206,7 +219,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
                       self->writing_ = false;
                       self->out_.pop_front();
                       if (ec) {
-                        self->End("client_closed");
+                        self->End(EndReason::kClientClosed);
                         return;
                       }
                       if (self->bridge_) {
@@ -214,8 +227,8 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
                       } else {
                         self->early_delivered_ += n;  // before Open returned the bridge
                       }
-                      if (!self->close_reason_.empty()) {
-                        self->CloseNow(self->close_reason_);
+                      if (self->close_reason_) {
+                        self->CloseNow(*self->close_reason_);
                       } else if (!self->out_.empty() && !self->ended_) {
                         self->Write();
                       }
@@ -224,7 +237,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
 
   // Ends the relay once: tells the node (unless it ended it), records the end, closes the
   // WebSocket with the reason's code.
-  void End(const std::string& reason) {
+  void End(EndReason reason) {
     if (ended_) return;
     ended_ = true;
     if (bridge_) {
@@ -237,7 +250,7 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
       });
       owner_->RemoveLive(shared_from_this());
     }
-    if (reason == "client_closed") return;  // nothing left to close
+    if (reason == EndReason::kClientClosed) return;  // nothing left to close
     out_.clear();
     if (writing_) {
       close_reason_ = reason;  // after the write in flight (one write at a time)
@@ -246,10 +259,14 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
     CloseNow(reason);
   }
 
-  void CloseNow(const std::string& reason) {
+  void CloseNow(EndReason reason) {
+    CloseNow(static_cast<websocket::close_code>(CloseCodeFor(reason)), TextOf(reason).str());
+  }
+
+  void CloseNow(websocket::close_code code, const std::string& reason) {
     if (closing_) return;
     closing_ = true;
-    websocket::close_reason cr(static_cast<websocket::close_code>(CloseCodeFor(reason)), reason);
+    websocket::close_reason cr(code, reason);
     ws_.async_close(cr, [self = shared_from_this()](beast::error_code) {});
   }
 
@@ -263,8 +280,8 @@ class Gateway::Impl::WsSession : public std::enable_shared_from_this<WsSession> 
   bool writing_ = false;
   bool ended_ = false;
   bool closing_ = false;
-  std::string close_reason_;
-  uint64_t early_delivered_ = 0;  // bytes written before bridge_ was set
+  std::optional<EndReason> close_reason_;  // closes after the write in flight
+  uint64_t early_delivered_ = 0;           // bytes written before bridge_ was set
 };
 
 namespace {
@@ -396,11 +413,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     if (req.method() == bhttp::verb::post && !SameOrigin(req)) {
       // A form or script on another site must not act with the operator's cookie.
       Send(req, Json(req, 403,
-                     ErrorJson({Code::kPermissionDenied,
-                                "cross_origin",
-                                "requests must come from this page's origin",
-                                {},
-                                false})));
+                     ErrorJson(Error::Of(Code::kPermissionDenied, reason::kCrossOrigin,
+                                         "requests must come from this page's origin"))));
       return;
     }
     if (path == "/api/login" && req.method() == bhttp::verb::post) {
@@ -409,8 +423,9 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         try {
           tok = json::parse(r.body()).value("token", "");
         } catch (const std::exception&) {
-          return Json(r, 400,
-                      ErrorJson(Error::InvalidArgument("malformed_json", "body is not JSON")));
+          return Json(
+              r, 400,
+              ErrorJson(Error::InvalidArgument(reason::kMalformedJson, "body is not JSON")));
         }
         auto id = owner_->backend.Login(tok);
         if (!id.ok()) {
@@ -448,14 +463,14 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
         if (token.empty()) {
           return Json(
               r, 401,
-              ErrorJson({Code::kUnauthenticated, "not_logged_in", "log in first", {}, false}));
+              ErrorJson(Error::Of(Code::kUnauthenticated, reason::kNotLoggedIn, "log in first")));
         }
         auto reply = owner_->backend.Call(token, subject, r.body().empty() ? "{}" : r.body());
         return Json(r, reply.status, reply.json);
       });
       return;
     }
-    Send(req, Json(req, 404, ErrorJson(Error::NotFound("no_such_api", "no API at " + path))));
+    Send(req, Json(req, 404, ErrorJson(Error::NotFound(reason::kNoSuchApi, "no API at " + path))));
   }
 
   void Upgrade(Request req, const std::string& target) {
@@ -468,22 +483,22 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
       a.grant = parsed->grant;
     }
     auto self = shared_from_this();
-    auto refuse = [self, &req](const ConnectAttempt& at, int status, const std::string& failure,
+    auto refuse = [self, &req](const ConnectAttempt& at, int status, Reason failure,
                                const std::string& detail) {
       asio::post(self->owner_->pool, [self, at, failure, detail] {
         self->owner_->backend.Refused(at, failure, detail);
       });
       self->Send(req, self->Json(req, status,
-                                 ErrorJson({Code::kPermissionDenied, failure, detail, {}, false})));
+                                 ErrorJson(Error::Of(Code::kPermissionDenied, failure, detail))));
     };
     if (!parsed) {
-      refuse(a, 400, "grant_unknown", "not /console/ws/<session id>?grant=<grant>");
+      refuse(a, 400, reason::kGrantUnknown, "not /console/ws/<session id>?grant=<grant>");
       return;
     }
     if (!SameOrigin(req)) {
       // Cross-site WebSocket hijacking (OpenStack's CVE-2015-0259): a page on another origin
       // must not reach a console even with a grant it somehow got.
-      refuse(a, 403, "cross_origin",
+      refuse(a, 403, reason::kCrossOrigin,
              "Origin '" + a.origin + "' may not open consoles here (Host '" +
                  std::string(req[bhttp::field::host]) + "')");
       return;
@@ -516,7 +531,7 @@ Result<uint16_t> Gateway::Start() {
   beast::error_code ec;
   auto addr = asio::ip::make_address(impl_->opts.host, ec);
   if (ec) {
-    return Error::InvalidArgument("invalid_host", "console.http_host: " + impl_->opts.host);
+    return Error::InvalidArgument(reason::kInvalidHost, "console.http_host: " + impl_->opts.host);
   }
   impl_->acceptor = std::make_unique<tcp::acceptor>(impl_->io);
   tcp::endpoint ep(addr, impl_->opts.port);
@@ -525,7 +540,7 @@ Result<uint16_t> Gateway::Start() {
   if (!ec) impl_->acceptor->bind(ep, ec);
   if (!ec) impl_->acceptor->listen(asio::socket_base::max_listen_connections, ec);
   if (ec) {
-    return Error::Unavailable("listen_failed",
+    return Error::Unavailable(reason::kListenFailed,
                               "console gateway cannot listen on " + impl_->opts.host + ":" +
                                   std::to_string(impl_->opts.port) + ": " + ec.message());
   }
@@ -548,7 +563,7 @@ void Gateway::Stop() {
     std::lock_guard lock(impl_->mu);
     live.assign(impl_->live.begin(), impl_->live.end());
   }
-  for (auto& s : live) s->Stop("gateway_stopping");
+  for (auto& s : live) s->Stop(EndReason::kGatewayStopping);
   // The close frames and the sessions' Finish records get a moment before the loop stops.
   const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
   while (LiveConnections() > 0 && std::chrono::steady_clock::now() < until) {

@@ -39,23 +39,23 @@ Result<void> CheckCreateRequest(const v1::CreateConsoleSessionRequest& req) {
   if (req.reason().size() > 500) bad["reason"] = "at most 500 characters";
   if (req.max_duration_s() < 0) bad["max_duration_s"] = "must not be negative";
   if (bad.empty()) return Ok();
-  const std::string reason = bad.count("reason") && bad.size() == 1 ? "reason_required"
-                             : bad.count("allocation_id")           ? "invalid_allocation_id"
-                                                                    : "invalid_request";
-  return Error::InvalidArgument(reason, "console session request is invalid", bad);
+  const Reason why = bad.count("reason") && bad.size() == 1 ? reason::kReasonRequired
+                     : bad.count("allocation_id")           ? reason::kInvalidAllocationId
+                                                            : reason::kInvalidRequest;
+  return Error::InvalidArgument(why, "console session request is invalid", bad);
 }
 
 // FAILED_PRECONDITION unless the allocation is a VM placed on a node.
 Result<void> CheckHasConsole(const v1::Allocation& a) {
   if (a.shape() == v1::CAPACITY_SHAPE_BAREMETAL) {
-    return Error::FailedPrecondition("no_console",
+    return Error::FailedPrecondition(reason::kNoConsole,
                                      "a bare-metal allocation has no VM console; use the "
                                      "node's BMC");
   }
   if ((a.state() != v1::ALLOCATION_STATE_PROVISIONING &&
        a.state() != v1::ALLOCATION_STATE_ACTIVE) ||
       a.node_id().empty()) {
-    Error e = Error::FailedPrecondition("allocation_not_live",
+    Error e = Error::FailedPrecondition(reason::kAllocationNotLive,
                                         fmt::format("allocation {} is {}: it has no VM to show",
                                                     a.allocation_id(), enums::Text(a.state())));
     e.details = {{"state", enums::Text(a.state())}};
@@ -117,13 +117,13 @@ Result<v1::CreateConsoleSessionResponse> SessionHandlers::Create(
 Result<v1::RevokeConsoleSessionResponse> SessionHandlers::Revoke(
     const v1::RevokeConsoleSessionRequest& req, rpc::Context& ctx) const {
   if (!ids::IsUuid(req.session_id())) {
-    return Error::InvalidArgument("invalid_session_id", "session_id is not a UUID",
+    return Error::InvalidArgument(reason::kInvalidSessionId, "session_id is not a UUID",
                                   {{"session_id", "not a UUID"}});
   }
   const std::string who = ctx.principal.subject;
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::RevokeConsoleSessionResponse> {
     auto s = LoadSession(tx, req.session_id(), true);
-    if (!s) return Error::NotFound("session_not_found", "no session " + req.session_id());
+    if (!s) return Error::NotFound(reason::kSessionNotFound, "no session " + req.session_id());
     v1::RevokeConsoleSessionResponse resp;
     if (s->state() != v1::CONSOLE_SESSION_STATE_CREATED &&
         s->state() != v1::CONSOLE_SESSION_STATE_CONNECTED) {

@@ -19,6 +19,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/proto_json.hpp"
+#include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/console.pb.h"
@@ -91,13 +92,6 @@ class ConsoleMetrics {
 namespace {
 
 ApiReply ErrorReply(const Error& e) { return {HttpStatusFor(e.code), ErrorJson(e)}; }
-
-// Relay failures end a session FAILED; everything else (either side closing, the maximum
-// length, this gateway stopping) DISCONNECTED.
-bool IsFailure(const std::string& reason) {
-  return reason == "relay_lost" || reason == "node_refused" || reason == "node_unreachable" ||
-         reason == "agent_stopping" || reason == "client_flood" || reason == "credit_exceeded";
-}
 
 std::vector<std::string> SplitComma(const std::string& s) {
   std::vector<std::string> out;
@@ -237,11 +231,9 @@ Result<Identity> ConsoleGwService::Login(const std::string& token) {
   auto p = auth::VerifyToken(token, svc_.token_public_keys());
   if (!p.ok()) return p.error();
   if (!p->HasRole(auth::kRoleOperator)) {
-    return Error{Code::kPermissionDenied,
-                 "role_not_allowed",
-                 "the operator page is for operators; this token's roles do not include operator",
-                 {},
-                 false};
+    return Error::Of(
+        Code::kPermissionDenied, reason::kRoleNotAllowed,
+        "the operator page is for operators; this token's roles do not include operator");
   }
   Identity id;
   id.subject = p->subject;
@@ -259,7 +251,7 @@ ApiReply ConsoleGwService::Call(const std::string& token, const std::string& sub
   }
   if (route == nullptr) {
     return ErrorReply(
-        Error::NotFound("subject_not_allowed", "the operator page may not call " + subject));
+        Error::NotFound(reason::kSubjectNotAllowed, "the operator page may not call " + subject));
   }
   std::unique_ptr<pb::Message> req(
       pb::MessageFactory::generated_factory()->GetPrototype(route->request)->New());
@@ -273,15 +265,14 @@ ApiReply ConsoleGwService::Call(const std::string& token, const std::string& sub
   std::unique_ptr<pb::Message> res(
       pb::MessageFactory::generated_factory()->GetPrototype(route->result)->New());
   if (!res->ParseFromString(*raw)) {
-    return ErrorReply(Error::Internal("malformed_reply", "reply does not parse"));
+    return ErrorReply(Error::Internal(reason::kMalformedReply, "reply does not parse"));
   }
   return {200, "{\"result\":" + protojson::ToJson(*res) + "}"};
 }
 
-void ConsoleGwService::Refused(const ConnectAttempt& a, const std::string& failure,
-                               const std::string& detail) {
-  metrics_->Refused(failure);
-  svc_.log().Warn("console connect refused", {{"failure", failure},
+void ConsoleGwService::Refused(const ConnectAttempt& a, Reason failure, const std::string& detail) {
+  metrics_->Refused(failure.str());
+  svc_.log().Warn("console connect refused", {{"failure", failure.str()},
                                               {"session_id", a.session_id},
                                               {"origin", a.origin},
                                               {"client", a.client_address}});
@@ -294,7 +285,8 @@ void ConsoleGwService::Refused(const ConnectAttempt& a, const std::string& failu
     } else {
       shown.set_session_id(a.session_id);
     }
-    return Announce(tx, svc_.source(), shown, {failure, detail, a.client_address, a.origin}, true);
+    return Announce(tx, svc_.source(), shown, {failure.str(), detail, a.client_address, a.origin},
+                    true);
   });
   if (!r.ok()) {
     svc_.log().Error("console refusal not recorded", {{"error", r.error().ToString()}});
@@ -303,24 +295,18 @@ void ConsoleGwService::Refused(const ConnectAttempt& a, const std::string& failu
 
 namespace {
 
-// What a connect attempt came to: a refusal (failure, detail) or the claimed session.
-struct ClaimOutcome {
-  std::string failure;
-  std::string detail;
-  Claimed claimed;
-};
-
 // The attempt's grant, claimed in `tx`: its session becomes connected through `gateway`, or the
 // attempt is refused (a connect.refused event; a grant presented for another session or past its
 // minute also ends its session).
 Result<ClaimOutcome> ClaimGrant(pqxx::work& tx, const std::string& source,
                                 const std::string& gateway, const ConnectAttempt& a) {
   ClaimOutcome o;
-  auto refuse = [&](const v1::ConsoleSession& s, std::string failure,
+  auto refuse = [&](const v1::ConsoleSession& s, EndReason failure,
                     std::string detail) -> Result<ClaimOutcome> {
-    o.failure = std::move(failure);
+    o.refused = failure;
     o.detail = std::move(detail);
-    if (auto x = Announce(tx, source, s, {o.failure, o.detail, a.client_address, a.origin}, true);
+    if (auto x = Announce(tx, source, s,
+                          {TextOf(failure).str(), o.detail, a.client_address, a.origin}, true);
         !x.ok()) {
       return x.error();
     }
@@ -334,42 +320,44 @@ Result<ClaimOutcome> ClaimGrant(pqxx::work& tx, const std::string& source,
     } else {
       shown.set_session_id(a.session_id);
     }
-    return refuse(shown, "grant_unknown", "the grant matches no console session");
+    return refuse(shown, EndReason::kGrantUnknown, "the grant matches no console session");
   }
   if (s->session_id() != a.session_id) {
     // A grant presented for another session is burnt: whoever holds it is not following the
     // link it was issued with.
     if (s->state() == v1::CONSOLE_SESSION_STATE_CREATED) {
       *s = FailWrongScope(tx, s->session_id());
-      if (auto x = Announce(tx, source, *s,
-                            {"wrong_scope", "grant presented for session " + a.session_id,
-                             a.client_address, a.origin});
+      if (auto x =
+              Announce(tx, source, *s,
+                       {TextOf(EndReason::kWrongScope).str(),
+                        "grant presented for session " + a.session_id, a.client_address, a.origin});
           !x.ok()) {
         return x.error();
       }
     }
     return refuse(
-        *s, "wrong_scope",
+        *s, EndReason::kWrongScope,
         fmt::format("the grant is for session {}, not {}", s->session_id(), a.session_id));
   }
   switch (s->state()) {
     case v1::CONSOLE_SESSION_STATE_CREATED:
       break;
     case v1::CONSOLE_SESSION_STATE_EXPIRED:
-      return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
+      return refuse(*s, EndReason::kGrantExpired, "the grant was not used within its 60 s");
     case v1::CONSOLE_SESSION_STATE_REVOKED:
-      return refuse(*s, "grant_revoked", "the session was revoked by " + s->revoked_by());
+      return refuse(*s, EndReason::kGrantRevoked, "the session was revoked by " + s->revoked_by());
     default:
-      return refuse(*s, "grant_used",
+      return refuse(*s, EndReason::kGrantUsed,
                     "the grant was already used (single use); ask for a new session");
   }
   if (GrantPastConnectBy(tx, s->session_id())) {
     *s = ExpireGrant(tx, s->session_id());
-    if (auto x = Announce(tx, source, *s, {"grant_expired", "", a.client_address, a.origin});
+    if (auto x = Announce(tx, source, *s,
+                          {TextOf(EndReason::kGrantExpired).str(), "", a.client_address, a.origin});
         !x.ok()) {
       return x.error();
     }
-    return refuse(*s, "grant_expired", "the grant was not used within its 60 s");
+    return refuse(*s, EndReason::kGrantExpired, "the grant was not used within its 60 s");
   }
   *s = MarkConnected(tx, s->session_id(), gateway, a.client_address, a.origin);
   // The operator who created it is the actor of its connection (the grant stands for them).
@@ -380,95 +368,101 @@ Result<ClaimOutcome> ClaimGrant(pqxx::work& tx, const std::string& source,
   if (auto x = Announce(tx, source, *s, {"", "", a.client_address, a.origin}); !x.ok()) {
     return x.error();
   }
-  o.claimed = {s->session_id(), s->allocation_id(), s->node_id(), s->domain(), s->max_duration_s()};
+  o.claimed =
+      Claimed{s->session_id(), s->allocation_id(), s->node_id(), s->domain(), s->max_duration_s()};
   return o;
+}
+
+// Whether an open's failure means no node-agent answered (no responder, a timeout, a lost
+// connection) rather than the agent refusing (domain_not_managed, console_unavailable, ...).
+bool NodeUnreachable(const Error& e) {
+  return e.code == Code::kUnavailable || e.code == Code::kDeadlineExceeded ||
+         e.Is(gpuaas::reason::kNoResponders);
 }
 
 }  // namespace
 
-Result<Claimed> ConsoleGwService::Claim(const ConnectAttempt& a) {
+Result<ClaimOutcome> ConsoleGwService::Claim(const ConnectAttempt& a) {
   const std::string source = svc_.source();
   const std::string gateway = svc_.instance_id();
   auto r =
       store::WithTx(*svc_.pg(), [&](pqxx::work& tx) { return ClaimGrant(tx, source, gateway, a); });
-  if (!r.ok()) return r.error();
-  if (!r->failure.empty()) {
-    metrics_->Refused(r->failure);
-    svc_.log().Warn("console connect refused", {{"failure", r->failure},
+  if (r.ok() && !r->claimed) {
+    const std::string failure = TextOf(r->refused).str();
+    metrics_->Refused(failure);
+    svc_.log().Warn("console connect refused", {{"failure", failure},
                                                 {"session_id", a.session_id},
                                                 {"origin", a.origin},
                                                 {"client", a.client_address}});
-    return Error{Code::kPermissionDenied, r->failure, r->detail, {}, false};
   }
-  return r->claimed;
+  return r;
 }
 
-Result<std::shared_ptr<Bridge>> ConsoleGwService::Open(const Claimed& c, Bridge::Callbacks cb) {
+OpenOutcome ConsoleGwService::Open(const Claimed& c, Bridge::Callbacks cb) {
   const auto t0 = std::chrono::steady_clock::now();
   Bridge::Options bo;
   bo.node_id = c.node_id;
   bo.session_id = c.session_id;
   bo.window_bytes = static_cast<uint64_t>(cfg_.window_bytes);
   auto bridge = Bridge::Start(svc_.nats(), bo, std::move(cb));
-  Error failure = Error::Internal("", "");
-  if (bridge.ok()) {
-    v1::OpenConsoleRequest req;
-    req.set_session_id(c.session_id);
-    req.set_allocation_id(c.allocation_id);
-    req.set_domain(c.domain);
-    *req.mutable_open_by() =
-        TimeUtil::MillisecondsToTimestamp(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                              std::chrono::system_clock::now().time_since_epoch())
-                                              .count() +
-                                          cfg_.open_timeout_ms);
-    req.set_window_bytes(cfg_.window_bytes);
-    req.set_max_duration_s(c.max_duration_s);
-    auto opened =
-        rpc::Client(svc_.nats())
-            .Call<v1::OpenConsoleResponse>(fmt::format("gpuaas.v1.node.{}.console.open", c.node_id),
-                                           req, std::chrono::milliseconds(cfg_.open_timeout_ms));
-    if (opened.ok()) {
-      metrics_->Opened(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-      svc_.log().Info("console relay open", {{"session_id", c.session_id},
-                                             {"allocation_id", c.allocation_id},
-                                             {"node_id", c.node_id},
-                                             {"socket", opened->socket()}});
-      return *bridge;
-    }
-    failure = opened.error();
-    (*bridge)->Close("node_refused");
-  } else {
-    failure = bridge.error();
+  if (!bridge.ok()) {
+    const EndReason failed =
+        NodeUnreachable(bridge.error()) ? EndReason::kNodeUnreachable : EndReason::kNodeRefused;
+    RecordNotOpened(c, failed, bridge.error());
+    return {nullptr, failed};
   }
-  // No responder, a timeout or a lost connection: the node is unreachable; anything the agent
-  // answered (domain_not_managed, console_unavailable, ...) is its refusal.
-  const bool unreachable = failure.code == Code::kUnavailable ||
-                           failure.code == Code::kDeadlineExceeded ||
-                           failure.reason == "no_responders";
-  const std::string reason = unreachable ? "node_unreachable" : "node_refused";
+  v1::OpenConsoleRequest req;
+  req.set_session_id(c.session_id);
+  req.set_allocation_id(c.allocation_id);
+  req.set_domain(c.domain);
+  *req.mutable_open_by() =
+      TimeUtil::MillisecondsToTimestamp(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            std::chrono::system_clock::now().time_since_epoch())
+                                            .count() +
+                                        cfg_.open_timeout_ms);
+  req.set_window_bytes(cfg_.window_bytes);
+  req.set_max_duration_s(c.max_duration_s);
+  auto opened =
+      rpc::Client(svc_.nats())
+          .Call<v1::OpenConsoleResponse>(fmt::format("gpuaas.v1.node.{}.console.open", c.node_id),
+                                         req, std::chrono::milliseconds(cfg_.open_timeout_ms));
+  if (!opened.ok()) {
+    (*bridge)->Close(EndReason::kNodeRefused);
+    const EndReason failed =
+        NodeUnreachable(opened.error()) ? EndReason::kNodeUnreachable : EndReason::kNodeRefused;
+    RecordNotOpened(c, failed, opened.error());
+    return {nullptr, failed};
+  }
+  metrics_->Opened(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  svc_.log().Info("console relay open", {{"session_id", c.session_id},
+                                         {"allocation_id", c.allocation_id},
+                                         {"node_id", c.node_id},
+                                         {"socket", opened->socket()}});
+  return {*bridge, EndReason::kNodeRefused};
+}
+
+void ConsoleGwService::RecordNotOpened(const Claimed& c, EndReason failed, const Error& why) {
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     auto s = LoadSession(tx, c.session_id, true);
     if (!s || s->state() != v1::CONSOLE_SESSION_STATE_CONNECTED) return Ok();
-    *s = FailSession(tx, c.session_id, reason);
-    return Announce(tx, svc_.source(), *s, {reason, failure.ToString(), "", ""});
+    *s = FailSession(tx, c.session_id, failed);
+    return Announce(tx, svc_.source(), *s, {TextOf(failed).str(), why.ToString(), "", ""});
   });
   if (!r.ok()) svc_.log().Error("console failure not recorded", {{"error", r.error().ToString()}});
   svc_.log().Warn("console relay not opened", {{"session_id", c.session_id},
                                                {"node_id", c.node_id},
-                                               {"failure", reason},
-                                               {"error", failure.ToString()}});
-  return Error{Code::kUnavailable, reason, failure.ToString(), {}, false};
+                                               {"failure", TextOf(failed).str()},
+                                               {"error", why.ToString()}});
 }
 
 void ConsoleGwService::Live(const std::string& session_id,
-                            std::function<void(const std::string& reason)> stop) {
+                            std::function<void(EndReason reason)> stop) {
   std::lock_guard lock(live_mu_);
   live_[session_id] = std::move(stop);
   metrics_->SetConnections(live_.size());
 }
 
-void ConsoleGwService::Finish(const std::string& session_id, const std::string& reason,
+void ConsoleGwService::Finish(const std::string& session_id, EndReason reason,
                               uint64_t bytes_to_client, uint64_t bytes_from_client) {
   {
     std::lock_guard lock(live_mu_);
@@ -476,7 +470,7 @@ void ConsoleGwService::Finish(const std::string& session_id, const std::string& 
     metrics_->SetConnections(live_.size());
   }
   metrics_->Bytes(bytes_to_client, bytes_from_client);
-  const bool failed = IsFailure(reason);
+  const std::string text = TextOf(reason).str();
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     auto s = LoadSession(tx, session_id, true);
     if (!s) return Ok();
@@ -486,21 +480,20 @@ void ConsoleGwService::Finish(const std::string& session_id, const std::string& 
       RecordBytes(tx, session_id, bytes_to_client, bytes_from_client);
       return Ok();
     }
-    *s = EndConnection(tx, session_id, failed ? "failed" : "disconnected", bytes_to_client,
-                       bytes_from_client, reason);
+    *s = EndConnection(tx, session_id, bytes_to_client, bytes_from_client, reason);
     const double secs = double(TimeUtil::TimestampToMilliseconds(s->ended_at()) -
                                TimeUtil::TimestampToMilliseconds(s->connected_at())) /
                         1000.0;
     return Announce(tx, svc_.source(), *s,
-                    {failed ? reason : "",
-                     fmt::format("{} after {:.1f} s: {} bytes to the client, {} from it", reason,
+                    {EndsFailed(reason) ? text : "",
+                     fmt::format("{} after {:.1f} s: {} bytes to the client, {} from it", text,
                                  secs, bytes_to_client, bytes_from_client),
                      "", ""});
   });
   if (!r.ok()) svc_.log().Error("console end not recorded", {{"error", r.error().ToString()}});
   svc_.log().Info("console relay closed",
                   {{"session_id", session_id},
-                   {"reason", reason},
+                   {"reason", text},
                    {"bytes_to_client", std::to_string(bytes_to_client)},
                    {"bytes_from_client", std::to_string(bytes_from_client)}});
 }
@@ -537,7 +530,7 @@ void ConsoleGwService::Sweep() {
     std::lock_guard lock(live_mu_);
     for (const auto& [id, stop] : live_) live_ids.push_back(id);
   }
-  std::vector<std::pair<std::string, std::string>> to_stop;  // session, reason
+  std::vector<std::pair<std::string, EndReason>> to_stop;  // session, reason
   std::map<std::string, int64_t> by_state;
   const std::string source = svc_.source();
   const auto now = std::chrono::steady_clock::now();
@@ -552,15 +545,18 @@ void ConsoleGwService::Sweep() {
     // Connections a lost gateway left behind: past their maximum by two minutes, so no live
     // gateway holds them any more.
     for (const auto& s : FailLostGatewaySessions(tx)) {
-      if (auto x = Announce(tx, source, s, {"gateway_lost", "", "", ""}); !x.ok()) return x;
+      if (auto x = Announce(tx, source, s, {TextOf(EndReason::kGatewayLost).str(), "", "", ""});
+          !x.ok()) {
+        return x;
+      }
     }
     for (const auto& live : LoadLiveSessionStates(tx, live_ids)) {
-      if (live.state == "revoked") {
-        to_stop.emplace_back(live.session_id, "revoked");
-      } else if (live.state != "connected") {
-        to_stop.emplace_back(live.session_id, live.state);
+      if (live.state != v1::CONSOLE_SESSION_STATE_CONNECTED) {
+        // Ended meanwhile: revoked, or failed gateway_lost by a sweeper that took this gateway
+        // for gone. Closed with the reason recorded.
+        to_stop.emplace_back(live.session_id, live.end_reason.value_or(EndReason::kGatewayLost));
       } else if (live.past_max_duration) {
-        to_stop.emplace_back(live.session_id, "max_duration");
+        to_stop.emplace_back(live.session_id, EndReason::kMaxDuration);
       }
     }
     // The gauges scan every session ever made: sampled every kGaugeEvery, not every sweep.
@@ -576,7 +572,7 @@ void ConsoleGwService::Sweep() {
     counted_ = now;
   }
   for (const auto& [id, reason] : to_stop) {
-    std::function<void(const std::string&)> stop;
+    std::function<void(EndReason)> stop;
     {
       std::lock_guard lock(live_mu_);
       auto it = live_.find(id);

@@ -68,9 +68,10 @@ std::optional<v1::ConsoleSession> Load(pqxx::work& tx, const std::string& where,
 
 // Moves a session to a terminal or connected state (a new generation).
 // `extra` are $3, $4, ... of `set_sql`.
-v1::ConsoleSession Move(pqxx::work& tx, const std::string& session_id, const std::string& state,
-                        const std::string& set_sql, const std::vector<std::string>& extra = {}) {
-  std::vector<std::string> p = {session_id, state};
+v1::ConsoleSession Move(pqxx::work& tx, const std::string& session_id,
+                        v1::ConsoleSessionState state, const std::string& set_sql,
+                        const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> p = {session_id, enums::Text(state)};
   p.insert(p.end(), extra.begin(), extra.end());
   auto rows = tx.exec_params(
       fmt::format("UPDATE console_sessions SET state = $2, generation = generation + 1{}{} WHERE "
@@ -117,11 +118,11 @@ v1::ConsoleSession InsertSession(pqxx::work& tx, const NewSession& s) {
   auto rows = tx.exec_params(
       fmt::format("INSERT INTO console_sessions (session_id, allocation_id, node_id, "
                   "domain, state, grant_hash, created_by, reason, connect_by, "
-                  "max_duration_s) VALUES ($1, $2, $3, $4, 'created', $5, $6, $7, now() + "
+                  "max_duration_s) VALUES ($1, $2, $3, $4, $10, $5, $6, $7, now() + "
                   "$8 * interval '1 second', $9) RETURNING {}",
                   kColumns),
       s.session_id, s.allocation_id, s.node_id, s.domain, s.grant_hash, s.created_by, s.reason,
-      s.grant_ttl_s, s.max_duration_s);
+      s.grant_ttl_s, s.max_duration_s, enums::Text(v1::CONSOLE_SESSION_STATE_CREATED));
   return FromRow(rows[0]);
 }
 
@@ -145,37 +146,44 @@ bool GrantPastConnectBy(pqxx::work& tx, const std::string& session_id) {
 v1::ConsoleSession MarkConnected(pqxx::work& tx, const std::string& session_id,
                                  const std::string& gateway, const std::string& client_address,
                                  const std::string& origin) {
-  return Move(tx, session_id, "connected",
+  return Move(tx, session_id, v1::CONSOLE_SESSION_STATE_CONNECTED,
               "connected_at = now(), gateway = $3, client_address = $4, origin = $5",
               {gateway, client_address, origin});
 }
 
 v1::ConsoleSession ExpireGrant(pqxx::work& tx, const std::string& session_id) {
-  return Move(tx, session_id, "expired", "ended_at = now(), end_reason = 'grant_expired'");
+  return Move(tx, session_id, v1::CONSOLE_SESSION_STATE_EXPIRED,
+              "ended_at = now(), end_reason = $3", {TextOf(EndReason::kGrantExpired).str()});
 }
 
 v1::ConsoleSession FailWrongScope(pqxx::work& tx, const std::string& session_id) {
-  return Move(tx, session_id, "failed", "ended_at = now(), end_reason = 'wrong_scope'");
+  return Move(tx, session_id, v1::CONSOLE_SESSION_STATE_FAILED, "ended_at = now(), end_reason = $3",
+              {TextOf(EndReason::kWrongScope).str()});
 }
 
 v1::ConsoleSession RevokeSession(pqxx::work& tx, const std::string& session_id,
                                  const std::string& revoked_by) {
-  return Move(tx, session_id, "revoked",
-              "ended_at = now(), end_reason = 'revoked', revoked_by = $3", {revoked_by});
+  return Move(tx, session_id, v1::CONSOLE_SESSION_STATE_REVOKED,
+              "ended_at = now(), end_reason = $3, revoked_by = $4",
+              {TextOf(EndReason::kRevoked).str(), revoked_by});
 }
 
 v1::ConsoleSession FailSession(pqxx::work& tx, const std::string& session_id,
-                               const std::string& end_reason) {
-  return Move(tx, session_id, "failed", "ended_at = now(), end_reason = $3", {end_reason});
+                               EndReason end_reason) {
+  return Move(tx, session_id, v1::CONSOLE_SESSION_STATE_FAILED, "ended_at = now(), end_reason = $3",
+              {TextOf(end_reason).str()});
 }
 
 v1::ConsoleSession EndConnection(pqxx::work& tx, const std::string& session_id,
-                                 const std::string& state, uint64_t bytes_to_client,
-                                 uint64_t bytes_from_client, const std::string& end_reason) {
-  return Move(tx, session_id, state,
+                                 uint64_t bytes_to_client, uint64_t bytes_from_client,
+                                 EndReason end_reason) {
+  return Move(tx, session_id,
+              EndsFailed(end_reason) ? v1::CONSOLE_SESSION_STATE_FAILED
+                                     : v1::CONSOLE_SESSION_STATE_DISCONNECTED,
               "ended_at = now(), bytes_to_client = $3::int8, bytes_from_client = $4::int8, "
               "end_reason = $5",
-              {std::to_string(bytes_to_client), std::to_string(bytes_from_client), end_reason});
+              {std::to_string(bytes_to_client), std::to_string(bytes_from_client),
+               TextOf(end_reason).str()});
 }
 
 void RecordBytes(pqxx::work& tx, const std::string& session_id, uint64_t bytes_to_client,
@@ -187,19 +195,24 @@ void RecordBytes(pqxx::work& tx, const std::string& session_id, uint64_t bytes_t
 }
 
 std::vector<v1::ConsoleSession> ExpireUnusedGrants(pqxx::work& tx) {
-  return FromRows(tx.exec(
-      fmt::format("UPDATE console_sessions SET state = 'expired', generation = generation + 1, "
-                  "ended_at = now(), end_reason = 'grant_expired' WHERE state = 'created' AND "
+  return FromRows(tx.exec_params(
+      fmt::format("UPDATE console_sessions SET state = $1, generation = generation + 1, "
+                  "ended_at = now(), end_reason = $2 WHERE state = $3 AND "
                   "connect_by < now() RETURNING {}",
-                  kColumns)));
+                  kColumns),
+      enums::Text(v1::CONSOLE_SESSION_STATE_EXPIRED), TextOf(EndReason::kGrantExpired).str(),
+      enums::Text(v1::CONSOLE_SESSION_STATE_CREATED)));
 }
 
 std::vector<v1::ConsoleSession> FailLostGatewaySessions(pqxx::work& tx) {
-  return FromRows(tx.exec(fmt::format(
-      "UPDATE console_sessions SET state = 'failed', generation = generation + 1, "
-      "ended_at = now(), end_reason = 'gateway_lost' WHERE state = 'connected' AND "
-      "connected_at + (max_duration_s + 120) * interval '1 second' < now() RETURNING {}",
-      kColumns)));
+  return FromRows(tx.exec_params(
+      fmt::format("UPDATE console_sessions SET state = $1, generation = generation + 1, "
+                  "ended_at = now(), end_reason = $2 WHERE state = $3 AND "
+                  "connected_at + (max_duration_s + 120) * interval '1 second' < now() "
+                  "RETURNING {}",
+                  kColumns),
+      enums::Text(v1::CONSOLE_SESSION_STATE_FAILED), TextOf(EndReason::kGatewayLost).str(),
+      enums::Text(v1::CONSOLE_SESSION_STATE_CONNECTED)));
 }
 
 std::vector<LiveSessionState> LoadLiveSessionStates(pqxx::work& tx,
@@ -207,12 +220,15 @@ std::vector<LiveSessionState> LoadLiveSessionStates(pqxx::work& tx,
   std::vector<LiveSessionState> out;
   if (session_ids.empty()) return out;
   for (const auto& row : tx.exec_params(
-           "SELECT session_id, state, connected_at + max_duration_s * interval '1 second' "
-           "<= now() FROM console_sessions WHERE session_id = ANY($1::text[])",
+           "SELECT session_id, state, end_reason, connected_at + max_duration_s * interval "
+           "'1 second' <= now() FROM console_sessions WHERE session_id = ANY($1::text[])",
            store::TextArrayLiteral(session_ids))) {
-    LiveSessionState live{row[0].as<std::string>(), row[1].as<std::string>(), false};
+    LiveSessionState live;
+    live.session_id = row[0].as<std::string>();
+    live.state = enums::FromColumn<v1::ConsoleSessionState>(row[1].as<std::string>());
+    live.end_reason = ParseEndReason(row[2].as<std::string>());
     // Read only for a connected session: the others may never have connected (NULL).
-    live.past_max_duration = live.state == "connected" && row[2].as<bool>();
+    live.past_max_duration = live.state == v1::CONSOLE_SESSION_STATE_CONNECTED && row[3].as<bool>();
     out.push_back(std::move(live));
   }
   return out;

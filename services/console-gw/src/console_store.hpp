@@ -11,16 +11,18 @@
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/console_gw/console_domain.hpp"
 
 namespace gpuaas::v1 {
 class ConsoleSession;
-}
+enum ConsoleSessionState : int;
+}  // namespace gpuaas::v1
 
 namespace gpuaas::console_gw {
 
 // What an event says beyond the session itself (ConsoleSessionEvent's other fields).
 struct Audit {
-  std::string failure;
+  std::string failure;  // a registry reason's text (connect refusals, how a session failed)
   std::string detail;
   std::string client_address;
   std::string origin;
@@ -70,12 +72,12 @@ v1::ConsoleSession FailWrongScope(pqxx::work& tx, const std::string& session_id)
 v1::ConsoleSession RevokeSession(pqxx::work& tx, const std::string& session_id,
                                  const std::string& revoked_by);
 // connected -> failed with `end_reason` (the relay never opened).
-v1::ConsoleSession FailSession(pqxx::work& tx, const std::string& session_id,
-                               const std::string& end_reason);
-// connected -> `state` (failed or disconnected): the connection ended with its byte counts.
+v1::ConsoleSession FailSession(pqxx::work& tx, const std::string& session_id, EndReason end_reason);
+// connected -> failed (EndsFailed(end_reason)) or disconnected: the connection ended with its
+// byte counts.
 v1::ConsoleSession EndConnection(pqxx::work& tx, const std::string& session_id,
-                                 const std::string& state, uint64_t bytes_to_client,
-                                 uint64_t bytes_from_client, const std::string& end_reason);
+                                 uint64_t bytes_to_client, uint64_t bytes_from_client,
+                                 EndReason end_reason);
 // The byte counts of a session whose end is recorded already (no new generation).
 void RecordBytes(pqxx::work& tx, const std::string& session_id, uint64_t bytes_to_client,
                  uint64_t bytes_from_client);
@@ -89,8 +91,9 @@ std::vector<v1::ConsoleSession> FailLostGatewaySessions(pqxx::work& tx);
 // A live connection's session as the database has it now.
 struct LiveSessionState {
   std::string session_id;
-  std::string state;
-  bool past_max_duration = false;  // connected past its max_duration_s (false otherwise)
+  v1::ConsoleSessionState state{};
+  std::optional<EndReason> end_reason;  // as recorded ("" while connected: nullopt)
+  bool past_max_duration = false;       // connected past its max_duration_s (false otherwise)
 };
 std::vector<LiveSessionState> LoadLiveSessionStates(pqxx::work& tx,
                                                     const std::vector<std::string>& session_ids);

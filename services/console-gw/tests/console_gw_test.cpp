@@ -16,6 +16,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <fmt/format.h>
@@ -88,14 +89,40 @@ TEST(ConsoleDomainTest, TheWebSocketPathNamesASessionAndAGrant) {
 }
 
 TEST(ConsoleDomainTest, CloseCodesSayWhoseFaultTheEndWas) {
-  EXPECT_EQ(CloseCodeFor("client_closed"), 1000);
-  EXPECT_EQ(CloseCodeFor("vm_closed"), 1000);
-  EXPECT_EQ(CloseCodeFor("max_duration"), 1000);
-  EXPECT_EQ(CloseCodeFor("revoked"), 1008);
-  EXPECT_EQ(CloseCodeFor("grant_used"), 1008);
-  EXPECT_EQ(CloseCodeFor("wrong_scope"), 1008);
-  EXPECT_EQ(CloseCodeFor("relay_lost"), 1011);
-  EXPECT_EQ(CloseCodeFor("node_unreachable"), 1011);
+  auto code = [](std::string_view text) {
+    auto r = ParseEndReason(text);
+    EXPECT_TRUE(r.has_value()) << text;
+    return r ? CloseCodeFor(*r) : 0;
+  };
+  EXPECT_EQ(code("client_closed"), 1000);
+  EXPECT_EQ(code("vm_closed"), 1000);
+  EXPECT_EQ(code("max_duration"), 1000);
+  EXPECT_EQ(code("gateway_stopping"), 1000);
+  EXPECT_EQ(code("revoked"), 1008);
+  EXPECT_EQ(code("grant_used"), 1008);
+  EXPECT_EQ(code("grant_unknown"), 1008);
+  EXPECT_EQ(code("wrong_scope"), 1008);
+  EXPECT_EQ(code("client_flood"), 1008);
+  EXPECT_EQ(code("relay_lost"), 1011);
+  EXPECT_EQ(code("node_unreachable"), 1011);
+  EXPECT_EQ(code("credit_exceeded"), 1011);
+}
+
+TEST(ConsoleDomainTest, EndReasonsAreOneClosedSet) {
+  std::set<std::string> failed;
+  for (const auto& e : kEndReasons) {
+    // Each text names exactly its value (so the texts are distinct).
+    EXPECT_EQ(ParseEndReason(e.text.text()), e.value) << e.text.str();
+    if (e.failed) failed.insert(e.text.str());
+  }
+  // Relay failures (and a burnt grant, a lost gateway) end a session FAILED; the rest do not.
+  EXPECT_EQ(failed, (std::set<std::string>{"agent_stopping", "client_flood", "credit_exceeded",
+                                           "gateway_lost", "node_refused", "node_unreachable",
+                                           "relay_lost", "wrong_scope"}));
+  EXPECT_FALSE(EndsFailed(EndReason::kClientClosed));
+  EXPECT_FALSE(EndsFailed(EndReason::kRevoked));
+  EXPECT_FALSE(ParseEndReason("").has_value());
+  EXPECT_FALSE(ParseEndReason("failed").has_value());  // a state, not a reason
 }
 
 TEST(ConsoleDomainTest, StaticFilesStayInsideTheirDirectory) {

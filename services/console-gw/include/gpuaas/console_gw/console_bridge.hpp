@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -28,8 +29,9 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
     // The VM's bytes for the browser, in order (NATS' delivery thread; must not block long).
     std::function<void(std::string data)> on_data;
     // Once, when the relay ends for a reason other than Close(): vm_closed, max_duration,
-    // relay_lost, agent_stopping, ... (the node's close reason or the bridge's own).
-    std::function<void(const std::string& reason)> on_end;
+    // relay_lost, agent_stopping, ... (the node's close reason or the bridge's own; a close
+    // reason from the node outside EndReason is relay_lost).
+    std::function<void(EndReason reason)> on_end;
   };
 
   // Subscribes to the session's .out subject (before the node is asked to open, so its first
@@ -47,7 +49,7 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   // `idle`: nothing more is queued for the browser (acknowledge now, however little).
   void Delivered(uint64_t n, bool idle);
   // Ends the relay from this side: a close frame with `reason` to the node, no on_end.
-  void Close(const std::string& reason);
+  void Close(EndReason reason);
 
   uint64_t BytesToClient() const;
   uint64_t BytesFromClient() const;
@@ -59,10 +61,11 @@ class Bridge : public std::enable_shared_from_this<Bridge> {
   void Handle(const std::string& payload);
   // Sends what the credit allows of pending_ (and an acknowledgement) under mu_.
   void FlushLocked(bool force_ack);
-  void SendLocked(std::string data, bool close, const std::string& reason);
+  // A data or acknowledgement frame; with `close`, the last one, saying why.
+  void SendLocked(std::string data, std::optional<EndReason> close = std::nullopt);
   // Marks it ended and stops the subscription; `notify` (when given) gets on_end to call after
   // the lock is released.
-  void EndLocked(std::function<void(const std::string&)>* notify);
+  void EndLocked(std::function<void(EndReason)>* notify);
 
   std::shared_ptr<messaging::Connection> conn_;
   Options opts_;

@@ -1,13 +1,16 @@
 #pragma once
 // console-gw's pure rules: grants (random secrets kept only as a SHA-256), where a WebSocket
-// upgrade may come from (Origin), what its path names, and how a relay's end is told to the
-// browser (close codes). No I/O.
+// upgrade may come from (Origin), what its path names, and why a relay ends (EndReason: its text,
+// its close code, whether it fails the session). No I/O.
+#include <cstdint>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/console_gw/console_gw_reasons.hpp"
 
 namespace gpuaas::console_gw {
 
@@ -33,10 +36,80 @@ struct WsTarget {
 };
 std::optional<WsTarget> ParseWsTarget(std::string_view target);
 
-// WebSocket close codes (RFC 6455) for a relay's end reason: 1000 for an orderly end
-// (client_closed, vm_closed, max_duration), 1008 for a policy refusal (a grant refused, revoked),
-// 1011 for a failure of the relay (node_refused, node_unreachable, relay_lost, ...).
-int CloseCodeFor(std::string_view end_reason);
+// Why a console connection ended (or was refused): the closed set behind a session's
+// `end_reason`, the connect refusals and the WebSocket's close reason. Decisions are made on the
+// value; its text (a registry reason) appears only at the edges: the stored `end_reason`, the
+// events, the close frame, a ConsoleFrame's close_reason.
+enum class EndReason : uint8_t {
+  // Orderly ends (DISCONNECTED), closed 1000.
+  kClientClosed,
+  kVmClosed,
+  kMaxDuration,
+  kGatewayStopping,
+  // Policy (1008): a grant refused (the session is not changed, except wrong_scope: FAILED, and a
+  // grant past its minute: EXPIRED), the session revoked, a flooding browser.
+  kGrantUnknown,
+  kGrantUsed,
+  kGrantExpired,
+  kGrantRevoked,
+  kWrongScope,
+  kRevoked,
+  kClientFlood,
+  // Failures of the relay (FAILED), closed 1011.
+  kRelayLost,
+  kNodeRefused,
+  kNodeUnreachable,
+  kAgentStopping,
+  kCreditExceeded,
+  kGatewayLost,
+};
+
+struct EndReasonInfo {
+  EndReason value;
+  Reason text;     // stored, announced and sent as this (never changes)
+  int close_code;  // RFC 6455: 1000 normal, 1008 policy violation, 1011 internal error
+  bool failed;     // a session that ends with it is FAILED (else DISCONNECTED, EXPIRED, REVOKED)
+};
+
+// In declaration order (a static_assert below keeps it so).
+inline constexpr EndReasonInfo kEndReasons[] = {
+    {EndReason::kClientClosed, reason::kClientClosed, 1000, false},
+    {EndReason::kVmClosed, reason::kVmClosed, 1000, false},
+    {EndReason::kMaxDuration, reason::kMaxDuration, 1000, false},
+    {EndReason::kGatewayStopping, reason::kGatewayStopping, 1000, false},
+    {EndReason::kGrantUnknown, reason::kGrantUnknown, 1008, false},
+    {EndReason::kGrantUsed, reason::kGrantUsed, 1008, false},
+    {EndReason::kGrantExpired, reason::kGrantExpired, 1008, false},
+    {EndReason::kGrantRevoked, reason::kGrantRevoked, 1008, false},
+    {EndReason::kWrongScope, reason::kWrongScope, 1008, true},
+    {EndReason::kRevoked, reason::kRevoked, 1008, false},
+    {EndReason::kClientFlood, reason::kClientFlood, 1008, true},
+    {EndReason::kRelayLost, reason::kRelayLost, 1011, true},
+    {EndReason::kNodeRefused, reason::kNodeRefused, 1011, true},
+    {EndReason::kNodeUnreachable, reason::kNodeUnreachable, 1011, true},
+    {EndReason::kAgentStopping, reason::kAgentStopping, 1011, true},
+    {EndReason::kCreditExceeded, reason::kCreditExceeded, 1011, true},
+    {EndReason::kGatewayLost, reason::kGatewayLost, 1011, true},
+};
+
+constexpr bool EndReasonsInOrder() {
+  for (size_t i = 0; i < std::size(kEndReasons); ++i) {
+    if (static_cast<size_t>(kEndReasons[i].value) != i) return false;
+  }
+  return std::size(kEndReasons) == static_cast<size_t>(EndReason::kGatewayLost) + 1;
+}
+static_assert(EndReasonsInOrder(), "kEndReasons: one entry per EndReason, in declaration order");
+
+constexpr const EndReasonInfo& InfoOf(EndReason r) { return kEndReasons[static_cast<size_t>(r)]; }
+// The reason's text: `end_reason`, the events' `failure`, the close frame's reason.
+constexpr Reason TextOf(EndReason r) { return InfoOf(r).text; }
+// The WebSocket close code (RFC 6455) a connection ending with it is closed with.
+constexpr int CloseCodeFor(EndReason r) { return InfoOf(r).close_code; }
+// Whether a session ending with it is FAILED.
+constexpr bool EndsFailed(EndReason r) { return InfoOf(r).failed; }
+// The value of a text read at an edge (a stored end_reason, a node's close_reason); nullopt for
+// "" and text outside the set.
+std::optional<EndReason> ParseEndReason(std::string_view text);
 
 // A relay's credit: a side may have at most `window` bytes sent and not yet acknowledged.
 struct Credit {

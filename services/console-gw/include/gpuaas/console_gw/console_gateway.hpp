@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -33,6 +34,20 @@ struct Claimed {
   int64_t max_duration_s = 0;
 };
 
+// What a connect's grant came to: the session it unlocked, or the refusal the WebSocket is
+// closed with (grant_unknown, grant_used, grant_expired, grant_revoked, wrong_scope).
+struct ClaimOutcome {
+  std::optional<Claimed> claimed;
+  EndReason refused = EndReason::kGrantUnknown;  // when !claimed
+  std::string detail;                            // the refusal's, for humans
+};
+
+// A started relay, or why none: node_refused / node_unreachable.
+struct OpenOutcome {
+  std::shared_ptr<Bridge> bridge;
+  EndReason failed = EndReason::kNodeRefused;  // when !bridge
+};
+
 struct ApiReply {
   int status = 200;
   std::string json;
@@ -52,22 +67,22 @@ class Backend {
   // One page request forwarded with the operator's token (subject from the allowed list).
   virtual ApiReply Call(const std::string& token, const std::string& subject,
                         const std::string& json) = 0;
-  // A connect refused before the grant was looked at (cross_origin, bad path): audited.
-  virtual void Refused(const ConnectAttempt& a, const std::string& failure,
-                       const std::string& detail) = 0;
-  // Uses up the grant: the session, or PERMISSION_DENIED with the failure as reason
-  // (grant_unknown, grant_used, grant_expired, grant_revoked, wrong_scope), audited either way.
-  virtual Result<Claimed> Claim(const ConnectAttempt& a) = 0;
+  // A connect refused before the grant was looked at (cross_origin, a path that does not parse:
+  // grant_unknown): audited.
+  virtual void Refused(const ConnectAttempt& a, Reason failure, const std::string& detail) = 0;
+  // Uses up the grant: the session (now CONNECTED) or the refusal, audited either way; an error
+  // only when the claim could not be recorded (the database), and then no console opens.
+  virtual Result<ClaimOutcome> Claim(const ConnectAttempt& a) = 0;
   // Starts the relay for a claimed session (the node opens the VM's console). On failure the
-  // session is FAILED (reason node_refused / node_unreachable) and nothing stays open.
-  virtual Result<std::shared_ptr<Bridge>> Open(const Claimed& c, Bridge::Callbacks cb) = 0;
-  // The connection is live; `stop` ends it (revoked, max_duration, gateway_stopping) from any
+  // session is FAILED (node_refused / node_unreachable) and nothing stays open.
+  virtual OpenOutcome Open(const Claimed& c, Bridge::Callbacks cb) = 0;
+  // The connection is live; `stop` ends it (revoked, max_duration, gateway_lost) from any
   // thread.
-  virtual void Live(const std::string& session_id,
-                    std::function<void(const std::string& reason)> stop) = 0;
-  // It ended: DISCONNECTED (or FAILED for a relay failure) with its byte counts, audited.
-  virtual void Finish(const std::string& session_id, const std::string& reason,
-                      uint64_t bytes_to_client, uint64_t bytes_from_client) = 0;
+  virtual void Live(const std::string& session_id, std::function<void(EndReason reason)> stop) = 0;
+  // It ended: DISCONNECTED (or FAILED for a relay failure, EndsFailed) with its byte counts,
+  // audited.
+  virtual void Finish(const std::string& session_id, EndReason reason, uint64_t bytes_to_client,
+                      uint64_t bytes_from_client) = 0;
 };
 
 struct GatewayOptions {

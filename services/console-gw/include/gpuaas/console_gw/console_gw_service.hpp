@@ -63,13 +63,11 @@ class ConsoleGwService : public Backend {
   Result<Identity> Login(const std::string& token) override;
   ApiReply Call(const std::string& token, const std::string& subject,
                 const std::string& json) override;
-  void Refused(const ConnectAttempt& a, const std::string& failure,
-               const std::string& detail) override;
-  Result<Claimed> Claim(const ConnectAttempt& a) override;
-  Result<std::shared_ptr<Bridge>> Open(const Claimed& c, Bridge::Callbacks cb) override;
-  void Live(const std::string& session_id,
-            std::function<void(const std::string& reason)> stop) override;
-  void Finish(const std::string& session_id, const std::string& reason, uint64_t bytes_to_client,
+  void Refused(const ConnectAttempt& a, Reason failure, const std::string& detail) override;
+  Result<ClaimOutcome> Claim(const ConnectAttempt& a) override;
+  OpenOutcome Open(const Claimed& c, Bridge::Callbacks cb) override;
+  void Live(const std::string& session_id, std::function<void(EndReason reason)> stop) override;
+  void Finish(const std::string& session_id, EndReason reason, uint64_t bytes_to_client,
               uint64_t bytes_from_client) override;
 
   // One sweep (the loop runs it every console.sweep_ms): expires unused grants, stops live
@@ -80,6 +78,8 @@ class ConsoleGwService : public Backend {
  private:
   // The operator page and console WebSocket listener (console.http_host:http_port).
   Result<void> StartGateway();
+  // A claimed session whose relay did not open: FAILED with `failed`, audited.
+  void RecordNotOpened(const Claimed& c, EndReason failed, const Error& why);
   void SweepLoop();
   // Stops the sweeper and waits for its thread (idempotent).
   void StopSweeper();
@@ -90,7 +90,7 @@ class ConsoleGwService : public Backend {
   std::unique_ptr<Gateway> gateway_;
   uint16_t gateway_port_ = 0;
   std::mutex live_mu_;
-  std::map<std::string, std::function<void(const std::string&)>> live_;
+  std::map<std::string, std::function<void(EndReason)>> live_;
   std::chrono::steady_clock::time_point counted_{};  // sessions by state last sampled
   static constexpr std::chrono::seconds kGaugeEvery{15};
   std::thread sweeper_;
