@@ -17,6 +17,7 @@
 #include <string>
 
 #include "fuzz_check.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/node_agent/host/host.hpp"
 #include "gpuaas/node_agent/network/lease_report.hpp"
@@ -72,27 +73,28 @@ void Check(const std::string& content) {
                o.mac);
     const std::optional<std::string> leased = node_agent::LeasedIp(file, r.mac);
     const bool same_second = std::time(nullptr) == before;  // both saw the same expiries
-    if (o.lease_state == "missing") {
+    if (o.lease_state == v1::LEASE_STATE_MISSING) {
       FUZZ_CHECK(o.actual_ip.empty() && o.expires_at == 0, o.mac);
       if (same_second) FUZZ_CHECK(!leased.has_value(), o.mac + " leased " + leased.value_or(""));
-    } else if (o.lease_state == "bound") {
+    } else if (o.lease_state == v1::LEASE_STATE_BOUND) {
       FUZZ_CHECK(o.actual_ip == r.ip, o.mac);
       if (same_second) FUZZ_CHECK(leased.has_value(), o.mac);
-    } else if (o.lease_state == "mismatch") {
+    } else if (o.lease_state == v1::LEASE_STATE_MISMATCH) {
       FUZZ_CHECK(!o.actual_ip.empty() && o.actual_ip != r.ip, o.mac + " " + o.actual_ip);
       if (same_second) FUZZ_CHECK(leased.has_value() && *leased != r.ip, o.mac);
     } else {
-      FUZZ_CHECK(false, "reservation state " + o.lease_state);
+      FUZZ_CHECK(false, "reservation state " + enums::Text(o.lease_state));
     }
     if (leased && same_second) {
       // LeasedIp's answer (the last lease of the MAC) is a lease ObserveLeases saw too.
-      FUZZ_CHECK(o.lease_state != "missing", o.mac);
+      FUZZ_CHECK(o.lease_state != v1::LEASE_STATE_MISSING, o.mac);
     }
   }
   for (size_t i = spec.reservations.size(); i < obs->size(); ++i) {
     const auto& o = (*obs)[i];
-    FUZZ_CHECK(o.lease_state == "unexpected" && o.expected_ip.empty() && o.slot_key.empty(),
-               o.mac + " " + o.lease_state);
+    FUZZ_CHECK(
+        o.lease_state == v1::LEASE_STATE_UNEXPECTED && o.expected_ip.empty() && o.slot_key.empty(),
+        o.mac + " " + enums::Text(o.lease_state));
     FUZZ_CHECK(reserved.count(o.mac) == 0, o.mac);
     FUZZ_CHECK(!o.actual_ip.empty() && o.mac == node_agent::Lower(o.mac), o.mac);
     FUZZ_CHECK(o.expires_at == 0 || o.expires_at >= before - 1, std::to_string(o.expires_at));

@@ -209,16 +209,16 @@ TEST(NetLeaseTest, BoundMissingMismatchAndUnexpected) {
   auto obs = ObserveLeases(s);
   ASSERT_TRUE(obs.ok()) << obs.error().ToString();
   ASSERT_EQ(obs->size(), 4u);
-  EXPECT_EQ((*obs)[0].lease_state, "bound");
+  EXPECT_EQ((*obs)[0].lease_state, v1::LEASE_STATE_BOUND);
   EXPECT_EQ((*obs)[0].actual_ip, "10.100.0.10");
   EXPECT_EQ((*obs)[0].slot_key, "node-a/0");
   EXPECT_EQ((*obs)[0].expires_at, later);
-  EXPECT_EQ((*obs)[1].lease_state, "mismatch");
+  EXPECT_EQ((*obs)[1].lease_state, v1::LEASE_STATE_MISMATCH);
   EXPECT_EQ((*obs)[1].expected_ip, "10.100.0.11");
   EXPECT_EQ((*obs)[1].actual_ip, "10.100.0.99");
-  EXPECT_EQ((*obs)[2].lease_state, "missing");
+  EXPECT_EQ((*obs)[2].lease_state, v1::LEASE_STATE_MISSING);
   EXPECT_EQ((*obs)[2].actual_ip, "");
-  EXPECT_EQ((*obs)[3].lease_state, "unexpected");
+  EXPECT_EQ((*obs)[3].lease_state, v1::LEASE_STATE_UNEXPECTED);
   EXPECT_EQ((*obs)[3].mac, "52:54:00:ee:ee:ee");
   EXPECT_EQ((*obs)[3].actual_ip, "10.100.0.77");
   EXPECT_EQ((*obs)[3].expected_ip, "");
@@ -243,9 +243,9 @@ TEST(NetLeaseTest, LinesNotAUnicastMacWithAnIpv4AddressAreSkipped) {
   ASSERT_TRUE(obs.ok()) << obs.error().ToString();
   EXPECT_EQ(skipped, 5);
   ASSERT_EQ(obs->size(), 3u);
-  EXPECT_EQ((*obs)[0].lease_state, "missing");  // its only line had no IPv4 address
-  EXPECT_EQ((*obs)[1].lease_state, "bound");
-  EXPECT_EQ((*obs)[2].lease_state, "unexpected");
+  EXPECT_EQ((*obs)[0].lease_state, v1::LEASE_STATE_MISSING);  // its only line had no IPv4 address
+  EXPECT_EQ((*obs)[1].lease_state, v1::LEASE_STATE_BOUND);
+  EXPECT_EQ((*obs)[2].lease_state, v1::LEASE_STATE_UNEXPECTED);
   EXPECT_EQ((*obs)[2].mac, "52:54:00:ee:ee:ee");
   EXPECT_EQ((*obs)[2].actual_ip, "10.100.0.77");
 }
@@ -255,7 +255,7 @@ TEST(NetLeaseTest, NoLeaseFileMeansEverythingMissing) {
   auto obs = ObserveLeases(BaseSpec(dir.path() + "/net"));
   ASSERT_TRUE(obs.ok());
   ASSERT_EQ(obs->size(), 2u);
-  for (const auto& o : *obs) EXPECT_EQ(o.lease_state, "missing");
+  for (const auto& o : *obs) EXPECT_EQ(o.lease_state, v1::LEASE_STATE_MISSING);
 }
 
 // ---------------------------------------------------------------- real namespaces (root)
@@ -363,7 +363,9 @@ class NetApplyTest : public ::testing::TestWithParam<Datapath> {
     EXPECT_TRUE(c.ok()) << c.error().ToString();
     if (!c.ok()) return {"check_failed"};
     auto out = c->blockers;
-    for (const auto& d : c->slot_drift) out.push_back(d.kind + ":" + d.slot_key);
+    for (const auto& d : c->slot_drift) {
+      out.push_back(SlotDriftKindText(d.kind).str() + ":" + d.slot_key);
+    }
     return out;
   }
   std::string Leases() { return Slurp(spec_.state_dir + "/dnsmasq.leases"); }
@@ -404,9 +406,9 @@ TEST_P(NetApplyTest, ReservedMacGetsItsIpUnknownMacGetsNothing) {
   auto obs = ObserveLeases(spec_);
   ASSERT_TRUE(obs.ok());
   ASSERT_EQ(obs->size(), 2u);  // no lease for the stranger
-  EXPECT_EQ((*obs)[0].lease_state, "bound");
+  EXPECT_EQ((*obs)[0].lease_state, v1::LEASE_STATE_BOUND);
   EXPECT_EQ((*obs)[0].actual_ip, "10.100.0.10");
-  EXPECT_EQ((*obs)[1].lease_state, "missing");
+  EXPECT_EQ((*obs)[1].lease_state, v1::LEASE_STATE_MISSING);
   EXPECT_THAT(Blockers(), IsEmpty());
 }
 
@@ -440,7 +442,7 @@ TEST_P(NetApplyTest, SecondApplyChangesNothingAndStaleReservationsGo) {
   auto obs = ObserveLeases(smaller);
   ASSERT_TRUE(obs.ok());
   ASSERT_EQ(obs->size(), 2u);
-  EXPECT_EQ((*obs)[1].lease_state, "unexpected");
+  EXPECT_EQ((*obs)[1].lease_state, v1::LEASE_STATE_UNEXPECTED);
   EXPECT_EQ((*obs)[1].mac, kMac2);
   EXPECT_THAT(MustApply(smaller).Changes(), IsEmpty());
 
@@ -459,7 +461,7 @@ TEST_P(NetApplyTest, TamperedLeaseShowsAsMismatch) {
   ASSERT_EQ(Dhcp(vm1), "10.100.0.10");
   auto obs = ObserveLeases(spec_);
   ASSERT_TRUE(obs.ok());
-  EXPECT_EQ((*obs)[0].lease_state, "bound");
+  EXPECT_EQ((*obs)[0].lease_state, v1::LEASE_STATE_BOUND);
 
   std::string leases = Leases();
   auto at = leases.find("10.100.0.10");
@@ -471,11 +473,11 @@ TEST_P(NetApplyTest, TamperedLeaseShowsAsMismatch) {
   obs = ObserveLeases(spec_);
   ASSERT_TRUE(obs.ok());
   ASSERT_EQ(obs->size(), 3u);
-  EXPECT_EQ((*obs)[0].lease_state, "mismatch");
+  EXPECT_EQ((*obs)[0].lease_state, v1::LEASE_STATE_MISMATCH);
   EXPECT_EQ((*obs)[0].expected_ip, "10.100.0.10");
   EXPECT_EQ((*obs)[0].actual_ip, "10.100.0.99");
-  EXPECT_EQ((*obs)[1].lease_state, "missing");
-  EXPECT_EQ((*obs)[2].lease_state, "unexpected");
+  EXPECT_EQ((*obs)[1].lease_state, v1::LEASE_STATE_MISSING);
+  EXPECT_EQ((*obs)[2].lease_state, v1::LEASE_STATE_UNEXPECTED);
   EXPECT_EQ((*obs)[2].actual_ip, "10.100.0.77");
 }
 

@@ -1,4 +1,5 @@
 #include "gpuaas/node_agent/agent/local_store.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -18,7 +19,7 @@ namespace fs = std::filesystem;
 
 namespace {
 Error IoError(const std::string& what) {
-  return Error::Internal("local_store_io", fmt::format("{}: {}", what, std::strerror(errno)));
+  return Error::Internal(reason::kLocalStoreIo, fmt::format("{}: {}", what, std::strerror(errno)));
 }
 const std::regex kKey("^[a-z0-9][a-z0-9._-]{0,127}$");
 
@@ -35,7 +36,7 @@ Result<void> FsyncPath(const std::string& path, int flags) {
 Result<LocalStore> LocalStore::Open(const std::string& dir) {
   std::error_code ec;
   fs::create_directories(dir, ec);
-  if (ec) return Error::Internal("local_store_io", "create " + dir + ": " + ec.message());
+  if (ec) return Error::Internal(reason::kLocalStoreIo, "create " + dir + ": " + ec.message());
   // Temporary files left by a crash mid-write are incomplete by definition.
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     if (e.path().extension() == ".tmp") fs::remove(e.path(), ec);
@@ -49,7 +50,7 @@ std::string LocalStore::PathOf(const std::string& key) const {
 
 Result<void> LocalStore::Put(const std::string& key, const nlohmann::json& value) {
   if (!std::regex_match(key, kKey)) {
-    return Error::InvalidArgument("invalid_key", "bad local store key: " + key);
+    return Error::InvalidArgument(reason::kInvalidKey, "bad local store key: " + key);
   }
   std::lock_guard lock(mu_);
   const std::string path = PathOf(key);
@@ -85,11 +86,8 @@ Result<std::optional<nlohmann::json>> LocalStore::Get(const std::string& key) co
   try {
     return std::optional<nlohmann::json>(nlohmann::json::parse(ss.str()));
   } catch (const std::exception& e) {
-    return Error{Code::kDataLoss,
-                 "local_store_corrupt",
-                 fmt::format("{} is not valid JSON: {}", PathOf(key), e.what()),
-                 {},
-                 false};
+    return Error::Of(Code::kDataLoss, reason::kLocalStoreCorrupt,
+                     fmt::format("{} is not valid JSON: {}", PathOf(key), e.what()));
   }
 }
 
@@ -97,7 +95,7 @@ Result<void> LocalStore::Erase(const std::string& key) {
   std::lock_guard lock(mu_);
   std::error_code ec;
   fs::remove(PathOf(key), ec);
-  if (ec) return Error::Internal("local_store_io", ec.message());
+  if (ec) return Error::Internal(reason::kLocalStoreIo, ec.message());
   return FsyncPath(dir_, O_RDONLY | O_DIRECTORY);
 }
 

@@ -20,6 +20,7 @@
 #include "gpuaas/node_agent/console/console_relay.hpp"
 #include "gpuaas/node_agent/discovery/discovery.hpp"
 #include "gpuaas/node_agent/network/lease_report.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/libvirt_runtime.hpp"
 #include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "gpuaas/v1/event.pb.h"
@@ -199,14 +200,14 @@ using google::protobuf::util::TimeUtil;
 
 Result<void> NodeAgent::Start() {
   if (cfg_.net_apply == "netns" && cfg_.net_netns.empty()) {
-    return Error::InvalidArgument("invalid_config", "network.apply=netns needs network.netns",
+    return Error::InvalidArgument(reason::kInvalidConfig, "network.apply=netns needs network.netns",
                                   {{"network.netns", "required when network.apply is netns"}});
   }
   if ((cfg_.exposure_apply == "netns" || cfg_.exposure_apply == "host") &&
       (cfg_.exposure_uplink.empty() || cfg_.net_apply == "off" ||
        (cfg_.exposure_apply == "netns" && cfg_.net_apply != "netns"))) {
     return Error::InvalidArgument(
-        "invalid_config",
+        reason::kInvalidConfig,
         "exposure.apply=" + cfg_.exposure_apply + " needs exposure.uplink and network.apply " +
             (cfg_.exposure_apply == "netns" ? "netns" : "on") +
             " (the slice addresses come from the applied network document)",
@@ -222,7 +223,7 @@ Result<void> NodeAgent::Start() {
     network_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
       const std::string why = CleanNetworkState(p);
       if (why.empty()) return Ok();
-      return Error::Unavailable("network_cleanup_failed", why);
+      return Error::Unavailable(reason::kNetworkCleanupFailed, why);
     };
   }
   // With exposures followed, a slot's cleanup waits until ingress has taken the slot's
@@ -691,7 +692,7 @@ namespace {
 void FailDiscovery(const std::string& message, v1::NodeTaskResult& res) {
   res.set_status(v1::TASK_STATUS_FAILED);
   res.mutable_error()->set_code(v1::INTERNAL);
-  res.mutable_error()->set_reason("discovery_failed");
+  res.mutable_error()->set_reason(reason::kDiscoveryFailed.str());
   res.mutable_error()->set_message(message);
 }
 
@@ -767,7 +768,7 @@ Result<void> RefuseProjectNetworks(const v1::NodeNetworkDocument& doc) {
   for (const auto& r : doc.reservations()) {
     if (!r.network_id().empty() || !r.network_policy_id().empty() ||
         !r.project_network_id().empty()) {
-      return Error::InvalidArgument("project_networks_unsupported",
+      return Error::InvalidArgument(reason::kProjectNetworksUnsupported,
                                     "reservation " + r.slot_key() +
                                         " names a project network; this agent applies only "
                                         "the node's management network",
@@ -913,11 +914,13 @@ void NodeAgent::MakeFollowers() {
     std::vector<std::string> blockers;
     net_slot_drift_.clear();
     if (auto check = CheckNetwork(spec, ctx); !check.ok()) {
-      blockers.emplace_back("network_check_failed");
+      blockers.push_back(reason::kNetworkCheckFailed.str());
       log.Warn("network check failed", {{"error", check.error().ToString()}});
     } else if (!check->ok()) {
       std::vector<std::string> drift;
-      for (const auto& d : check->slot_drift) drift.push_back(d.kind + ":" + d.slot_key);
+      for (const auto& d : check->slot_drift) {
+        drift.push_back(SlotDriftKindText(d.kind).str() + ":" + d.slot_key);
+      }
       log.Warn("network drifted from the applied document; repairing",
                {{"blockers", fmt::format("{}", fmt::join(check->blockers, ","))},
                 {"slot_drift", fmt::format("{}", fmt::join(drift, ","))}});
@@ -994,7 +997,7 @@ void NodeAgent::ReconcileNetwork() {
   for (const auto& d : net_slot_drift_) {
     auto* v = report.add_vnic_drift();
     v->set_slot_key(d.slot_key);
-    v->set_kind(d.kind);
+    v->set_kind(SlotDriftKindText(d.kind).str());
   }
   int skipped_leases = 0;
   auto leases = ObserveLeases(spec, &skipped_leases);
@@ -1006,15 +1009,7 @@ void NodeAgent::ReconcileNetwork() {
     log.Debug("lease lines skipped: not a unicast MAC with an IPv4 address",
               {{"skipped", std::to_string(skipped_leases)}});
   }
-  for (const auto& l : *leases) {
-    auto* o = report.add_observations();
-    o->set_slot_key(l.slot_key);
-    o->set_mac(l.mac);
-    o->set_expected_ip(l.expected_ip);
-    o->set_actual_ip(l.actual_ip);
-    o->set_lease_state(enums::FromColumn<v1::LeaseState>(l.lease_state));
-    o->set_hostname(l.hostname);
-  }
+  AddLeaseObservations(*leases, report);
   const std::string content = report.SerializeAsString();
   *report.mutable_observed_at() = TimeUtil::GetCurrentTime();
   // Unchanged: nothing new to say, except a heartbeat every 12 intervals (ipam ages "missing").
@@ -1128,31 +1123,31 @@ messaging::HandlerResult NodeAgent::HandleTask(const messaging::Delivery& d) {
   res.set_node_id(cfg_.node_id);
   res.set_type(task.type());
   *res.mutable_started_at() = TimeUtil::GetCurrentTime();
-  auto fail = [&](v1::TaskStatus st, const std::string& reason, const std::string& message) {
+  auto fail = [&](v1::TaskStatus st, Reason reason, const std::string& message) {
     res.set_status(st);
     res.mutable_error()->set_code(st == v1::TASK_STATUS_REJECTED ? v1::FAILED_PRECONDITION
                                                                  : v1::INTERNAL);
-    res.mutable_error()->set_reason(reason);
+    res.mutable_error()->set_reason(reason.str());
     res.mutable_error()->set_message(message);
   };
   if (task.node_id() != cfg_.node_id) {
-    fail(v1::TASK_STATUS_REJECTED, "wrong_node",
+    fail(v1::TASK_STATUS_REJECTED, reason::kWrongNode,
          "task for " + task.node_id() + " delivered to " + cfg_.node_id);
   } else if (isolated_) {
-    fail(v1::TASK_STATUS_REJECTED, "agent_isolated",
+    fail(v1::TASK_STATUS_REJECTED, reason::kAgentIsolated,
          "this agent is not registered with inventory and refuses tasks");
   } else if (task.has_deadline() && TimeUtil::GetCurrentTime() > task.deadline()) {
-    fail(v1::TASK_STATUS_FAILED, "deadline_exceeded",
+    fail(v1::TASK_STATUS_FAILED, reason::kTaskDeadlineExceeded,
          "the task arrived after its deadline " + TimeUtil::ToString(task.deadline()));
     res.mutable_error()->set_code(v1::DEADLINE_EXCEEDED);
   } else if (!entry) {
-    fail(v1::TASK_STATUS_REJECTED, "unknown_task_type",
+    fail(v1::TASK_STATUS_REJECTED, reason::kUnknownTaskType,
          "this agent does not run tasks of type " + std::to_string(static_cast<int>(task.type())) +
              " (" + (enums::Text(task.type()).empty() ? "unknown" : enums::Text(task.type())) +
              ")");
     res.mutable_error()->set_code(v1::UNIMPLEMENTED);
   } else if (task.params_case() != entry->params) {
-    fail(v1::TASK_STATUS_REJECTED, "invalid_params",
+    fail(v1::TASK_STATUS_REJECTED, reason::kInvalidParams,
          enums::Text(task.type()) + " needs its own params case (field " +
              std::to_string(static_cast<int>(entry->params)) + "), got case " +
              std::to_string(static_cast<int>(task.params_case())));

@@ -31,6 +31,7 @@
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/domain_xml.hpp"
 #include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "gpuaas/v1/console.pb.h"
@@ -42,8 +43,8 @@ namespace {
 constexpr size_t kMaxFrameData = 64 * size_t{1024};
 constexpr int64_t kMinWindowBytes = 1024;
 
-Error Refusal(Code code, std::string reason, std::string message) {
-  return {code, std::move(reason), std::move(message), {}, false};
+Error Refusal(Code code, Reason reason, std::string message) {
+  return {code, reason.str(), std::move(message), {}, false};
 }
 
 }  // namespace
@@ -74,21 +75,21 @@ ConsoleLocator LedgerConsoleLocator(const LocalStore& store, std::string libvirt
     if (!rec.ok()) return rec.error();
     if (!rec->has_value() || (**rec).value("name", "") != domain) {
       return Refusal(
-          Code::kFailedPrecondition, "domain_not_managed",
+          Code::kFailedPrecondition, reason::kDomainNotManaged,
           fmt::format("this node holds no domain {} for allocation {}", domain, allocation_id));
     }
     if (uri.empty()) {
       std::error_code ec;
       const std::string stand_in = sim + "/" + domain + ".vnc";
       if (!sim.empty() && std::filesystem::is_socket(stand_in, ec)) return stand_in;
-      return Refusal(Code::kFailedPrecondition, "console_unavailable",
+      return Refusal(Code::kFailedPrecondition, reason::kConsoleUnavailable,
                      "the simulated VM runtime has no console");
     }
     virResetLastError();
     virConnectPtr conn = virConnectOpen(uri.c_str());
     if (conn == nullptr) {
       const virErrorPtr e = virGetLastError();
-      return Error::Unavailable("libvirt_unavailable",
+      return Error::Unavailable(reason::kLibvirtUnavailable,
                                 fmt::format("cannot connect to {}: {}", uri,
                                             e != nullptr && e->message ? e->message : "?"));
     }
@@ -104,12 +105,12 @@ ConsoleLocator LedgerConsoleLocator(const LocalStore& store, std::string libvirt
     }
     virConnectClose(conn);
     if (!active) {
-      return Refusal(Code::kFailedPrecondition, "console_unavailable",
+      return Refusal(Code::kFailedPrecondition, reason::kConsoleUnavailable,
                      "domain " + domain + " is not running");
     }
     std::string socket = VncSocketFromXml(xml);
     if (socket.empty()) {
-      return Refusal(Code::kFailedPrecondition, "console_unavailable",
+      return Refusal(Code::kFailedPrecondition, reason::kConsoleUnavailable,
                      "domain " + domain + " serves no VNC UNIX socket");
     }
     return socket;
@@ -168,10 +169,10 @@ class ConsoleRelay {
     thread_ = std::thread([this] { Run(); });
   }
 
-  void RequestStop(const std::string& reason) {
+  void RequestStop(Reason why) {
     {
       std::lock_guard lock(mu_);
-      if (stop_reason_.empty()) stop_reason_ = reason;
+      if (!stop_reason_) stop_reason_ = why;
     }
     Wake();
   }
@@ -204,12 +205,12 @@ class ConsoleRelay {
   void OnFrame(const v1::ConsoleFrame* f) {
     {
       std::lock_guard lock(mu_);
-      if (finished_ || !violation_.empty() || peer_closed_) return;
+      if (finished_ || violation_ || peer_closed_) return;
       if (f == nullptr || f->seq() != next_in_seq_ || f->data().size() > kMaxFrameData) {
         // A lost, reordered or malformed frame: the byte stream is broken.
-        violation_ = "relay_lost";
+        violation_ = reason::kRelayLost;
       } else if (queued_in_ + f->data().size() > p_.window + kMaxFrameData) {
-        violation_ = "credit_exceeded";
+        violation_ = reason::kCreditExceeded;
       } else {
         ++next_in_seq_;
         peer_acked_ = std::max<uint64_t>(peer_acked_, f->acked());
@@ -219,7 +220,8 @@ class ConsoleRelay {
         }
         if (f->close()) {
           peer_closed_ = true;
-          peer_reason_ = f->close_reason().empty() ? "client_closed" : f->close_reason();
+          peer_reason_ =
+              f->close_reason().empty() ? reason::kClientClosed.str() : f->close_reason();
         }
       }
     }
@@ -255,7 +257,7 @@ class ConsoleRelay {
     Clock::time_point ack_due = kNever;  // an unacknowledged write is acked by then
     std::string to_vm;                   // taken from pending_in_, not yet written
     std::string buf(kMaxFrameData, '\0');
-    std::string reason;
+    std::optional<std::string> why;  // the close reason, once the relay is to close
     bool send_close = true;
     while (true) {
       uint64_t peer_acked = 0;
@@ -265,18 +267,18 @@ class ConsoleRelay {
         pending_in_.clear();
         peer_acked = std::min(peer_acked_, sent);
         if (peer_closed_) {
-          reason = peer_reason_;
+          why = peer_reason_;
           send_close = false;
-        } else if (!violation_.empty()) {
-          reason = violation_;
-        } else if (!stop_reason_.empty()) {
-          reason = stop_reason_;
+        } else if (violation_) {
+          why = violation_->str();
+        } else if (stop_reason_) {
+          why = stop_reason_->str();
         }
       }
-      if (!reason.empty()) break;
+      if (why) break;
       auto now = Clock::now();
       if (now >= p_.deadline) {
-        reason = "max_duration";
+        why = reason::kMaxDuration.str();
         break;
       }
       const uint64_t credit = p_.window - (sent - peer_acked);
@@ -294,7 +296,7 @@ class ConsoleRelay {
           poll(fds.data(), fds.size(),
                static_cast<int>(std::min<int64_t>(wait.count(), int64_t{24} * 3600 * 1000)));
       if (n < 0 && errno != EINTR) {
-        reason = "relay_lost";
+        why = reason::kRelayLost.str();
         break;
       }
       if ((fds[0].revents & POLLIN) != 0) {
@@ -315,7 +317,7 @@ class ConsoleRelay {
           server_.bytes_to_vm_->Increment(static_cast<double>(w));
           if (ack_due == kNever) ack_due = now + p_.ack_delay;
         } else if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
-          reason = "vm_closed";
+          why = reason::kVmClosed.str();
           break;
         }
       }
@@ -323,7 +325,7 @@ class ConsoleRelay {
         const size_t want = std::min<uint64_t>(credit, kMaxFrameData);
         const ssize_t r = recv(sock_, buf.data(), want, MSG_DONTWAIT);
         if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)) {
-          reason = "vm_closed";
+          why = reason::kVmClosed.str();
           break;
         }
         if (r > 0) {
@@ -341,7 +343,8 @@ class ConsoleRelay {
         ack_due = kNever;
       }
     }
-    if (send_close) Send(out_seq, "", written, true, reason);
+    const std::string close_reason = why.value_or("");  // every break above set it
+    if (send_close) Send(out_seq, "", written, true, close_reason);
     shutdown(sock_, SHUT_RDWR);
     // Drained: no callback runs after this, so the relay may go.
     if (natsSubscription_Drain(sub_) == NATS_OK) {
@@ -355,7 +358,7 @@ class ConsoleRelay {
     }
     server_.log_.Info("console relay closed", {{"session_id", p_.session_id},
                                                {"allocation_id", p_.allocation_id},
-                                               {"reason", reason},
+                                               {"reason", close_reason},
                                                {"bytes_to_client", std::to_string(sent)},
                                                {"bytes_to_vm", std::to_string(written)}});
     server_.Finished(p_.session_id);
@@ -375,8 +378,8 @@ class ConsoleRelay {
   uint64_t peer_acked_ = 0;
   bool peer_closed_ = false;
   std::string peer_reason_;
-  std::string violation_;
-  std::string stop_reason_;
+  std::optional<Reason> violation_;    // the gw broke the protocol
+  std::optional<Reason> stop_reason_;  // RequestStop's
   bool finished_ = false;
 };
 
@@ -430,7 +433,7 @@ void ConsoleServer::Stop() {
     stopping_ = true;
     for (auto& [id, r] : live_) live.push_back(r);
   }
-  for (auto& r : live) r->RequestStop("agent_stopping");
+  for (auto& r : live) r->RequestStop(reason::kAgentStopping);
   {
     std::unique_lock lock(mu_);
     cv_.wait(lock, [this] { return live_.empty(); });
@@ -466,43 +469,45 @@ Result<v1::OpenConsoleResponse> ConsoleServer::Open(const v1::OpenConsoleRequest
   using google::protobuf::util::TimeUtil;
   Reap();
   if (!ids::IsUuid(req.session_id())) {
-    return Error::InvalidArgument("invalid_session_id", "session_id must be a UUID");
+    return Error::InvalidArgument(reason::kInvalidSessionId, "session_id must be a UUID");
   }
   if (!ids::IsUuid(req.allocation_id())) {
-    return Error::InvalidArgument("invalid_allocation_id", "allocation_id must be a UUID");
+    return Error::InvalidArgument(reason::kInvalidAllocationId, "allocation_id must be a UUID");
   }
   if (!req.has_open_by()) {
-    return Error::InvalidArgument("open_by_required", "an open must say until when it is valid");
+    return Error::InvalidArgument(reason::kOpenByRequired,
+                                  "an open must say until when it is valid");
   }
   if (TimeUtil::TimestampToMilliseconds(req.open_by()) <=
       std::chrono::duration_cast<std::chrono::milliseconds>(
           std::chrono::system_clock::now().time_since_epoch())
           .count()) {
-    return Refusal(Code::kDeadlineExceeded, "open_expired",
+    return Refusal(Code::kDeadlineExceeded, reason::kOpenExpired,
                    "the open was valid until " + TimeUtil::ToString(req.open_by()));
   }
   if (req.window_bytes() < 0 || (req.window_bytes() > 0 && req.window_bytes() < kMinWindowBytes)) {
     return Error::InvalidArgument(
-        "invalid_window_bytes",
+        reason::kInvalidWindowBytes,
         fmt::format("window_bytes must be 0 or at least {}", kMinWindowBytes));
   }
   if (req.max_duration_s() < 0) {
-    return Error::InvalidArgument("invalid_max_duration", "max_duration_s must not be negative");
+    return Error::InvalidArgument(reason::kInvalidMaxDuration,
+                                  "max_duration_s must not be negative");
   }
   if (req.domain() != DomainName(req.allocation_id())) {
     return Refusal(
-        Code::kFailedPrecondition, "domain_not_managed",
+        Code::kFailedPrecondition, reason::kDomainNotManaged,
         fmt::format("domain {} is not allocation {}'s", req.domain(), req.allocation_id()));
   }
   {
     std::lock_guard lock(mu_);
-    if (stopping_) return Error::Unavailable("agent_stopping", "the agent is stopping");
+    if (stopping_) return Error::Unavailable(reason::kAgentStopping, "the agent is stopping");
     if (live_.count(req.session_id()) != 0) {
-      return Refusal(Code::kAlreadyExists, "session_open",
+      return Refusal(Code::kAlreadyExists, reason::kSessionOpen,
                      "session " + req.session_id() + " is already relayed");
     }
     if (live_.size() >= static_cast<size_t>(opts_.max_sessions)) {
-      return Refusal(Code::kResourceExhausted, "too_many_sessions",
+      return Refusal(Code::kResourceExhausted, reason::kTooManySessions,
                      fmt::format("this node relays at most {} consoles", opts_.max_sessions));
     }
   }
@@ -512,23 +517,23 @@ Result<v1::OpenConsoleResponse> ConsoleServer::Open(const v1::OpenConsoleRequest
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   if (path->size() >= sizeof addr.sun_path) {
-    return Refusal(Code::kFailedPrecondition, "console_unavailable",
+    return Refusal(Code::kFailedPrecondition, reason::kConsoleUnavailable,
                    "the VNC socket path is too long: " + *path);
   }
   std::memcpy(addr.sun_path, path->c_str(), path->size() + 1);
   const int sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-  if (sock < 0) return Error::Internal("socket_failed", std::strerror(errno));
+  if (sock < 0) return Error::Internal(reason::kSocketFailed, std::strerror(errno));
   // A UNIX stream connect completes at once or fails (no EINPROGRESS on Linux).
   if (connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
     const std::string why = std::strerror(errno);
     close(sock);
-    return Refusal(Code::kFailedPrecondition, "console_unavailable",
+    return Refusal(Code::kFailedPrecondition, reason::kConsoleUnavailable,
                    "cannot connect to " + *path + ": " + why);
   }
   const int wake = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake < 0) {
     close(sock);
-    return Error::Internal("eventfd_failed", std::strerror(errno));
+    return Error::Internal(reason::kEventfdFailed, std::strerror(errno));
   }
   const int64_t window = req.window_bytes() == 0
                              ? opts_.max_window_bytes
@@ -550,11 +555,11 @@ Result<v1::OpenConsoleResponse> ConsoleServer::Open(const v1::OpenConsoleRequest
     // Checked again: another open of the same session may have got here first.
     if (stopping_ || live_.count(req.session_id()) != 0 ||
         live_.size() >= static_cast<size_t>(opts_.max_sessions)) {
-      return stopping_ ? Error::Unavailable("agent_stopping", "the agent is stopping")
+      return stopping_ ? Error::Unavailable(reason::kAgentStopping, "the agent is stopping")
              : live_.count(req.session_id()) != 0
-                 ? Refusal(Code::kAlreadyExists, "session_open",
+                 ? Refusal(Code::kAlreadyExists, reason::kSessionOpen,
                            "session " + req.session_id() + " is already relayed")
-                 : Refusal(Code::kResourceExhausted, "too_many_sessions",
+                 : Refusal(Code::kResourceExhausted, reason::kTooManySessions,
                            fmt::format("this node relays at most {} consoles", opts_.max_sessions));
     }
     live_[req.session_id()] = relay;

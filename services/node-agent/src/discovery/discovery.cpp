@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "network/ovs.hpp"
 
 namespace gpuaas::node_agent {
@@ -539,21 +540,30 @@ std::string SuggestedMac(const std::string& node_id, int index) {
   return buf;
 }
 
-std::string BlockerName(const std::string& check_name) {
-  static const std::map<std::string, std::string> kNames = {
-      {"bridge", "bridge_missing"},
-      {"gateway", "gateway_missing"},
-      {"ip_forward", "ip_forward_disabled"},
-      {"nat_masquerade", "nat_masquerade_missing"},
-      {"kvm", "kvm_missing"},
-      {"iommu_groups", "iommu_unavailable"},
-      {"vfio_modules", "vfio_modules_missing"},
-      {"libvirt", "libvirt_unavailable"},
-      {"ovmf", "ovmf_missing"},
-      {"hugepages", "hugepages_insufficient"},
+Reason BlockerName(const std::string& check_name) {
+  // Every check discovery makes; only those passing `blocker` to MakeCheck become blockers.
+  static const std::map<std::string, Reason> kNames = {
+      {"bridge", reason::kBridgeMissing},
+      {"gateway", reason::kGatewayMissing},
+      {"ip_forward", reason::kIpForwardDisabled},
+      {"nat_masquerade", reason::kNatMasqueradeMissing},
+      {"kvm", reason::kKvmMissing},
+      {"iommu_groups", reason::kIommuUnavailable},
+      {"vfio_modules", reason::kVfioModulesMissing},
+      {"libvirt", reason::kLibvirtUnavailable},
+      {"ovmf", reason::kOvmfMissing},
+      {"hugepages", reason::kHugepagesInsufficient},
+      {"kvm_access", reason::kKvmAccessFailed},
+      {"gpus", reason::kGpusFailed},
+      {"iommu_cmdline", reason::kIommuCmdlineFailed},
+      {"sriov", reason::kSriovFailed},
+      {"reboot_required", reason::kRebootRequiredFailed},
+      {"default_route", reason::kDefaultRouteFailed},
+      {"tmfifo", reason::kTmfifoFailed},
+      {"ovs_offload", reason::kOvsOffloadFailed},
   };
   auto it = kNames.find(check_name);
-  return it == kNames.end() ? check_name + "_failed" : it->second;
+  return it == kNames.end() ? reason::kCheckFailed : it->second;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1607,7 +1617,8 @@ std::vector<v1::CandidateSlot> BuildCandidates(
 Result<v1::TopologyReport> Discover(const DiscoveryOptions& opts) {
   struct stat st {};
   if (opts.root.empty() || ::stat(opts.root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Error::NotFound("host_root_missing", "host root '" + opts.root + "' is not a directory");
+    return Error::NotFound(reason::kHostRootMissing,
+                           "host root '" + opts.root + "' is not a directory");
   }
   try {
     HostRoot host(opts.root);
@@ -1653,13 +1664,13 @@ Result<v1::TopologyReport> Discover(const DiscoveryOptions& opts) {
     for (const auto* list : {&rep.prereqs(), &rep.network_checks()}) {
       for (const auto& c : *list) {
         if (c.blocker() && c.status() == v1::CHECK_STATUS_FAIL) {
-          rep.add_node_blockers(BlockerName(c.name()));
+          rep.add_node_blockers(BlockerName(c.name()).str());
         }
       }
     }
     return rep;
   } catch (const std::exception& e) {
-    return Error::Internal("discovery_failed", e.what());
+    return Error::Internal(reason::kDiscoveryFailed, e.what());
   }
 }
 

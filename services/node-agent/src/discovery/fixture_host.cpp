@@ -1,4 +1,5 @@
 #include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -532,7 +533,7 @@ Result<void> BuildFixtureHost(const std::string& dir, const FixtureOptions& opts
     fs::path root = fs::absolute(dir);
     std::error_code ec;
     if (fs::exists(root, ec) && !fs::is_empty(root, ec)) {
-      return Error::FailedPrecondition("fixture_dir_not_empty",
+      return Error::FailedPrecondition(reason::kFixtureDirNotEmpty,
                                        "fixture directory " + root.string() + " is not empty");
     }
     fs::create_directories(root);
@@ -540,7 +541,7 @@ Result<void> BuildFixtureHost(const std::string& dir, const FixtureOptions& opts
     b.Build();
     return Ok();
   } catch (const std::exception& e) {
-    return Error::Internal("fixture_write_failed", e.what());
+    return Error::Internal(reason::kFixtureWriteFailed, e.what());
   }
 }
 

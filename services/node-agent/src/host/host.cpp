@@ -1,4 +1,5 @@
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -269,7 +270,7 @@ std::optional<std::string> HostRoot::FindTool(
 Result<ToolResult> RunTool(const std::vector<std::string>& argv,
                            std::chrono::milliseconds timeout) {
   if (argv.empty() || argv[0].empty() || argv[0].front() != '/') {
-    return Error::InvalidArgument("tool_path_invalid", "tool path must be absolute");
+    return Error::InvalidArgument(reason::kToolPathInvalid, "tool path must be absolute");
   }
   // Everything the child touches is prepared before fork (only async-signal-safe calls after).
   std::vector<char*> cargv;
@@ -295,13 +296,13 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
       ::pipe2(exec_p, O_CLOEXEC) != 0) {
     int e = errno;
     close_all();
-    return Error::Internal("tool_pipe_failed", std::string("pipe: ") + std::strerror(e));
+    return Error::Internal(reason::kToolPipeFailed, std::string("pipe: ") + std::strerror(e));
   }
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
     close_all();
-    return Error::Internal("tool_fork_failed", std::string("fork: ") + std::strerror(e));
+    return Error::Internal(reason::kToolForkFailed, std::string("fork: ") + std::strerror(e));
   }
   if (pid == 0) {
     ::setpgid(0, 0);
@@ -339,7 +340,7 @@ Result<ToolResult> RunTool(const std::vector<std::string>& argv,
     int status = 0;
     ::waitpid(pid, &status, 0);
     close_all();
-    return Error::FailedPrecondition("tool_exec_failed",
+    return Error::FailedPrecondition(reason::kToolExecFailed,
                                      argv[0] + ": " + std::strerror(exec_errno));
   }
 

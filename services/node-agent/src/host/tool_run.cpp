@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 
 namespace gpuaas::node_agent {
@@ -14,7 +15,7 @@ std::string FirstLine(const std::string& s) {
   return nl == std::string::npos ? t : t.substr(0, nl);
 }
 
-Error ToolFailed(const std::string& stage, const std::string& reason, const std::string& tool,
+Error ToolFailed(const std::string& stage, Reason reason, const std::string& tool,
                  const ToolResult& r, std::map<std::string, std::string> det) {
   det["tool"] = tool;
   det["exit_code"] = std::to_string(r.exit_code);
@@ -27,12 +28,12 @@ Result<std::string> FindToolIn(const std::string& root, const std::string& name,
                                const std::string& stage) {
   HostRoot r(root);
   if (auto t = r.FindCommand(name)) return *t;
-  return StageError(Code::kFailedPrecondition, "tool_missing",
+  return StageError(Code::kFailedPrecondition, reason::kToolMissing,
                     name + " is not installed on this host", stage, {{"tool", name}});
 }
 
 Result<ToolResult> RunOk(const std::vector<std::string>& argv, milliseconds timeout,
-                         const std::string& stage, const std::string& reason,
+                         const std::string& stage, Reason reason,
                          std::map<std::string, std::string> det) {
   auto r = RunTool(argv, timeout);
   if (!r.ok()) return WithStage(r.error(), stage);

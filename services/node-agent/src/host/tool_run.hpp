@@ -17,7 +17,7 @@ std::string FirstLine(const std::string& s);
 
 // A tool ran and said no: `reason` in `stage`, the message with its stderr (DeadlineExceeded when
 // it timed out), details tool and exit_code added to `det`.
-Error ToolFailed(const std::string& stage, const std::string& reason, const std::string& tool,
+Error ToolFailed(const std::string& stage, Reason reason, const std::string& tool,
                  const ToolResult& r, std::map<std::string, std::string> det = {});
 
 // `name` looked up in the real root `root` (tools never come from a fixture tree);
@@ -27,7 +27,7 @@ Result<std::string> FindToolIn(const std::string& root, const std::string& name,
 
 // Runs the tool and insists on exit 0 (else ToolFailed with `reason`).
 Result<ToolResult> RunOk(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
-                         const std::string& stage, const std::string& reason,
+                         const std::string& stage, Reason reason,
                          std::map<std::string, std::string> det = {});
 
 }  // namespace gpuaas::node_agent

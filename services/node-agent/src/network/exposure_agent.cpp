@@ -9,6 +9,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/node_agent/network/exposure_apply.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 namespace gpuaas::node_agent {
 
@@ -42,7 +43,7 @@ Result<ExposureSpec> ExposureAgent::SpecOf(const v1::NodeExposureDocument& doc) 
   spec.sys_root = opts_.sys_root;
   auto net = opts_.network ? opts_.network() : std::nullopt;
   if (!net) {
-    return Error::Unavailable("network_not_applied",
+    return Error::Unavailable(reason::kNetworkNotApplied,
                               "no network document applied yet: the slice addresses are unknown");
   }
   spec.subnet_cidr = net->subnet();
@@ -111,7 +112,7 @@ Result<std::vector<std::string>> ExposureAgent::Check(const v1::NodeExposureDocu
   auto found = ReconcileExposures(*spec, opts_.ctx);
   if (!found.ok()) {
     log_.Warn("exposure check failed", {{"error", found.error().ToString()}});
-    return std::vector<std::string>{"exposure_check_failed"};
+    return std::vector<std::string>{reason::kExposureCheckFailed.str()};
   }
   for (const auto& d : *found) {
     auto* x = &drift_.emplace_back();
@@ -204,7 +205,7 @@ Result<void> ExposureAgent::WaitRemoved(const std::vector<std::string>& target_i
     }
     if (why.empty()) return Ok();
     if (std::chrono::steady_clock::now() >= until) {
-      return Error::Unavailable("exposure_still_mapped", why);
+      return Error::Unavailable(reason::kExposureStillMapped, why);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }

@@ -1,4 +1,5 @@
 #include "gpuaas/node_agent/network/exposure_apply.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -206,7 +207,8 @@ void ReadExpr(const Json& e, NftRule& r) {
 Result<TableState> ParseTableOrThrow(const std::string& out) {
   auto j = Json::parse(out, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("nftables") || !j["nftables"].is_array()) {
-    return Error::Internal("unexpected_tool_output", "nft -j list table: " + out.substr(0, 200));
+    return Error::Internal(reason::kUnexpectedToolOutput,
+                           "nft -j list table: " + out.substr(0, 200));
   }
   TableState t;
   t.present = true;
@@ -244,7 +246,7 @@ Result<TableState> ParseTable(const std::string& out) {
   try {
     return ParseTableOrThrow(out);
   } catch (const Json::exception& e) {
-    return Error::Internal("unexpected_tool_output",
+    return Error::Internal(reason::kUnexpectedToolOutput,
                            fmt::format("nft -j list table: {}: {}", e.what(), out.substr(0, 200)));
   }
 }
@@ -257,8 +259,8 @@ struct Plan {
   std::vector<NftRule> rules;  // expected: prerouting rules, then forward rules
 };
 
-Error SpecError(std::string reason, std::string message, std::string field, std::string value) {
-  Error e = Error::InvalidArgument(std::move(reason), std::move(message),
+Error SpecError(Reason reason, std::string message, std::string field, std::string value) {
+  Error e = Error::InvalidArgument(reason, std::move(message),
                                    {{"field", std::move(field)}, {"value", std::move(value)}});
   e.details["stage"] = "validate";
   return e;
@@ -285,24 +287,26 @@ std::string FabricProblem(const HostRoot& sys, const std::string& iface, int dep
 
 Result<Plan> MakePlan(const ExposureSpec& spec, const NetContext* ctx) {
   if (spec.version < 1) {
-    return SpecError("invalid_version", "version must be 1 or more", "version",
+    return SpecError(reason::kInvalidVersion, "version must be 1 or more", "version",
                      std::to_string(spec.version));
   }
   if (ctx != nullptr && !ctx->netns.empty() && !IsNetnsName(ctx->netns)) {
-    return SpecError("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx->netns);
+    return SpecError(reason::kInvalidNetns, "netns must be 1-64 of [A-Za-z0-9_.-]", "netns",
+                     ctx->netns);
   }
   if (!IsIfName(spec.uplink)) {
-    return SpecError("invalid_uplink", "uplink must be an interface name (1-15 of [A-Za-z0-9_.-])",
-                     "uplink", spec.uplink);
+    return SpecError(reason::kInvalidUplink,
+                     "uplink must be an interface name (1-15 of [A-Za-z0-9_.-])", "uplink",
+                     spec.uplink);
   }
   HostRoot sys(spec.sys_root);
   if (!sys.Exists("/class/net/" + spec.uplink)) {
-    return SpecError("invalid_uplink",
+    return SpecError(reason::kInvalidUplink,
                      fmt::format("no interface {} under {}/class/net", spec.uplink, sys.root()),
                      "uplink", spec.uplink);
   }
   if (auto why = FabricProblem(sys, spec.uplink, 0); !why.empty()) {
-    return SpecError("fabric_interface",
+    return SpecError(reason::kFabricInterface,
                      "exposures are never put on a fabric (InfiniBand/RoCE) interface: " + why,
                      "uplink", spec.uplink);
   }
@@ -320,7 +324,7 @@ Result<Plan> MakePlan(const ExposureSpec& spec, const NetContext* ctx) {
     }
   }
   if (prefix < 0) {
-    return SpecError("invalid_subnet",
+    return SpecError(reason::kInvalidSubnet,
                      "subnet_cidr must be a network address with a /8../30 prefix", "subnet_cidr",
                      spec.subnet_cidr);
   }
@@ -332,7 +336,7 @@ Result<Plan> MakePlan(const ExposureSpec& spec, const NetContext* ctx) {
   for (const auto& ip : spec.slice_ips) {
     auto a = ParseIpv4(ip);
     if (!a || !in_subnet(*a)) {
-      return SpecError("invalid_slice_ip",
+      return SpecError(reason::kInvalidSliceIp,
                        "slice_ips must be host addresses inside " + spec.subnet_cidr, "slice_ips",
                        ip);
     }
@@ -342,32 +346,33 @@ Result<Plan> MakePlan(const ExposureSpec& spec, const NetContext* ctx) {
   Plan p;
   std::vector<ExposureRule> candidates;
   for (const auto& r : spec.rules) {
-    auto refuse = [&](const char* reason, std::string message) {
-      p.refused.push_back({r.exposure_id, reason, std::move(message), r.slot_key});
+    auto refuse = [&](Reason reason, std::string message) {
+      p.refused.push_back({r.exposure_id, reason.str(), std::move(message), r.slot_key});
     };
     if (!IsUuid(r.exposure_id)) {
-      refuse("invalid_exposure_id", "exposure_id must be a UUID");
+      refuse(reason::kInvalidExposureId, "exposure_id must be a UUID");
       continue;
     }
     if (r.protocol != "tcp" && r.protocol != "udp") {
-      refuse("invalid_protocol", fmt::format("protocol must be tcp or udp, not '{}'", r.protocol));
+      refuse(reason::kInvalidProtocol,
+             fmt::format("protocol must be tcp or udp, not '{}'", r.protocol));
       continue;
     }
     auto pub = ParseIpv4(r.public_ip);
     if (!pub || IsSpecialIpv4(*pub) || (*pub & mask) == subnet) {
-      refuse("invalid_public_ip",
+      refuse(reason::kInvalidPublicIp,
              fmt::format("public_ip '{}' is not a unicast IPv4 address outside {}", r.public_ip,
                          spec.subnet_cidr));
       continue;
     }
     if (r.public_port < 1 || r.public_port > 65535 || r.target_port < 1 || r.target_port > 65535) {
-      refuse("invalid_port", fmt::format("ports must be 1..65535 (public {}, target {})",
-                                         r.public_port, r.target_port));
+      refuse(reason::kInvalidPort, fmt::format("ports must be 1..65535 (public {}, target {})",
+                                               r.public_port, r.target_port));
       continue;
     }
     auto target = ParseIpv4(r.target_ip);
     if (!target || !in_subnet(*target) || slices.count(*target) == 0) {
-      refuse("target_not_slice",
+      refuse(reason::kTargetNotSlice,
              fmt::format("target_ip '{}' is not a slice address of this node ({})", r.target_ip,
                          spec.subnet_cidr));
       continue;
@@ -382,7 +387,7 @@ Result<Plan> MakePlan(const ExposureSpec& spec, const NetContext* ctx) {
   for (const auto& r : candidates) ++endpoints[{r.protocol, r.public_ip, r.public_port}];
   for (auto& r : candidates) {
     if (endpoints[{r.protocol, r.public_ip, r.public_port}] > 1) {
-      p.refused.push_back({r.exposure_id, "duplicate_endpoint",
+      p.refused.push_back({r.exposure_id, reason::kDuplicateEndpoint.str(),
                            fmt::format("{} {}:{} is requested by more than one rule", r.protocol,
                                        r.public_ip, r.public_port),
                            r.slot_key});
@@ -437,7 +442,8 @@ std::string RenderScript(const Plan& p) {
 // NoExposureFor and TeardownExposures take no spec, so the namespace's name is checked here too.
 Result<void> Preflight(const NetHost& h, const NetContext& ctx) {
   if (!ctx.netns.empty() && !IsNetnsName(ctx.netns)) {
-    return SpecError("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx.netns);
+    return SpecError(reason::kInvalidNetns, "netns must be 1-64 of [A-Za-z0-9_.-]", "netns",
+                     ctx.netns);
   }
   return h.Preflight();
 }
@@ -456,26 +462,29 @@ Result<TableState> ReadTable(const NetHost& h) {
 std::vector<ExposureDrift> Compare(const Plan& p, const TableState& t) {
   std::vector<ExposureDrift> out;
   if (!t.present) {
-    out.push_back({"", "table_missing", fmt::format("table ip {} is absent", kExposureTable)});
-    for (const auto& r : p.rules) out.push_back({IdOfTag(r.comment), "rule_missing", r.Where()});
+    out.push_back(
+        {"", reason::kTableMissing.str(), fmt::format("table ip {} is absent", kExposureTable)});
+    for (const auto& r : p.rules) {
+      out.push_back({IdOfTag(r.comment), reason::kRuleMissing.str(), r.Where()});
+    }
     return out;
   }
   for (const auto& want : ExpectedChains()) {
     auto it = std::find_if(t.chains.begin(), t.chains.end(),
                            [&](const ChainDef& c) { return c.name == want.name; });
     if (it == t.chains.end()) {
-      out.push_back({"", "chain_stale", fmt::format("chain {} is absent", want.name)});
+      out.push_back({"", reason::kChainStale.str(), fmt::format("chain {} is absent", want.name)});
     } else if (!(*it == want)) {
-      out.push_back(
-          {"", "chain_stale", fmt::format("found {}, expected {}", it->Render(), want.Render())});
+      out.push_back({"", reason::kChainStale.str(),
+                     fmt::format("found {}, expected {}", it->Render(), want.Render())});
     }
   }
   for (const auto& c : t.chains) {
     if (c.name != "prerouting" && c.name != "forward") {
-      out.push_back({"", "rule_foreign", c.Render()});
+      out.push_back({"", reason::kRuleForeign.str(), c.Render()});
     }
   }
-  for (const auto& o : t.others) out.push_back({"", "rule_foreign", o});
+  for (const auto& o : t.others) out.push_back({"", reason::kRuleForeign.str(), o});
 
   std::vector<bool> matched(p.rules.size(), false);
   std::vector<const NftRule*> leftover;
@@ -497,15 +506,15 @@ std::vector<ExposureDrift> Compare(const Plan& p, const TableState& t) {
           p.rules[i].chain == r->chain) {
         matched[i] = true;
         stale = true;
-        out.push_back({IdOfTag(r->comment), "rule_stale",
+        out.push_back({IdOfTag(r->comment), reason::kRuleStale.str(),
                        fmt::format("found {}, expected {}", r->Where(), p.rules[i].Render())});
       }
     }
-    if (!stale) out.push_back({"", "rule_foreign", r->Where()});
+    if (!stale) out.push_back({"", reason::kRuleForeign.str(), r->Where()});
   }
   for (size_t i = 0; i < p.rules.size(); ++i) {
     if (!matched[i]) {
-      out.push_back({IdOfTag(p.rules[i].comment), "rule_missing", p.rules[i].Where()});
+      out.push_back({IdOfTag(p.rules[i].comment), reason::kRuleMissing.str(), p.rules[i].Where()});
     }
   }
   return out;
@@ -638,7 +647,7 @@ Result<ExposureApplyReport> ApplyLocked(const ExposureSpec& spec, const NetConte
 
   ScriptFile script(RenderScript(p));
   if (!script.error().empty()) {
-    return Error::Internal("script_write_failed", "nft script: " + script.error());
+    return Error::Internal(reason::kScriptWriteFailed, "nft script: " + script.error());
   }
   auto r = h.Run("nft", {"-f", script.path()});
   if (!r.ok()) return r.error();
@@ -706,8 +715,8 @@ Result<std::vector<ExposureDrift>> ReconcileExposures(const ExposureSpec& spec,
 Result<bool> NoExposureFor(const std::string& target_ip, const NetContext& ctx) {
   auto target = ParseIpv4(target_ip);
   if (!target) {
-    return SpecError("invalid_target_ip", "target_ip must be a dotted IPv4 address", "target_ip",
-                     target_ip);
+    return SpecError(reason::kInvalidTargetIp, "target_ip must be a dotted IPv4 address",
+                     "target_ip", target_ip);
   }
   NetHost h(ctx);
   if (auto r = Preflight(h, ctx); !r.ok()) return r.error();

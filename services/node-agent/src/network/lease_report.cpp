@@ -1,6 +1,5 @@
 #include "gpuaas/node_agent/network/lease_report.hpp"
 
-#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/ipam.pb.h"
 
 namespace gpuaas::node_agent {
@@ -12,7 +11,7 @@ void AddLeaseObservations(const std::vector<LeaseObservation>& leases, v1::Lease
     o->set_mac(l.mac);
     o->set_expected_ip(l.expected_ip);
     o->set_actual_ip(l.actual_ip);
-    o->set_lease_state(enums::FromColumn<v1::LeaseState>(l.lease_state));
+    o->set_lease_state(l.lease_state);
     o->set_hostname(l.hostname);
   }
 }

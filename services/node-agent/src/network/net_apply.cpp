@@ -1,4 +1,5 @@
 #include "gpuaas/node_agent/network/net_apply.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -123,11 +124,12 @@ struct Plan {
 
 Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   struct Problem {
-    std::string reason, message;
+    Reason reason;
+    std::string message;
     std::map<std::string, std::string> details;
   };
   std::vector<Problem> problems;
-  auto add = [&](std::string reason, std::string message, std::string field, std::string value,
+  auto add = [&](Reason reason, std::string message, std::string field, std::string value,
                  int index = -1) {
     std::map<std::string, std::string> d{{"field", std::move(field)}, {"value", std::move(value)}};
     if (index >= 0) {
@@ -135,23 +137,24 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
       const auto& slot = spec.reservations[static_cast<size_t>(index)].slot_key;
       if (!slot.empty()) d["slot_key"] = slot;
     }
-    problems.push_back({std::move(reason), std::move(message), std::move(d)});
+    problems.push_back({reason, std::move(message), std::move(d)});
   };
 
   Plan p;
   if (!IsIfName(spec.bridge)) {
-    add("invalid_bridge", "bridge name must be 1-15 of [A-Za-z0-9_.-]", "bridge", spec.bridge);
+    add(reason::kInvalidBridge, "bridge name must be 1-15 of [A-Za-z0-9_.-]", "bridge",
+        spec.bridge);
   }
   if (!IsStateDir(spec.state_dir)) {
-    add("invalid_state_dir", "state_dir must be an absolute path without spaces, ',' or '..'",
+    add(reason::kInvalidStateDir, "state_dir must be an absolute path without spaces, ',' or '..'",
         "state_dir", spec.state_dir);
   }
   if (!ctx.netns.empty() && !IsNetnsName(ctx.netns)) {
-    add("invalid_netns", "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx.netns);
+    add(reason::kInvalidNetns, "netns must be 1-64 of [A-Za-z0-9_.-]", "netns", ctx.netns);
   }
   if (!spec.egress_iface.empty() &&
       (!IsIfName(spec.egress_iface) || spec.egress_iface == spec.bridge)) {
-    add("invalid_egress_iface", "egress_iface must be an interface name other than the bridge",
+    add(reason::kInvalidEgressIface, "egress_iface must be an interface name other than the bridge",
         "egress_iface", spec.egress_iface);
   }
 
@@ -160,19 +163,19 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
   bool nets_ok = false;
   if (!subnet || subnet->prefix < 8 || subnet->prefix > 30 ||
       (subnet->addr & ~MaskOf(subnet->prefix)) != 0) {
-    add("invalid_subnet", "subnet_cidr must be a network address with a /8../30 prefix",
+    add(reason::kInvalidSubnet, "subnet_cidr must be a network address with a /8../30 prefix",
         "subnet_cidr", spec.subnet_cidr);
   } else if (!gw) {
-    add("invalid_gateway", "gateway_cidr must be an IPv4 address with a prefix", "gateway_cidr",
-        spec.gateway_cidr);
+    add(reason::kInvalidGateway, "gateway_cidr must be an IPv4 address with a prefix",
+        "gateway_cidr", spec.gateway_cidr);
   } else {
     const uint32_t mask = MaskOf(subnet->prefix);
     const uint32_t bcast = subnet->addr | ~mask;
     if (gw->prefix != subnet->prefix || (gw->addr & mask) != subnet->addr) {
-      add("gateway_outside_subnet", "gateway_cidr must be inside subnet_cidr with its prefix",
+      add(reason::kGatewayOutsideSubnet, "gateway_cidr must be inside subnet_cidr with its prefix",
           "gateway_cidr", spec.gateway_cidr);
     } else if (gw->addr == subnet->addr || gw->addr == bcast) {
-      add("invalid_gateway", "gateway is the network or broadcast address", "gateway_cidr",
+      add(reason::kInvalidGateway, "gateway is the network or broadcast address", "gateway_cidr",
           spec.gateway_cidr);
     } else {
       nets_ok = true;
@@ -185,7 +188,7 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
     // Usable host addresses minus the gateway's.
     const uint64_t room = (uint64_t{1} << (32 - p.subnet.prefix)) - 3;
     if (spec.reservations.size() > room) {
-      add("subnet_too_small",
+      add(reason::kSubnetTooSmall,
           fmt::format("{} reservations do not fit in {} ({} addresses besides the gateway)",
                       spec.reservations.size(), spec.subnet_cidr, room),
           "reservations", std::to_string(spec.reservations.size()));
@@ -199,30 +202,33 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
     const int idx = static_cast<int>(i);
     const std::string mac = Lower(r.mac);
     if (!IsUnicastMac(mac)) {
-      add("invalid_mac", "reservation MAC must be unicast xx:xx:xx:xx:xx:xx", "mac", r.mac, idx);
+      add(reason::kInvalidMac, "reservation MAC must be unicast xx:xx:xx:xx:xx:xx", "mac", r.mac,
+          idx);
     } else if (!macs.insert(mac).second) {
-      add("duplicate_mac", "two reservations name one MAC", "mac", r.mac, idx);
+      add(reason::kDuplicateMac, "two reservations name one MAC", "mac", r.mac, idx);
     }
     auto ip = ParseIpv4(r.ip);
     if (!ip) {
-      add("invalid_ip", "reservation IP must be a dotted IPv4 address", "ip", r.ip, idx);
+      add(reason::kInvalidIp, "reservation IP must be a dotted IPv4 address", "ip", r.ip, idx);
     } else if (nets_ok) {
       const uint32_t mask = MaskOf(p.subnet.prefix);
       if ((*ip & mask) != p.subnet.addr) {
-        add("ip_outside_subnet", "reservation IP is outside " + spec.subnet_cidr, "ip", r.ip, idx);
+        add(reason::kIpOutsideSubnet, "reservation IP is outside " + spec.subnet_cidr, "ip", r.ip,
+            idx);
       } else if (*ip == p.subnet.addr || *ip == (p.subnet.addr | ~mask) || *ip == p.gateway) {
-        add("ip_reserved", "reservation IP is the network, broadcast or gateway address", "ip",
-            r.ip, idx);
+        add(reason::kIpReserved, "reservation IP is the network, broadcast or gateway address",
+            "ip", r.ip, idx);
       } else if (!ips.insert(*ip).second) {
-        add("duplicate_ip", "two reservations name one IP", "ip", r.ip, idx);
+        add(reason::kDuplicateIp, "two reservations name one IP", "ip", r.ip, idx);
       }
     }
     if (!r.hostname.empty()) {
       if (!IsHostname(r.hostname)) {
-        add("invalid_hostname", "hostname must be an RFC 1123 label", "hostname", r.hostname, idx);
-      } else if (!hostnames.insert(Lower(r.hostname)).second) {
-        add("duplicate_hostname", "two reservations name one hostname", "hostname", r.hostname,
+        add(reason::kInvalidHostname, "hostname must be an RFC 1123 label", "hostname", r.hostname,
             idx);
+      } else if (!hostnames.insert(Lower(r.hostname)).second) {
+        add(reason::kDuplicateHostname, "two reservations name one hostname", "hostname",
+            r.hostname, idx);
       }
     }
     NetReservation n = r;
@@ -235,7 +241,7 @@ Result<Plan> MakePlan(const NetworkSpec& spec, const NetContext& ctx) {
     for (const auto& pr : problems) {
       auto f = pr.details.find("field");
       auto ix = pr.details.find("index");
-      all.push_back(pr.reason + ":" + f->second +
+      all.push_back(pr.reason.str() + ":" + f->second +
                     (ix == pr.details.end() ? "" : "[" + ix->second + "]"));
     }
     Error e = Error::InvalidArgument(problems[0].reason, problems[0].message, problems[0].details);
@@ -349,7 +355,7 @@ std::optional<std::string> ReadWhole(const std::string& path) {
 Result<void> WriteAtomic(const std::string& path, const std::string& content) {
   const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Error::Internal("state_write_failed", tmp + ": " + std::strerror(errno));
+  if (fd < 0) return Error::Internal(reason::kStateWriteFailed, tmp + ": " + std::strerror(errno));
   size_t off = 0;
   while (off < content.size()) {
     ssize_t n = ::write(fd, content.data() + off, content.size() - off);
@@ -358,7 +364,7 @@ Result<void> WriteAtomic(const std::string& path, const std::string& content) {
       int e = errno;
       ::close(fd);
       ::unlink(tmp.c_str());
-      return Error::Internal("state_write_failed", tmp + ": " + std::strerror(e));
+      return Error::Internal(reason::kStateWriteFailed, tmp + ": " + std::strerror(e));
     }
     off += static_cast<size_t>(n);
   }
@@ -369,7 +375,7 @@ Result<void> WriteAtomic(const std::string& path, const std::string& content) {
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int e = errno;
     ::unlink(tmp.c_str());
-    return Error::Internal("state_write_failed", path + ": " + std::strerror(e));
+    return Error::Internal(reason::kStateWriteFailed, path + ": " + std::strerror(e));
   }
   return Ok();
 }
@@ -389,19 +395,20 @@ Result<void> PrepareStateDir(const std::string& dir) {
     struct stat st {};
     if (::stat(cur.c_str(), &st) != 0) {
       if (errno != ENOENT || ::mkdir(cur.c_str(), 0755) != 0) {
-        return Error::FailedPrecondition("state_dir_unusable", cur + ": " + std::strerror(errno));
+        return Error::FailedPrecondition(reason::kStateDirUnusable,
+                                         cur + ": " + std::strerror(errno));
       }
       continue;
     }
     if (!S_ISDIR(st.st_mode)) {
-      return Error::FailedPrecondition("state_dir_unusable", cur + " is not a directory");
+      return Error::FailedPrecondition(reason::kStateDirUnusable, cur + " is not a directory");
     }
     if (last) {
       // Our own directory: make it readable for dnsmasq.
       if ((st.st_mode & 0005) != 0005) ::chmod(cur.c_str(), (st.st_mode & 07777) | 0055);
     } else if ((st.st_mode & S_IXOTH) == 0) {
       Error e = Error::FailedPrecondition(
-          "state_dir_not_traversable",
+          reason::kStateDirNotTraversable,
           cur +
               " is not searchable by others; dnsmasq (running as nobody) could not read the "
               "hosts file under it");
@@ -506,7 +513,8 @@ Result<BridgeState> ProbeBridge(const NetHost& h, const NetworkSpec& spec, const
   if (link->exit_code != 0) return b;
   auto j = nlohmann::json::parse(link->out, nullptr, false);
   if (j.is_discarded() || !j.is_array() || j.empty()) {
-    return Error::Internal("unexpected_tool_output", "ip -j link: " + link->out.substr(0, 200));
+    return Error::Internal(reason::kUnexpectedToolOutput,
+                           "ip -j link: " + link->out.substr(0, 200));
   }
   b.exists = true;
   const auto& l = j[0];
@@ -540,7 +548,8 @@ Result<std::map<std::string, bool>> ProbePorts(const NetHost& h, const NetworkSp
   if (Trim(r->out).empty()) return out;
   auto j = nlohmann::json::parse(r->out, nullptr, false);
   if (j.is_discarded() || !j.is_array()) {
-    return Error::Internal("unexpected_tool_output", "bridge -j link: " + r->out.substr(0, 200));
+    return Error::Internal(reason::kUnexpectedToolOutput,
+                           "bridge -j link: " + r->out.substr(0, 200));
   }
   for (const auto& port : j) {
     if (port.value("master", "") != spec.bridge) continue;
@@ -737,9 +746,10 @@ Result<std::vector<std::string>> GatewayOwners(const NetHost& h, const NetworkSp
 Error GatewayConflict(const NetworkSpec& spec, const Plan& p,
                       const std::vector<std::string>& owners) {
   Error e = Error::FailedPrecondition(
-      "gateway_conflict", fmt::format("the gateway {} is already on {} (not {}): another bridge "
-                                      "serves the slice subnet; move it or change ipam's rule",
-                                      Ipv4String(p.gateway), Join(owners), spec.bridge));
+      reason::kGatewayConflict,
+      fmt::format("the gateway {} is already on {} (not {}): another bridge "
+                  "serves the slice subnet; move it or change ipam's rule",
+                  Ipv4String(p.gateway), Join(owners), spec.bridge));
   e.details["owners"] = Join(owners);
   return e;
 }
@@ -803,10 +813,11 @@ Result<OvsState> ProbeOvs(const Ovs& ovs, const std::string& bridge, bool interf
 
 Error ForeignFlows(const NetworkSpec& spec, const std::vector<std::string>& flows) {
   Error e = Error::FailedPrecondition(
-      "foreign_flows", fmt::format("{} has {} OpenFlow rule(s) the platform did not install; they "
-                                   "could bridge slices: remove them (ovs-ofctl del-flows) or "
-                                   "give the platform another bridge",
-                                   spec.bridge, flows.size()));
+      reason::kForeignFlows,
+      fmt::format("{} has {} OpenFlow rule(s) the platform did not install; they "
+                  "could bridge slices: remove them (ovs-ofctl del-flows) or "
+                  "give the platform another bridge",
+                  spec.bridge, flows.size()));
   e.details["flows"] = Join(flows, "; ");
   return e;
 }
@@ -936,7 +947,7 @@ HostsRead HostsReadSince(const Plan& p, size_t offset, std::chrono::milliseconds
 
 Error CannotReadHosts(const Plan& p) {
   Error e = Error::FailedPrecondition(
-      "dnsmasq_cannot_read_hosts",
+      reason::kDnsmasqCannotReadHosts,
       "dnsmasq could not read " + p.hosts + " (it reads it as an unprivileged user); see " + p.log);
   e.details["path"] = p.hosts;
   return e;
@@ -950,7 +961,7 @@ Result<int> StartDnsmasq(const NetHost& h, const Plan& p) {
   } else if (r->exit_code != 0) {
     if (r->err.find("Address already in use") != std::string::npos) {
       Error e = Error::FailedPrecondition(
-          "dhcp_server_conflict",
+          reason::kDhcpServerConflict,
           "another DHCP server already listens on this host (" + Trim(r->err) +
               "): stop the host's own dnsmasq for the slice subnet; the agent's is the one "
               "that serves ipam's reservations");
@@ -973,7 +984,7 @@ Result<int> StartDnsmasq(const NetHost& h, const Plan& p) {
   }
   std::string log = ReadWhole(p.log).value_or("");
   if (log.size() > 600) log = log.substr(log.size() - 600);
-  Error e = Error::Unavailable("dnsmasq_start_failed", "dnsmasq did not come up: " + log);
+  Error e = Error::Unavailable(reason::kDnsmasqStartFailed, "dnsmasq did not come up: " + log);
   e.details["log"] = p.log;
   return e;
 }
@@ -983,7 +994,7 @@ Result<int> StartDnsmasq(const NetHost& h, const Plan& p) {
 Result<bool> ReloadDnsmasq(const NetHost& h, const Plan& p, int& pid) {
   const size_t offset = LogSize(p);
   if (::kill(pid, SIGHUP) != 0) {
-    return Error::Unavailable("dnsmasq_reload_failed",
+    return Error::Unavailable(reason::kDnsmasqReloadFailed,
                               std::string("SIGHUP: ") + std::strerror(errno));
   }
   switch (HostsReadSince(p, offset, std::chrono::seconds(2))) {
@@ -1035,13 +1046,13 @@ Result<void> RequireApplyTools(const NetHost& h, const NetworkSpec& spec) {
 Result<void> CreateOrAdoptOvsBridge(const Ovs& ovs, const NetworkSpec& spec, const NetContext& ctx,
                                     const BridgeState& br, ApplyReport& rep) {
   if (br.is_bridge) {
-    return Error::FailedPrecondition("bridge_name_conflict",
+    return Error::FailedPrecondition(reason::kBridgeNameConflict,
                                      spec.bridge + " exists as a Linux bridge, not an OVS bridge");
   }
   auto st = ProbeOvs(ovs, spec.bridge, false);
   if (!st.ok()) return st.error();
   if (br.exists && !st->bridge.exists) {
-    return Error::FailedPrecondition("bridge_name_conflict",
+    return Error::FailedPrecondition(reason::kBridgeNameConflict,
                                      spec.bridge + " exists and is not an OVS bridge");
   }
   if (!st->flows.foreign.empty()) return ForeignFlows(spec, st->flows.foreign);
@@ -1084,8 +1095,8 @@ Result<void> AwaitOvsInternalPort(const NetHost& h, const NetworkSpec& spec, con
   }
   if (!br.exists) {
     return WithApplied(
-        Error::Unavailable("bridge_not_created", "ovs-vswitchd did not create " + spec.bridge +
-                                                     "'s internal port (is it running?)"),
+        Error::Unavailable(reason::kBridgeNotCreated, "ovs-vswitchd did not create " + spec.bridge +
+                                                          "'s internal port (is it running?)"),
         rep);
   }
   return Ok();
@@ -1094,7 +1105,7 @@ Result<void> AwaitOvsInternalPort(const NetHost& h, const NetworkSpec& spec, con
 Result<void> EnsureLinuxBridge(const NetHost& h, const NetworkSpec& spec, const BridgeState& br,
                                ApplyReport& rep) {
   if (br.exists && !br.is_bridge) {
-    return Error::FailedPrecondition("bridge_name_conflict",
+    return Error::FailedPrecondition(reason::kBridgeNameConflict,
                                      spec.bridge + " exists and is not a bridge");
   }
   if (!br.exists) {
@@ -1308,9 +1319,10 @@ Result<void> MoveStaleDnsmasqFilesAside(const NetworkSpec& spec, const NetContex
     ::mkdir(aside.c_str(), 0755);
     const std::string from = fmt::format("{}/{}", ctx.host_dnsmasq_dir, name);
     if (::rename(from.c_str(), fmt::format("{}/{}", aside, name).c_str()) != 0) {
-      return WithApplied(Error::Internal("state_write_failed", ctx.host_dnsmasq_dir + "/" + name +
-                                                                   ": " + std::strerror(errno)),
-                         rep);
+      return WithApplied(
+          Error::Internal(reason::kStateWriteFailed,
+                          ctx.host_dnsmasq_dir + "/" + name + ": " + std::strerror(errno)),
+          rep);
     }
     rep.removed_stale_dnsmasq_files.push_back(name);
   }
@@ -1420,7 +1432,8 @@ Result<ApplyReport> ApplyNetwork(const NetworkSpec& spec, const NetContext& ctx)
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
   if (!lock.ok()) {
-    return Error::FailedPrecondition("state_dir_unusable", p.lock + ": " + std::strerror(errno));
+    return Error::FailedPrecondition(reason::kStateDirUnusable,
+                                     p.lock + ": " + std::strerror(errno));
   }
 
   ApplyReport rep;
@@ -1461,20 +1474,20 @@ Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec, int
     o.hostname = r.hostname;
     o.slot_key = r.slot_key;
     o.expected_ip = r.ip;
-    o.lease_state = "missing";
+    o.lease_state = v1::LEASE_STATE_MISSING;
     reserved.insert(o.mac);
     for (const auto& l : leases) {
       if (l.mac != o.mac) continue;
       if (l.ip == r.ip) {
         o.actual_ip = l.ip;
         o.expires_at = l.expiry;
-        o.lease_state = "bound";
+        o.lease_state = v1::LEASE_STATE_BOUND;
         break;
       }
-      if (o.lease_state == "missing") {
+      if (o.lease_state == v1::LEASE_STATE_MISSING) {
         o.actual_ip = l.ip;
         o.expires_at = l.expiry;
-        o.lease_state = "mismatch";
+        o.lease_state = v1::LEASE_STATE_MISMATCH;
       }
     }
     out.push_back(std::move(o));
@@ -1486,10 +1499,22 @@ Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec, int
     o.hostname = l.hostname;
     o.actual_ip = l.ip;
     o.expires_at = l.expiry;
-    o.lease_state = "unexpected";
+    o.lease_state = v1::LEASE_STATE_UNEXPECTED;
     out.push_back(std::move(o));
   }
   return out;
+}
+
+Reason SlotDriftKindText(SlotDriftKind kind) {
+  switch (kind) {
+    case SlotDriftKind::kQosMissing:
+      return reason::kQosMissing;
+    case SlotDriftKind::kVnicDetached:
+      return reason::kVnicDetached;
+    case SlotDriftKind::kVnicHostStackOpen:
+      return reason::kVnicHostStackOpen;
+  }
+  return reason::kVnicDetached;  // unreachable: every kind is handled above
 }
 
 Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
@@ -1499,7 +1524,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   NetHost h(ctx);
   if (auto r = h.Preflight(); !r.ok()) return r.error();
   NetCheck c;
-  auto block = [&](const char* b) { c.blockers.emplace_back(b); };
+  auto block = [&](Reason b) { c.blockers.push_back(b.str()); };
 
   const bool ovs_dp = spec.datapath == Datapath::kOvs;
   const Ovs ovs(h, ctx.ovs_rundir);
@@ -1519,33 +1544,33 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
                          : br->up     ? "up"
                                       : "down";
   if (!bridge_ok) {
-    block("bridge_missing");
+    block(reason::kBridgeMissing);
   } else {
-    if (!br->up) block("bridge_down");
-    if (!br->has_gateway) block("gateway_address_missing");
+    if (!br->up) block(reason::kBridgeDown);
+    if (!br->has_gateway) block(reason::kGatewayAddressMissing);
   }
   auto owners = GatewayOwners(h, spec, p);
   if (!owners.ok()) return owners.error();
   if (!owners->empty()) {
     c.evidence["gateway_owners"] = Join(*owners);
-    block("gateway_conflict");
+    block(reason::kGatewayConflict);
   }
 
   if (spec.ip_forward) {
     auto fwd = ReadIpForward(h);
     if (!fwd.ok()) return fwd.error();
     c.evidence["ip_forward"] = *fwd;
-    if (*fwd != "1") block("ip_forward_off");
+    if (*fwd != "1") block(reason::kIpForwardOff);
   }
   if (spec.masquerade) {
     auto ok = ChainHas(h, "nat", "POSTROUTING", NatRule(spec, p));
     if (!ok.ok()) return ok.error();
     c.evidence["masquerade"] = *ok ? "present" : "missing";
-    if (!*ok) block("masquerade_missing");
+    if (!*ok) block(reason::kMasqueradeMissing);
   }
   auto fwd_ok = ChainComplete(h, "filter", "FORWARD", p.fwd_chain, ForwardRules(spec, p));
   if (!fwd_ok.ok()) return fwd_ok.error();
-  if (!*fwd_ok) block("forward_rules_missing");
+  if (!*fwd_ok) block(reason::kForwardRulesMissing);
 
   std::vector<SlotDrift> slot_drift;
   if (bridge_ok && !ovs_dp) {
@@ -1558,7 +1583,7 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
       if (spec.isolate_ports && !isolated) open = true;
     }
     c.evidence["ports"] = Join(ev);
-    if (open) block("ports_not_isolated");
+    if (open) block(reason::kPortsNotIsolated);
   }
   if (bridge_ok && ovs_dp) {
     std::vector<std::string> ev;
@@ -1572,11 +1597,11 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     c.evidence["datapath_type"] = ovs_state.bridge.datapath_type;
     if (!ovs_state.flows.foreign.empty()) {
       c.evidence["foreign_flows"] = Join(ovs_state.flows.foreign, "; ");
-      block("foreign_flows");
+      block(reason::kForeignFlows);
     }
     const auto vnics = OvsVnics(spec, p, ovs_state.ifaces);
     if (ovs_state.bridge.fail_mode != "secure" || ovs_state.flows.ours != WantFlows(spec, vnics)) {
-      block("flows_stale");
+      block(reason::kFlowsStale);
     }
     std::vector<std::string> names;
     names.reserve(vnics.size());
@@ -1584,26 +1609,30 @@ Result<NetCheck> CheckNetwork(const NetworkSpec& spec, const NetContext& ctx) {
     auto sys_off = VnicSysctlsOff(h, names);
     if (!sys_off.ok()) return sys_off.error();
     for (const auto& [i, r] : vnics) {
-      if (!VnicConfigured(spec, *i, *r)) slot_drift.push_back({r->slot_key, "qos_missing"});
-      if (sys_off->count(i->name)) slot_drift.push_back({r->slot_key, "vnic_host_stack_open"});
+      if (!VnicConfigured(spec, *i, *r)) {
+        slot_drift.push_back({r->slot_key, SlotDriftKind::kQosMissing});
+      }
+      if (sys_off->count(i->name)) {
+        slot_drift.push_back({r->slot_key, SlotDriftKind::kVnicHostStackOpen});
+      }
     }
   }
   if (bridge_ok) {
     auto taps = ProbeTaps(h, spec, p);
     if (!taps.ok()) return taps.error();
     for (const auto& [slot, tap] : DetachedTaps(spec, *taps, ovs_state.ifaces)) {
-      slot_drift.push_back({slot, "vnic_detached"});
+      slot_drift.push_back({slot, SlotDriftKind::kVnicDetached});
     }
   }
 
   auto pid = RunningDnsmasq(p);
   c.evidence["dnsmasq_pid"] = pid ? std::to_string(*pid) : "";
-  if (!pid) block("dnsmasq_not_running");
-  if (ReadWhole(p.conf) != RenderConf(p, spec)) block("dnsmasq_config_stale");
-  if (ReadWhole(p.hosts) != RenderHosts(p.res)) block("reservations_stale");
+  if (!pid) block(reason::kDnsmasqNotRunning);
+  if (ReadWhole(p.conf) != RenderConf(p, spec)) block(reason::kDnsmasqConfigStale);
+  if (ReadWhole(p.hosts) != RenderHosts(p.res)) block(reason::kReservationsStale);
   if (auto stale = StaleDnsmasqFiles(ctx.host_dnsmasq_dir); !stale.empty()) {
     c.evidence["stale_dnsmasq_files"] = Join(stale);
-    block("stale_dnsmasq_files");
+    block(reason::kStaleDnsmasqFiles);
   }
   std::sort(slot_drift.begin(), slot_drift.end(), [](const SlotDrift& a, const SlotDrift& b) {
     return std::tie(a.slot_key, a.kind) < std::tie(b.slot_key, b.kind);
@@ -1616,7 +1645,7 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
                                const NetContext& ctx, RemovalReport* report) {
   const std::string target = Lower(mac);
   if (!IsUnicastMac(target)) {
-    return Error::InvalidArgument("invalid_mac", "MAC must be unicast xx:xx:xx:xx:xx:xx",
+    return Error::InvalidArgument(reason::kInvalidMac, "MAC must be unicast xx:xx:xx:xx:xx:xx",
                                   {{"field", "mac"}, {"value", mac}});
   }
   NetworkSpec rest = spec;
@@ -1637,7 +1666,8 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
   if (auto r = PrepareStateDir(spec.state_dir); !r.ok()) return r.error();
   DirLock lock(p.lock);
   if (!lock.ok()) {
-    return Error::FailedPrecondition("state_dir_unusable", p.lock + ": " + std::strerror(errno));
+    return Error::FailedPrecondition(reason::kStateDirUnusable,
+                                     p.lock + ": " + std::strerror(errno));
   }
 
   RemovalReport rep;
@@ -1718,7 +1748,7 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
       rep.lease_method = "file";
     }
     if (!victims().empty()) {
-      return Error::Internal("lease_still_present",
+      return Error::Internal(reason::kLeaseStillPresent,
                              "a lease for " + target + " survived its removal");
     }
   }

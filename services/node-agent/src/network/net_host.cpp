@@ -6,6 +6,7 @@
 #include <cctype>
 
 #include <fmt/format.h>
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -36,7 +37,7 @@ Result<void> NetHost::Preflight() const {
   if (!ctx_.netns.empty() && !ctx_.run) {
     struct stat st {};
     if (::stat(("/run/netns/" + ctx_.netns).c_str(), &st) != 0) {
-      return Error::FailedPrecondition("netns_not_found",
+      return Error::FailedPrecondition(reason::kNetnsNotFound,
                                        "network namespace " + ctx_.netns + " does not exist");
     }
   }
@@ -49,7 +50,7 @@ Result<std::string> NetHost::Tool(const std::string& name) const {
   auto found = HostRoot("/").FindCommand(name);
   if (!found) {
     if (ctx_.run) return "/usr/sbin/" + name;
-    Error e = Error::FailedPrecondition("tool_missing", name + " is not installed");
+    Error e = Error::FailedPrecondition(reason::kToolMissing, name + " is not installed");
     e.details["tool"] = name;
     return e;
   }
@@ -72,7 +73,7 @@ Result<ToolResult> NetHost::Run(const std::string& tool,
   auto r = ctx_.run ? ctx_.run(argv, ctx_.tool_timeout) : RunTool(argv, ctx_.tool_timeout);
   if (!r.ok()) return r;
   if (r->timed_out) {
-    Error e = Error::Unavailable("host_command_timeout", Join(argv, " ") + " timed out");
+    Error e = Error::Unavailable(reason::kHostCommandTimeout, Join(argv, " ") + " timed out");
     e.details["command"] = Join(argv, " ");
     return e;
   }
@@ -87,7 +88,7 @@ Result<ToolResult> NetHost::Must(const std::string& tool,
 }
 
 Error NetHost::Failed(const std::string& what, const ToolResult& r) {
-  Error e = Error::Internal("host_command_failed",
+  Error e = Error::Internal(reason::kHostCommandFailed,
                             fmt::format("{} exited {}: {}", what, r.exit_code, Trim(r.err)));
   e.details["command"] = what;
   e.details["exit_code"] = std::to_string(r.exit_code);

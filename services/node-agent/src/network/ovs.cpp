@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 
 namespace gpuaas::node_agent {
 namespace {
@@ -44,20 +45,22 @@ Result<std::vector<OvsRow>> ParseOvsTable(const std::string& json,
   auto doc = Json::parse(json, nullptr, false);
   if (doc.is_discarded() || !doc.is_object() || !doc.contains("headings") ||
       !doc["headings"].is_array() || !doc.contains("data") || !doc["data"].is_array()) {
-    return Error::InvalidArgument("ovs_table_invalid",
+    return Error::InvalidArgument(reason::kOvsTableInvalid,
                                   "not an ovs-vsctl JSON table: " + json.substr(0, 200));
   }
   std::vector<std::string> head;
   for (const auto& h : doc["headings"]) head.push_back(h.is_string() ? h.get<std::string>() : "");
   for (const auto& r : required) {
     if (std::find(head.begin(), head.end(), r) == head.end()) {
-      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl table has no " + r + " column");
+      return Error::InvalidArgument(reason::kOvsTableInvalid,
+                                    "ovs-vsctl table has no " + r + " column");
     }
   }
   std::vector<OvsRow> out;
   for (const auto& row : doc["data"]) {
     if (!row.is_array()) {
-      return Error::InvalidArgument("ovs_table_invalid", "ovs-vsctl table row is not an array");
+      return Error::InvalidArgument(reason::kOvsTableInvalid,
+                                    "ovs-vsctl table row is not an array");
     }
     OvsRow r;
     for (size_t i = 0; i < head.size() && i < row.size(); ++i) r[head[i]] = row[i];
@@ -185,7 +188,7 @@ Result<std::vector<OvsInterface>> Ovs::Interfaces() const {
   }
   if (docs.size() != 3) {
     return Error::Internal(
-        "unexpected_tool_output",
+        reason::kUnexpectedToolOutput,
         "ovs-vsctl list: " + r->out.substr(0, std::min<size_t>(200, r->out.size())));
   }
   auto ifaces = ParseOvsTable(docs[0]);
@@ -234,7 +237,7 @@ Result<void> Ovs::ReplaceOurFlows(const std::string& bridge, const std::vector<s
   {
     std::ofstream out(scratch, std::ios::trunc);
     out << file;
-    if (!out.flush()) return Error::Internal("state_write_failed", scratch + ": write failed");
+    if (!out.flush()) return Error::Internal(reason::kStateWriteFailed, scratch + ": write failed");
   }
   auto r =
       h_.Must("ovs-ofctl", {"-O", "OpenFlow14", "--bundle", "add-flows", Target(bridge), scratch});

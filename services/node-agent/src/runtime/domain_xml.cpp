@@ -11,6 +11,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/validate.hpp"
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/vm_runtime.hpp"
 #include "gpuaas/v1/node.pb.h"
 
@@ -19,11 +20,10 @@ namespace {
 
 const std::string kStage = "define";
 
-Error DefineError(std::string reason, std::string message,
+Error DefineError(Reason reason, std::string message,
                   std::map<std::string, std::string> details = {}) {
   details["stage"] = kStage;
-  return Error{Code::kInvalidArgument, std::move(reason), std::move(message), std::move(details),
-               false};
+  return Error{Code::kInvalidArgument, reason.str(), std::move(message), std::move(details), false};
 }
 
 // Text and attribute values (single- or double-quoted) alike.
@@ -134,19 +134,20 @@ namespace {
 // refuse the document.
 Result<void> CheckBundleText(const v1::ProvisionBundle& b) {
   if (!ids::IsUuid(b.allocation_id())) {
-    return DefineError("invalid_allocation_id",
+    return DefineError(reason::kInvalidAllocationId,
                        "allocation id is not a UUID: '" + b.allocation_id() + "'",
                        {{"field", "allocation_id"}});
   }
-  if (b.slots_size() == 0) return DefineError("bundle_empty", "the bundle names no slots");
+  if (b.slots_size() == 0) return DefineError(reason::kBundleEmpty, "the bundle names no slots");
   if (!IsXmlSafeText(b.tenant())) {
-    return DefineError("invalid_tenant", "the tenant is not UTF-8 text without control characters",
+    return DefineError(reason::kInvalidTenant,
+                       "the tenant is not UTF-8 text without control characters",
                        {{"field", "tenant"}});
   }
   for (int i = 0; i < b.slots_size(); ++i) {
     if (!IsXmlSafeText(b.slots(i).slot_key())) {
       return DefineError(
-          "invalid_slot_key",
+          reason::kInvalidSlotKey,
           fmt::format("slot {}: the slot key is not UTF-8 text without control characters", i),
           {{"field", fmt::format("slots[{}].slot_key", i)}});
     }
@@ -156,7 +157,7 @@ Result<void> CheckBundleText(const v1::ProvisionBundle& b) {
 
 Result<void> CheckShape(const v1::VmShape& shape) {
   if (shape.vcpus() <= 0 || shape.memory_mib() <= 0 || shape.hugepages_1g() < 0) {
-    return DefineError("shape_invalid",
+    return DefineError(reason::kShapeInvalid,
                        fmt::format("VM shape needs vcpus > 0 and memory_mib > 0 (got {}, {})",
                                    shape.vcpus(), shape.memory_mib()),
                        {{"field", "shape"}});
@@ -164,7 +165,7 @@ Result<void> CheckShape(const v1::VmShape& shape) {
   if (shape.hugepages_1g() > 0 &&
       (shape.memory_mib() % 1024 != 0 ||
        static_cast<int64_t>(shape.hugepages_1g()) * 1024 < shape.memory_mib())) {
-    return DefineError("hugepages_memory_unaligned",
+    return DefineError(reason::kHugepagesMemoryUnaligned,
                        fmt::format("{} MiB of memory cannot be backed by {} x 1 GiB hugepages",
                                    shape.memory_mib(), shape.hugepages_1g()),
                        {{"field", "shape.hugepages_1g"}});
@@ -183,11 +184,11 @@ Result<void> CheckOptionPaths(const DomainXmlOptions& o) {
   if (!o.emulator.empty()) paths.emplace_back("emulator", o.emulator);
   if (!o.vnc_socket.empty()) paths.emplace_back("vnc_socket", o.vnc_socket);
   if (!o.serial_log.empty()) paths.emplace_back("serial_log", o.serial_log);
-  if (o.seed_iso.empty()) return DefineError("seed_missing", "no NoCloud seed ISO given");
+  if (o.seed_iso.empty()) return DefineError(reason::kSeedMissing, "no NoCloud seed ISO given");
   paths.emplace_back("seed_iso", o.seed_iso);
   for (const auto& [field, p] : paths) {
     if (!IsAbsolutePath(p)) {
-      return DefineError("invalid_path",
+      return DefineError(reason::kInvalidPath,
                          fmt::format("{} must be an absolute path, got '{}'", field, p),
                          {{"field", field}});
     }
@@ -197,19 +198,19 @@ Result<void> CheckOptionPaths(const DomainXmlOptions& o) {
 
 Result<void> CheckOptions(const DomainXmlOptions& o) {
   if (o.domain_type != "kvm" && o.domain_type != "qemu") {
-    return DefineError("invalid_domain_type",
+    return DefineError(reason::kInvalidDomainType,
                        "domain type must be kvm or qemu, got '" + o.domain_type + "'",
                        {{"field", "domain_type"}});
   }
   if (auto paths = CheckOptionPaths(o); !paths.ok()) return paths.error();
   if (o.vnc_socket.empty() && !o.vnc_auto_socket && !IsLoopbackAddress(o.vnc_listen)) {
-    return DefineError("vnc_listen_not_loopback",
+    return DefineError(reason::kVncListenNotLoopback,
                        "VNC may listen on a loopback address or a UNIX socket only, not '" +
                            o.vnc_listen + "' (console-gw relays the console)",
                        {{"field", "vnc_listen"}});
   }
   if (!IsBridgeName(o.bridge)) {
-    return DefineError("invalid_bridge", "bad bridge name '" + o.bridge + "'",
+    return DefineError(reason::kInvalidBridge, "bad bridge name '" + o.bridge + "'",
                        {{"field", "bridge"}});
   }
   return Ok();
@@ -304,7 +305,7 @@ Result<void> AddDisks(XmlLines& x, const v1::ProvisionBundle& b, const DomainXml
     const std::string path = it != o.disk_paths.end() ? it->second : s.nvme_by_id();
     if (!IsAbsolutePath(path)) {
       return DefineError(
-          "invalid_path",
+          reason::kInvalidPath,
           "slot " + s.slot_key() + ": disk path must be absolute, got '" + path + "'",
           {{"slot_key", s.slot_key()}, {"field", "nvme_by_id"}});
     }
@@ -339,14 +340,14 @@ Result<void> AddHostdevs(XmlLines& x, const v1::ProvisionBundle& b) {
           {"fabric_vf_pci_address", s.fabric_vf_pci_address()}}) {
       if (addr.empty()) {
         if (field == "gpu_pci_address") {
-          return DefineError("invalid_pci_address", "slot " + s.slot_key() + " names no GPU",
+          return DefineError(reason::kInvalidPciAddress, "slot " + s.slot_key() + " names no GPU",
                              {{"slot_key", s.slot_key()}, {"field", field}});
         }
         continue;
       }
       auto pci = ParsePci(addr);
       if (!pci || !seen_pci.insert(addr).second) {
-        return DefineError("invalid_pci_address",
+        return DefineError(reason::kInvalidPciAddress,
                            "slot " + s.slot_key() + ": bad or repeated PCI address '" + addr + "'",
                            {{"slot_key", s.slot_key()}, {"field", field}});
       }
@@ -430,7 +431,8 @@ Result<std::string> GenerateDomainXml(const v1::ProvisionBundle& b, const Domain
   if (auto opts = CheckOptions(o); !opts.ok()) return opts.error();
   const auto& boot = b.slots(0);
   if (!IsValidMac(boot.mac())) {
-    return DefineError("invalid_mac", "slot " + boot.slot_key() + ": bad MAC '" + boot.mac() + "'",
+    return DefineError(reason::kInvalidMac,
+                       "slot " + boot.slot_key() + ": bad MAC '" + boot.mac() + "'",
                        {{"slot_key", boot.slot_key()}, {"field", "mac"}});
   }
 

@@ -27,6 +27,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "host/tool_run.hpp"
 
 namespace gpuaas::node_agent {
@@ -121,9 +122,9 @@ std::string Rate(const ByteProgress& b) {
                      Human(static_cast<double>(b.bytes_per_second)));
 }
 
-Error Fail(Code code, std::string reason, std::string message,
+Error Fail(Code code, Reason reason, std::string message,
            std::map<std::string, std::string> det = {}) {
-  return StageError(code, std::move(reason), std::move(message), kStage, std::move(det));
+  return StageError(code, reason, std::move(message), kStage, std::move(det));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -216,7 +217,7 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
   std::map<std::string, std::string> det = {{"url", url}};
   Fd fd(::open(partial.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
   if (!fd.ok()) {
-    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno));
+    return Fail(Code::kInternal, reason::kImageCacheUnusable, partial + ": " + Errno(errno));
   }
   Sha256 hash;
   struct stat st {};
@@ -227,7 +228,7 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
     have = 0;
   }
   if (have == 0 && ::ftruncate(fd.get(), 0) != 0) {
-    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno));
+    return Fail(Code::kInternal, reason::kImageCacheUnusable, partial + ": " + Errno(errno));
   }
   if (have > 0) {
     progress(kStage, fmt::format("resuming {} at {}", img.name(), Human(static_cast<double>(have))),
@@ -248,7 +249,9 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
     fs_state.progress = &progress;
     fs_state.name = img.name();
     std::unique_ptr<CURL, decltype(&curl_easy_cleanup)> curl(curl_easy_init(), &curl_easy_cleanup);
-    if (!curl) return Fail(Code::kInternal, "image_fetch_failed", "curl_easy_init failed", det);
+    if (!curl) {
+      return Fail(Code::kInternal, reason::kImageFetchFailed, "curl_easy_init failed", det);
+    }
     char errbuf[CURL_ERROR_SIZE] = {0};
     CURL* c = curl.get();
     curl_easy_setopt(c, CURLOPT_URL, url.c_str());
@@ -279,11 +282,11 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
     det["curl_code"] = std::to_string(static_cast<int>(rc));
     if (http > 0) det["http_status"] = std::to_string(http);
     if (rc == CURLE_WRITE_ERROR && fs_state.write_failed) {
-      return Fail(Code::kInternal, "image_cache_unusable",
+      return Fail(Code::kInternal, reason::kImageCacheUnusable,
                   partial + ": " + Errno(fs_state.write_errno), det);
     }
     if (rc == CURLE_ABORTED_BY_CALLBACK) {
-      return Fail(Code::kDeadlineExceeded, "image_fetch_failed",
+      return Fail(Code::kDeadlineExceeded, reason::kImageFetchFailed,
                   fmt::format("fetching {} took longer than {} s", img.name(),
                               std::chrono::duration_cast<std::chrono::seconds>(o.timeout).count()),
                   det);
@@ -295,22 +298,23 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
       hash.Reset();
       have = 0;
       if (::ftruncate(fd.get(), 0) != 0) {
-        return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno), det);
+        return Fail(Code::kInternal, reason::kImageCacheUnusable, partial + ": " + Errno(errno),
+                    det);
       }
       if (rc == CURLE_RANGE_ERROR || attempt < o.fetch_attempts) continue;
     }
     if (rc == CURLE_FILE_COULDNT_READ_FILE ||
         (rc == CURLE_HTTP_RETURNED_ERROR && (http == 404 || http == 410))) {
-      return Fail(Code::kNotFound, "image_not_found",
+      return Fail(Code::kNotFound, reason::kImageNotFound,
                   fmt::format("image {}: nothing at {} ({})", img.name(), url, why), det);
     }
     if (!Transient(rc, http)) {
-      return Fail(Code::kFailedPrecondition, "image_fetch_failed",
+      return Fail(Code::kFailedPrecondition, reason::kImageFetchFailed,
                   fmt::format("fetching {} from {}: {}", img.name(), url, why), det);
     }
     last_error = why;
     if (attempt >= o.fetch_attempts || Clock::now() + delay >= deadline) {
-      Error e = Fail(Code::kUnavailable, "image_fetch_failed",
+      Error e = Fail(Code::kUnavailable, reason::kImageFetchFailed,
                      fmt::format("fetching {} from {}: {} (after {} attempts; {} kept to resume)",
                                  img.name(), url, why, attempt, Human(static_cast<double>(have))),
                      det);
@@ -326,7 +330,7 @@ Result<std::string> Fetch(const ImageCacheOptions& o, const v1::ImageRef& img,
     delay = std::min<milliseconds>(delay * 2, std::chrono::seconds(30));
   }
   if (::fsync(fd.get()) != 0) {
-    return Fail(Code::kInternal, "image_cache_unusable", partial + ": " + Errno(errno), det);
+    return Fail(Code::kInternal, reason::kImageCacheUnusable, partial + ": " + Errno(errno), det);
   }
   return hash.Hex();
 }
@@ -383,7 +387,7 @@ std::optional<CachedImage> LoadEntry(const ImageCacheOptions& o, const v1::Image
 Result<void> SaveEntry(const ImageCacheOptions& o, const CachedImage& c,
                        const std::string& catalog_sha) {
   auto id = IdentityOf(c.path);
-  if (!id) return Fail(Code::kInternal, "image_cache_unusable", c.path + " vanished");
+  if (!id) return Fail(Code::kInternal, reason::kImageCacheUnusable, c.path + " vanished");
   const nlohmann::json j = {{"sha256", catalog_sha},  {"name", c.name},
                             {"format", c.format},     {"raw", fs::path(c.path).filename().string()},
                             {"raw_sha256", c.sha256}, {"size", c.size},
@@ -394,11 +398,11 @@ Result<void> SaveEntry(const ImageCacheOptions& o, const CachedImage& c,
     std::ofstream f(tmp, std::ios::trunc);
     f << j.dump(2) << "\n";
     f.close();
-    if (!f) return Fail(Code::kInternal, "image_cache_unusable", "writing " + tmp);
+    if (!f) return Fail(Code::kInternal, reason::kImageCacheUnusable, "writing " + tmp);
   }
   std::error_code ec;
   fs::rename(tmp, path, ec);
-  if (ec) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + ec.message());
+  if (ec) return Fail(Code::kInternal, reason::kImageCacheUnusable, path + ": " + ec.message());
   return Ok();
 }
 
@@ -413,22 +417,22 @@ Result<Probe> ProbeImage(const ImageCacheOptions& o, const std::string& path) {
   auto qemu_img = FindToolIn(o.tools_root, "qemu-img", kStage);
   if (!qemu_img.ok()) return qemu_img.error();
   auto r = RunOk({*qemu_img, "info", "--output=json", path}, milliseconds(60000), kStage,
-                 "image_unreadable");
+                 reason::kImageUnreadable);
   if (!r.ok()) return r.error();
   auto j = nlohmann::json::parse(r->out, nullptr, false);
   if (j.is_discarded() || !j.is_object()) {
-    return Fail(Code::kInternal, "image_unreadable", "qemu-img info printed no JSON");
+    return Fail(Code::kInternal, reason::kImageUnreadable, "qemu-img info printed no JSON");
   }
   Probe p;
   p.format = j.value("format", "");
   p.virtual_size = j.value("virtual-size", uint64_t{0});
   // A backing file would make qemu read another file of the image's choosing.
   if (j.contains("backing-filename") || j.contains("full-backing-filename")) {
-    return Fail(Code::kFailedPrecondition, "image_has_backing_file",
+    return Fail(Code::kFailedPrecondition, reason::kImageHasBackingFile,
                 "images with a backing file are refused");
   }
   if (p.format != "raw" && p.format != "qcow2") {
-    return Fail(Code::kFailedPrecondition, "image_format_unsupported",
+    return Fail(Code::kFailedPrecondition, reason::kImageFormatUnsupported,
                 "image format '" + p.format + "' (only raw and qcow2)", {{"format", p.format}});
   }
   return p;
@@ -447,7 +451,7 @@ Result<CachedImage> DeriveRaw(const ImageCacheOptions& o, const v1::ImageRef& im
                        Human(static_cast<double>(p.virtual_size))),
            45);
   auto r = RunOk({*qemu_img, "convert", "-f", "qcow2", "-O", "raw", qcow2, tmp}, o.timeout, kStage,
-                 "image_unreadable");
+                 reason::kImageUnreadable);
   if (!r.ok()) {
     std::error_code ec;
     fs::remove(tmp, ec);
@@ -457,7 +461,7 @@ Result<CachedImage> DeriveRaw(const ImageCacheOptions& o, const v1::ImageRef& im
   if (!digest.ok()) return digest.error();
   std::error_code ec;
   fs::rename(tmp, raw, ec);
-  if (ec) return Fail(Code::kInternal, "image_cache_unusable", raw + ": " + ec.message());
+  if (ec) return Fail(Code::kInternal, reason::kImageCacheUnusable, raw + ": " + ec.message());
   fs::remove(qcow2, ec);  // the raw copy is what provisions read
   CachedImage c;
   c.name = img.name();
@@ -473,13 +477,13 @@ Result<CachedImage> DeriveRaw(const ImageCacheOptions& o, const v1::ImageRef& im
 
 Result<std::string> Sha256File(const std::string& path) {
   Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!fd.ok()) return Fail(Code::kInternal, "image_unreadable", path + ": " + Errno(errno));
+  if (!fd.ok()) return Fail(Code::kInternal, reason::kImageUnreadable, path + ": " + Errno(errno));
   struct stat st {};
   ::fstat(fd.get(), &st);
   ::posix_fadvise(fd.get(), 0, 0, POSIX_FADV_SEQUENTIAL);
   Sha256 h;
   if (!HashPrefix(fd.get(), static_cast<uint64_t>(st.st_size), h)) {
-    return Fail(Code::kInternal, "image_unreadable", "reading " + path);
+    return Fail(Code::kInternal, reason::kImageUnreadable, "reading " + path);
   }
   return h.Hex();
 }
@@ -496,13 +500,15 @@ Result<std::unique_ptr<Fd>> LockEntry(const ImageCacheOptions& o, const std::str
                                       const std::function<void()>& on_wait) {
   const std::string path = Paths(o, sha256, "lock");
   auto fd = std::make_unique<Fd>(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-  if (!fd->ok()) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + Errno(errno));
+  if (!fd->ok()) {
+    return Fail(Code::kInternal, reason::kImageCacheUnusable, path + ": " + Errno(errno));
+  }
   if (::flock(fd->get(), LOCK_EX | LOCK_NB) == 0) return fd;
   if (errno == EWOULDBLOCK && on_wait) on_wait();
   int r = 0;
   while ((r = ::flock(fd->get(), LOCK_EX)) != 0 && errno == EINTR) {
   }
-  if (r != 0) return Fail(Code::kInternal, "image_cache_unusable", path + ": " + Errno(errno));
+  if (r != 0) return Fail(Code::kInternal, reason::kImageCacheUnusable, path + ": " + Errno(errno));
   return fd;
 }
 
@@ -519,16 +525,19 @@ Result<CachedImage> ImageCache::Ensure(const v1::ImageRef& img, const ProgressFn
   const std::string& want = img.sha256();
   const std::string& url = img.url();
   if (!IsValidSha256(want)) {
-    return Fail(Code::kInvalidArgument, "invalid_bundle", "image sha256 must be 64 hex digits");
+    return Fail(Code::kInvalidArgument, reason::kInvalidBundle,
+                "image sha256 must be 64 hex digits");
   }
   if (url.rfind("file:///", 0) != 0 && url.rfind("http://", 0) != 0 &&
       url.rfind("https://", 0) != 0) {
-    return Fail(Code::kInvalidArgument, "image_url_unsupported",
+    return Fail(Code::kInvalidArgument, reason::kImageUrlUnsupported,
                 "image URL must be file://, http:// or https://: '" + url + "'", {{"url", url}});
   }
   std::error_code ec;
   fs::create_directories(opts_.dir, ec);
-  if (ec) return Fail(Code::kInternal, "image_cache_unusable", opts_.dir + ": " + ec.message());
+  if (ec) {
+    return Fail(Code::kInternal, reason::kImageCacheUnusable, opts_.dir + ": " + ec.message());
+  }
 
   // One fetch per image: a provision that finds another one fetching it waits for its result.
   auto lock = LockEntry(opts_, want, [&] {
@@ -563,12 +572,12 @@ Result<CachedImage> ImageCache::Ensure(const v1::ImageRef& img, const ProgressFn
     if (*got != want) {
       fs::remove(partial, ec);
       return Fail(
-          Code::kFailedPrecondition, "image_digest_mismatch",
+          Code::kFailedPrecondition, reason::kImageDigestMismatch,
           fmt::format("image {} has sha256 {}, the bundle wants {}", img.name(), *got, want),
           {{"expected_sha256", want}, {"actual_sha256", *got}, {"url", url}});
     }
     fs::rename(partial, cached, ec);
-    if (ec) return Fail(Code::kInternal, "image_cache_unusable", cached + ": " + ec.message());
+    if (ec) return Fail(Code::kInternal, reason::kImageCacheUnusable, cached + ": " + ec.message());
     const auto size = IdentityOf(cached).value_or(Identity{}).size;
     const ByteProgress b = Bytes("fetch", size, size, t0);
     progress(kStage, fmt::format("fetched {} ({}), sha256 verified", img.name(), Rate(b)), 45, b);
@@ -642,16 +651,16 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
   Fd src(::open(image.path.c_str(), O_RDONLY | O_CLOEXEC));
   struct stat sst {};
   if (!src.ok() || ::fstat(src.get(), &sst) != 0) {
-    return Fail(Code::kInternal, "image_changed", image.path + ": " + Errno(errno), det);
+    return Fail(Code::kInternal, reason::kImageChanged, image.path + ": " + Errno(errno), det);
   }
   const uint64_t n = image.size;
   if (static_cast<uint64_t>(sst.st_size) != n) {
     return Fail(
-        Code::kInternal, "image_changed",
+        Code::kInternal, reason::kImageChanged,
         fmt::format("{} has {} bytes, its cache record says {}", image.path, sst.st_size, n), det);
   }
   if (n > size && block) {
-    return Fail(Code::kFailedPrecondition, "disk_too_small",
+    return Fail(Code::kFailedPrecondition, reason::kDiskTooSmall,
                 fmt::format("image needs {} bytes, {} has {}", n, path, size), det);
   }
   // O_DIRECT: the disk's speed, not the page cache's; O_EXCL: nothing mounts or claims the device
@@ -659,7 +668,7 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
   const bool direct = block;
   Fd dst(::open(path.c_str(), O_WRONLY | O_CLOEXEC | (block ? O_DIRECT | O_EXCL : 0)));
   if (!dst.ok()) {
-    return Fail(Code::kInternal, "image_write_failed", "opening " + path + ": " + Errno(errno),
+    return Fail(Code::kInternal, reason::kImageWriteFailed, "opening " + path + ": " + Errno(errno),
                 det);
   }
   size_t sector = 512;
@@ -667,12 +676,12 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
     int ss = 0;
     if (::ioctl(dst.get(), BLKSSZGET, &ss) == 0 && ss > 0) sector = static_cast<size_t>(ss);
   } else if (n > size && ::ftruncate(dst.get(), static_cast<off_t>(n)) != 0) {
-    return Fail(Code::kInternal, "image_write_failed", path + ": " + Errno(errno), det);
+    return Fail(Code::kInternal, reason::kImageWriteFailed, path + ": " + Errno(errno), det);
   }
   Mapping map(src.get(), static_cast<size_t>(n));
   if (!map.ok()) {
-    return Fail(Code::kInternal, "image_changed", "mapping " + image.path + ": " + Errno(errno),
-                det);
+    return Fail(Code::kInternal, reason::kImageChanged,
+                "mapping " + image.path + ": " + Errno(errno), det);
   }
   const char* bytes = map.data();
   // Writes [off, off+len) of the image; with O_DIRECT a last piece shorter than a sector goes
@@ -698,7 +707,7 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
     auto zeros = NewBuffer(std::max(zlen, kAlign));
     std::memset(zeros.get(), 0, zlen);
     if (!PwriteAll(dst.get(), zeros.get(), zlen, 0)) {
-      return Fail(Code::kInternal, "image_write_failed",
+      return Fail(Code::kInternal, reason::kImageWriteFailed,
                   "zeroing the head of " + path + ": " + Errno(errno), det);
     }
   }
@@ -737,27 +746,29 @@ Result<WriteStats> WriteImage(const CachedImage& image, const std::string& path,
   if (timed_out) stop = true;
   writer.join();
   if (timed_out) {
-    return Fail(Code::kDeadlineExceeded, "image_write_failed",
+    return Fail(Code::kDeadlineExceeded, reason::kImageWriteFailed,
                 fmt::format("writing {} took longer than {} s", path,
                             std::chrono::duration_cast<std::chrono::seconds>(timeout).count()),
                 det);
   }
-  if (!write_error.empty()) return Fail(Code::kInternal, "image_write_failed", write_error, det);
+  if (!write_error.empty()) {
+    return Fail(Code::kInternal, reason::kImageWriteFailed, write_error, det);
+  }
   const std::string got = hash.Hex();
   if (got != image.sha256) {
     det["expected_sha256"] = image.sha256;
     det["actual_sha256"] = got;
-    return Fail(Code::kFailedPrecondition, "image_digest_mismatch",
+    return Fail(Code::kFailedPrecondition, reason::kImageDigestMismatch,
                 fmt::format("{} read back as sha256 {}, expected {}: the disk was left unbootable",
                             image.path, got, image.sha256),
                 det);
   }
   if (head_len > 0 && !write_range(0, head_len)) {
-    return Fail(Code::kInternal, "image_write_failed",
+    return Fail(Code::kInternal, reason::kImageWriteFailed,
                 "writing the head of " + path + ": " + Errno(errno), det);
   }
   if (::fdatasync(dst.get()) != 0) {
-    return Fail(Code::kInternal, "image_write_failed", "syncing " + path + ": " + Errno(errno),
+    return Fail(Code::kInternal, reason::kImageWriteFailed, "syncing " + path + ": " + Errno(errno),
                 det);
   }
   WriteStats st;

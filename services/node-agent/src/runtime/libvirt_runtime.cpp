@@ -38,6 +38,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/node_agent/discovery/discovery.hpp"
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/v1/node.pb.h"
 #include "host/tool_run.hpp"
 #include "runtime/image_cache.hpp"
@@ -65,7 +66,7 @@ struct DomainFree {
 };
 using DomainPtr = std::unique_ptr<virDomain, DomainFree>;
 
-Error LibvirtError(const std::string& stage, const std::string& reason, const std::string& what,
+Error LibvirtError(const std::string& stage, Reason reason, const std::string& what,
                    std::map<std::string, std::string> det = {}) {
   const char* msg = virGetLastErrorMessage();
   det["libvirt_code"] = std::to_string(virGetLastErrorCode());
@@ -80,7 +81,8 @@ Result<std::optional<DomainPtr>> LookupDomain(virConnectPtr conn, const std::str
   virDomainPtr d = virDomainLookupByName(conn, name.c_str());
   if (d) return std::optional<DomainPtr>(DomainPtr(d));
   if (virGetLastErrorCode() == VIR_ERR_NO_DOMAIN) return std::optional<DomainPtr>();
-  return LibvirtError(stage, "libvirt_error", "looking up domain " + name, {{"domain_name", name}});
+  return LibvirtError(stage, reason::kLibvirtError, "looking up domain " + name,
+                      {{"domain_name", name}});
 }
 
 std::string StateName(int state) {
@@ -157,7 +159,7 @@ Result<void> CheckDevicesFree(virConnectPtr conn, const v1::ProvisionBundle& b,
   virDomainPtr* doms = nullptr;
   virResetLastError();
   const int n = virConnectListAllDomains(conn, &doms, 0);
-  if (n < 0) return LibvirtError("validate", "libvirt_error", "listing domains");
+  if (n < 0) return LibvirtError("validate", reason::kLibvirtError, "listing domains");
   std::optional<Error> conflict;
   for (int i = 0; i < n; ++i) {
     DomainPtr d(doms[i]);
@@ -171,7 +173,7 @@ Result<void> CheckDevicesFree(virConnectPtr conn, const v1::ProvisionBundle& b,
       auto it = wanted.find(addr);
       if (it == wanted.end()) continue;
       conflict = StageError(
-          Code::kFailedPrecondition, "device_attached",
+          Code::kFailedPrecondition, reason::kDeviceAttached,
           fmt::format("{} ({}) is passed through to domain {} ({})", it->second, addr, name,
                       DomainState(d.get())),
           "validate",
@@ -210,7 +212,7 @@ Result<std::string> UndefineDomain(virConnectPtr conn, const std::string& name,
       continue;
     }
     if (i >= attempts) {
-      return LibvirtError(stage, "undefine_failed",
+      return LibvirtError(stage, reason::kUndefineFailed,
                           fmt::format("undefining {} ({} attempts)", name, attempts),
                           {{"domain_name", name}});
     }
@@ -232,7 +234,7 @@ Result<SlotDisk> ResolveSlotDisk(const HostRoot& host, const std::string& slot_k
                                  const std::string& by_id, const std::string& stage) {
   auto r = host.Resolve(by_id);
   if (!r || !host.Exists(*r)) {
-    return StageError(Code::kNotFound, "disk_not_found",
+    return StageError(Code::kNotFound, reason::kDiskNotFound,
                       "slot " + slot_key + ": " + by_id + " does not resolve to a device", stage,
                       {{"slot_key", slot_key}, {"nvme_by_id", by_id}});
   }
@@ -371,27 +373,28 @@ SshProbeFn SshProbeInNetns(const std::string& netns) {
 
 Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_file,
                                    const std::string& stage) {
-  auto refuse = [&](std::string reason, std::string message,
+  auto refuse = [&](Reason reason, std::string message,
                     std::map<std::string, std::string> det = {}) {
     det["path"] = path;
     det["evidence"] = "kernel";
-    return StageError(Code::kFailedPrecondition, std::move(reason), std::move(message), stage,
-                      std::move(det));
+    return StageError(Code::kFailedPrecondition, reason, std::move(message), stage, std::move(det));
   };
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) {
-    return refuse("disk_not_found", fmt::format("{}: {}", path, Errno(errno)));
+    return refuse(reason::kDiskNotFound, fmt::format("{}: {}", path, Errno(errno)));
   }
   DiskTarget t;
   t.path = path;
   if (S_ISREG(st.st_mode)) {
     if (!allow_regular_file) {
-      return refuse("disk_not_block_device", path + " is a regular file, not a block device");
+      return refuse(reason::kDiskNotBlockDevice, path + " is a regular file, not a block device");
     }
     t.size = static_cast<uint64_t>(st.st_size);
     return t;
   }
-  if (!S_ISBLK(st.st_mode)) return refuse("disk_not_block_device", path + " is not a block device");
+  if (!S_ISBLK(st.st_mode)) {
+    return refuse(reason::kDiskNotBlockDevice, path + " is not a block device");
+  }
   t.block = true;
   const std::string dev = DevString(st.st_rdev);
   const std::string sys = "/sys/dev/block/" + dev;
@@ -414,10 +417,10 @@ Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_f
     if (it == devs.end()) continue;
     const std::string mnt = Unescape(f[4]);
     if (it->second.empty()) {
-      return refuse("disk_mounted", fmt::format("{} is mounted at {}", path, mnt),
+      return refuse(reason::kDiskMounted, fmt::format("{} is mounted at {}", path, mnt),
                     {{"mountpoint", mnt}});
     }
-    return refuse("disk_child_mounted",
+    return refuse(reason::kDiskChildMounted,
                   fmt::format("{}: partition {} is mounted at {}", path, it->second, mnt),
                   {{"partition", it->second}, {"mountpoint", mnt}});
   }
@@ -428,14 +431,14 @@ Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_f
     struct stat ss {};
     if (f.empty() || ::stat(Unescape(f[0]).c_str(), &ss) != 0 || !S_ISBLK(ss.st_mode)) continue;
     if (auto it = devs.find(DevString(ss.st_rdev)); it != devs.end()) {
-      return refuse(it->second.empty() ? "disk_mounted" : "disk_child_mounted",
+      return refuse(it->second.empty() ? reason::kDiskMounted : reason::kDiskChildMounted,
                     fmt::format("{} is in use as swap", path), {{"mountpoint", "[SWAP]"}});
     }
   }
   for (const auto& [d, part] : devs) {
     const std::string holders = "/sys/dev/block/" + d + "/holders";
     if (fs::is_directory(holders, ec) && !fs::is_empty(holders, ec)) {
-      return refuse("disk_held",
+      return refuse(reason::kDiskHeld,
                     fmt::format("{}{} is held by device-mapper/md ({})", path,
                                 part.empty() ? "" : " (partition " + part + ")",
                                 fs::directory_iterator(holders)->path().filename().string()));
@@ -444,9 +447,9 @@ Result<DiskTarget> CheckDiskTarget(const std::string& path, bool allow_regular_f
   const int fd = ::open(path.c_str(), O_RDONLY | O_EXCL | O_CLOEXEC);
   if (fd < 0) {
     if (errno == EBUSY) {
-      return refuse("disk_busy", path + " is in exclusive use (open O_EXCL: busy)");
+      return refuse(reason::kDiskBusy, path + " is in exclusive use (open O_EXCL: busy)");
     }
-    return refuse("disk_unreadable", fmt::format("{}: {}", path, Errno(errno)));
+    return refuse(reason::kDiskUnreadable, fmt::format("{}: {}", path, Errno(errno)));
   }
   uint64_t size = 0;
   if (::ioctl(fd, BLKGETSIZE64, &size) == 0) t.size = size;
@@ -462,7 +465,7 @@ Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& b) {
   std::string hostname = ci.hostname();
   if (hostname.empty()) hostname = "slice-" + b.allocation_id().substr(0, 8);
   if (!IsHostname(hostname)) {
-    return StageError(Code::kInvalidArgument, "invalid_hostname",
+    return StageError(Code::kInvalidArgument, reason::kInvalidHostname,
                       "cloud-init hostname is not a DNS name: '" + ci.hostname() + "'", kStage,
                       {{"field", "cloud_init.hostname"}});
   }
@@ -470,7 +473,7 @@ Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& b) {
   if (iid.size() > 128 || !std::all_of(iid.begin(), iid.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '.' || c == '_';
       })) {
-    return StageError(Code::kInvalidArgument, "invalid_instance_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidInstanceId,
                       "cloud-init instance id has characters outside [A-Za-z0-9._-]", kStage,
                       {{"field", "cloud_init.instance_id"}});
   }
@@ -484,7 +487,7 @@ Result<SeedFiles> MakeSeedFiles(const v1::ProvisionBundle& b) {
       return static_cast<unsigned char>(c) >= 0x20 && c != 0x7f;
     });
     if (key.empty() || !printable || key.size() > 16384) {
-      return StageError(Code::kInvalidArgument, "invalid_ssh_key",
+      return StageError(Code::kInvalidArgument, reason::kInvalidSshKey,
                         fmt::format("ssh_authorized_keys[{}] is empty, too long or has control "
                                     "characters",
                                     i),
@@ -522,7 +525,7 @@ Result<std::string> EnsureRelayKey(const std::string& path, const std::string& c
                                    const std::string& tools_root) {
   const std::string kStage = "seed";
   auto fail = [&](const std::string& why) {
-    return StageError(Code::kInternal, "relay_key_unavailable",
+    return StageError(Code::kInternal, reason::kRelayKeyUnavailable,
                       "terminal relay key " + path + ": " + why, kStage, {{"path", path}});
   };
   std::error_code ec;
@@ -538,7 +541,7 @@ Result<std::string> EnsureRelayKey(const std::string& path, const std::string& c
     fs::remove(tmp, ec);
     fs::remove(tmp + ".pub", ec);
     auto r = RunOk({*keygen, "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", tmp},
-                   milliseconds(30000), kStage, "relay_key_unavailable");
+                   milliseconds(30000), kStage, reason::kRelayKeyUnavailable);
     if (!r.ok()) return r.error();
     fs::rename(tmp + ".pub", path + ".pub", ec);
     if (!ec) fs::rename(tmp, path, ec);
@@ -562,11 +565,10 @@ Result<virConnectPtr> LibvirtRuntime::Conn() {
   conn_ = virConnectOpen(opts_.uri.c_str());
   if (!conn_) {
     const char* msg = virGetLastErrorMessage();
-    return Error{Code::kUnavailable,
-                 "libvirt_unavailable",
-                 fmt::format("cannot connect to {}: {}", opts_.uri, msg ? msg : "unknown error"),
-                 {{"uri", opts_.uri}},
-                 true};
+    return Error::Of(
+        Code::kUnavailable, reason::kLibvirtUnavailable,
+        fmt::format("cannot connect to {}: {}", opts_.uri, msg ? msg : "unknown error"),
+        {{"uri", opts_.uri}}, true);
   }
   return conn_;
 }
@@ -588,7 +590,7 @@ Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) {
-    return StageError(Code::kInternal, "seed_write_failed", dir + ": " + ec.message(), kStage);
+    return StageError(Code::kInternal, reason::kSeedWriteFailed, dir + ": " + ec.message(), kStage);
   }
   // qemu (another user) reads the ISO.
   fs::permissions(dir,
@@ -601,17 +603,17 @@ Result<std::string> BuildSeed(const LibvirtOptions& o, const v1::ProvisionBundle
     std::ofstream f(fmt::format("{}/{}", dir, name), std::ios::binary | std::ios::trunc);
     f << text;
     f.close();
-    if (!f) return StageError(Code::kInternal, "seed_write_failed", "writing " + name, kStage);
+    if (!f) return StageError(Code::kInternal, reason::kSeedWriteFailed, "writing " + name, kStage);
   }
   const std::string iso = dir + "/seed.iso";
   const std::string tmp = iso + ".tmp";
   auto r = RunOk({*geniso, "-quiet", "-output", tmp, "-volid", "cidata", "-joliet", "-rock",
                   dir + "/user-data", dir + "/meta-data"},
-                 milliseconds(60000), kStage, "seed_build_failed");
+                 milliseconds(60000), kStage, reason::kSeedBuildFailed);
   if (!r.ok()) return r.error();
   fs::rename(tmp, iso, ec);
   if (ec) {
-    return StageError(Code::kInternal, "seed_write_failed", iso + ": " + ec.message(), kStage);
+    return StageError(Code::kInternal, reason::kSeedWriteFailed, iso + ": " + ec.message(), kStage);
   }
   fs::permissions(iso,
                   fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read |
@@ -679,7 +681,7 @@ Result<void> CheckHugepages(const HostRoot& host, const v1::ProvisionBundle& b,
   }
   if (!free_pages) free_pages = host.ReadInt("/sys/kernel/mm/" + leaf);
   if (free_pages.value_or(0) < b.shape().hugepages_1g()) {
-    return StageError(Code::kFailedPrecondition, "hugepages_insufficient",
+    return StageError(Code::kFailedPrecondition, reason::kHugepagesInsufficient,
                       fmt::format("the VM needs {} free 1 GiB hugepages, the host has {}",
                                   b.shape().hugepages_1g(), free_pages.value_or(0)),
                       "validate", {{"field", "shape.hugepages_1g"}});
@@ -694,14 +696,14 @@ Result<LibvirtOptions::AppliedBridge> ChooseBridge(const LibvirtOptions& o, cons
     // The agent runs the slice network itself: the bridge of the document it applied.
     auto applied = o.applied_bridge();
     if (!applied) {
-      return StageError(Code::kUnavailable, "network_not_applied",
+      return StageError(Code::kUnavailable, reason::kNetworkNotApplied,
                         "this node has not applied a slice network document yet", "validate");
     }
     return *applied;
   }
   const std::string& bridge = o.domain.bridge;
   if (o.check_bridge && !host.Exists("/sys/class/net/" + bridge)) {
-    return StageError(Code::kFailedPrecondition, "bridge_missing",
+    return StageError(Code::kFailedPrecondition, reason::kBridgeMissing,
                       "slice bridge " + bridge + " does not exist on this host", "validate",
                       {{"bridge", bridge}});
   }
@@ -730,7 +732,7 @@ Result<std::string> WriteBootImage(ImageCache& images, const LibvirtOptions& o,
   if (!t.ok()) return t.error();
   signal(true);
   auto wrote = WriteImage(*image, t->path, t->block, t->size, o.image_timeout, progress);
-  if (!wrote.ok() && wrote.error().reason == "image_digest_mismatch") {
+  if (!wrote.ok() && wrote.error().Is(reason::kImageDigestMismatch)) {
     // The cache's copy rotted since it was verified: fetched again, written again, once.
     progress("image",
              fmt::format("{}: the cached copy no longer matches its digest; fetching it again",
@@ -803,7 +805,7 @@ Result<DomainPtr> DefineDomain(virConnectPtr conn, const std::string& domain,
     if (!existing.ok()) return existing.error();
     if (existing->has_value()) {
       if (virDomainIsActive(existing->value().get()) == 1) {
-        return StageError(Code::kFailedPrecondition, "domain_running",
+        return StageError(Code::kFailedPrecondition, reason::kDomainRunning,
                           "domain " + domain + " from an earlier attempt is still running",
                           "define", {{"domain_name", domain}});
       }
@@ -813,7 +815,8 @@ Result<DomainPtr> DefineDomain(virConnectPtr conn, const std::string& domain,
   virResetLastError();
   DomainPtr dom(virDomainDefineXMLFlags(conn, xml.c_str(), VIR_DOMAIN_DEFINE_VALIDATE));
   if (!dom) {
-    return LibvirtError("define", "define_failed", "defining " + domain, {{"domain_name", domain}});
+    return LibvirtError("define", reason::kDefineFailed, "defining " + domain,
+                        {{"domain_name", domain}});
   }
   return dom;
 }
@@ -827,7 +830,7 @@ Result<bool> StartPaused(virDomainPtr dom, const std::string& domain, const Reco
   if (virDomainCreateWithFlags(dom, VIR_DOMAIN_START_PAUSED) == 0) return true;
   const int code = virGetLastErrorCode();
   if (code != VIR_ERR_INVALID_ARG && code != VIR_ERR_NO_SUPPORT) {
-    return LibvirtError("start", "start_failed", "starting " + domain + " paused",
+    return LibvirtError("start", reason::kStartFailed, "starting " + domain + " paused",
                         {{"domain_name", domain}});
   }
   if (auto r = record("defined", "start"); !r.ok()) return r.error();
@@ -918,7 +921,7 @@ Result<void> LibvirtRuntime::DestroyNeverRunDomain(_virConnect* conn, const v1::
     never_ran = rec.ok() && rec->has_value() && (**rec).value("state", "") == "paused";
   }
   if (!never_ran || virDomainDestroy(existing->value().get()) != 0) {
-    return StageError(Code::kFailedPrecondition, "domain_running",
+    return StageError(Code::kFailedPrecondition, reason::kDomainRunning,
                       "domain " + domain + " from an earlier attempt is still running", "validate",
                       {{"domain_name", domain}});
   }
@@ -1027,8 +1030,8 @@ Result<void> LibvirtRuntime::RunDomain(_virDomain* dom, const std::string& domai
   if (auto r = record("starting", "start"); !r.ok()) return r.error();
   virResetLastError();
   if (paused ? virDomainResume(dom) != 0 : virDomainCreate(dom) != 0) {
-    return LibvirtError("start", "start_failed", (paused ? "resuming " : "starting ") + domain,
-                        {{"domain_name", domain}});
+    return LibvirtError("start", reason::kStartFailed,
+                        (paused ? "resuming " : "starting ") + domain, {{"domain_name", domain}});
   }
   if (auto r = record("started", "start"); !r.ok()) return r.error();
   progress("start",
@@ -1098,7 +1101,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
     auto d = det;
     d["state"] = DomainState(dom);
     return StageError(
-        Code::kFailedPrecondition, "domain_not_running",
+        Code::kFailedPrecondition, reason::kDomainNotRunning,
         "domain " + domain + " stopped while waiting for readiness (" + d["state"] + ")",
         "readiness", d);
   };
@@ -1113,12 +1116,12 @@ Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
       d["lease_file"] = opts_.lease_file;
       if (seen_ip) {
         d["actual_ip"] = *seen_ip;
-        return StageError(Code::kFailedPrecondition, "lease_mismatch",
+        return StageError(Code::kFailedPrecondition, reason::kLeaseMismatch,
                           fmt::format("{} was leased {}, the reservation is {}", first.mac(),
                                       *seen_ip, first.private_ip()),
                           "readiness", d);
       }
-      return StageError(Code::kDeadlineExceeded, "lease_timeout",
+      return StageError(Code::kDeadlineExceeded, reason::kLeaseTimeout,
                         fmt::format("no DHCP lease for {} within {} ms", first.mac(),
                                     opts_.lease_timeout.count()),
                         "readiness", d);
@@ -1135,7 +1138,7 @@ Result<v1::ProvisionOutput> LibvirtRuntime::AwaitReadiness(_virDomain* dom,
     }
     if (auto e = not_running()) return *e;
     if (Clock::now() >= ssh_deadline) {
-      return StageError(Code::kDeadlineExceeded, "ssh_timeout",
+      return StageError(Code::kDeadlineExceeded, reason::kSshTimeout,
                         fmt::format("no SSH banner on {}:{} within {} ms", *seen_ip, opts_.ssh_port,
                                     opts_.ssh_timeout.count()),
                         "readiness", det);
@@ -1160,7 +1163,7 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
                                                   const ProgressFn& progress) {
   const std::string kStage = "release";
   if (!ids::IsUuid(p.allocation_id())) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidAllocationId,
                       "allocation id is not a UUID: '" + p.allocation_id() + "'", kStage);
   }
   v1::ReleaseOutput out;
@@ -1201,7 +1204,7 @@ Result<v1::ReleaseOutput> LibvirtRuntime::Release(const v1::ReleaseParams& p,
     if (virDomainIsActive(d) == 1) {
       virResetLastError();
       if (virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
-        return LibvirtError(kStage, "destroy_failed", "destroying " + domain,
+        return LibvirtError(kStage, reason::kDestroyFailed, "destroying " + domain,
                             {{"domain_name", domain}});
       }
       out.set_stop(v1::STOP_METHOD_HARD);
@@ -1245,7 +1248,7 @@ Result<std::map<std::string, SlotDisk>> HoldSlotsForCleanup(const v1::CleanupPar
     auto t = CheckDiskTarget(d->target_path, o.allow_regular_file_disks, stage);
     // A leftover VM may hold the disk open exclusively; it is destroyed below and the disk
     // checked again before the wipe.
-    if (!t.ok() && t.error().reason != "disk_busy") {
+    if (!t.ok() && !t.error().Is(reason::kDiskBusy)) {
       t.error().details["slot_key"] = s.slot_key();
       return t.error();
     }
@@ -1271,7 +1274,7 @@ Result<void> RemoveLeftoverDomain(virConnectPtr conn, const std::string& domain,
   if (dom->has_value()) {
     virDomainPtr d = dom->value().get();
     if (virDomainIsActive(d) == 1 && virDomainDestroy(d) != 0 && virDomainIsActive(d) == 1) {
-      return LibvirtError("undefine", "destroy_failed", "destroying leftover " + domain,
+      return LibvirtError("undefine", reason::kDestroyFailed, "destroying leftover " + domain,
                           {{"domain_name", domain}});
     }
     dom->reset();
@@ -1282,8 +1285,9 @@ Result<void> RemoveLeftoverDomain(virConnectPtr conn, const std::string& domain,
   auto again = LookupDomain(conn, domain, "undefine");
   if (!again.ok()) return again.error();
   if (again->has_value()) {
-    return StageError(Code::kInternal, "undefine_failed", "domain " + domain + " is still defined",
-                      "undefine", {{"domain_name", domain}});
+    return StageError(Code::kInternal, reason::kUndefineFailed,
+                      "domain " + domain + " is still defined", "undefine",
+                      {{"domain_name", domain}});
   }
   progress("undefine", note, 100);
   return Ok();
@@ -1301,8 +1305,8 @@ struct Wiped {
 Result<void> ZeroFile(const std::string& path, uint64_t size, const Details& det) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
   if (fd < 0) {
-    return StageError(Code::kInternal, "wipe_failed", fmt::format("{}: {}", path, Errno(errno)),
-                      "wipe", det);
+    return StageError(Code::kInternal, reason::kWipeFailed,
+                      fmt::format("{}: {}", path, Errno(errno)), "wipe", det);
   }
   const std::string zeros(1 << 20, '\0');
   uint64_t off = 0;
@@ -1314,7 +1318,7 @@ Result<void> ZeroFile(const std::string& path, uint64_t size, const Details& det
   }
   ok = ok && ::fsync(fd) == 0;
   ::close(fd);
-  if (!ok) return StageError(Code::kInternal, "wipe_failed", "zeroing " + path, "wipe", det);
+  if (!ok) return StageError(Code::kInternal, reason::kWipeFailed, "zeroing " + path, "wipe", det);
   return Ok();
 }
 
@@ -1339,7 +1343,8 @@ Result<Wiped> DiscardOrZero(const SlotDisk& d, const DiskTarget& t, const Detail
   if (t.block) {
     auto tool = FindToolIn(o.tools_root, "blkdiscard", "wipe");
     if (!tool.ok()) return tool.error();
-    if (auto r = RunOk({*tool, "-z", d.target_path}, o.wipe_timeout, "wipe", "wipe_failed", det);
+    if (auto r =
+            RunOk({*tool, "-z", d.target_path}, o.wipe_timeout, "wipe", reason::kWipeFailed, det);
         !r.ok()) {
       return r.error();
     }
@@ -1354,18 +1359,18 @@ Result<Wiped> DiscardOrZero(const SlotDisk& d, const DiskTarget& t, const Detail
 Result<void> VerifyNoSignature(const SlotDisk& d, const std::string& wipefs,
                                const std::string& blkid, Details det) {
   auto listed = RunOk({wipefs, "--noheadings", "--output", "TYPE,OFFSET", d.target_path},
-                      milliseconds(60000), "verify", "verify_failed", det);
+                      milliseconds(60000), "verify", reason::kVerifyFailed, det);
   if (!listed.ok()) return listed.error();
   auto probed = RunTool({blkid, "-p", "-o", "export", d.target_path}, milliseconds(60000));
   if (!probed.ok()) return WithStage(probed.error(), "verify");
   if (probed->exit_code != 0 && probed->exit_code != 2) {
-    return ToolFailed("verify", "verify_failed", blkid, *probed, det);
+    return ToolFailed("verify", reason::kVerifyFailed, blkid, *probed, det);
   }
   const bool remaining = !Trim(listed->out).empty() || probed->exit_code == 0;
   if (remaining) {
     det["wipefs"] = FirstLine(listed->out);
     det["blkid"] = FirstLine(probed->out);
-    return StageError(Code::kInternal, "signatures_remaining",
+    return StageError(Code::kInternal, reason::kSignaturesRemaining,
                       d.by_id + " still carries a signature after the wipe", "verify", det);
   }
   return Ok();
@@ -1381,8 +1386,8 @@ Result<Wiped> WipeDisk(const std::string& slot_key, const SlotDisk& d, const std
     t.error().details["slot_key"] = slot_key;
     return t.error();
   }
-  if (auto r =
-          RunOk({wipefs, "-a", d.target_path}, milliseconds(120000), "wipe", "wipe_failed", det);
+  if (auto r = RunOk({wipefs, "-a", d.target_path}, milliseconds(120000), "wipe",
+                     reason::kWipeFailed, det);
       !r.ok()) {
     return r.error();
   }
@@ -1466,16 +1471,9 @@ Result<v1::CleanupOutput> LibvirtRuntime::Cleanup(const v1::CleanupParams& p,
   if (!methods.ok()) return methods.error();
 
   // ---- network state (the networking code's hook) ----
-  bool network_removed = false;
-  if (opts_.network_cleanup) {
-    network_removed = RunCleanupHook(CleanupHookKind::kNetwork, opts_.network_cleanup, p, progress);
-  } else {
-    progress("network", "no network cleanup hook: network state not removed", 100);
-  }
-  // A node that follows no exposure document has none.
-  const bool exposure_removed =
-      !opts_.exposure_cleanup ||
-      RunCleanupHook(CleanupHookKind::kExposure, opts_.exposure_cleanup, p, progress);
+  const auto [network_removed, exposure_removed] =
+      RunCleanupHooks(opts_.network_cleanup, opts_.exposure_cleanup, p, progress, false,
+                      "no network cleanup hook: network state not removed");
 
   RemoveSeed(opts_, p.allocation_id());
   {
@@ -1495,7 +1493,7 @@ Result<AdoptionReport> LibvirtRuntime::Adopt() {
   virDomainPtr* list = nullptr;
   virResetLastError();
   const int n = virConnectListAllDomains(*conn, &list, 0);
-  if (n < 0) return LibvirtError(kStage, "libvirt_error", "listing domains");
+  if (n < 0) return LibvirtError(kStage, reason::kLibvirtError, "listing domains");
   std::map<std::string, std::string> live;  // name -> state
   for (int i = 0; i < n; ++i) {
     DomainPtr d(list[i]);

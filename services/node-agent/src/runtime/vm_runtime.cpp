@@ -19,6 +19,7 @@
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/node_agent/discovery/discovery.hpp"
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/domain_xml.hpp"
 
 namespace gpuaas::node_agent {
@@ -28,10 +29,10 @@ constexpr const char* kRuntime = "simulated";
 
 }  // namespace
 
-Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
+Error StageError(Code code, Reason reason, std::string message, const std::string& stage,
                  std::map<std::string, std::string> details) {
   details["stage"] = stage;
-  return Error{code, std::move(reason), std::move(message), std::move(details),
+  return Error{code, reason.str(), std::move(message), std::move(details),
                code == Code::kUnavailable};
 }
 
@@ -51,13 +52,13 @@ std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_
                                const std::string& stage) {
   std::map<std::string, std::string> det = {{"slot_key", slot_key}, {"nvme_by_id", d.by_id_path()}};
   if (d.os_disk()) {
-    return StageError(Code::kFailedPrecondition, "os_disk",
+    return StageError(Code::kFailedPrecondition, reason::kOsDisk,
                       fmt::format("{} holds the host's operating system", d.by_id_path()), stage,
                       det);
   }
   if (d.mountpoints_size() > 0) {
     det["mountpoint"] = d.mountpoints(0);
-    return StageError(Code::kFailedPrecondition, "disk_mounted",
+    return StageError(Code::kFailedPrecondition, reason::kDiskMounted,
                       fmt::format("{} is mounted at {}", d.by_id_path(), d.mountpoints(0)), stage,
                       det);
   }
@@ -65,7 +66,7 @@ std::optional<Error> DiskInUse(const v1::NvmeDevice& d, const std::string& slot_
     if (p.mountpoints_size() == 0) continue;
     det["partition"] = p.kernel_name();
     det["mountpoint"] = p.mountpoints(0);
-    return StageError(Code::kFailedPrecondition, "disk_child_mounted",
+    return StageError(Code::kFailedPrecondition, reason::kDiskChildMounted,
                       fmt::format("{}: partition {} is mounted at {}", d.by_id_path(),
                                   p.kernel_name(), p.mountpoints(0)),
                       stage, det);
@@ -115,32 +116,29 @@ bool IsValidSha256(const std::string& digest) {
 Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
                                                 const v1::TopologyReport& host) {
   const std::string kStage = "validate";
-  auto invalid = [&](std::string reason, std::string message,
+  auto invalid = [&](Reason reason, std::string message,
                      std::map<std::string, std::string> det = {}) {
-    return StageError(Code::kInvalidArgument, std::move(reason), std::move(message), kStage,
-                      std::move(det));
+    return StageError(Code::kInvalidArgument, reason, std::move(message), kStage, std::move(det));
   };
-  auto missing = [&](std::string reason, std::string message,
-                     std::map<std::string, std::string> det) {
-    return StageError(Code::kNotFound, std::move(reason), std::move(message), kStage,
-                      std::move(det));
+  auto missing = [&](Reason reason, std::string message, std::map<std::string, std::string> det) {
+    return StageError(Code::kNotFound, reason, std::move(message), kStage, std::move(det));
   };
-  if (b.slots_size() == 0) return invalid("bundle_empty", "the bundle names no slots");
+  if (b.slots_size() == 0) return invalid(reason::kBundleEmpty, "the bundle names no slots");
   if (!ids::IsUuid(b.allocation_id())) {
-    return invalid("invalid_allocation_id",
+    return invalid(reason::kInvalidAllocationId,
                    "allocation id is not a UUID: '" + b.allocation_id() + "'",
                    {{"field", "allocation_id"}});
   }
   const auto& shape = b.shape();
   if (shape.vcpus() <= 0 || shape.memory_mib() <= 0 || shape.hugepages_1g() < 0) {
-    return invalid("shape_invalid",
+    return invalid(reason::kShapeInvalid,
                    fmt::format("VM shape needs vcpus > 0 and memory_mib > 0 (got {} vCPU, {} MiB, "
                                "{} 1G hugepages)",
                                shape.vcpus(), shape.memory_mib(), shape.hugepages_1g()),
                    {{"field", "shape"}});
   }
   if (!IsValidSha256(b.image().sha256())) {
-    return invalid("invalid_image_digest",
+    return invalid(reason::kInvalidImageDigest,
                    "image sha256 must be 64 lowercase hex digits, got '" + b.image().sha256() + "'",
                    {{"field", "image.sha256"}});
   }
@@ -151,13 +149,14 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
     if (!IsValidMac(s.mac())) {
       auto d = det;
       d["field"] = "mac";
-      return invalid("invalid_mac", "slot " + s.slot_key() + ": bad MAC '" + s.mac() + "'", d);
+      return invalid(reason::kInvalidMac, "slot " + s.slot_key() + ": bad MAC '" + s.mac() + "'",
+                     d);
     }
     if (!IsValidIpv4(s.private_ip())) {
       auto d = det;
       d["field"] = "private_ip";
-      return invalid("invalid_ip", "slot " + s.slot_key() + ": bad IPv4 '" + s.private_ip() + "'",
-                     d);
+      return invalid(reason::kInvalidIp,
+                     "slot " + s.slot_key() + ": bad IPv4 '" + s.private_ip() + "'", d);
     }
     for (const auto& [kind, value] : {std::pair<std::string, std::string>{"slot", s.slot_key()},
                                       {"gpu", s.gpu_pci_address()},
@@ -169,7 +168,7 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
       auto [it, fresh] = seen.emplace(fmt::format("{}/{}", kind, value), s.slot_key());
       if (!fresh) {
         return invalid(
-            "duplicate_resource",
+            reason::kDuplicateResource,
             fmt::format("{} {} is named by slots {} and {}", kind, value, it->second, s.slot_key()),
             {{"slot_key", s.slot_key()}, {"field", kind}});
       }
@@ -188,7 +187,7 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
     if (!gpu_here) {
       det["gpu_pci_address"] = s.gpu_pci_address();
       return missing(
-          "gpu_not_found",
+          reason::kGpuNotFound,
           "slot " + s.slot_key() + ": GPU '" + s.gpu_pci_address() + "' is not on this host", det);
     }
     attach.push_back("define: attach GPU " + s.gpu_pci_address() + " (slot " + s.slot_key() + ")");
@@ -199,7 +198,7 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
           });
       if (!vf_here) {
         det["fabric_vf_pci_address"] = s.fabric_vf_pci_address();
-        return missing("fabric_vf_not_found",
+        return missing(reason::kFabricVfNotFound,
                        "slot " + s.slot_key() + ": fabric VF " + s.fabric_vf_pci_address() +
                            " is not on this host",
                        det);
@@ -215,7 +214,7 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
       if (!disk) {
         det["nvme_by_id"] = s.nvme_by_id();
         return missing(
-            "disk_not_found",
+            reason::kDiskNotFound,
             "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() + " is not among this host's disks",
             det);
       }
@@ -244,7 +243,7 @@ Result<std::vector<std::string>> ValidateBundle(const v1::ProvisionBundle& b,
 Result<v1::TopologyReport> DiscoverDevices(const std::string& root) {
   struct stat st {};
   if (root.empty() || ::stat(root.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return Error::NotFound("host_root_missing", "host root '" + root + "' is not a directory");
+    return Error::NotFound(reason::kHostRootMissing, "host root '" + root + "' is not a directory");
   }
   HostRoot host(root);
   v1::TopologyReport rep;
@@ -274,12 +273,12 @@ std::string LeaseHolder(const LocalStore& store, const std::string& slot_key,
 Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
                        const std::vector<std::string>& slot_keys, int32_t attempt) {
   if (!ids::IsUuid(allocation_id)) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidAllocationId,
                       "allocation id is not a UUID: '" + allocation_id + "'", "lease");
   }
   for (const auto& k : slot_keys) {
     if (auto holder = LeaseHolder(store, k, allocation_id); !holder.empty()) {
-      return StageError(Code::kFailedPrecondition, "slot_leased",
+      return StageError(Code::kFailedPrecondition, reason::kSlotLeased,
                         fmt::format("slot {} is leased by allocation {} on this host", k, holder),
                         "lease", {{"slot_key", k}, {"holder", holder}});
     }
@@ -328,16 +327,33 @@ bool RunCleanupHook(CleanupHookKind kind, const NetworkCleanupFn& hook,
   return r.ok();
 }
 
+CleanupHooksOutcome RunCleanupHooks(const NetworkCleanupFn& network,
+                                    const NetworkCleanupFn& exposure,
+                                    const v1::CleanupParams& params, const ProgressFn& progress,
+                                    bool unhooked_network_removed,
+                                    const std::string& unhooked_network_line) {
+  CleanupHooksOutcome out;
+  if (network) {
+    out.network_removed = RunCleanupHook(CleanupHookKind::kNetwork, network, params, progress);
+  } else {
+    out.network_removed = unhooked_network_removed;
+    progress("network", unhooked_network_line, 100);
+  }
+  out.exposure_removed =
+      !exposure || RunCleanupHook(CleanupHookKind::kExposure, exposure, params, progress);
+  return out;
+}
+
 Result<void> CheckCleanup(const v1::CleanupParams& p, const LocalStore& store,
                           const v1::TopologyReport& devices, const std::string& stage) {
   if (!ids::IsUuid(p.allocation_id())) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidAllocationId,
                       "allocation id is not a UUID: '" + p.allocation_id() + "'", stage);
   }
   for (const auto& s : p.slots()) {
     if (auto holder = LeaseHolder(store, s.slot_key(), p.allocation_id()); !holder.empty()) {
       return StageError(
-          Code::kFailedPrecondition, "slot_leased",
+          Code::kFailedPrecondition, reason::kSlotLeased,
           fmt::format("slot {} is leased by allocation {}; refusing to clean it for {}",
                       s.slot_key(), holder, p.allocation_id()),
           stage, {{"slot_key", s.slot_key()}, {"holder", holder}});
@@ -345,7 +361,7 @@ Result<void> CheckCleanup(const v1::CleanupParams& p, const LocalStore& store,
     if (s.nvme_by_id().empty()) continue;
     const auto* disk = FindDisk(devices, s.nvme_by_id());
     if (!disk) {
-      return StageError(Code::kNotFound, "disk_not_found",
+      return StageError(Code::kNotFound, reason::kDiskNotFound,
                         "slot " + s.slot_key() + ": NVMe " + s.nvme_by_id() +
                             " is not among this host's disks; cannot prove it clean",
                         stage, {{"slot_key", s.slot_key()}, {"nvme_by_id", s.nvme_by_id()}});
@@ -357,7 +373,7 @@ Result<void> CheckCleanup(const v1::CleanupParams& p, const LocalStore& store,
 
 Result<void> DropLease(LocalStore& store, const std::string& allocation_id) {
   if (!ids::IsUuid(allocation_id)) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidAllocationId,
                       "allocation id is not a UUID: '" + allocation_id + "'", "lease");
   }
   return store.Erase(LeaseKey(allocation_id));
@@ -424,7 +440,7 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
     // The domain stays defined and started, like a VM that booted without getting its lease:
     // the scheduler has to release and clean it up.
     return StageError(
-        Code::kDeadlineExceeded, "lease_timeout",
+        Code::kDeadlineExceeded, reason::kLeaseTimeout,
         fmt::format("no DHCP lease for {} within the readiness timeout (simulated failure)",
                     first.mac()),
         "readiness",
@@ -449,7 +465,7 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
 Result<v1::ReleaseOutput> SimulatedRuntime::Release(const v1::ReleaseParams& p,
                                                     const ProgressFn& progress) {
   if (!ids::IsUuid(p.allocation_id())) {
-    return StageError(Code::kInvalidArgument, "invalid_allocation_id",
+    return StageError(Code::kInvalidArgument, reason::kInvalidAllocationId,
                       "allocation id is not a UUID: '" + p.allocation_id() + "'", "release");
   }
   v1::ReleaseOutput out;
@@ -495,16 +511,9 @@ Result<v1::CleanupOutput> SimulatedRuntime::Cleanup(const v1::CleanupParams& p,
   }
   progress("undefine", "no domain " + DomainName(p.allocation_id()) + " left (simulated)", 100);
   Step();
-  bool network_removed = true;
-  if (opts_.network_cleanup) {
-    network_removed = RunCleanupHook(CleanupHookKind::kNetwork, opts_.network_cleanup, p, progress);
-  } else {
-    progress("network", "DHCP reservation and NAT/DNAT state removed (simulated)", 100);
-  }
-  // A node that follows no exposure document has none.
-  const bool exposure_removed =
-      !opts_.exposure_cleanup ||
-      RunCleanupHook(CleanupHookKind::kExposure, opts_.exposure_cleanup, p, progress);
+  const auto [network_removed, exposure_removed] =
+      RunCleanupHooks(opts_.network_cleanup, opts_.exposure_cleanup, p, progress, true,
+                      "DHCP reservation and NAT/DNAT state removed (simulated)");
   if (auto e = DropLease(store_, p.allocation_id()); !e.ok()) return WithStage(e.error(), kStage);
   const auto now = google::protobuf::util::TimeUtil::GetCurrentTime();
   for (const auto& s : p.slots()) {

@@ -75,8 +75,8 @@ std::vector<v1::Check> NetworkChecks(const v1::NetworkBaseline& baseline,
 Result<std::vector<v1::OvsPortInfo>> ParseOvsInterfaces(const std::string& json);
 
 // The node blocker a failed blocker check stands for ("nat_masquerade" ->
-// "nat_masquerade_missing").
-std::string BlockerName(const std::string& check_name);
+// reason::kNatMasqueradeMissing); reason::kCheckFailed for a check name discovery never makes.
+Reason BlockerName(const std::string& check_name);
 
 // One candidate per GPU, grouped by locality, each paired with its own NVMe and fabric VF
 // where the host has them. `nvme_switch` maps an NVMe controller's PCI address to its PCIe

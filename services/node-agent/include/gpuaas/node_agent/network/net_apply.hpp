@@ -45,6 +45,7 @@
 
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/node_agent/host/host.hpp"
+#include "gpuaas/v1/types.pb.h"
 
 namespace gpuaas::node_agent {
 
@@ -143,10 +144,10 @@ struct LeaseObservation {
   std::string mac;
   std::string hostname;
   std::string slot_key;
-  std::string expected_ip;  // "" for unexpected leases
-  std::string actual_ip;    // "" when missing
-  std::string lease_state;  // "bound" | "missing" | "mismatch" | "unexpected"
-  int64_t expires_at = 0;   // epoch seconds from the lease file; 0 = infinite or no lease
+  std::string expected_ip;                                   // "" for unexpected leases
+  std::string actual_ip;                                     // "" when missing
+  v1::LeaseState lease_state = v1::LEASE_STATE_UNSPECIFIED;  // BOUND|MISSING|MISMATCH|UNEXPECTED
+  int64_t expires_at = 0;  // epoch seconds from the lease file; 0 = infinite or no lease
 };
 
 // From dnsmasq's lease file (expired entries ignored): one entry per reservation, in spec order,
@@ -157,9 +158,18 @@ struct LeaseObservation {
 Result<std::vector<LeaseObservation>> ObserveLeases(const NetworkSpec& spec,
                                                     int* skipped = nullptr);
 
+// How a slice vNIC drifted. Declared in the order of the texts, so sorting by kind sorts by text.
+enum class SlotDriftKind {
+  kQosMissing,         // qos_missing: the port's policing/tag/isolation is not what we set
+  kVnicDetached,       // vnic_detached: the guest's tap is on no bridge or another one
+  kVnicHostStackOpen,  // vnic_host_stack_open: the port still answers ARP or forwards
+};
+// The wire text (LeaseReport.vnic_drift.kind, logs): a registry reason.
+Reason SlotDriftKindText(SlotDriftKind kind);
+
 struct SlotDrift {
   std::string slot_key;
-  std::string kind;  // vnic_detached | qos_missing | vnic_host_stack_open
+  SlotDriftKind kind = SlotDriftKind::kVnicDetached;
 };
 
 struct NetCheck {

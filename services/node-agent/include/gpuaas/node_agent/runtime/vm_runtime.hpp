@@ -42,7 +42,7 @@ bool IsValidSha256(const std::string& digest);
 Result<v1::TopologyReport> DiscoverDevices(const std::string& root);
 
 // Shared by the runtimes: errors carry details["stage"] (retryable only when UNAVAILABLE).
-Error StageError(Code code, std::string reason, std::string message, const std::string& stage,
+Error StageError(Code code, Reason reason, std::string message, const std::string& stage,
                  std::map<std::string, std::string> details = {});
 Error WithStage(Error e, const std::string& stage);
 // The discovered NVMe device with this by-id path, or nullptr.
@@ -128,6 +128,20 @@ enum class CleanupHookKind { kNetwork, kExposure };
 // Returns whether the state is gone (what the slots' proofs say).
 bool RunCleanupHook(CleanupHookKind kind, const NetworkCleanupFn& hook,
                     const v1::CleanupParams& params, const ProgressFn& progress);
+
+// Both hooks of a runtime's Cleanup, as the slots' proofs report them. Without a network hook
+// the network state counts as `unhooked_network_removed` (the simulated runtime has none to
+// remove; the libvirt runtime cannot prove it) and `unhooked_network_line` is the progress line;
+// without an exposure hook there is no exposure state (a node that follows no exposure document).
+struct CleanupHooksOutcome {
+  bool network_removed = false;
+  bool exposure_removed = false;
+};
+CleanupHooksOutcome RunCleanupHooks(const NetworkCleanupFn& network,
+                                    const NetworkCleanupFn& exposure,
+                                    const v1::CleanupParams& params, const ProgressFn& progress,
+                                    bool unhooked_network_removed,
+                                    const std::string& unhooked_network_line);
 
 class VmRuntime {
  public:
