@@ -15,10 +15,10 @@ function(gpuaas_embed_sql target namespace dir)
 endfunction()
 
 # gpuaas_test(<name> LABELS ... [UNIT_SUITES ...] SOURCES ... LIBS ... [INCLUDES ...]): one gtest
-# binary per library/service. INCLUDES: private include folders (a service's own tests name its
-# src/; every other target sees only the service's include/). Each TEST()/TEST_F() becomes its own ctest case (its own process, so a crash
-# names its case). Suites listed in UNIT_SUITES need no servers and are labelled `unit`; the
-# others get LABELS (e.g. nats, pg).
+# binary per library/service. Each TEST()/TEST_F() becomes its own ctest case (its own process, so
+# a crash names its case). Suites listed in UNIT_SUITES need no servers and are labelled `unit`;
+# the others get LABELS (e.g. nats, pg). INCLUDES: private include folders (a service's own tests
+# name its src/; every other target sees only the service's include/).
 function(gpuaas_test name)
   cmake_parse_arguments(T "" "" "LABELS;UNIT_SUITES;SOURCES;LIBS;INCLUDES" ${ARGN})
   add_executable(${name} ${T_SOURCES})
