@@ -199,6 +199,24 @@ using google::protobuf::util::TimeUtil;
 }  // namespace
 
 Result<void> NodeAgent::Start() {
+  if (auto valid = ValidateApplyModes(); !valid.ok()) return valid;
+  auto store = LocalStore::Open(cfg_.state_dir);
+  if (!store.ok()) return store.error();
+  store_.emplace(std::move(*store));
+  MakeVmRuntime();
+  MakeFollowers();
+  svc_.SetReady(false);
+  // The node's identity reaches only its own tasks, events and inbox; the streams and its task
+  // consumer are the control plane's (inventory creates the consumer when the node registers).
+  if (auto r = svc_.Start(); !r.ok()) return r;
+  if (cfg_.console_enabled) {
+    if (auto r = StartConsole(); !r.ok()) return r;
+  }
+  StartControlLoop();
+  return Ok();
+}
+
+Result<void> NodeAgent::ValidateApplyModes() const {
   if (cfg_.net_apply == "netns" && cfg_.net_netns.empty()) {
     return Error::InvalidArgument(reason::kInvalidConfig, "network.apply=netns needs network.netns",
                                   {{"network.netns", "required when network.apply is netns"}});
@@ -213,81 +231,39 @@ Result<void> NodeAgent::Start() {
             " (the slice addresses come from the applied network document)",
         {{"exposure.uplink", "required"}, {"network.apply", "must apply the network"}});
   }
-  auto store = LocalStore::Open(cfg_.state_dir);
-  if (!store.ok()) return store.error();
-  store_.emplace(std::move(*store));
+  return Ok();
+}
+
+NetworkCleanupFn NodeAgent::NetworkCleanup() {
   // With the slice network managed here, a slot's cleanup releases its DHCP lease too, so the
   // next tenant starts clean (the reservation belongs to the approved slot and stays).
-  NetworkCleanupFn network_cleanup;
-  if (cfg_.net_apply != "off") {
-    network_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
-      const std::string why = CleanNetworkState(p);
-      if (why.empty()) return Ok();
-      return Error::Unavailable(reason::kNetworkCleanupFailed, why);
-    };
-  }
+  if (cfg_.net_apply == "off") return {};
+  return [this](const v1::CleanupParams& p) -> Result<void> {
+    const std::string why = CleanNetworkState(p);
+    if (why.empty()) return Ok();
+    return Error::Unavailable(reason::kNetworkCleanupFailed, why);
+  };
+}
+
+NetworkCleanupFn NodeAgent::ExposureCleanup() {
   // With exposures followed, a slot's cleanup waits until ingress has taken the slot's
   // exposures off the node (document and kernel): the proof's exposure_state_removed.
-  NetworkCleanupFn exposure_cleanup;
-  if (cfg_.exposure_apply != "off") {
-    exposure_cleanup = [this](const v1::CleanupParams& p) -> Result<void> {
-      std::vector<std::string> ips;
-      for (const auto& s : p.slots()) {
-        if (!s.private_ip().empty()) ips.push_back(s.private_ip());
-      }
-      return exposures_->WaitRemoved(ips, std::chrono::milliseconds(cfg_.exposure_cleanup_wait_ms));
-    };
-  }
-  if (cfg_.vm_runtime == "libvirt") {
-    LibvirtOptions lo;
-    lo.uri = cfg_.libvirt_uri;
-    lo.host_root = cfg_.host_root;
-    lo.image_cache_dir =
-        cfg_.vm_image_cache_dir.empty() ? cfg_.state_dir + "/images" : cfg_.vm_image_cache_dir;
-    lo.seed_dir = cfg_.vm_seed_dir.empty() ? cfg_.state_dir + "/seeds" : cfg_.vm_seed_dir;
-    lo.domain.domain_type = cfg_.vm_domain_type;
-    if (cfg_.vm_domain_type == "qemu") lo.domain.cpu_mode = "maximum";
-    lo.domain.passthrough = cfg_.vm_passthrough;
-    lo.domain.nvram_dir = cfg_.vm_nvram_dir;
-    lo.domain.bridge = cfg_.bridge;
-    lo.domain.kernel = cfg_.vm_kernel;
-    lo.domain.initrd = cfg_.vm_initrd;
-    lo.lease_file = (cfg_.net_state_dir.empty() ? cfg_.state_dir + "/net" : cfg_.net_state_dir) +
-                    "/dnsmasq.leases";
-    lo.lease_timeout = std::chrono::seconds(cfg_.vm_lease_timeout_s);
-    lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
-    lo.relay_key_path = cfg_.vm_terminal_key.empty() ? cfg_.state_dir + "/terminal/id_ed25519"
-                                                     : cfg_.vm_terminal_key;
-    // The slice network (and so the VM's SSH port) lives where the agent applies it.
-    lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
-    if (cfg_.net_apply != "off") {
-      lo.applied_bridge = [this]() -> std::optional<LibvirtOptions::AppliedBridge> {
-        std::lock_guard lock(net_mu_);
-        if (!net_->applied()) return std::nullopt;
-        const bool ovs = net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS;
-        LibvirtOptions::AppliedBridge applied{net_->applied()->bridge(), ovs, false};
-        if (ovs) {
-          // The bridge's own datapath (an adopted one keeps its own), else the configured one.
-          const NetContext ctx = NetCtx();
-          const NetHost host(ctx);
-          auto bridge = Ovs(host, ctx.ovs_rundir).Bridge(applied.name);
-          applied.userspace = bridge.ok() && bridge->exists
-                                  ? bridge->datapath_type == "netdev"
-                                  : cfg_.net_ovs_datapath_type == "netdev";
-        }
-        return applied;
-      };
-      lo.network_cleanup = network_cleanup;
-      lo.vnic_attached = [this]() -> Result<void> {
-        std::lock_guard lock(net_mu_);
-        if (!net_->applied()) return Ok();
-        auto applied = ApplyNetwork(SpecFrom(*net_->applied(), cfg_), NetCtx());
-        if (!applied.ok()) return applied.error();
-        return Ok();
-      };
+  if (cfg_.exposure_apply == "off") return {};
+  return [this](const v1::CleanupParams& p) -> Result<void> {
+    std::vector<std::string> ips;
+    for (const auto& s : p.slots()) {
+      if (!s.private_ip().empty()) ips.push_back(s.private_ip());
     }
-    lo.exposure_cleanup = exposure_cleanup;
-    auto rt = std::make_unique<LibvirtRuntime>(*store_, std::move(lo));
+    return exposures_->WaitRemoved(ips, std::chrono::milliseconds(cfg_.exposure_cleanup_wait_ms));
+  };
+}
+
+void NodeAgent::MakeVmRuntime() {
+  NetworkCleanupFn network_cleanup = NetworkCleanup();
+  NetworkCleanupFn exposure_cleanup = ExposureCleanup();
+  if (cfg_.vm_runtime == "libvirt") {
+    auto rt = std::make_unique<LibvirtRuntime>(
+        *store_, MakeLibvirtOptions(std::move(network_cleanup), std::move(exposure_cleanup)));
     libvirt_ = rt.get();
     vm_runtime_ = std::move(rt);
     adopted_ = false;
@@ -296,34 +272,85 @@ Result<void> NodeAgent::Start() {
         *store_, SimOptions{cfg_.host_root, cfg_.sim_behavior, cfg_.sim_step_ms, network_cleanup,
                             exposure_cleanup});
   }
-  MakeFollowers();
-  svc_.SetReady(false);
-  // The node's identity reaches only its own tasks, events and inbox; the streams and its task
-  // consumer are the control plane's (inventory creates the consumer when the node registers).
-  if (auto r = svc_.Start(); !r.ok()) return r;
-  if (cfg_.console_enabled) {
-    ConsoleOptions co;
-    co.node_id = cfg_.node_id;
-    co.max_window_bytes = cfg_.console_window_bytes;
-    co.max_sessions = static_cast<int>(cfg_.console_max_sessions);
-    co.max_duration_s = cfg_.console_max_duration_s;
-    // Only a libvirt runtime has consoles; the ledger says which domains are this agent's.
-    console_ = std::make_unique<ConsoleServer>(
-        svc_.nats(), co,
-        LedgerConsoleLocator(*store_, cfg_.vm_runtime == "libvirt" ? cfg_.libvirt_uri : "",
-                             cfg_.vm_runtime == "libvirt" ? "" : cfg_.console_sim_socket_dir),
-        svc_.log(), &svc_.metrics());
-    if (auto r = console_->Start(); !r.ok()) return r;
-    // Relays end with agent_stopping while the connection can still say so.
-    svc_.OnDrain("console relays", [this] { console_->Stop(); });
+}
+
+LibvirtOptions NodeAgent::MakeLibvirtOptions(NetworkCleanupFn network_cleanup,
+                                             NetworkCleanupFn exposure_cleanup) {
+  LibvirtOptions lo;
+  lo.uri = cfg_.libvirt_uri;
+  lo.host_root = cfg_.host_root;
+  lo.image_cache_dir =
+      cfg_.vm_image_cache_dir.empty() ? cfg_.state_dir + "/images" : cfg_.vm_image_cache_dir;
+  lo.seed_dir = cfg_.vm_seed_dir.empty() ? cfg_.state_dir + "/seeds" : cfg_.vm_seed_dir;
+  lo.domain.domain_type = cfg_.vm_domain_type;
+  if (cfg_.vm_domain_type == "qemu") lo.domain.cpu_mode = "maximum";
+  lo.domain.passthrough = cfg_.vm_passthrough;
+  lo.domain.nvram_dir = cfg_.vm_nvram_dir;
+  lo.domain.bridge = cfg_.bridge;
+  lo.domain.kernel = cfg_.vm_kernel;
+  lo.domain.initrd = cfg_.vm_initrd;
+  lo.lease_file = (cfg_.net_state_dir.empty() ? cfg_.state_dir + "/net" : cfg_.net_state_dir) +
+                  "/dnsmasq.leases";
+  lo.lease_timeout = std::chrono::seconds(cfg_.vm_lease_timeout_s);
+  lo.ssh_timeout = std::chrono::seconds(cfg_.vm_ssh_timeout_s);
+  lo.relay_key_path =
+      cfg_.vm_terminal_key.empty() ? cfg_.state_dir + "/terminal/id_ed25519" : cfg_.vm_terminal_key;
+  // The slice network (and so the VM's SSH port) lives where the agent applies it.
+  lo.ssh_probe = SshProbeInNetns(cfg_.net_apply == "netns" ? cfg_.net_netns : "");
+  if (cfg_.net_apply != "off") {
+    lo.applied_bridge = [this]() -> std::optional<LibvirtOptions::AppliedBridge> {
+      std::lock_guard lock(net_mu_);
+      if (!net_->applied()) return std::nullopt;
+      const bool ovs = net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS;
+      LibvirtOptions::AppliedBridge applied{net_->applied()->bridge(), ovs, false};
+      if (ovs) {
+        // The bridge's own datapath (an adopted one keeps its own), else the configured one.
+        const NetContext ctx = NetCtx();
+        const NetHost host(ctx);
+        auto bridge = Ovs(host, ctx.ovs_rundir).Bridge(applied.name);
+        applied.userspace = bridge.ok() && bridge->exists ? bridge->datapath_type == "netdev"
+                                                          : cfg_.net_ovs_datapath_type == "netdev";
+      }
+      return applied;
+    };
+    lo.network_cleanup = std::move(network_cleanup);
+    lo.vnic_attached = [this]() -> Result<void> {
+      std::lock_guard lock(net_mu_);
+      if (!net_->applied()) return Ok();
+      auto applied = ApplyNetwork(SpecFrom(*net_->applied(), cfg_), NetCtx());
+      if (!applied.ok()) return applied.error();
+      return Ok();
+    };
   }
+  lo.exposure_cleanup = std::move(exposure_cleanup);
+  return lo;
+}
+
+Result<void> NodeAgent::StartConsole() {
+  ConsoleOptions co;
+  co.node_id = cfg_.node_id;
+  co.max_window_bytes = cfg_.console_window_bytes;
+  co.max_sessions = static_cast<int>(cfg_.console_max_sessions);
+  co.max_duration_s = cfg_.console_max_duration_s;
+  // Only a libvirt runtime has consoles; the ledger says which domains are this agent's.
+  console_ = std::make_unique<ConsoleServer>(
+      svc_.nats(), co,
+      LedgerConsoleLocator(*store_, cfg_.vm_runtime == "libvirt" ? cfg_.libvirt_uri : "",
+                           cfg_.vm_runtime == "libvirt" ? "" : cfg_.console_sim_socket_dir),
+      svc_.log(), &svc_.metrics());
+  if (auto r = console_->Start(); !r.ok()) return r;
+  // Relays end with agent_stopping while the connection can still say so.
+  svc_.OnDrain("console relays", [this] { console_->Stop(); });
+  return Ok();
+}
+
+void NodeAgent::StartControlLoop() {
   svc_.OnDrain("control loop", [this] {
     stop_ = true;
     cv_.notify_all();
     if (register_thread_.joinable()) register_thread_.join();
   });
   register_thread_ = std::thread([this] { ControlLoop(); });
-  return Ok();
 }
 
 void NodeAgent::Shutdown() { svc_.Shutdown(); }

@@ -124,6 +124,7 @@ struct NodeAgentConfig {
 
 class VmRuntime;
 class LibvirtRuntime;
+struct LibvirtOptions;
 class ConsoleServer;
 
 class NodeAgent {
@@ -149,6 +150,20 @@ class NodeAgent {
   int64_t AppliedNetworkVersion() const { return net_version_.load(); }
 
  private:
+  // The network.apply / exposure.apply combination: refused at start (invalid_config).
+  Result<void> ValidateApplyModes() const;
+  // The VM runtime of vm.runtime, given the cleanup hooks of what this agent applies; a libvirt
+  // runtime leaves the agent not adopted until it has reconciled its domains.
+  void MakeVmRuntime();
+  // slot.cleanup's hooks: unset while network.apply / exposure.apply is off.
+  NetworkCleanupFn NetworkCleanup();
+  NetworkCleanupFn ExposureCleanup();
+  LibvirtOptions MakeLibvirtOptions(NetworkCleanupFn network_cleanup,
+                                    NetworkCleanupFn exposure_cleanup);
+  // The console relay (console.enabled), stopped when the service drains.
+  Result<void> StartConsole();
+  // The registration / reconcile thread, joined when the service drains.
+  void StartControlLoop();
   void ControlLoop();
   // One registration attempt: true when accepted. A non-retryable refusal sets rejected_.
   bool TryRegister();
