@@ -12,8 +12,6 @@
 #include "gpuaas/common/allocation_event.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
-#include "gpuaas/common/proto_json.hpp"
-#include "gpuaas/common/store.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/ipam/ipam_reasons.hpp"
 #include "gpuaas/ipam/ipam_service.hpp"
@@ -33,13 +31,8 @@ using google::protobuf::util::TimeUtil;
 Result<int> Unbind(pqxx::work& tx, const std::string& node_id, const std::string& allocation_id,
                    const std::vector<std::string>& keep, const std::string& why,
                    const std::string& source) {
-  auto rows = tx.exec_params(
-      "UPDATE slot_reservations SET allocation_id = NULL, bound_at = NULL, "
-      "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
-      "allocation_id = $2 AND NOT (slot_key = ANY($3::text[])) RETURNING slot_key",
-      node_id, allocation_id, store::TextArrayLiteral(keep));
-  for (const auto& r : rows) {
-    const auto key = r[0].as<std::string>();
+  const auto keys = UnbindReservations(tx, node_id, allocation_id, keep);
+  for (const auto& key : keys) {
     auto res = FindReservation(tx, node_id, key);
     if (auto a = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res,
                                      reason::kUnbound.str(), source, "");
@@ -48,7 +41,7 @@ Result<int> Unbind(pqxx::work& tx, const std::string& node_id, const std::string
     }
     if (auto d = ResolveDrift(tx, node_id, key, why, source); !d.ok()) return d.error();
   }
-  return static_cast<int>(rows.size());
+  return static_cast<int>(keys.size());
 }
 
 }  // namespace
@@ -59,19 +52,12 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
   if (!read.ok()) return read.error();
   const auto& a = read->allocation();
   const int64_t generation = read->generation;
-  auto prev = tx.exec_params(
-      "SELECT generation FROM allocation_bindings WHERE allocation_id = $1 FOR UPDATE",
-      a.allocation_id());
-  if (!prev.empty() && prev[0][0].as<int64_t>() >= generation) return Ok();  // older news
+  auto prev = LockAllocationBinding(tx, a.allocation_id());
+  if (prev && *prev >= generation) return Ok();  // older news
   std::vector<std::string> keys(a.slot_keys().begin(), a.slot_keys().end());
   std::sort(keys.begin(), keys.end());
-  tx.exec_params(
-      "INSERT INTO allocation_bindings (allocation_id, node_id, state, generation, slot_keys) "
-      "VALUES ($1, $2, $3, $4, $5::text[]) ON CONFLICT (allocation_id) DO UPDATE SET "
-      "node_id = EXCLUDED.node_id, state = EXCLUDED.state, generation = EXCLUDED.generation, "
-      "slot_keys = EXCLUDED.slot_keys, updated_at = now()",
-      a.allocation_id(), a.node_id(), enums::Text(a.state()), generation,
-      store::TextArrayLiteral(keys));
+  UpsertAllocationBinding(tx, a.allocation_id(), a.node_id(), enums::Text(a.state()), generation,
+                          keys);
 
   const bool bind =
       a.state() == v1::ALLOCATION_STATE_PROVISIONING || a.state() == v1::ALLOCATION_STATE_ACTIVE;
@@ -81,13 +67,9 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
                       (a.state() == v1::ALLOCATION_STATE_FAILED && keys.empty());
   if (bind && ids::IsNodeId(a.node_id())) {
     if (!LockNode(tx, a.node_id())) return Ok();  // nothing reserved on that node
-    auto rows = tx.exec_params(
-        "UPDATE slot_reservations SET allocation_id = $3, bound_at = now(), "
-        "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
-        "slot_key = ANY($2::text[]) AND allocation_id IS DISTINCT FROM $3 RETURNING slot_key",
-        a.node_id(), store::TextArrayLiteral(keys), a.allocation_id());
-    for (const auto& r : rows) {
-      auto res = FindReservation(tx, a.node_id(), r[0].as<std::string>());
+    const auto bound = BindReservations(tx, a.node_id(), keys, a.allocation_id());
+    for (const auto& key : bound) {
+      auto res = FindReservation(tx, a.node_id(), key);
       if (auto x = AnnounceReservation(tx, "gpuaas.v1.evt.ipam.reservation.updated", *res,
                                        reason::kBound.str(), source, "");
           !x.ok()) {
@@ -97,19 +79,13 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
     // A claim the allocation no longer holds is no longer bound to it.
     auto gone = Unbind(tx, a.node_id(), a.allocation_id(), keys, "claim freed", source);
     if (!gone.ok()) return gone.error();
-    if (!rows.empty() || *gone > 0) {
+    if (!bound.empty() || *gone > 0) {
       if (auto d = UpdateDocument(tx, a.node_id(), cfg); !d.ok()) return d.error();
     }
     return Ok();
   }
   if (unbind) {
-    std::vector<std::string> nodes;
-    for (const auto& r : tx.exec_params(
-             "SELECT DISTINCT node_id FROM slot_reservations WHERE allocation_id = $1 ORDER BY 1",
-             a.allocation_id())) {
-      nodes.push_back(r[0].as<std::string>());
-    }
-    for (const auto& node : nodes) {
+    for (const auto& node : ListNodesOfAllocation(tx, a.allocation_id())) {
       LockNode(tx, node);
       auto n =
           Unbind(tx, node, a.allocation_id(), {}, "allocation " + enums::Text(a.state()), source);
@@ -130,11 +106,7 @@ Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
     return Error::InvalidArgument(reason::kMalformedEvent, "node event without a valid node id");
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : snap.node().generation();
-  tx.exec_params(
-      "INSERT INTO inventory_nodes (node_id, generation) VALUES ($1, $2) ON CONFLICT (node_id) "
-      "DO UPDATE SET generation = GREATEST(inventory_nodes.generation, EXCLUDED.generation), "
-      "updated_at = now()",
-      snap.node().node_id(), generation);
+  UpsertInventoryNode(tx, snap.node().node_id(), generation);
   return Ok();
 }
 
@@ -150,11 +122,7 @@ Result<void> ApplyInventorySlotEvent(pqxx::work& tx, const v1::Event& ev) {
                                   "slot event without a node id or slot key");
   }
   const int64_t generation = ev.generation() > 0 ? ev.generation() : s.generation();
-  tx.exec_params(
-      "INSERT INTO inventory_slots (node_id, slot_key, generation) VALUES ($1, $2, $3) "
-      "ON CONFLICT (node_id, slot_key) DO UPDATE SET generation = "
-      "GREATEST(inventory_slots.generation, EXCLUDED.generation), updated_at = now()",
-      s.node_id(), s.slot_key(), generation);
+  UpsertInventorySlot(tx, s.node_id(), s.slot_key(), generation);
   return Ok();
 }
 
@@ -170,36 +138,21 @@ Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConf
                                   ? TimeUtil::TimestampToMilliseconds(report.observed_at())
                                   : TimeUtil::TimestampToMilliseconds(ev.time());
   if (!LockNode(tx, report.node_id())) return Ok();  // ipam reserved nothing there
-  auto prev = tx.exec_params(
-      "SELECT (extract(epoch from observed_at) * 1000)::int8 FROM lease_reports WHERE node_id = $1",
-      report.node_id());
-  if (!prev.empty() && prev[0][0].as<int64_t>() > observed_ms) return Ok();  // older news
+  auto prev = LoadLeaseReportTime(tx, report.node_id());
+  if (prev && *prev > observed_ms) return Ok();  // older news
   std::vector<std::string> blockers(report.blockers().begin(), report.blockers().end());
-  tx.exec_params(
-      "INSERT INTO lease_reports (node_id, document_version, blockers, observed_at, event_id) "
-      "VALUES ($1, $2, $3::text[], to_timestamp($4::float8 / 1000), $5) ON CONFLICT (node_id) DO "
-      "UPDATE SET document_version = EXCLUDED.document_version, blockers = EXCLUDED.blockers, "
-      "observed_at = EXCLUDED.observed_at, event_id = EXCLUDED.event_id, received_at = now()",
-      report.node_id(), report.document_version(), store::TextArrayLiteral(blockers), observed_ms,
-      ev.id());
+  UpsertLeaseReport(tx, report.node_id(), report.document_version(), blockers, observed_ms,
+                    ev.id());
   const auto slots = LoadReservedSlots(tx, report.node_id());
   const auto judged = JudgeLeases(slots, report, observed_ms, cfg.lease_readiness_timeout_ms);
-  tx.exec_params("DELETE FROM lease_observations WHERE node_id = $1", report.node_id());
-  for (const auto& [subject, lease] : judged.leases) {
-    tx.exec_params(
-        "INSERT INTO lease_observations (node_id, subject, doc) VALUES ($1, $2, $3::jsonb)",
-        report.node_id(), subject, protojson::ToJson(lease));
-  }
+  ReplaceLeaseObservations(tx, report.node_id(), judged.leases);
   for (const auto& [subject, finding] : judged.drift) {
     if (auto r = RecordDrift(tx, report.node_id(), finding, report.document_version(), source);
         !r.ok()) {
       return r.error();
     }
   }
-  for (const auto& r :
-       tx.exec_params("SELECT subject FROM ipam_drift WHERE node_id = $1 AND resolved_at IS NULL",
-                      report.node_id())) {
-    const auto subject = r[0].as<std::string>();
+  for (const auto& subject : ListOpenDriftSubjects(tx, report.node_id())) {
     if (judged.drift.count(subject)) continue;
     if (auto x = ResolveDrift(
             tx, report.node_id(), subject,

@@ -485,4 +485,221 @@ Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& nod
   return resp;
 }
 
+std::optional<int64_t> LoadLeaseReportTime(pqxx::work& tx, const std::string& node_id) {
+  auto prev = tx.exec_params(
+      "SELECT (extract(epoch from observed_at) * 1000)::int8 FROM lease_reports WHERE node_id = $1",
+      node_id);
+  if (prev.empty()) return std::nullopt;
+  return prev[0][0].as<int64_t>();
+}
+
+void UpsertLeaseReport(pqxx::work& tx, const std::string& node_id, int64_t document_version,
+                       const std::vector<std::string>& blockers, int64_t observed_ms,
+                       const std::string& event_id) {
+  tx.exec_params(
+      "INSERT INTO lease_reports (node_id, document_version, blockers, observed_at, event_id) "
+      "VALUES ($1, $2, $3::text[], to_timestamp($4::float8 / 1000), $5) ON CONFLICT (node_id) DO "
+      "UPDATE SET document_version = EXCLUDED.document_version, blockers = EXCLUDED.blockers, "
+      "observed_at = EXCLUDED.observed_at, event_id = EXCLUDED.event_id, received_at = now()",
+      node_id, document_version, store::TextArrayLiteral(blockers), observed_ms, event_id);
+}
+
+void ReplaceLeaseObservations(pqxx::work& tx, const std::string& node_id,
+                              const std::map<std::string, v1::StoredLease>& leases) {
+  tx.exec_params("DELETE FROM lease_observations WHERE node_id = $1", node_id);
+  for (const auto& [subject, lease] : leases) {
+    tx.exec_params(
+        "INSERT INTO lease_observations (node_id, subject, doc) VALUES ($1, $2, $3::jsonb)",
+        node_id, subject, protojson::ToJson(lease));
+  }
+}
+
+std::vector<std::string> ListOpenDriftSubjects(pqxx::work& tx, const std::string& node_id) {
+  std::vector<std::string> out;
+  for (const auto& r : tx.exec_params(
+           "SELECT subject FROM ipam_drift WHERE node_id = $1 AND resolved_at IS NULL", node_id)) {
+    out.push_back(r[0].as<std::string>());
+  }
+  return out;
+}
+
+std::optional<int64_t> LockAllocationBinding(pqxx::work& tx, const std::string& allocation_id) {
+  auto prev = tx.exec_params(
+      "SELECT generation FROM allocation_bindings WHERE allocation_id = $1 FOR UPDATE",
+      allocation_id);
+  if (prev.empty()) return std::nullopt;
+  return prev[0][0].as<int64_t>();
+}
+
+void UpsertAllocationBinding(pqxx::work& tx, const std::string& allocation_id,
+                             const std::string& node_id, const std::string& state,
+                             int64_t generation, const std::vector<std::string>& slot_keys) {
+  tx.exec_params(
+      "INSERT INTO allocation_bindings (allocation_id, node_id, state, generation, slot_keys) "
+      "VALUES ($1, $2, $3, $4, $5::text[]) ON CONFLICT (allocation_id) DO UPDATE SET "
+      "node_id = EXCLUDED.node_id, state = EXCLUDED.state, generation = EXCLUDED.generation, "
+      "slot_keys = EXCLUDED.slot_keys, updated_at = now()",
+      allocation_id, node_id, state, generation, store::TextArrayLiteral(slot_keys));
+}
+
+std::vector<std::string> BindReservations(pqxx::work& tx, const std::string& node_id,
+                                          const std::vector<std::string>& slot_keys,
+                                          const std::string& allocation_id) {
+  std::vector<std::string> out;
+  for (const auto& r : tx.exec_params(
+           "UPDATE slot_reservations SET allocation_id = $3, bound_at = now(), "
+           "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
+           "slot_key = ANY($2::text[]) AND allocation_id IS DISTINCT FROM $3 RETURNING slot_key",
+           node_id, store::TextArrayLiteral(slot_keys), allocation_id)) {
+    out.push_back(r[0].as<std::string>());
+  }
+  return out;
+}
+
+std::vector<std::string> UnbindReservations(pqxx::work& tx, const std::string& node_id,
+                                            const std::string& allocation_id,
+                                            const std::vector<std::string>& keep) {
+  std::vector<std::string> out;
+  for (const auto& r :
+       tx.exec_params("UPDATE slot_reservations SET allocation_id = NULL, bound_at = NULL, "
+                      "generation = generation + 1, updated_at = now() WHERE node_id = $1 AND "
+                      "allocation_id = $2 AND NOT (slot_key = ANY($3::text[])) RETURNING slot_key",
+                      node_id, allocation_id, store::TextArrayLiteral(keep))) {
+    out.push_back(r[0].as<std::string>());
+  }
+  return out;
+}
+
+std::vector<std::string> ListNodesOfAllocation(pqxx::work& tx, const std::string& allocation_id) {
+  std::vector<std::string> out;
+  for (const auto& r : tx.exec_params(
+           "SELECT DISTINCT node_id FROM slot_reservations WHERE allocation_id = $1 ORDER BY 1",
+           allocation_id)) {
+    out.push_back(r[0].as<std::string>());
+  }
+  return out;
+}
+
+void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation) {
+  tx.exec_params(
+      "INSERT INTO inventory_nodes (node_id, generation) VALUES ($1, $2) ON CONFLICT (node_id) "
+      "DO UPDATE SET generation = GREATEST(inventory_nodes.generation, EXCLUDED.generation), "
+      "updated_at = now()",
+      node_id, generation);
+}
+
+void UpsertInventorySlot(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                         int64_t generation) {
+  tx.exec_params(
+      "INSERT INTO inventory_slots (node_id, slot_key, generation) VALUES ($1, $2, $3) "
+      "ON CONFLICT (node_id, slot_key) DO UPDATE SET generation = "
+      "GREATEST(inventory_slots.generation, EXCLUDED.generation), updated_at = now()",
+      node_id, slot_key, generation);
+}
+
+bool InventoryHasNode(pqxx::work& tx, const std::string& node_id) {
+  return !tx.exec_params("SELECT 1 FROM inventory_nodes WHERE node_id = $1", node_id).empty();
+}
+
+bool InventoryHasSlot(pqxx::work& tx, const std::string& node_id, const std::string& slot_key) {
+  return !tx.exec_params(
+                "SELECT 1 FROM inventory_slots WHERE node_id = $1 AND "
+                "slot_key = $2",
+                node_id, slot_key)
+              .empty();
+}
+
+std::vector<v1::IpamOrphan> ListNodeOrphans(pqxx::work& tx, const std::string& node_id) {
+  std::vector<v1::IpamOrphan> out;
+  auto nodes = tx.exec_params(
+      "WITH ids AS (SELECT node_id FROM node_subnets UNION SELECT node_id FROM mac_assignments "
+      "UNION SELECT node_id FROM slot_reservations UNION SELECT node_id FROM network_documents "
+      "UNION SELECT node_id FROM network_acks) "
+      "SELECT i.node_id, COALESCE(ns.subnet::text, ''), "
+      "(SELECT count(*) FROM slot_reservations r WHERE r.node_id = i.node_id), "
+      "(extract(epoch from GREATEST(ns.created_at, (SELECT max(updated_at) FROM mac_assignments m "
+      "WHERE m.node_id = i.node_id), (SELECT max(created_at) FROM network_documents d WHERE "
+      "d.node_id = i.node_id))) * 1000)::int8 "
+      "FROM ids i LEFT JOIN node_subnets ns ON ns.node_id = i.node_id "
+      "WHERE NOT EXISTS (SELECT 1 FROM inventory_nodes n WHERE n.node_id = i.node_id) "
+      "AND NOT EXISTS (SELECT 1 FROM slot_reservations r WHERE r.node_id = i.node_id AND "
+      "r.allocation_id IS NOT NULL) AND ($1 = '' OR i.node_id = $1) ORDER BY 1",
+      node_id);
+  out.reserve(nodes.size());
+  for (const auto& r : nodes) {
+    v1::IpamOrphan o;
+    o.set_node_id(r[0].as<std::string>());
+    o.set_reason(v1::IPAM_ORPHAN_REASON_NODE_UNKNOWN);
+    o.set_subnet(r[1].as<std::string>());
+    o.set_reservations(r[2].as<int64_t>());
+    if (!r[3].is_null()) {
+      *o.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(r[3].as<int64_t>());
+    }
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+std::vector<v1::IpamOrphan> ListSlotOrphans(pqxx::work& tx, int64_t min_age_s,
+                                            const std::string& node_id) {
+  std::vector<v1::IpamOrphan> out;
+  auto slots = tx.exec_params(
+      "SELECT m.node_id, m.slot_key, m.mac::text, COALESCE(host(r.ip), ''), "
+      "(extract(epoch from GREATEST(m.updated_at, r.updated_at)) * 1000)::int8 "
+      "FROM mac_assignments m JOIN inventory_nodes n ON n.node_id = m.node_id "
+      "LEFT JOIN slot_reservations r ON r.node_id = m.node_id AND r.slot_key = m.slot_key "
+      "WHERE NOT EXISTS (SELECT 1 FROM inventory_slots s WHERE s.node_id = m.node_id AND "
+      "s.slot_key = m.slot_key) AND r.allocation_id IS NULL "
+      "AND GREATEST(m.updated_at, r.updated_at) <= now() - make_interval(secs => $1) "
+      "AND ($2 = '' OR m.node_id = $2) ORDER BY 1, 2",
+      static_cast<double>(min_age_s), node_id);
+  out.reserve(slots.size());
+  for (const auto& r : slots) {
+    v1::IpamOrphan o;
+    o.set_node_id(r[0].as<std::string>());
+    o.set_slot_key(r[1].as<std::string>());
+    o.set_reason(v1::IPAM_ORPHAN_REASON_SLOT_UNKNOWN);
+    o.set_mac(r[2].as<std::string>());
+    o.set_ip(r[3].as<std::string>());
+    o.set_reservations(o.ip().empty() ? 0 : 1);
+    *o.mutable_updated_at() = TimeUtil::MillisecondsToTimestamp(r[4].as<int64_t>());
+    out.push_back(std::move(o));
+  }
+  return out;
+}
+
+int64_t NextDocumentVersion(pqxx::work& tx, const std::string& node_id) {
+  return tx
+      .exec_params(
+          "SELECT COALESCE(max(version), 0) + 1 FROM network_documents WHERE "
+          "node_id = $1",
+          node_id)[0][0]
+      .as<int64_t>();
+}
+
+void DeleteNodeRows(pqxx::work& tx, const std::string& node_id) {
+  for (const char* table :
+       {"lease_observations", "lease_reports", "ipam_drift", "network_acks", "network_documents",
+        "slot_reservations", "mac_assignments", "node_subnets"}) {
+    tx.exec_params(fmt::format("DELETE FROM {} WHERE node_id = $1", table), node_id);
+  }
+}
+
+int64_t NextSlotGeneration(pqxx::work& tx, const std::string& node_id,
+                           const std::string& slot_key) {
+  return tx
+      .exec_params(
+          "SELECT GREATEST(m.generation, COALESCE((SELECT generation FROM "
+          "slot_reservations r WHERE r.node_id = $1 AND r.slot_key = $2), 0)) + 1 "
+          "FROM mac_assignments m WHERE m.node_id = $1 AND m.slot_key = $2",
+          node_id, slot_key)[0][0]
+      .as<int64_t>();
+}
+
+void DeleteLeaseObservation(pqxx::work& tx, const std::string& node_id,
+                            const std::string& subject) {
+  tx.exec_params("DELETE FROM lease_observations WHERE node_id = $1 AND subject = $2", node_id,
+                 subject);
+}
+
 }  // namespace gpuaas::ipam

@@ -1,10 +1,12 @@
 #pragma once
-// ipam's database helpers shared by its request handlers and consumers. Every function runs in
-// the caller's transaction; functions that change a node's reservations expect the caller to
-// hold the node's subnet row lock (LockNode), which serialises all changes of one node across
-// workers and replicas.
+// All of ipam's SQL: the database functions of its request handlers, consumers and orphan
+// removal. Every function runs in the caller's transaction; functions that change a node's
+// reservations expect the caller to hold the node's subnet row lock (LockNode), which serialises
+// all changes of one node across workers and replicas.
 #include <pqxx/pqxx>
 
+#include <cstdint>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -155,5 +157,65 @@ Result<std::string> ClaimReprovisionedMac(pqxx::work& tx, const std::string& nod
 // The node's last lease report (document version, blockers, time) and its observations ordered
 // by subject; empty when the node never reported. INTERNAL corrupt_lease for an unreadable one.
 Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& node_id);
+// The observed_at (ms) of the node's stored lease report; nullopt when it never reported.
+std::optional<int64_t> LoadLeaseReportTime(pqxx::work& tx, const std::string& node_id);
+// Inserts or replaces the node's lease report (its received_at now).
+void UpsertLeaseReport(pqxx::work& tx, const std::string& node_id, int64_t document_version,
+                       const std::vector<std::string>& blockers, int64_t observed_ms,
+                       const std::string& event_id);
+// Replaces the node's lease observations with `leases` (by subject).
+void ReplaceLeaseObservations(pqxx::work& tx, const std::string& node_id,
+                              const std::map<std::string, v1::StoredLease>& leases);
+// The subjects of the node's open drift.
+std::vector<std::string> ListOpenDriftSubjects(pqxx::work& tx, const std::string& node_id);
+
+// ---- Allocation bindings ----
+
+// The generation of the allocation's binding row, locked FOR UPDATE; nullopt when it has none.
+std::optional<int64_t> LockAllocationBinding(pqxx::work& tx, const std::string& allocation_id);
+// Inserts or replaces the allocation's binding row (`state` as text, `slot_keys` its claims).
+void UpsertAllocationBinding(pqxx::work& tx, const std::string& allocation_id,
+                             const std::string& node_id, const std::string& state,
+                             int64_t generation, const std::vector<std::string>& slot_keys);
+// Binds the node's reservations of `slot_keys` to the allocation; returns the slot keys that
+// were not bound to it already.
+std::vector<std::string> BindReservations(pqxx::work& tx, const std::string& node_id,
+                                          const std::vector<std::string>& slot_keys,
+                                          const std::string& allocation_id);
+// Unbinds the node's reservations bound to the allocation, except those of `keep`; returns the
+// slot keys unbound.
+std::vector<std::string> UnbindReservations(pqxx::work& tx, const std::string& node_id,
+                                            const std::string& allocation_id,
+                                            const std::vector<std::string>& keep);
+// The nodes with a reservation bound to the allocation, ordered.
+std::vector<std::string> ListNodesOfAllocation(pqxx::work& tx, const std::string& allocation_id);
+
+// ---- Projection of inventory ----
+
+// Records the node (generation only moves forward).
+void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation);
+// Records the slot (generation only moves forward).
+void UpsertInventorySlot(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,
+                         int64_t generation);
+bool InventoryHasNode(pqxx::work& tx, const std::string& node_id);
+bool InventoryHasSlot(pqxx::work& tx, const std::string& node_id, const std::string& slot_key);
+
+// ---- Orphans ----
+
+// Nodes inventory does not know with ipam rows and no reservation bound to an allocation,
+// ordered by node; only `node_id`'s when it is not "".
+std::vector<v1::IpamOrphan> ListNodeOrphans(pqxx::work& tx, const std::string& node_id);
+// Known nodes' slots inventory never announced that own a MAC, unbound and unchanged for at
+// least `min_age_s`, ordered by node and slot; only `node_id`'s when it is not "".
+std::vector<v1::IpamOrphan> ListSlotOrphans(pqxx::work& tx, int64_t min_age_s,
+                                            const std::string& node_id);
+// The node's next document version (1 when it has none).
+int64_t NextDocumentVersion(pqxx::work& tx, const std::string& node_id);
+// Deletes every row of the node: leases, drift, documents and acks, reservations, MACs, subnet.
+void DeleteNodeRows(pqxx::work& tx, const std::string& node_id);
+// The generation after the larger of the slot's MAC row's and reservation's; the slot must own
+// a MAC.
+int64_t NextSlotGeneration(pqxx::work& tx, const std::string& node_id, const std::string& slot_key);
+void DeleteLeaseObservation(pqxx::work& tx, const std::string& node_id, const std::string& subject);
 
 }  // namespace gpuaas::ipam
