@@ -432,4 +432,35 @@ std::vector<std::string> CheckInvariants(pqxx::work& tx) {
   return out;
 }
 
+// --- gauges ------------------------------------------------------------------------------------
+
+void FoldCountsOfGoneBackends(pqxx::work& tx) {
+  tx.exec(
+      "WITH gone AS (DELETE FROM allocation_state_counts WHERE shard <> 0 AND shard NOT "
+      "IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) RETURNING state, n) "
+      "INSERT INTO allocation_state_counts AS c (state, shard, n) SELECT state, 0, "
+      "sum(n) FROM gone GROUP BY state ON CONFLICT (state, shard) DO UPDATE SET n = c.n "
+      "+ EXCLUDED.n");
+}
+
+std::map<std::string, StateGauge> ReadStateGauges(pqxx::work& tx,
+                                                  const std::vector<std::string>& states) {
+  std::map<std::string, StateGauge> by_state;
+  for (const auto& s : states) by_state[s] = {0, 0};
+  for (const auto& row :
+       tx.exec("SELECT state, sum(n)::float8 FROM allocation_state_counts GROUP BY state")) {
+    by_state[row[0].as<std::string>()].count = row[1].as<double>();
+  }
+  // updated_at moves with every announced change (the saga's UPDATE of the state);
+  // each state's oldest is one probe of allocations_state_updated.
+  for (const auto& row :
+       tx.exec_params("SELECT s, COALESCE(extract(epoch from now() - (SELECT min(a.updated_at) "
+                      "FROM allocations a WHERE a.state = s)), 0)::float8 "
+                      "FROM unnest($1::text[]) s",
+                      store::TextArrayLiteral(states))) {
+    by_state[row[0].as<std::string>()].oldest_seconds = row[1].as<double>();
+  }
+  return by_state;
+}
+
 }  // namespace gpuaas::scheduler

@@ -7,6 +7,7 @@
 // defined in allocation_store.cpp as well.
 #include <pqxx/pqxx>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -91,5 +92,18 @@ struct AllocationPage {
 // ("" = any), with their claims and endpoints.
 AllocationPage ListAllocations(pqxx::work& tx, const std::string& tenant, const std::string& state,
                                const std::string& after, int limit);
+
+// --- gauges (scheduler_metrics.cpp) ------------------------------------------------------------
+
+// Folds the counts of backends that are gone into shard 0 (migration 0009), so the rows the
+// gauges sum are about one per live connection and state, whatever the fleet.
+void FoldCountsOfGoneBackends(pqxx::work& tx);
+struct StateGauge {
+  double count = 0;           // allocations in the state
+  double oldest_seconds = 0;  // time the oldest has been in it (0: none)
+};
+// Every state of `states` (0, 0 when it has none), and any other state with counts.
+std::map<std::string, StateGauge> ReadStateGauges(pqxx::work& tx,
+                                                  const std::vector<std::string>& states);
 
 }  // namespace gpuaas::scheduler

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "gpuaas/common/store.hpp"
+#include "projection_store.hpp"
 #include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
@@ -15,18 +16,6 @@ namespace gpuaas::scheduler {
 namespace {
 
 constexpr const char* kChannel = "gpuaas_placement";
-
-// One row per projected slot with its live claims: what placement needs of it.
-const std::string kSlotsQuery =
-    std::string(
-        "SELECT p.node_id, p.region, p.pool, p.sku, p.slot_key, p.numa, p.pcie_switch, "
-        "p.fabric_type, p.schedulable, ") +
-    kSlotCompleteSql +
-    ", EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-    "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
-    "EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
-    "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled "
-    "FROM projected_slots p";
 
 // A Sync marker's payload (node ids never start with a control character).
 constexpr char kMarker = '\x01';
@@ -157,7 +146,7 @@ void PlacementCache::Loop() {
         last_ping = std::chrono::steady_clock::now();
       } else if (std::chrono::steady_clock::now() - last_ping > std::chrono::seconds(5)) {
         // A connection that died quietly shows here rather than as missing notifications.
-        pqxx::nontransaction(*listen_).exec("SELECT 1");
+        PingConnection(*listen_);
         last_ping = std::chrono::steady_clock::now();
       }
     } catch (const std::exception& e) {
@@ -223,16 +212,10 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
     std::string after;
     while (true) {
       // The page's last node, then its rows by primary key range.
-      auto last = tx.exec_params(
-          "SELECT max(node_id) FROM (SELECT DISTINCT node_id FROM projected_slots WHERE node_id > "
-          "$1 ORDER BY node_id LIMIT 2000) page",
-          after);
-      if (last.empty() || last[0][0].is_null()) break;
-      const std::string upto = last[0][0].as<std::string>();
-      auto read =
-          Parse(tx.exec_params(kSlotsQuery + " WHERE p.node_id > $1 AND p.node_id <= $2 ORDER BY "
-                                             "p.node_id, p.slot_key",
-                               after, upto));
+      auto last = LastNodeOfSlotPage(tx, after);
+      if (!last) break;
+      const std::string upto = std::move(*last);
+      auto read = Parse(ReadPlacementSlotsInRange(tx, after, upto));
       after = upto;
       node_reads_ += read.size();
       std::lock_guard lock(mu_);
@@ -241,17 +224,9 @@ void PlacementCache::Load(pqxx::transaction_base& tx, const std::vector<std::str
     malloc_trim(0);  // the rows' memory, freed in many small pieces, back to the system
     return;
   }
-  // Each node by its own primary-key probe: `node_id = ANY(...)` over a young table without
-  // statistics (a new replica, a rebuild) was planned as a parallel sequential scan of every
-  // slot per notification. OFFSET 0 keeps the per-node subquery from being flattened into a
-  // join the planner could again answer with a scan.
   // Each node once: a second Put of one node would move from what the first took.
   const std::vector<std::string> ids = Unique(node_ids);
-  auto read = Parse(
-      store::Prepared(tx,
-                      "SELECT s.* FROM unnest($1::text[]) AS wanted(id) CROSS JOIN LATERAL (" +
-                          kSlotsQuery + " WHERE p.node_id = wanted.id OFFSET 0) s ORDER BY 1, 5",
-                      store::TextArrayLiteral(ids)));
+  auto read = Parse(ReadPlacementSlotsOfNodes(tx, ids));
   node_reads_ += ids.size();
   std::lock_guard lock(mu_);
   for (const auto& id : ids) {
@@ -360,9 +335,7 @@ void PlacementCache::Put(const std::string& node_id, Node node) {
 std::vector<placement::NodeView> ReadNodeViews(pqxx::transaction_base& tx,
                                                const std::string& region, const std::string& pool,
                                                const std::string& sku, bool* region_enabled) {
-  const auto nodes = PlacementCache::Parse(tx.exec_params(
-      kSlotsQuery + " WHERE p.region = $1 AND ($2 = '' OR p.pool = $2) AND p.sku = $3", region,
-      pool, sku));
+  const auto nodes = PlacementCache::Parse(ReadPlacementSlotsOfSku(tx, region, pool, sku));
   std::vector<placement::NodeView> out;
   out.reserve(nodes.size());
   *region_enabled = false;
@@ -413,9 +386,7 @@ bool PlacementCache::Sync(std::chrono::milliseconds timeout) {
     std::lock_guard lock(sync_mu_);
     if (!sync_conn_) sync_conn_ = store::Connect(dsn_);
     marker = ++next_marker_;
-    pqxx::nontransaction(*sync_conn_)
-        .exec_params("SELECT pg_notify($1, $2)", kChannel,
-                     std::string(1, kMarker) + std::to_string(marker));
+    Notify(*sync_conn_, kChannel, std::string(1, kMarker) + std::to_string(marker));
   } catch (const std::exception&) {
     std::lock_guard lock(sync_mu_);
     sync_conn_.reset();

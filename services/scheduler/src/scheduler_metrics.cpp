@@ -10,6 +10,7 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
+#include "allocation_store.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
 
@@ -126,56 +127,31 @@ std::shared_ptr<metrics::Sampler> StartAllocationGauges(std::shared_ptr<store::P
                           "Time the oldest allocation in each state has been in it (0: none; "
                           "sampled)")
                       .Register(registry);
-  return std::make_shared<metrics::Sampler>(interval, [pool = std::move(pool), count, oldest,
-                                                       log = std::move(logger)] {
-    // The counts of backends that are gone fold into shard 0 (migration 0009), so the rows
-    // summed below are about one per live connection and state, whatever the fleet.
-    auto folded = store::WithTx(*pool, [](pqxx::work& tx) -> Result<void> {
-      tx.exec(
-          "WITH gone AS (DELETE FROM allocation_state_counts WHERE shard <> 0 AND shard NOT "
-          "IN (SELECT pid FROM pg_stat_activity WHERE pid IS NOT NULL) RETURNING state, n) "
-          "INSERT INTO allocation_state_counts AS c (state, shard, n) SELECT state, 0, "
-          "sum(n) FROM gone GROUP BY state ON CONFLICT (state, shard) DO UPDATE SET n = c.n "
-          "+ EXCLUDED.n");
-      return Ok();
-    });
-    if (!folded.ok()) {
-      log.Debug("allocation counts not folded", {{"error", folded.error().ToString()}});
-    }
-    auto r = store::WithTx(
-        *pool,
-        [](pqxx::work& tx) -> Result<std::map<std::string, std::pair<double, double>>> {
-          std::map<std::string, std::pair<double, double>> by_state;
-          std::vector<std::string> states;
-          for (const auto& s : enums::Texts<v1::AllocationState>()) {
-            by_state[s] = {0, 0};
-            states.push_back(s);
-          }
-          for (const auto& row : tx.exec(
-                   "SELECT state, sum(n)::float8 FROM allocation_state_counts GROUP BY state")) {
-            by_state[row[0].as<std::string>()].first = row[1].as<double>();
-          }
-          // updated_at moves with every announced change (the saga's UPDATE of the state);
-          // each state's oldest is one probe of allocations_state_updated.
-          for (const auto& row : tx.exec_params(
-                   "SELECT s, COALESCE(extract(epoch from now() - (SELECT min(a.updated_at) "
-                   "FROM allocations a WHERE a.state = s)), 0)::float8 "
-                   "FROM unnest($1::text[]) s",
-                   store::TextArrayLiteral(states))) {
-            by_state[row[0].as<std::string>()].second = row[1].as<double>();
-          }
-          return by_state;
-        },
-        store::ReadSnapshot());
-    if (!r.ok()) {
-      log.Debug("allocation gauges not sampled", {{"error", r.error().ToString()}});
-      return;
-    }
-    for (const auto& [state, v] : *r) {
-      count->Add({{"state", state}}).Set(v.first);
-      oldest->Add({{"state", state}}).Set(v.second);
-    }
-  });
+  return std::make_shared<metrics::Sampler>(
+      interval, [pool = std::move(pool), count, oldest, log = std::move(logger)] {
+        // The counts of backends that are gone fold into shard 0 before the sums are read.
+        auto folded = store::WithTx(*pool, [](pqxx::work& tx) -> Result<void> {
+          FoldCountsOfGoneBackends(tx);
+          return Ok();
+        });
+        if (!folded.ok()) {
+          log.Debug("allocation counts not folded", {{"error", folded.error().ToString()}});
+        }
+        auto r = store::WithTx(
+            *pool,
+            [](pqxx::work& tx) -> Result<std::map<std::string, StateGauge>> {
+              return ReadStateGauges(tx, enums::Texts<v1::AllocationState>());
+            },
+            store::ReadSnapshot());
+        if (!r.ok()) {
+          log.Debug("allocation gauges not sampled", {{"error", r.error().ToString()}});
+          return;
+        }
+        for (const auto& [state, v] : *r) {
+          count->Add({{"state", state}}).Set(v.count);
+          oldest->Add({{"state", state}}).Set(v.oldest_seconds);
+        }
+      });
 }
 
 }  // namespace gpuaas::scheduler

@@ -5,7 +5,6 @@
 #include <map>
 #include <thread>
 
-#include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/scheduler/catalog.hpp"
@@ -13,6 +12,7 @@
 #include "gpuaas/scheduler/saga.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "projection_store.hpp"
 #include "scheduler_metrics.hpp"
 #include "scheduler_reasons.hpp"
 
@@ -48,32 +48,10 @@ Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>
   }
   const auto newest = NewestPerKey(keyed);  // one row per node
   if (newest.empty()) return Ok();
-  constexpr size_t kColumns = 7;
-  std::vector<std::vector<std::string>> cols(kColumns);
-  for (const auto& [id, chosen] : newest) {
-    const auto& n = snaps[chosen].node();
-    const std::string row[kColumns] = {n.node_id(),
-                                       n.hostname(),
-                                       n.region(),
-                                       n.pool(),
-                                       enums::Text(n.capacity_profile()),
-                                       std::to_string(n.generation()),
-                                       events[chosen]->id()};
-    for (size_t c = 0; c < kColumns; ++c) cols[c].push_back(row[c]);
-  }
-  tx.exec_params(
-      "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
-      "generation, last_event_id) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
-      "$4::text[], $5::text[], $6::bigint[], $7::uuid[]) "
-      "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
-      "region = EXCLUDED.region, pool = EXCLUDED.pool, "
-      "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
-      "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
-      "WHERE projected_nodes.generation < EXCLUDED.generation",
-      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
-      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
-      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
-      store::TextArrayLiteral(cols[6]));
+  std::vector<NodeUpsert> rows;
+  rows.reserve(newest.size());
+  for (const auto& [id, chosen] : newest) rows.push_back({&snaps[chosen], events[chosen]});
+  UpsertProjectedNodes(tx, rows);
   return Ok();
 }
 
@@ -82,8 +60,6 @@ Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
 }
 
 Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
-  constexpr size_t kColumns = 26;
-  std::vector<std::vector<std::string>> cols(kColumns);
   std::vector<v1::SlotSnapshot> snaps(events.size());
   std::vector<std::pair<std::pair<std::string, std::string>, int64_t>> keyed;
   for (size_t i = 0; i < events.size(); ++i) {
@@ -97,82 +73,11 @@ Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>
                        snap.slot().generation());
   }
   const auto newest = NewestPerKey(keyed);  // one row per slot
-  for (const auto& [key, chosen] : newest) {
-    const v1::SlotSnapshot& snap = snaps[chosen];
-    const auto& s = snap.slot();
-    const std::string row[kColumns] = {
-        s.node_id(),
-        s.slot_key(),
-        snap.region(),
-        snap.pool(),
-        s.sku(),
-        enums::Text(s.admin_state()),
-        enums::Text(s.health()),
-        snap.schedulable() ? "true" : "false",
-        store::TextArrayLiteral({snap.node_blockers().begin(), snap.node_blockers().end()}),
-        s.gpu_pci_address(),
-        s.locality_group(),
-        std::to_string(s.generation()),
-        events[chosen]->id(),
-        enums::Text(s.fabric_type()),
-        std::to_string(s.has_numa_node() ? s.numa_node() : -1),
-        s.pcie_switch(),
-        snap.region_enabled() ? "true" : "false",
-        s.nvme_by_id(),
-        enums::Text(s.fabric_claim_mode()),
-        s.fabric_vf_pci_address(),
-        s.mac(),
-        s.private_ip(),
-        s.profile().name(),
-        std::to_string(s.profile().vcpus_per_gpu()),
-        std::to_string(s.profile().memory_mib_per_gpu()),
-        std::to_string(s.profile().hugepages_1g_per_gpu())};
-    for (size_t c = 0; c < kColumns; ++c) cols[c].push_back(row[c]);
-  }
   if (newest.empty()) return Ok();
-  // One statement for the batch: each column an array, unnested into rows. node_blockers
-  // travels as an array of array literals.
-  tx.exec_params(
-      "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
-      "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id, "
-      "fabric_type, numa, pcie_switch, region_enabled, nvme_by_id, fabric_claim_mode, "
-      "fabric_vf_pci_address, mac, private_ip, profile_name, vcpus_per_gpu, memory_mib_per_gpu, "
-      "hugepages_1g_per_gpu) "
-      "SELECT n, k, r, p, sku, a, h, sch, nb::text[], g, lg, gen, ev, ft, numa, ps, re, nv, fcm, "
-      "vf, mac, ip, pn, vc, mem, hp FROM unnest($1::text[], $2::text[], $3::text[], "
-      "$4::text[], $5::text[], $6::text[], $7::text[], $8::boolean[], $9::text[], $10::text[], "
-      "$11::text[], $12::bigint[], $13::uuid[], $14::text[], $15::integer[], $16::text[], "
-      "$17::boolean[], $18::text[], $19::text[], $20::text[], $21::text[], $22::text[], "
-      "$23::text[], $24::integer[], $25::bigint[], $26::integer[]) "
-      "AS t(n, k, r, p, sku, a, h, sch, nb, g, lg, gen, ev, ft, numa, ps, re, nv, fcm, vf, mac, "
-      "ip, pn, vc, mem, hp) "
-      "ON CONFLICT (node_id, slot_key) DO UPDATE SET region = EXCLUDED.region, "
-      "pool = EXCLUDED.pool, sku = EXCLUDED.sku, admin_state = EXCLUDED.admin_state, "
-      "health = EXCLUDED.health, schedulable = EXCLUDED.schedulable, "
-      "node_blockers = EXCLUDED.node_blockers, gpu_pci_address = EXCLUDED.gpu_pci_address, "
-      "locality_group = EXCLUDED.locality_group, generation = EXCLUDED.generation, "
-      "last_event_id = EXCLUDED.last_event_id, fabric_type = EXCLUDED.fabric_type, "
-      "numa = EXCLUDED.numa, pcie_switch = EXCLUDED.pcie_switch, "
-      "region_enabled = EXCLUDED.region_enabled, nvme_by_id = EXCLUDED.nvme_by_id, "
-      "fabric_claim_mode = EXCLUDED.fabric_claim_mode, "
-      "fabric_vf_pci_address = EXCLUDED.fabric_vf_pci_address, mac = EXCLUDED.mac, "
-      "private_ip = EXCLUDED.private_ip, profile_name = EXCLUDED.profile_name, "
-      "vcpus_per_gpu = EXCLUDED.vcpus_per_gpu, memory_mib_per_gpu = EXCLUDED.memory_mib_per_gpu, "
-      "hugepages_1g_per_gpu = EXCLUDED.hugepages_1g_per_gpu, projected_at = now() "
-      "WHERE projected_slots.generation < EXCLUDED.generation",
-      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
-      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
-      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
-      store::TextArrayLiteral(cols[6]), store::TextArrayLiteral(cols[7]),
-      store::TextArrayLiteral(cols[8]), store::TextArrayLiteral(cols[9]),
-      store::TextArrayLiteral(cols[10]), store::TextArrayLiteral(cols[11]),
-      store::TextArrayLiteral(cols[12]), store::TextArrayLiteral(cols[13]),
-      store::TextArrayLiteral(cols[14]), store::TextArrayLiteral(cols[15]),
-      store::TextArrayLiteral(cols[16]), store::TextArrayLiteral(cols[17]),
-      store::TextArrayLiteral(cols[18]), store::TextArrayLiteral(cols[19]),
-      store::TextArrayLiteral(cols[20]), store::TextArrayLiteral(cols[21]),
-      store::TextArrayLiteral(cols[22]), store::TextArrayLiteral(cols[23]),
-      store::TextArrayLiteral(cols[24]), store::TextArrayLiteral(cols[25]));
+  std::vector<SlotUpsert> rows;
+  rows.reserve(newest.size());
+  for (const auto& [key, chosen] : newest) rows.push_back({&snaps[chosen], events[chosen]});
+  UpsertProjectedSlots(tx, rows);
   return Ok();
 }
 
@@ -328,10 +233,7 @@ Result<RebuildStats> SchedulerService::RebuildProjection(std::chrono::millisecon
     if (auto r = c->DeleteDurable(); !r.ok()) return r.error();
   }
   auto cleared = store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<void> {
-    tx.exec0("DELETE FROM projected_nodes");
-    tx.exec0("DELETE FROM projected_slots");
-    tx.exec_params("DELETE FROM inbox WHERE consumer = $1 OR consumer = $2", kNodeProjection,
-                   kSlotProjection);
+    EmptyProjections(tx, kNodeProjection, kSlotProjection);
     return Ok();
   });
   if (!cleared.ok()) return cleared.error();
@@ -352,20 +254,15 @@ Result<RebuildStats> SchedulerService::RebuildProjection(std::chrono::millisecon
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
-  auto counts =
-      store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<std::pair<int64_t, int64_t>> {
-        auto r = tx.exec1(
-            "SELECT (SELECT count(*) FROM projected_nodes), (SELECT count(*) FROM "
-            "projected_slots)");
-        return std::make_pair(r[0].as<int64_t>(), r[1].as<int64_t>());
-      });
+  auto counts = store::WithTx(
+      *svc_.pg(), [](pqxx::work& tx) -> Result<ProjectionCounts> { return CountProjections(tx); });
   if (!counts.ok()) return counts.error();
   RebuildStats st;
   uint64_t after = 0;
   for (auto* c : consumers) after += c->Processed();
   st.events_replayed = static_cast<int64_t>(after - before);
-  st.nodes = counts->first;
-  st.slots = counts->second;
+  st.nodes = counts->nodes;
+  st.slots = counts->slots;
   return st;
 }
 
