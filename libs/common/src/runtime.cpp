@@ -75,14 +75,21 @@ Service::~Service() { Shutdown(); }
 
 Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   const auto deadline = std::chrono::steady_clock::now() + start_timeout;
-  messaging::ConnectionOptions no;
-  no.url = cfg_.nats_url;
-  no.name = source();
-  no.seed_file = cfg_.nats_seed_file;
-  no.inbox_prefix =
-      cfg_.nats_inbox_prefix.empty() ? "_INBOX." + component_.name : cfg_.nats_inbox_prefix;
-  no.tls_ca_file = cfg_.nats_tls_ca_file;
   messaging::SetStreamReplicas(static_cast<int>(cfg_.nats_stream_replicas));
+  if (auto r = ReadTokenKeys(); !r.ok()) return r;
+  if (auto r = ConnectNats(); !r.ok()) return r;
+  if (component_.migrations) {
+    if (auto r = OpenDatabase(deadline); !r.ok()) return r;
+  }
+  RouteHttp();
+  auto port = http_->Start();
+  if (!port.ok()) return port.error();
+  http_port_ = *port;
+  log_.Info("service started", {{"http_port", std::to_string(http_port_)}});
+  return Ok();
+}
+
+Result<void> Service::ReadTokenKeys() {
   token_keys_.clear();
   std::stringstream paths(cfg_.token_public_keys);
   for (std::string path; std::getline(paths, path, ',');) {
@@ -96,6 +103,17 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
     }
     token_keys_.push_back(pem.str());
   }
+  return Ok();
+}
+
+Result<void> Service::ConnectNats() {
+  messaging::ConnectionOptions no;
+  no.url = cfg_.nats_url;
+  no.name = source();
+  no.seed_file = cfg_.nats_seed_file;
+  no.inbox_prefix =
+      cfg_.nats_inbox_prefix.empty() ? "_INBOX." + component_.name : cfg_.nats_inbox_prefix;
+  no.tls_ca_file = cfg_.nats_tls_ca_file;
   auto nc = messaging::Connection::Connect(no, log_);
   if (!nc.ok()) return nc.error();
   nats_ = *nc;
@@ -103,25 +121,28 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
     if (!nats_->Connected()) return Error::Unavailable(reason::kNatsDisconnected, "not connected");
     return Ok();
   });
+  return Ok();
+}
 
-  if (component_.migrations) {
-    pool_ = std::make_shared<store::Pool>(
-        store::PoolOptions{cfg_.pg_dsn, static_cast<int>(cfg_.pg_pool_size), 5000}, log_);
-    while (true) {
-      auto common = store::Migrate(*pool_, "common", store::CommonMigrations());
-      Result<int> own = common.ok()
-                            ? store::Migrate(*pool_, component_.name, *component_.migrations)
-                            : Result<int>(common.error());
-      if (own.ok()) break;
-      if (!own.error().retryable || std::chrono::steady_clock::now() > deadline) {
-        return own.error();
-      }
-      log_.Warn("database not ready, retrying", {{"error", own.error().ToString()}});
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+Result<void> Service::OpenDatabase(std::chrono::steady_clock::time_point deadline) {
+  pool_ = std::make_shared<store::Pool>(
+      store::PoolOptions{cfg_.pg_dsn, static_cast<int>(cfg_.pg_pool_size), 5000}, log_);
+  while (true) {
+    auto common = store::Migrate(*pool_, "common", store::CommonMigrations());
+    Result<int> own = common.ok() ? store::Migrate(*pool_, component_.name, *component_.migrations)
+                                  : Result<int>(common.error());
+    if (own.ok()) break;
+    if (!own.error().retryable || std::chrono::steady_clock::now() > deadline) {
+      return own.error();
     }
-    AddReadinessCheck("postgres", [this]() { return pool_->Ping(); });
+    log_.Warn("database not ready, retrying", {{"error", own.error().ToString()}});
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
+  AddReadinessCheck("postgres", [this]() { return pool_->Ping(); });
+  return Ok();
+}
 
+void Service::RouteHttp() {
   http_ =
       std::make_unique<http::Server>(cfg_.http_host, static_cast<uint16_t>(cfg_.http_port), log_);
   http_->Route("/healthz", [](const std::string&, const std::string&) {
@@ -143,11 +164,6 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
         200, "application/json",
         contract::ToJson(nats_->contract(), component_.name, cfg_.instance_id) + "\n"};
   });
-  auto port = http_->Start();
-  if (!port.ok()) return port.error();
-  http_port_ = *port;
-  log_.Info("service started", {{"http_port", std::to_string(http_port_)}});
-  return Ok();
 }
 
 outbox::Relay& Service::StartOutboxRelay(outbox::RelayOptions opts) {

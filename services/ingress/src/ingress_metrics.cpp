@@ -14,6 +14,7 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/types.pb.h"
 #include "ingress_reasons.hpp"
+#include "ingress_store.hpp"
 
 namespace gpuaas::ingress {
 
@@ -71,17 +72,8 @@ std::shared_ptr<metrics::Sampler> StartExposureGauges(std::shared_ptr<store::Poo
             [](pqxx::work& tx) -> Result<Sample> {
               Sample s;
               for (const auto& st : enums::Texts<v1::ExposureState>()) s.states[st] = 0;
-              for (const auto& row :
-                   tx.exec("SELECT state, count(*)::float8 FROM exposures GROUP BY state")) {
-                s.states[row[0].as<std::string>()] = row[1].as<double>();
-              }
-              for (const auto& row :
-                   tx.exec("SELECT p.name, CASE WHEN p.kind = 'port_range' THEN p.port_max - "
-                           "p.port_min + 1 ELSE cardinality(p.addresses) END::float8, (SELECT "
-                           "count(*) FROM endpoint_leases l WHERE l.pool = p.name)::float8 FROM "
-                           "endpoint_pools p")) {
-                s.pools[row[0].as<std::string>()] = {row[1].as<double>(), row[2].as<double>()};
-              }
+              for (const auto& c : CountExposuresByState(tx)) s.states[c.state] = c.count;
+              for (const auto& p : CountPoolEndpoints(tx)) s.pools[p.pool] = {p.total, p.used};
               return s;
             },
             store::ReadSnapshot());

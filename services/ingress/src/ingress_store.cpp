@@ -504,4 +504,26 @@ void RecordAckSimulated(pqxx::work& tx, const std::string& node_id, bool simulat
   tx.exec_params("UPDATE exposure_acks SET simulated = $2 WHERE node_id = $1", node_id, simulated);
 }
 
+// ---- gauges ----
+
+std::vector<StateCount> CountExposuresByState(pqxx::work& tx) {
+  std::vector<StateCount> out;
+  for (const auto& r : tx.exec("SELECT state, count(*)::float8 FROM exposures GROUP BY state")) {
+    out.push_back({r[0].as<std::string>(), r[1].as<double>()});
+  }
+  return out;
+}
+
+std::vector<PoolEndpoints> CountPoolEndpoints(pqxx::work& tx) {
+  std::vector<PoolEndpoints> out;
+  for (const auto& r :
+       tx.exec("SELECT p.name, CASE WHEN p.kind = 'port_range' THEN p.port_max - "
+               "p.port_min + 1 ELSE cardinality(p.addresses) END::float8, (SELECT "
+               "count(*) FROM endpoint_leases l WHERE l.pool = p.name)::float8 FROM "
+               "endpoint_pools p")) {
+    out.push_back({r[0].as<std::string>(), r[1].as<double>(), r[2].as<double>()});
+  }
+  return out;
+}
+
 }  // namespace gpuaas::ingress

@@ -1,6 +1,6 @@
 #pragma once
-// ingress's SQL: every statement the pool, exposure and ack code runs against ingress's tables
-// (endpoint_pools, allocations, exposures, endpoint_leases, exposure_acks), each behind a
+// ingress's SQL: every statement the pool, exposure, ack and gauge code runs against ingress's
+// tables (endpoint_pools, allocations, exposures, endpoint_leases, exposure_acks), each behind a
 // function named for what it does. Every function runs in the caller's transaction; what it
 // locks is said at its declaration, and the lock order is the caller's: a node's document lock
 // (LockNodeDocument) before any exposure row lock, an allocation's row before its pools' rows.
@@ -189,5 +189,21 @@ void LockNodeDocument(pqxx::work& tx, const std::string& node_id);
 v1::NodeExposureDocument LoadNodeMappings(pqxx::work& tx, const std::string& node_id);
 // Marks the node's ack as from an agent that does not touch the kernel (or not).
 void RecordAckSimulated(pqxx::work& tx, const std::string& node_id, bool simulated);
+
+// ---- gauges (StartExposureGauges reads them in one snapshot) ----
+
+// How many exposures are in each state that has any (the state's text).
+struct StateCount {
+  std::string state;
+  double count = 0;
+};
+std::vector<StateCount> CountExposuresByState(pqxx::work& tx);
+// Every pool's endpoints: `total` it hands out (ports or addresses), `used` by leases.
+struct PoolEndpoints {
+  std::string pool;
+  double total = 0;
+  double used = 0;
+};
+std::vector<PoolEndpoints> CountPoolEndpoints(pqxx::work& tx);
 
 }  // namespace gpuaas::ingress

@@ -120,6 +120,14 @@ class Service {
   std::pair<bool, std::string> Readiness();
 
  private:
+  // Start's steps, in the order it runs them.
+  Result<void> ReadTokenKeys();  // auth.token_public_keys: every file readable
+  Result<void> ConnectNats();    // and its readiness check
+  // PostgreSQL pool and migrations (common, then own), retrying a retryable failure until
+  // `deadline`; then its readiness check.
+  Result<void> OpenDatabase(std::chrono::steady_clock::time_point deadline);
+  void RouteHttp();  // /healthz, /readyz, /metrics, /contract (not yet listening)
+
   Component component_;
   CommonConfig cfg_;
   log::Logger log_;
