@@ -3,9 +3,11 @@
 // duplicates, replay, PostgreSQL and nats-server restarts, malformed events, agent isolation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -87,7 +89,12 @@ class FlowTest : public ::testing::Test {
     return out;
   }
 
-  void RegisterThroughOutage(const std::string& prefix, const std::function<void()>& outage,
+  // A server's outage: `stop` it, `down` for that long, `start` it, then `after` to recover.
+  struct Outage {
+    std::function<void()> stop, start;
+    std::chrono::milliseconds down, after;
+  };
+  void RegisterThroughOutage(const std::string& prefix, const Outage& outage,
                              std::chrono::seconds settle);
 
   testing::TestNats nats_;
@@ -219,24 +226,28 @@ TEST_F(FlowTest, ProjectionRebuildsFromTheStream) {
   EXPECT_TRUE(testing::WaitFor([&] { return Projection().count("gpu-late") == 1; }));
 }
 
-// Keeps registering nodes (each retried until inventory acknowledges it) while `outage` runs,
-// then checks that some registration met the outage (a retryable refusal while it ran) and that
-// every acknowledged registration reached the scheduler's projection.
-void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::function<void()>& outage,
+// Keeps registering nodes (each retried until inventory acknowledges it) through `outage`, then
+// checks that registrations met the outage (a request in flight while the server was down: it
+// was refused and retried, or it waited for the reconnect) and that every acknowledged
+// registration reached the scheduler's projection.
+void FlowTest::RegisterThroughOutage(const std::string& prefix, const Outage& outage,
                                      std::chrono::seconds settle) {
+  using Clock = std::chrono::steady_clock;
   std::atomic<bool> stop{false};
-  std::atomic<bool> in_outage{false};
-  std::atomic<int> refused_in_outage{0};
   std::set<std::string> acked;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> calls;  // each request's span
+  int refused = 0;
   std::thread writer([&] {
     for (int i = 0; !stop || i < 5; ++i) {
       while (true) {
+        const auto began = Clock::now();
         auto r = Register(Req(fmt::format("{}-{:03}", prefix, i)));
+        calls.emplace_back(began, Clock::now());
         if (r.ok()) {
           acked.insert(r->node().node_id());
           break;
         }
-        if (in_outage) ++refused_in_outage;
+        ++refused;
         EXPECT_TRUE(r.error().retryable) << r.error().ToString();
         std::this_thread::sleep_for(50ms);
       }
@@ -244,14 +255,21 @@ void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::funct
     }
   });
   std::this_thread::sleep_for(300ms);
-  in_outage = true;
-  outage();
-  in_outage = false;
+  outage.stop();
+  const auto down_from = Clock::now();
+  std::this_thread::sleep_for(outage.down);
+  const auto down_until = Clock::now();
+  outage.start();
+  std::this_thread::sleep_for(outage.after);
   stop = true;
   writer.join();
   ASSERT_GE(acked.size(), 5u);
-  // Without this the test would pass just as well if the outage happened between requests.
-  EXPECT_GE(refused_in_outage.load(), 1) << "no registration was refused during the outage";
+  // Without this the test would pass just as well if the outage fell between requests.
+  const auto met = std::count_if(calls.begin(), calls.end(), [&](const auto& c) {
+    return c.first < down_until && c.second > down_from;
+  });
+  EXPECT_GE(met, 1) << "no registration was in flight while the server was down (" << refused
+                    << " refused in all)";
   ASSERT_TRUE(testing::WaitFor(
       [&] {
         auto p = Projection();
@@ -265,27 +283,17 @@ void FlowTest::RegisterThroughOutage(const std::string& prefix, const std::funct
 }
 
 TEST_F(FlowTest, PostgresRestartMidRunLosesNothing) {
-  RegisterThroughOutage(
-      "pg",
-      [] {
-        testing::SharedPostgres().Stop();
-        std::this_thread::sleep_for(700ms);  // requests now get UNAVAILABLE, and are retried
-        testing::SharedPostgres().Start();
-        std::this_thread::sleep_for(500ms);
-      },
-      20s);
+  // While PostgreSQL is down, requests get UNAVAILABLE and are retried.
+  RegisterThroughOutage("pg",
+                        {[] { testing::SharedPostgres().Stop(); },
+                         [] { testing::SharedPostgres().Start(); }, 700ms, 500ms},
+                        20s);
 }
 
 TEST_F(FlowTest, NatsRestartMidRunLosesNothing) {
-  RegisterThroughOutage(
-      "nats",
-      [this] {
-        nats_.Stop();
-        std::this_thread::sleep_for(500ms);
-        nats_.Start();
-        std::this_thread::sleep_for(1000ms);
-      },
-      30s);
+  // While NATS is down, a request fails or waits for the client's reconnect.
+  RegisterThroughOutage("nats",
+                        {[this] { nats_.Stop(); }, [this] { nats_.Start(); }, 500ms, 1000ms}, 30s);
 }
 
 TEST_F(FlowTest, NodeAgentRegistersItselfOrStaysIsolated) {
