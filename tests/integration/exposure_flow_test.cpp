@@ -120,6 +120,7 @@ class ExposureFlowTest : public ::testing::Test {
   }
   static std::string Describe(const std::vector<v1::TimelineEntry>& timeline) {
     std::vector<std::string> lines;
+    lines.reserve(timeline.size());
     for (const auto& e : timeline) {
       lines.push_back(fmt::format("{} {} {} {}", enums::Text(e.step()), enums::Text(e.state()),
                                   enums::Text(e.task_type()), e.detail()));

@@ -15,18 +15,6 @@
 #include "gpuaas/common/process_metrics.hpp"
 #include "gpuaas/common/result.hpp"
 
-namespace prometheus {
-class Registry;
-class Counter;
-class Histogram;
-template <typename T>
-class Family;
-}  // namespace prometheus
-
-namespace gpuaas::store {
-class Pool;
-}
-
 namespace gpuaas::ingress {
 
 class IngressMetrics {

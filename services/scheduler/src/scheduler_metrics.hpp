@@ -23,18 +23,6 @@
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
 
-namespace prometheus {
-class Registry;
-class Counter;
-class Histogram;
-template <typename T>
-class Family;
-}  // namespace prometheus
-
-namespace gpuaas::store {
-class Pool;
-}
-
 namespace gpuaas::scheduler {
 
 // Why a create found no capacity: what the create path decided when it refused (no_placement,

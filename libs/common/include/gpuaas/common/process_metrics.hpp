@@ -13,9 +13,16 @@
 
 #include "gpuaas/common/log.hpp"
 
+// The prometheus-cpp types metrics code names, declared once (services' metrics headers include
+// this header rather than prometheus-cpp's).
 namespace prometheus {
 class Registry;
-}
+class Counter;
+class Gauge;
+class Histogram;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace gpuaas::store {
 class Pool;
