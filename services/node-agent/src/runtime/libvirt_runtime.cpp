@@ -934,18 +934,7 @@ Result<void> LibvirtRuntime::DestroyNeverRunDomain(_virConnect* conn, const v1::
 }
 
 Result<void> LibvirtRuntime::LeaseSlots(const v1::ProvisionBundle& b, const ProgressFn& progress) {
-  std::vector<std::string> slot_keys;
-  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
-  {
-    std::lock_guard lock(mu_);
-    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok()) {
-      return r.error();
-    }
-  }
-  progress("lease",
-           fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
-           100);
-  return Ok();
+  return LeaseBundleSlots(store_, mu_, b, progress);
 }
 
 // The bundle the seed is built from (the terminal relay key added to its SSH keys), its files

@@ -293,6 +293,22 @@ Result<void> TakeLease(LocalStore& store, const std::string& allocation_id,
   return Ok();
 }
 
+Result<void> LeaseBundleSlots(LocalStore& store, std::mutex& mu, const v1::ProvisionBundle& b,
+                              const ProgressFn& progress) {
+  std::vector<std::string> slot_keys;
+  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
+  {
+    std::lock_guard lock(mu);
+    if (auto r = TakeLease(store, b.allocation_id(), slot_keys, b.attempt()); !r.ok()) {
+      return r.error();
+    }
+  }
+  progress("lease",
+           fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
+           100);
+  return Ok();
+}
+
 std::string LeaseKey(const std::string& allocation_id) { return "lease-" + allocation_id; }
 std::string DomainKey(const std::string& allocation_id) { return "domain-" + allocation_id; }
 
@@ -396,8 +412,6 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
            100);
   Step();
 
-  std::vector<std::string> slot_keys;
-  for (const auto& s : b.slots()) slot_keys.push_back(s.slot_key());
   const std::string domain = DomainName(b.allocation_id());
   const auto& first = b.slots(0);
   auto record = [&](const std::string& state) -> Result<void> {
@@ -407,15 +421,7 @@ Result<v1::ProvisionOutput> SimulatedRuntime::Provision(const v1::ProvisionBundl
     }
     return Ok();
   };
-  {
-    std::lock_guard lock(mu_);
-    if (auto r = TakeLease(store_, b.allocation_id(), slot_keys, b.attempt()); !r.ok()) {
-      return r.error();
-    }
-  }
-  progress("lease",
-           fmt::format("slots {} leased (attempt {})", fmt::join(slot_keys, ","), b.attempt()),
-           100);
+  if (auto r = LeaseBundleSlots(store_, mu_, b, progress); !r.ok()) return r.error();
   Step();
 
   progress("image", "fetching " + b.image().name() + " (simulated)", 0);

@@ -143,6 +143,11 @@ CleanupHooksOutcome RunCleanupHooks(const NetworkCleanupFn& network,
                                     bool unhooked_network_removed,
                                     const std::string& unhooked_network_line);
 
+// Both runtimes' lease step of a provision: TakeLease on the bundle's slots under `mu` (the
+// runtime's ledger lock), then the "lease" progress line.
+Result<void> LeaseBundleSlots(LocalStore& store, std::mutex& mu, const v1::ProvisionBundle& b,
+                              const ProgressFn& progress);
+
 class VmRuntime {
  public:
   virtual ~VmRuntime() = default;
