@@ -854,14 +854,31 @@ Result<void> Consumer::DeleteDurable() {
 }
 
 Result<uint64_t> Consumer::Backlog() {
+  return ConsumerBacklog(*conn_, spec_.stream, spec_.durable);
+}
+
+Result<uint64_t> ConsumerBacklog(Connection& conn, const std::string& stream,
+                                 const std::string& durable) {
   jsConsumerInfo* ci = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus s = js_GetConsumerInfo(&ci, conn_->js(), spec_.stream.c_str(), spec_.durable.c_str(),
-                                    nullptr, &jerr);
-  if (s != NATS_OK) return JsError(s, jerr, "consumer info " + spec_.durable);
+  natsStatus s =
+      js_GetConsumerInfo(&ci, conn.js(), stream.c_str(), durable.c_str(), nullptr, &jerr);
+  if (s != NATS_OK) return JsError(s, jerr, "consumer info " + durable);
   uint64_t n = ci->NumPending + static_cast<uint64_t>(ci->NumAckPending);
   jsConsumerInfo_Destroy(ci);
   return n;
+}
+
+Result<std::vector<std::string>> ConsumerNames(Connection& conn, const std::string& stream) {
+  jsConsumerNamesList* list = nullptr;
+  jsErrCode jerr = static_cast<jsErrCode>(0);
+  natsStatus s = js_ConsumerNames(&list, conn.js(), stream.c_str(), nullptr, &jerr);
+  // A stream without consumers answers NATS_NOT_FOUND.
+  if (s == NATS_NOT_FOUND) return std::vector<std::string>{};
+  if (s != NATS_OK) return JsError(s, jerr, "consumer names of " + stream);
+  std::vector<std::string> names(list->List, list->List + list->Count);
+  jsConsumerNamesList_Destroy(list);
+  return names;
 }
 
 void Consumer::KeepAlive() {

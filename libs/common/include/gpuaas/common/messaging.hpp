@@ -179,6 +179,14 @@ StreamSpec SchedulerEventsStream();
 StreamSpec IngressEventsStream();
 StreamSpec ConsoleEventsStream();
 
+// The durable consumers on a stream, by name.
+Result<std::vector<std::string>> ConsumerNames(Connection& conn, const std::string& stream);
+// Messages a durable consumer still has coming: not yet delivered + delivered and not yet acked
+// (one held by a consumer process that died counts until its ack wait passes, it is delivered
+// again and acked).
+Result<uint64_t> ConsumerBacklog(Connection& conn, const std::string& stream,
+                                 const std::string& durable);
+
 // ---- Durable pull consumers ----
 
 struct Delivery {
