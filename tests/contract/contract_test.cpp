@@ -67,6 +67,10 @@ const std::map<std::string, std::string> kOutsideParties = {
      "the node-agent reports leases only with network.apply = netns|host (root: a bridge and "
      "dnsmasq), so its agent here cannot; NetFlowTest runs that path as root. The test stands "
      "in for it (its report must match the channel) so that ipam's drift events run"},
+    {"followTenantAllocations",
+     "a tenant gateway (client role tenant-api), not a service, consumes the tenant feed: "
+     "IdentityTest.ATenantGatewayFollowsOneTenantsAllocationsThroughTheFeed and the JS contract "
+     "client (ContractClientTest) do, with the tenant-api identity"},
 };
 
 // ---- the document ----

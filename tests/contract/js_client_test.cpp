@@ -1,9 +1,11 @@
 // The contracts as an outsider uses them: tests/contract/js/client.mjs, a client written only from
-// asyncapi/ and proto/ with the official NATS JavaScript client and protobufjs, runs against the
-// real services (ipam, inventory, the scheduler and a simulated node-agent on a fixture host, on
-// real NATS + PostgreSQL). It lists the catalog, places a gpu_slice allocation, follows it on the
-// event stream to ACTIVE, decodes its vm.provision node task, releases it and follows it to
-// RELEASED. SKIPs without node or without tests/contract/js/node_modules (scripts/install-deps).
+// asyncapi/ and proto/ with the official NATS JavaScript client and protobufjs, runs as a tenant
+// gateway (the tenant-api identity and a tenant token, docs/integrating.md) against the real
+// services (ipam, inventory, the scheduler and a simulated node-agent on a fixture host, on real
+// NATS + PostgreSQL). It lists the catalog with its availability, opens a durable pull consumer of
+// the tenant's feed (GPUAAS_TENANT_FEED), places a gpu_slice allocation, follows it on that feed
+// to ACTIVE, releases it, follows it to RELEASED and deletes its durable. SKIPs without node or
+// without tests/contract/js/node_modules (scripts/install-deps).
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -101,27 +103,41 @@ TEST_F(ContractClientTest, IndependentClientPlacesFollowsAndReleasesASlice) {
   const std::string tenant = "contract-js-" + std::to_string(::getpid());
   std::string cmd = Quote(node_) + " client.mjs";
   cmd += " --nats " + Quote(p_.nats.url());
-  // It reads the task stream (step 4) as well as calling tenant subjects: no single platform
-  // role may do both (the task stream holds tenants' cloud-init), so it runs as the test's
-  // harness identity, with an operator token.
+  // A tenant gateway and nothing more: the tenant-api identity (its nkey, its inbox, requests on
+  // <subject>.tenant-api) with a tenant token for `tenant`; what it reads of JetStream is the
+  // tenant feed only, through its own durable.
   const std::string token_file = testing::MakeTempDir("gpuaas-js") + "/token";
-  std::ofstream(token_file) << p_.nats.Token("operator");
-  cmd += " --seed-file " + Quote(p_.nats.SeedFile(testing::TestNats::kHarness));
-  cmd += " --inbox-prefix _INBOX.harness --token-file " + Quote(token_file);
+  std::ofstream(token_file) << p_.nats.Token("tenant", tenant, "tenant:" + tenant + "/js");
+  cmd += " --seed-file " + Quote(p_.nats.SeedFile("tenant-api"));
+  cmd += " --inbox-prefix _INBOX.tenant-api --client-role tenant-api";
+  cmd += " --token-file " + Quote(token_file);
   cmd += " --region us-east-1 --pool contract --timeout-s 60";
   cmd += " --tenant " + Quote(tenant);
   cmd += " --proto-dir " + Quote((fs::path(GPUAAS_SOURCE_DIR) / "proto").string());
   const Outcome r = RunCommand(cmd);
   std::cout << r.output;
+  const std::string feed = "gpuaas.v1.tenant." + tenant + ".evt.scheduler.allocation.";
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_THAT(r.output, HasSubstr("step 0 setup: connected to "));
+  EXPECT_THAT(r.output, HasSubstr("as client role tenant-api (inbox _INBOX.tenant-api)"));
   EXPECT_THAT(r.output, HasSubstr("step 1 catalog: "));
+  EXPECT_THAT(r.output, HasSubstr("step 1 availability: "));
+  EXPECT_THAT(r.output, HasSubstr("us-east-1:enabled"));
+  EXPECT_THAT(r.output, HasSubstr("step 2 feed: stream GPUAAS_TENANT_FEED subjects=["));
+  EXPECT_THAT(r.output, HasSubstr("filter=" + feed + "* deliver_policy=new ack_policy=explicit"));
+  EXPECT_THAT(r.output, HasSubstr("step 2 create: "));
+  EXPECT_THAT(r.output, HasSubstr("tenant=" + tenant + " "));
   EXPECT_THAT(r.output, HasSubstr("shape=CAPACITY_SHAPE_GPU_SLICE"));
   EXPECT_THAT(r.output, HasSubstr("step 3 event: "));
+  EXPECT_THAT(r.output, HasSubstr("ALLOCATION_STATE_ACTIVE on " + feed + "active"));
   EXPECT_THAT(r.output, HasSubstr("ALLOCATION_STATE_PROVISIONING -> ALLOCATION_STATE_ACTIVE"));
-  EXPECT_THAT(r.output, HasSubstr("step 4 node task: TASK_TYPE_VM_PROVISION params=vm_provision"));
-  EXPECT_THAT(r.output, HasSubstr("step 5 lifecycle: "));
-  EXPECT_THAT(r.output, HasSubstr("-> ALLOCATION_STATE_RELEASED"));
-  EXPECT_THAT(r.output, HasSubstr("step 6 PASS"));
+  EXPECT_THAT(r.output, HasSubstr("step 4 release: "));
+  EXPECT_THAT(r.output, HasSubstr("ALLOCATION_STATE_RELEASED on " + feed + "released"));
+  EXPECT_THAT(r.output, HasSubstr("step 4 lifecycle: "));
+  EXPECT_THAT(r.output, HasSubstr("-> ALLOCATION_STATE_RELEASED release_requested_by=tenant:" +
+                                  tenant + "/js tenant=" + tenant + " roles=tenant"));
+  EXPECT_THAT(r.output, HasSubstr("step 5 PASS"));
+  EXPECT_THAT(r.output, ::testing::Not(HasSubstr("nats: the server refused")));
 
   // The platform agrees: the client's one allocation is released.
   v1::ListAllocationsRequest lr;

@@ -5,11 +5,14 @@
 // wrong-role tokens are refused; the events name the principal.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
+#include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
@@ -233,7 +236,9 @@ TEST_F(IdentityTest, ATenantGatewayCannotCallAdminSubjectsNorSeeAnotherTenant) {
   for (const auto& subject : admin) {
     auto r = acme->Request(subject, "", {}, 1s);
     EXPECT_FALSE(r.ok()) << "tenant-api reached " << subject;
-    EXPECT_TRUE(Refused(*acme, subject)) << subject << " was not refused by the server";
+    // The connection sent it as a tenant gateway's request (access.hpp ClientSubject).
+    EXPECT_TRUE(Refused(*acme, access::ClientSubject(subject, "tenant-api")))
+        << subject << " was not refused by the server";
   }
 
   // Another tenant's allocation does not exist for acme; its list is only its own.
@@ -302,8 +307,10 @@ TEST_F(IdentityTest, MissingExpiredForgedAndWrongRoleTokensAreRefused) {
       {"forged", SignedToken(other_key->private_pem, auth::kRoleOperator, now),
        Code::kUnauthenticated, "token_signature"},
       {"garbage", "not.a.token", Code::kUnauthenticated, "token_malformed"},
-      {"auditor on an admin subject", SignedToken(PlatformSigningKey(), auth::kRoleAuditor, now),
-       Code::kPermissionDenied, "role_not_allowed"},
+      // An operator connection presents operator tokens only (roles.yaml token_roles).
+      {"auditor token on an operator connection",
+       SignedToken(PlatformSigningKey(), auth::kRoleAuditor, now), Code::kPermissionDenied,
+       "token_role_not_allowed_for_connection"},
   };
   v1::SetRegionRequest set;
   set.set_name("us-east-1");
@@ -315,15 +322,147 @@ TEST_F(IdentityTest, MissingExpiredForgedAndWrongRoleTokensAreRefused) {
     EXPECT_EQ(r.error().code, c.code) << c.name << ": " << r.error().ToString();
     EXPECT_EQ(r.error().reason, c.reason) << c.name << ": " << r.error().ToString();
   }
-  // A tenant token on an operator connection: the token's role decides, not the transport's.
+  // A tenant token on an operator connection: refused, the connection's role vouches only for
+  // operator tokens.
   auto op = As("operator", p_.nats.Token(auth::kRoleTenant, "acme"));
   auto r = rpc::Client(op).Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", set);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Code::kPermissionDenied);
+  EXPECT_EQ(r.error().reason, "token_role_not_allowed_for_connection") << r.error().ToString();
   // The control: a valid operator token passes.
   op = As("operator", p_.nats.Token(auth::kRoleOperator));
   r = rpc::Client(op).Call<v1::SetRegionResponse>("gpuaas.v1.inventory.region.set", set);
   EXPECT_TRUE(r.ok()) << r.error().ToString();
+}
+
+// A request's token must be one its connection's role may present (roles.yaml token_roles): the
+// server lets a client identity publish a request only as <subject>.<its role>, so the service
+// knows which kind of connection sent it.
+TEST_F(IdentityTest, ATenantGatewayPresentsTenantTokensOnly) {
+  p_.Start();
+  const v1::ListAllocationsRequest all;
+  for (const auto& [name, token] : std::vector<std::pair<std::string, std::string>>{
+           {"auditor", p_.nats.Token(auth::kRoleAuditor)},
+           {"operator", p_.nats.Token(auth::kRoleOperator)}}) {
+    auto gw = As("tenant-api", token);
+    auto l = rpc::Client(gw).Call<v1::ListAllocationsResponse>(
+        "gpuaas.v1.scheduler.allocation.list", all);
+    ASSERT_FALSE(l.ok()) << "a tenant-api connection listed allocations with an " << name
+                         << " token";
+    EXPECT_EQ(l.error().code, Code::kPermissionDenied) << l.error().ToString();
+    EXPECT_EQ(l.error().reason, "token_role_not_allowed_for_connection") << l.error().ToString();
+    EXPECT_EQ(l.error().details["connection_role"], "tenant-api");
+    EXPECT_EQ(l.error().details["token_role"], name);
+  }
+  // The control: a tenant token passes.
+  auto acme = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
+  auto l = rpc::Client(acme).Call<v1::ListAllocationsResponse>(
+      "gpuaas.v1.scheduler.allocation.list", all);
+  EXPECT_TRUE(l.ok()) << l.error().ToString();
+  // The role is the server's word, not the client's: a tenant-api identity cannot publish the
+  // subject without its suffix (where a platform identity's request would arrive), nor with
+  // another client role's.
+  auto o = p_.nats.Options("tenant-api");
+  o.client_role.clear();
+  o.token = p_.nats.Token(auth::kRoleAuditor);
+  auto bare = messaging::Connection::Connect(o, Quiet());
+  ASSERT_TRUE(bare.ok()) << bare.error().ToString();
+  for (const std::string subject :
+       {"gpuaas.v1.scheduler.allocation.list", "gpuaas.v1.scheduler.allocation.list.auditor",
+        "gpuaas.v1.scheduler.allocation.list.operator"}) {
+    auto r = (*bare)->Request(subject, all.SerializeAsString(), {}, 1s);
+    EXPECT_FALSE(r.ok()) << "tenant-api reached " << subject;
+    EXPECT_TRUE(Refused(**bare, subject)) << subject << " was not refused by the server";
+  }
+}
+
+// The tenant feed: a tenant gateway follows its tenants' allocations with its own pull consumers
+// on GPUAAS_TENANT_FEED, each filtered to one tenant's subjects, and gets exactly that tenant's
+// events, in order. The gateway serves every
+// tenant (it acts for the tenant of each token), so it may consume any tenant's feed; what it may
+// not read is the platform streams, which hold every tenant's events together.
+TEST_F(IdentityTest, ATenantGatewayFollowsOneTenantsAllocationsThroughTheFeed) {
+  p_.Start();
+  p_.StartApprovedAgent("ident-f", "ident", 4);
+  auto gw = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/alice"));
+  auto globex_gw =
+      As("tenant-api", p_.nats.Token(auth::kRoleTenant, "globex", "tenant:globex/bob"));
+  std::mutex mu;
+  std::vector<std::pair<std::string, v1::Event>> got;  // subject, event
+  messaging::ConsumerSpec spec;
+  spec.stream = messaging::TenantFeedStream().name;
+  spec.durable = "portal-acme";
+  spec.filter_subject = "gpuaas.v1.tenant.acme.evt.>";
+  messaging::Consumer feed(
+      gw, spec,
+      [&](const messaging::Delivery& d) {
+        v1::Event ev;
+        EXPECT_TRUE(ev.ParseFromString(d.msg.data)) << d.msg.subject;
+        std::lock_guard lock(mu);
+        got.emplace_back(d.msg.subject, ev);
+        return messaging::HandlerResult::Ack();
+      },
+      Quiet());
+  ASSERT_TRUE(feed.Start().ok());
+
+  auto theirs = rpc::Client(globex_gw).Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("globex", "g-feed"), 10s);
+  ASSERT_TRUE(theirs.ok()) << theirs.error().ToString();
+  auto mine = rpc::Client(gw).Call<v1::CreateAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.create", Order("acme", "a-feed"), 10s);
+  ASSERT_TRUE(mine.ok()) << mine.error().ToString();
+  const std::string id = mine->allocation().allocation_id();
+  auto states = [&] {
+    std::vector<v1::AllocationState> out;
+    std::lock_guard lock(mu);
+    for (const auto& [subject, ev] : got) {
+      v1::AllocationSnapshot snap;
+      if (ev.data().UnpackTo(&snap) && snap.allocation().allocation_id() == id) {
+        out.push_back(snap.allocation().state());
+      }
+    }
+    return out;
+  };
+  auto reached = [&](v1::AllocationState s) {
+    auto v = states();
+    return std::find(v.begin(), v.end(), s) != v.end();
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return reached(v1::ALLOCATION_STATE_ACTIVE); }, 60s));
+  v1::ReleaseAllocationRequest rel;
+  rel.set_allocation_id(id);
+  ASSERT_TRUE(
+      rpc::Client(gw)
+          .Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.release", rel)
+          .ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return reached(v1::ALLOCATION_STATE_RELEASED); }, 60s));
+  feed.Stop();
+
+  // Only acme's, on acme's subjects, in order.
+  EXPECT_EQ(states(), (std::vector<v1::AllocationState>{
+                          v1::ALLOCATION_STATE_RESERVED, v1::ALLOCATION_STATE_PROVISIONING,
+                          v1::ALLOCATION_STATE_ACTIVE, v1::ALLOCATION_STATE_RELEASING,
+                          v1::ALLOCATION_STATE_RELEASED}));
+  std::lock_guard lock(mu);
+  int64_t generation = 0;
+  for (const auto& [subject, ev] : got) {
+    v1::AllocationSnapshot snap;
+    ASSERT_TRUE(ev.data().UnpackTo(&snap)) << subject;
+    EXPECT_EQ(snap.allocation().tenant(), "acme") << subject;
+    EXPECT_EQ(subject, "gpuaas.v1.tenant.acme.evt.scheduler.allocation." +
+                           enums::Text(snap.allocation().state()));
+    EXPECT_NE(snap.allocation().allocation_id(), theirs->allocation().allocation_id());
+    EXPECT_GT(ev.generation(), generation) << "in order";
+    generation = ev.generation();
+  }
+  // The platform streams stay closed to the gateway: they hold every tenant's events.
+  messaging::ConsumerSpec platform;
+  platform.stream = "GPUAAS_EVT_SCHEDULER";
+  platform.durable = "portal-everything";
+  platform.filter_subject = "gpuaas.v1.evt.scheduler.allocation.>";
+  EXPECT_FALSE(messaging::EnsureConsumer(*gw, platform).ok());
+  EXPECT_TRUE(
+      Refused(*gw, "$JS.API.CONSUMER.CREATE.GPUAAS_EVT_SCHEDULER.portal-everything") ||
+      Refused(*gw, "$JS.API.CONSUMER.DURABLE.CREATE.GPUAAS_EVT_SCHEDULER.portal-everything"));
 }
 
 TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
@@ -388,6 +527,17 @@ TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   ASSERT_FALSE(releasing.empty());
   EXPECT_EQ(releasing.back().actor().subject(), "tenant:acme/alice");
   EXPECT_EQ(releasing.back().actor().reason(), "training run finished");
+  // The releasing snapshot already says who asked.
+  v1::AllocationSnapshot releasing_snap;
+  ASSERT_TRUE(releasing.back().data().UnpackTo(&releasing_snap));
+  EXPECT_EQ(releasing_snap.allocation().release_requested_by().SerializeAsString(),
+            releasing.back().actor().SerializeAsString());
+  // A repeated release (another principal's, a retry) changes nothing, not even who asked.
+  auto bob = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "acme", "tenant:acme/bob"));
+  rel.set_reason("me too");
+  auto again = rpc::Client(bob).Call<v1::ReleaseAllocationResponse>(
+      "gpuaas.v1.scheduler.allocation.release", rel);
+  ASSERT_TRUE(again.ok()) << again.error().ToString();
   // Released after the node's cleanup proof (the scheduler's doing), and the snapshot still says
   // who asked for it and why.
   auto done = published("gpuaas.v1.evt.scheduler.allocation.released", id);
@@ -398,6 +548,19 @@ TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   EXPECT_EQ(snap.allocation().release_requested_by().subject(), "tenant:acme/alice");
   EXPECT_EQ(snap.allocation().release_requested_by().tenant(), "acme");
   EXPECT_EQ(snap.allocation().release_requested_by().reason(), "training run finished");
+  // Whole, as the releasing event announced it: the token's roles and id too.
+  const auto& by = snap.allocation().release_requested_by();
+  ASSERT_EQ(by.roles_size(), 1);
+  EXPECT_EQ(by.roles(0), "tenant");
+  EXPECT_FALSE(by.token_id().empty());
+  EXPECT_EQ(by.token_id(), releasing.back().actor().token_id());
+  // allocation.get shows the same.
+  v1::GetAllocationRequest get;
+  get.set_allocation_id(id);
+  auto shown =
+      rpc::Client(acme).Call<v1::GetAllocationResponse>("gpuaas.v1.scheduler.allocation.get", get);
+  ASSERT_TRUE(shown.ok()) << shown.error().ToString();
+  EXPECT_EQ(shown->allocation().release_requested_by().SerializeAsString(), by.SerializeAsString());
 
   v1::ForceReleaseAllocationRequest force;
   force.set_allocation_id(forced->allocation().allocation_id());
@@ -419,6 +582,10 @@ TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   v1::AllocationSnapshot f_snap;
   ASSERT_TRUE(f_released.back().data().UnpackTo(&f_snap));
   EXPECT_EQ(f_snap.allocation().release_requested_by().subject(), "user:olga");
+  ASSERT_EQ(f_snap.allocation().release_requested_by().roles_size(), 1);
+  EXPECT_EQ(f_snap.allocation().release_requested_by().roles(0), "operator");
+  EXPECT_EQ(f_snap.allocation().release_requested_by().token_id(),
+            f_releasing.back().actor().token_id());
 }
 
 }  // namespace

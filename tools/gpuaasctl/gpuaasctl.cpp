@@ -11,6 +11,7 @@
 
 #include "ctl.hpp"
 #include "ctl_reasons.hpp"
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 
@@ -108,7 +109,8 @@ int main(int argc, char** argv) {
   co.name = "gpuaasctl";
   co.retry_on_failed_connect = false;
   co.seed_file = g.seed_file;
-  co.inbox_prefix = "_INBOX." + g.role;
+  co.inbox_prefix = access::InboxPrefix(g.role);
+  co.client_role = access::ClientRoleOf(access::EmbeddedContract(), g.role);
   co.tls_ca_file = tls_ca;
   auto conn = messaging::Connection::Connect(co, quiet);
   if (!conn.ok()) return Fail(g, conn.error());

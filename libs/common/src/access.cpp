@@ -19,8 +19,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kEveryConsumer = "every-consumer";
 constexpr const char* kDeadLetterStream = "GPUAAS_DLQ";
+// x-gpuaas-access consumers durable '*': any durable of the role's choosing.
+constexpr const char* kAnyDurable = "*";
 constexpr const char* kOperatorRole = "operator";
 constexpr const char* kNodeSubjects = "gpuaas.v1.node.{node_id}.";
 
@@ -88,6 +89,15 @@ bool SubjectMatches(const std::string& pattern, const std::string& subject) {
   return Covers(pattern, subject);
 }
 
+std::string ClientSubject(const std::string& subject, const std::string& client_role) {
+  return subject + "." + client_role;
+}
+
+std::string ClientRoleOf(const Contract& c, const std::string& role) {
+  auto it = c.roles.find(role);
+  return it != c.roles.end() && it->second.kind == Kind::kClient ? role : std::string();
+}
+
 std::string InboxPrefix(const std::string& role, const std::string& node_id) {
   return "_INBOX." + (node_id.empty() ? role : node_id);
 }
@@ -135,6 +145,43 @@ RequestAccess RequestAccessFor(const Contract& c, const std::string& subject) {
   return a;
 }
 
+namespace {
+// roles.yaml: the roles, their kinds and token roles, and the streams.
+void ParseRoles(const YAML::Node& roles, Contract& c,
+                std::map<std::string, std::string>& problems) {
+  for (const auto& r : roles["roles"]) {
+    Role role;
+    role.name = r.first.as<std::string>();
+    const std::string kind = r.second["kind"].as<std::string>("");
+    if (kind == "service") {
+      role.kind = Kind::kService;
+    } else if (kind == "node") {
+      role.kind = Kind::kNode;
+    } else if (kind == "client") {
+      role.kind = Kind::kClient;
+    } else {
+      problems["role " + role.name] = "kind must be service | node | client, not '" + kind + "'";
+    }
+    role.ns = r.second["namespace"].as<std::string>("");
+    if (role.kind == Kind::kService && role.ns.empty()) {
+      problems["role " + role.name] = "a service needs a namespace";
+    }
+    role.read_streams = Strings(r.second["read_streams"]);
+    role.token_roles = Strings(roles["token_roles"][role.name]);
+
+    c.roles[role.name] = role;
+  }
+  for (const auto& s : roles["streams"]) {
+    c.streams[s.first.as<std::string>()] = Strings(s.second);
+  }
+  for (const auto& [name, role] : c.roles) {
+    for (const auto& s : role.read_streams) {
+      if (!c.streams.count(s)) problems["role " + name] = "reads unknown stream " + s;
+    }
+  }
+}
+}  // namespace
+
 Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::string& roles_yaml) {
   Contract c;
   std::map<std::string, std::string> problems;
@@ -148,42 +195,12 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
                                      std::string("the contract does not parse: ") + e.what());
   }
   try {
-    for (const auto& r : roles["roles"]) {
-      Role role;
-      role.name = r.first.as<std::string>();
-      const std::string kind = r.second["kind"].as<std::string>("");
-      if (kind == "service") {
-        role.kind = Kind::kService;
-      } else if (kind == "node") {
-        role.kind = Kind::kNode;
-      } else if (kind == "client") {
-        role.kind = Kind::kClient;
-      } else {
-        problems["role " + role.name] = "kind must be service | node | client, not '" + kind + "'";
-      }
-      role.ns = r.second["namespace"].as<std::string>("");
-      if (role.kind == Kind::kService && role.ns.empty()) {
-        problems["role " + role.name] = "a service needs a namespace";
-      }
-      role.read_streams = Strings(r.second["read_streams"]);
-      role.token_roles = Strings(roles["token_roles"][role.name]);
-
-      c.roles[role.name] = role;
-    }
-    for (const auto& s : roles["streams"]) {
-      c.streams[s.first.as<std::string>()] = Strings(s.second);
-    }
-    for (const auto& [name, role] : c.roles) {
-      for (const auto& s : role.read_streams) {
-        if (!c.streams.count(s)) problems["role " + name] = "reads unknown stream " + s;
-      }
-    }
+    ParseRoles(roles, c, problems);
     std::map<std::string, std::string> addresses;
     for (const auto& ch : doc["channels"]) {
       addresses[ch.first.as<std::string>()] = ch.second["address"].as<std::string>("");
     }
     auto known = [&](const std::string& where, const std::string& role) {
-      if (role == kEveryConsumer) return;
       if (!c.roles.count(role)) problems[where] = "names undeclared role '" + role + "'";
     };
     for (const auto& o : doc["operations"]) {
@@ -214,7 +231,15 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
           problems[where] = "via " + g + ": only a service may forward a request's token";
         }
       }
-      if (op.roles.empty()) problems[where] = "x-gpuaas-access.roles is empty";
+      // `every_consumer: true`: what every durable consumer does (publishDeadLetter); each
+      // consumer's grant carries it (below), no role is named.
+      const bool every_consumer = a["every_consumer"].as<bool>(false);
+      if (every_consumer && (!op.roles.empty() || op.reply)) {
+        problems[where] = "every_consumer is for a publication no role names";
+      }
+      if (op.roles.empty() && !every_consumer) {
+        problems[where] = "x-gpuaas-access.roles is empty";
+      }
       for (const auto& r : op.roles) known(where, r);
       for (const auto& r : op.callers) known(where, r);
       if (op.reply && op.callers.empty()) problems[where] = "a request nobody may call";
@@ -341,7 +366,12 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
     if (Contains(op.roles, role) && op.action == "send") {
       p.publish.insert(Bind(op.address, node_id));
     }
-    if (Contains(op.callers, role)) p.publish.insert(Bind(op.address, node_id));
+    if (Contains(op.callers, role)) {
+      // A client calls with its role appended (ClientSubject): the service knows the sender's
+      // connection role from the subject the server let through.
+      const std::string subject = Bind(op.address, node_id);
+      p.publish.insert(r.kind == Kind::kClient ? ClientSubject(subject, role) : subject);
+    }
     if (Contains(op.via, role)) p.publish.insert(Bind(op.address, node_id));
     if (Contains(op.roles, role) && op.action == "receive") {
       // Live relays (core subscriptions), and the requests a node serves under its own id (a
@@ -358,8 +388,14 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
         p.publish.insert(fmt::format("$JS.API.CONSUMER.MSG.NEXT.{}.{}", k.stream, d));
         p.publish.insert(fmt::format("$JS.API.CONSUMER.INFO.{}.{}", k.stream, d));
         p.publish.insert(fmt::format("$JS.ACK.{}.{}.>", k.stream, d));
-        // What it gives up on (publishDeadLetter: every consumer).
-        p.publish.insert(fmt::format("gpuaas.v1.dlq.{}.{}", k.stream, d));
+        if (k.durable == kAnyDurable) {
+          // Durables of its own choosing (a tenant gateway's feed consumers): it manages each,
+          // and a client dead-letters nothing into the platform's stream.
+          p.publish.insert("$JS.API.STREAM.INFO." + k.stream);
+        } else {
+          // What it gives up on (publishDeadLetter: every consumer).
+          p.publish.insert(fmt::format("gpuaas.v1.dlq.{}.{}", k.stream, d));
+        }
         if (k.managed_by.empty()) manage(k.stream, d);
       }
       if (k.managed_by == role) manage(k.stream, Bind(k.durable, ""));

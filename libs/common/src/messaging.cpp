@@ -13,6 +13,7 @@
 #include <google/protobuf/timestamp.pb.h>
 #include <google/protobuf/util/time_util.h>
 
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/contract.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -182,6 +183,7 @@ Result<std::shared_ptr<Connection>> Connection::Connect(const ConnectionOptions&
     s = natsOptions_SetCustomInboxPrefix(c->opts_, o.inbox_prefix.c_str());
     c->inbox_prefix_ = o.inbox_prefix;
   }
+  c->client_role_ = o.client_role;
   if (s == NATS_OK && !o.tls_ca_file.empty()) {
     s = natsOptions_SetSecure(c->opts_, true);
     if (s == NATS_OK) s = natsOptions_LoadCATrustedCertificates(c->opts_, o.tls_ca_file.c_str());
@@ -289,7 +291,9 @@ Result<Message> Connection::Request(const std::string& subject, const std::strin
       h = &with_token;
     }
   }
-  auto m = ToNats(subject, "", data, *h);
+  // A client's request names its connection role (access.hpp ClientSubject).
+  const bool bound = !client_role_.empty() && subject.rfind("gpuaas.", 0) == 0;
+  auto m = ToNats(bound ? access::ClientSubject(subject, client_role_) : subject, "", data, *h);
   if (!m.ok()) return m.error();
   natsMsg* reply = nullptr;
   natsStatus s = natsConnection_RequestMsg(&reply, nc_, *m, timeout.count());
@@ -448,6 +452,9 @@ StreamSpec IngressEventsStream() {
 }
 StreamSpec ConsoleEventsStream() {
   return {"GPUAAS_EVT_CONSOLE", {"gpuaas.v1.evt.console.>"}, 0, 600};
+}
+StreamSpec TenantFeedStream() {
+  return {"GPUAAS_TENANT_FEED", {"gpuaas.v1.tenant.*.evt.>"}, int64_t{7} * 24 * 3600, 600};
 }
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 

@@ -96,14 +96,19 @@ struct Server::Impl {
     messaging::Message m = messaging::FromNats(raw);
     natsMsg_Destroy(raw);
     Context ctx;
-    ctx.subject = m.subject;
+    // A client's request arrives as <subject>.<client role> (access.hpp ClientSubject).
+    const auto served =
+        access::ResolveServed(access::EmbeddedContract(), m.subject,
+                              [&](const std::string& s) { return handlers.count(s) > 0; });
+    ctx.subject = served ? served->subject : m.subject;
+    if (served) ctx.client_role = served->client_role;
     ctx.headers = m.headers;
     ctx.traceparent = ids::ChildTraceparent(m.Header(messaging::kHeaderTraceparent));
     ctx.trace_id = ids::TraceId(ctx.traceparent);
     const int64_t deadline_ms = ParseDeadlineHeader(m.Header(messaging::kHeaderDeadline), NowMs(),
                                                     opts.default_deadline_ms);
     ctx.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(deadline_ms));
-    ctx.log = log.With({{"trace_id", ctx.trace_id}, {"subject", m.subject}});
+    ctx.log = log.With({{"trace_id", ctx.trace_id}, {"subject", ctx.subject}});
 
     v1::Reply reply;
     Result<void> result = Dispatch(m, ctx, reply.mutable_result());
@@ -124,7 +129,7 @@ struct Server::Impl {
     // Metrics are recorded before the reply goes out so that a caller who has its answer
     // also sees it counted.
     const std::string code = CodeName(static_cast<Code>(st->code()));
-    const std::string label = handlers.count(m.subject) ? m.subject : "unknown";
+    const std::string label = served ? served->subject : "unknown";
     if (requests) requests->Add({{"subject", label}, {"code", code}}).Increment();
     if (duration) {
       duration
@@ -154,7 +159,7 @@ struct Server::Impl {
           fmt::format("subject version '{}' is not served; this service speaks v1", tokens[1]),
           {{"version", tokens[1]}, {"supported", "v1"}});
     }
-    auto it = handlers.find(m.subject);
+    auto it = handlers.find(ctx.subject);
     if (it == handlers.end()) {
       return Error::Of(Code::kUnimplemented, reason::kUnknownSubject,
                        "no handler for " + m.subject + " in " + service, {}, false);
@@ -224,8 +229,9 @@ struct Server::Impl {
   // Who may call is the contract's (x-gpuaas-access callers); the transport already limited the
   // subjects this connection may publish, this names the principal and checks its roles.
   Result<void> Authenticate(const messaging::Message& m, Context& ctx) {
-    const access::RequestAccess a = AccessOf(m.subject);
+    const access::RequestAccess a = AccessOf(ctx.subject);
     const std::string bearer = auth::BearerToken(m.Header(auth::kHeaderAuthorization));
+    if (!ctx.client_role.empty()) return AuthenticateClient(m, a, bearer, ctx);
     if (!a.declared || a.token_roles.empty()) {
       // Only platform identities may publish this subject (the server enforces it; a subject
       // no operation declares nobody may): a token adds nothing, the service's own identity
@@ -247,20 +253,53 @@ struct Server::Impl {
     }
     auto p = Verified(bearer);
     if (!p.ok()) return p.error();
-    ctx.principal = *p;
-    ctx.log = ctx.log.With({{"principal", p->subject}});
-    bool allowed = false;
+    return CheckRoles(*p, a, ctx);
+  }
+
+  // A request a client connection sent (<subject>.<client role>): it always needs a token, and
+  // every role of that token must be one the connection's role may present (roles.yaml
+  // token_roles): a tenant gateway cannot act with an operator's or auditor's token.
+  Result<void> AuthenticateClient(const messaging::Message& m, const access::RequestAccess& a,
+                                  const std::string& bearer, Context& ctx) {
+    if (bearer.empty()) {
+      return Error::Of(Code::kUnauthenticated,
+                       m.Header(auth::kHeaderAuthorization).empty() ? reason::kTokenMissing
+                                                                    : reason::kTokenMalformed,
+                       ctx.subject + " needs a request token (Authorization: Bearer)", {}, false);
+    }
+    auto p = Verified(bearer);
+    if (!p.ok()) return p.error();
+    const auto& role = access::EmbeddedContract().roles.at(ctx.client_role);
     for (const auto& r : p->roles) {
+      if (std::find(role.token_roles.begin(), role.token_roles.end(), r) ==
+          role.token_roles.end()) {
+        return Error::Of(
+            Code::kPermissionDenied, reason::kTokenRoleNotAllowedForConnection,
+            fmt::format("a {} connection may not present a token with role {} ({})",
+                        ctx.client_role, r, p->subject),
+            {{"connection_role", ctx.client_role}, {"token_role", r}, {"principal", p->subject}},
+            false);
+      }
+    }
+    return CheckRoles(*p, a, ctx);
+  }
+
+  // One of the verified token's roles may call the subject.
+  Result<void> CheckRoles(const auth::Principal& p, const access::RequestAccess& a, Context& ctx) {
+    ctx.principal = p;
+    ctx.log = ctx.log.With({{"principal", p.subject}});
+    bool allowed = false;
+    for (const auto& r : p.roles) {
       if (std::find(a.token_roles.begin(), a.token_roles.end(), r) != a.token_roles.end()) {
         allowed = true;
       }
     }
     if (!allowed) {
       std::string roles;
-      for (const auto& r : p->roles) roles += (roles.empty() ? "" : ",") + r;
+      for (const auto& r : p.roles) roles += (roles.empty() ? "" : ",") + r;
       return Error::Of(Code::kPermissionDenied, reason::kRoleNotAllowed,
-                       fmt::format("{} ({}) may not call {}", p->subject, roles, m.subject),
-                       {{"principal", p->subject}, {"roles", roles}}, false);
+                       fmt::format("{} ({}) may not call {}", p.subject, roles, ctx.subject),
+                       {{"principal", p.subject}, {"roles", roles}}, false);
     }
     return Ok();
   }

@@ -208,6 +208,7 @@ messaging::ConnectionOptions TestIdentities::Options(const std::string& url,
   o.reconnect_wait_ms = 100;
   o.seed_file = SeedFile(role, node_id);
   o.inbox_prefix = access::InboxPrefix(role, node_id);
+  o.client_role = access::ClientRoleOf(access::EmbeddedContract(), role);
   // A client role's requests carry a token of its kind (the harness: an operator's).
   if (role == kHarness || role == "operator") o.token = Token(auth::kRoleOperator);
   if (role == "auditor") o.token = Token(auth::kRoleAuditor);

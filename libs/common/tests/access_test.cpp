@@ -34,11 +34,12 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
   for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
                            messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
                            messaging::ConsoleEventsStream(), messaging::NodeEventsStream(),
-                           messaging::NodeTasksStream(), messaging::DeadLetterStream()}) {
+                           messaging::NodeTasksStream(), messaging::DeadLetterStream(),
+                           messaging::TenantFeedStream()}) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
-  EXPECT_EQ(c->streams.size(), 8U);
+  EXPECT_EQ(c->streams.size(), 9U);
   // The built-in copy is the same contract.
   EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
 }
@@ -81,6 +82,11 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
   EXPECT_FALSE(PermissionsFor(c, "node-agent").ok()) << "a node role needs its node id";
 }
 
+// What `role` publishes to request `subject`: a client role appends its name (ClientSubject).
+std::string Wire(const Contract& c, const std::string& role, const std::string& subject) {
+  return ClientRoleOf(c, role).empty() ? subject : ClientSubject(subject, role);
+}
+
 TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlone) {
   const Contract& c = EmbeddedContract();
   const std::string get = "$JS.API.STREAM.MSG.GET.GPUAAS_DLQ";
@@ -99,7 +105,8 @@ TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlon
     }
     // The replay subjects are admin subjects: only operators call them.
     for (const std::string svc : {"inventory", "scheduler", "ipam", "ingress"}) {
-      EXPECT_EQ(Allows(p->publish, "gpuaas.v1." + svc + ".dlq.replay"), name == "operator")
+      EXPECT_EQ(Allows(p->publish, Wire(c, name, "gpuaas.v1." + svc + ".dlq.replay")),
+                name == "operator")
           << name << " " << svc;
     }
   }
@@ -150,8 +157,30 @@ TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
       // console-gw forwards an operator's token for the operator page's actions (via); the
       // serving service requires that token (below), so the gateway alone cannot use them.
       const bool via = name == "console-gw" && s.find(".slot.") != std::string::npos;
-      EXPECT_EQ(Allows(p->publish, s), name == "operator" || via) << name << " " << s;
+      EXPECT_EQ(Allows(p->publish, Wire(c, name, s)), name == "operator" || via)
+          << name << " " << s;
     }
+  }
+  // A client role publishes a request only with its own role appended: never the bare subject
+  // (where a platform identity's request arrives) nor another client role's form.
+  for (const auto& [name, role] : c.roles) {
+    if (role.kind != Kind::kClient) continue;
+    auto p = PermissionsFor(c, name);
+    ASSERT_TRUE(p.ok()) << name;
+    bool calls_something = false;
+    for (const auto& s : p->publish) {
+      if (s.rfind("gpuaas.v1.", 0) != 0) continue;
+      calls_something = true;
+      EXPECT_EQ(s.substr(s.rfind('.') + 1), name) << s;
+      EXPECT_FALSE(Allows(p->publish, s.substr(0, s.rfind('.')))) << name << " " << s;
+      for (const auto& [other, r] : c.roles) {
+        if (r.kind == Kind::kClient && other != name) {
+          EXPECT_FALSE(Allows(p->publish, ClientSubject(s.substr(0, s.rfind('.')), other)))
+              << name << " " << s;
+        }
+      }
+    }
+    EXPECT_TRUE(calls_something) << name;
   }
   for (const std::string s :
        {"gpuaas.v1.inventory.slot.approve", "gpuaas.v1.console.session.create"}) {
@@ -209,6 +238,11 @@ TEST(AccessTest, AnIncompleteContractIsAContractError) {
   // An undeclared role.
   EXPECT_NE(broken("callers: [node-agent, operator]", "callers: [intern]").find("intern"),
             std::string::npos);
+  // Every role an operation names is declared in roles.yaml: the dead-letter publication is
+  // every consumer's (every_consumer: true), not a pseudo-role.
+  EXPECT_NE(
+      broken("      every_consumer: true", "      roles: [every-consumer]").find("every-consumer"),
+      std::string::npos);
   // A subject served outside its service's namespace.
   EXPECT_NE(broken("      roles: [inventory]\n      callers: [node-agent, operator]",
                    "      roles: [ipam]\n      callers: [node-agent, operator]")
@@ -244,7 +278,7 @@ TEST(AccessTest, TheRenderedConfigListsEveryUserWithItsPermissions) {
   ASSERT_TRUE(conf.ok()) << conf.error().ToString();
   EXPECT_NE(conf->find("authorization {"), std::string::npos);
   EXPECT_NE(conf->find("\"_INBOX.gpu-01.>\""), std::string::npos);
-  EXPECT_NE(conf->find("\"gpuaas.v1.inventory.slot.approve\""), std::string::npos);
+  EXPECT_NE(conf->find("\"gpuaas.v1.inventory.slot.approve.operator\""), std::string::npos);
   users[0].nkey = "not-a-key";
   EXPECT_FALSE(RenderAuthorization(c, users).ok());
 }

@@ -85,15 +85,6 @@ Result<void> AnnounceDrift(pqxx::work& tx, const std::string& event, const v1::I
   return Ok();
 }
 
-std::vector<std::string> TextArray(const pqxx::field& f) {
-  std::vector<std::string> out;
-  auto parser = f.as_array();
-  for (auto e = parser.get_next(); e.first != pqxx::array_parser::done; e = parser.get_next()) {
-    if (e.first == pqxx::array_parser::string_value) out.push_back(e.second);
-  }
-  return out;
-}
-
 }  // namespace
 
 std::optional<NodeNet> LockNode(pqxx::work& tx, const std::string& node_id) {
@@ -289,7 +280,7 @@ std::optional<RuleRow> LoadRule(pqxx::work& tx, const RuleScope& rule) {
   if (r.empty()) return std::nullopt;
   return RuleRow{r[0][0].as<std::string>(),
                  r[0][1].as<std::string>(),
-                 TextArray(r[0][2]),
+                 store::TextArray(r[0][2]),
                  {enums::FromColumn<v1::NetworkDatapath>(r[0][3].as<std::string>()),
                   r[0][4].as<std::string>()}};
 }
@@ -473,7 +464,7 @@ Result<v1::ListLeasesResponse> LoadLeases(pqxx::work& tx, const std::string& nod
       node_id);
   if (head.empty()) return resp;
   resp.set_document_version(head[0][0].as<int64_t>());
-  for (const auto& b : TextArray(head[0][1])) resp.add_blockers(b);
+  for (const auto& b : store::TextArray(head[0][1])) resp.add_blockers(b);
   *resp.mutable_observed_at() = TimeUtil::MillisecondsToTimestamp(head[0][2].as<int64_t>());
   for (const auto& r : tx.exec_params(
            "SELECT doc::text FROM lease_observations WHERE node_id = $1 ORDER BY subject",

@@ -29,7 +29,7 @@ constexpr const char* kAllocColumns =
     "state, node_id, failure_stage, failure_code, failure_detail, generation, "
     "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
     "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state, release_actor, "
-    "release_actor_tenant, release_reason, vm_ready, app";
+    "release_actor_tenant, release_reason, vm_ready, app, release_actor_roles, release_token_id";
 
 void AddEndpoints(pqxx::work& tx, v1::Allocation& a) {
   for (const auto& e : store::Prepared(
@@ -106,6 +106,8 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
     by->set_subject(r[24].as<std::string>());
     by->set_tenant(r[25].as<std::string>());
     by->set_reason(r[26].as<std::string>());
+    for (auto& role : store::TextArray(r[29])) by->add_roles(std::move(role));
+    by->set_token_id(r[30].as<std::string>());
   }
   a.set_vm_ready(r[27].as<bool>());
   a.set_app(r[28].as<std::string>());
@@ -266,6 +268,41 @@ bool NodeClaimed(pqxx::work& tx, const std::string& node_id) {
                 "= $1 LIMIT 1",
                 node_id)
               .empty();
+}
+
+std::vector<RegionCapacity> ReadRegionCapacity(pqxx::work& tx) {
+  // A free slot: schedulable, complete, in an enabled region, no live claim on it nor on its
+  // whole node (CountFree's rule). A clean node: no live claim of any kind (where baremetal can
+  // go: BaremetalCandidates).
+  auto r = store::Prepared(
+      tx,
+      std::string("WITH slots AS (SELECT p.region, p.sku, p.node_id, p.region_enabled, "
+                  "(p.schedulable AND p.region_enabled AND ") +
+          kSlotCompleteSql +
+          " AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS "
+          "NULL AND c.node_id = p.node_id AND (c.slot_key = p.slot_key OR c.kind = "
+          "'node_exclusive'))) AS free, NOT EXISTS (SELECT 1 FROM allocation_resource_claims c "
+          "WHERE c.released_at IS NULL AND c.node_id = p.node_id) AS clean FROM projected_slots "
+          "p), per_node AS (SELECT region, sku, node_id, bool_or(region_enabled) AS enabled, "
+          "count(*) FILTER (WHERE free) AS n, bool_and(clean) AS clean FROM slots GROUP BY 1, 2, "
+          "3) SELECT region, sku, bool_or(enabled), COALESCE(sum(n), 0)::bigint, "
+          "COALESCE(max(n), 0)::bigint, COALESCE(sum(n) FILTER (WHERE clean), 0)::bigint, "
+          "COALESCE(max(n) FILTER (WHERE clean), 0)::bigint FROM per_node GROUP BY 1, 2 "
+          "ORDER BY 1, 2");
+  std::vector<RegionCapacity> out;
+  out.reserve(r.size());
+  for (const auto& row : r) {
+    RegionCapacity c;
+    c.region = row[0].as<std::string>();
+    c.sku = row[1].as<std::string>();
+    c.region_enabled = row[2].as<bool>();
+    c.free_gpus = row[3].as<int64_t>();
+    c.max_on_one_node = row[4].as<int64_t>();
+    c.free_on_clean_nodes = row[5].as<int64_t>();
+    c.max_on_one_clean_node = row[6].as<int64_t>();
+    out.push_back(std::move(c));
+  }
+  return out;
 }
 
 PlacementCache::FreeCounts CountFree(pqxx::work& tx, const std::string& region,

@@ -54,6 +54,20 @@ bool LockNodeExclusive(pqxx::work& tx, const std::string& node_id);
 bool NodeClaimed(pqxx::work& tx, const std::string& node_id);
 
 // Why nothing could be placed, counted in SQL (the refusal's details).
+// One slot SKU's capacity in one region, for catalog.list (CatalogAvailability).
+struct RegionCapacity {
+  std::string region;
+  std::string sku;  // the slot SKU (a catalog SKU's gpu_sku)
+  bool region_enabled = false;
+  int64_t free_gpus = 0;        // free slots
+  int64_t max_on_one_node = 0;  // the most free slots on one node
+  // The same on nodes no allocation holds anything of (where baremetal can be placed).
+  int64_t free_on_clean_nodes = 0;
+  int64_t max_on_one_clean_node = 0;
+};
+// Every (region, slot SKU) the projected slots have, by region then SKU.
+std::vector<RegionCapacity> ReadRegionCapacity(pqxx::work& tx);
+
 PlacementCache::FreeCounts CountFree(pqxx::work& tx, const std::string& region,
                                      const std::string& pool, const std::string& sku,
                                      const std::string& fabric_type, int gpus);

@@ -532,7 +532,27 @@ Result<v1::CreateAllocationResponse> AllocationHandlers::PlaceAndCommit(
 
 Result<v1::ListCatalogResponse> AllocationHandlers::ListCatalog(
     const v1::ListCatalogRequest& /*req*/, rpc::Context& /*ctx*/) {
-  return listed_;
+  return store::WithTx(
+      *pool_,
+      [&](pqxx::work& tx) -> Result<v1::ListCatalogResponse> {
+        v1::ListCatalogResponse resp = listed_;
+        const auto capacity = ReadRegionCapacity(tx);
+        for (auto& sku : *resp.mutable_skus()) {
+          for (const auto& c : capacity) {
+            if (c.sku != sku.gpu_sku()) continue;
+            // Baremetal takes a whole node that nothing else holds.
+            const bool whole = sku.shape() == v1::CAPACITY_SHAPE_BAREMETAL;
+            auto* a = sku.add_availability();
+            a->set_region(c.region);
+            a->set_region_enabled(c.region_enabled);
+            a->set_free_gpus(static_cast<int32_t>(whole ? c.free_on_clean_nodes : c.free_gpus));
+            a->set_max_gpus_per_allocation(
+                static_cast<int32_t>(whole ? c.max_on_one_clean_node : c.max_on_one_node));
+          }
+        }
+        return resp;
+      },
+      store::ReadSnapshot());
 }
 
 Result<v1::GetAllocationResponse> AllocationHandlers::Get(const v1::GetAllocationRequest& req,

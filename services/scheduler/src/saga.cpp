@@ -418,12 +418,16 @@ Result<v1::Allocation> ReleaseAllocation(pqxx::work& tx, const std::string& allo
   auto fx =
       lifecycle::Next(a->state(), force ? Event::kForceRelease : Event::kReleaseRequested, ctx);
   if (!fx.ok()) return fx.error();
-  // Who asked, and why: kept on the allocation (every later snapshot shows it).
-  const v1::Principal* actor = outbox::CurrentActor();
-  RecordReleaseActor(tx, allocation_id,
-                     actor != nullptr ? actor->subject() : std::string("internal"),
-                     actor != nullptr ? actor->tenant() : std::string(),
-                     actor != nullptr ? actor->reason() : std::string());
+  // Who asked, and why: kept on the allocation (every later snapshot, the releasing one too,
+  // shows it). A repeated request changes nothing, not even who asked.
+  if (!fx->noop) {
+    v1::Principal internal;
+    internal.set_subject("internal");
+    const v1::Principal* actor = outbox::CurrentActor();
+    const v1::Principal& by = actor != nullptr ? *actor : internal;
+    RecordReleaseActor(tx, allocation_id, by);
+    *a->mutable_release_requested_by() = by;
+  }
   Applied in;
   in.a = &*a;
   if (force) {

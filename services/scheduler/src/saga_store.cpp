@@ -214,13 +214,13 @@ void RecordObservedNetwork(pqxx::work& tx, const std::string& allocation_id,
 }
 
 void RecordReleaseActor(pqxx::work& tx, const std::string& allocation_id,
-                        const std::string& subject, const std::string& tenant,
-                        const std::string& reason) {
+                        const v1::Principal& actor) {
   store::Prepared(
       tx,
-      "UPDATE allocations SET release_actor = $2, release_actor_tenant = $3, release_reason = $4 "
-      "WHERE allocation_id = $1",
-      allocation_id, subject, tenant, reason);
+      "UPDATE allocations SET release_actor = $2, release_actor_tenant = $3, release_reason = $4, "
+      "release_actor_roles = $5::text[], release_token_id = $6 WHERE allocation_id = $1",
+      allocation_id, actor.subject(), actor.tenant(), actor.reason(),
+      store::TextArrayLiteral({actor.roles().begin(), actor.roles().end()}), actor.token_id());
 }
 
 // --- endpoints -------------------------------------------------------------------------------

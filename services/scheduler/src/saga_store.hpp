@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gpuaas/scheduler/task_status.hpp"
+#include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -78,10 +79,10 @@ void RecordProvisionInputs(pqxx::work& tx, const std::string& allocation_id,
 // The network the node observed; the VM is up.
 void RecordObservedNetwork(pqxx::work& tx, const std::string& allocation_id,
                            const v1::ProvisionOutput& out);
-// Who asked for the release, and why.
+// Who asked for the release, and why: the request token's principal whole (subject, tenant,
+// roles, token id) and the request's reason.
 void RecordReleaseActor(pqxx::work& tx, const std::string& allocation_id,
-                        const std::string& subject, const std::string& tenant,
-                        const std::string& reason);
+                        const v1::Principal& actor);
 
 // --- endpoints -------------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@
 #include "projection_store.hpp"
 #include "scheduler_metrics.hpp"
 #include "scheduler_reasons.hpp"
+#include "tenant_feed.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -202,6 +203,7 @@ Result<void> SchedulerService::Start() {
   }
   svc_.StartOutboxRelay();
   if (auto r = StartProjections(); !r.ok()) return r;
+  if (auto r = StartTenantFeed(svc_); !r.ok()) return r;
 
   const SagaOptions saga = MakeSagaOptions();
   auto gauges = StartAllocationGauges(svc_.pg(), svc_.metrics(), svc_.log());

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <map>
 #include <set>
 #include <thread>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <prometheus/registry.h>
@@ -161,6 +163,45 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   EXPECT_EQ(page->allocations_size(), 1);
   EXPECT_FALSE(page->next_page_token().empty());
   EXPECT_TRUE(Invariants().empty());
+}
+
+// catalog.list says where each SKU can be ordered: per region, the free GPUs and the largest
+// allocation that fits now, for slices (free slots) and baremetal (nodes nothing holds).
+TEST_F(AllocationTest, TheCatalogSaysWhereEachSkuCanBeOrdered) {
+  AddNode("gpu-01", 8);
+  AddNode("gpu-02", 8);
+  AddNode("eu-01", 4, "eu-west-1", false, /*region_enabled=*/false);
+  WaitProjected();
+  auto availability = [&](const std::string& sku) {
+    std::map<std::string, std::tuple<bool, int, int>> out;
+    auto c = rpc::Client(conn_).Call<v1::ListCatalogResponse>("gpuaas.v1.scheduler.catalog.list",
+                                                              v1::ListCatalogRequest{}, 5000ms);
+    EXPECT_TRUE(c.ok()) << c.error().ToString();
+    if (!c.ok()) return out;
+    for (const auto& s : c->skus()) {
+      if (s.name() != sku) continue;
+      for (const auto& a : s.availability()) {
+        out[a.region()] = {a.region_enabled(), a.free_gpus(), a.max_gpus_per_allocation()};
+      }
+    }
+    return out;
+  };
+  using T = std::tuple<bool, int, int>;
+  auto slice = availability("h200-sxm-slice");
+  EXPECT_EQ(slice["us-east-1"], T(true, 16, 8));
+  EXPECT_EQ(slice["eu-west-1"], T(false, 0, 0)) << "a disabled region offers nothing";
+  EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 16, 8));
+
+  auto a = Create("req-cat", 4);
+  ASSERT_TRUE(a.ok()) << a.error().ToString();
+  slice = availability("h200-sxm-slice");
+  EXPECT_EQ(slice["us-east-1"], T(true, 12, 8)) << "4 taken on one node, the other still whole";
+  EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 8, 8))
+      << "baremetal only on the node nothing holds";
+  auto b = Create("req-cat-2", 8);
+  ASSERT_TRUE(b.ok()) << b.error().ToString();
+  EXPECT_EQ(availability("h200-sxm-slice")["us-east-1"], T(true, 4, 4));
+  EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 0, 0));
 }
 
 // slot.list pages by (node_id, slot_key): every slot exactly once, in order, across pages and

@@ -10,6 +10,7 @@
 // enrolled node (its seed goes to the host once and is not kept), token-signing.pem and
 // token-signing.pub.pem (request tokens).
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -86,6 +87,36 @@ struct Permissions {
 // `node_id` is required for (and only for) the node role.
 Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
                                    const std::string& node_id = "");
+
+// A client role's requests travel on `<subject>.<client role>`: a client identity may publish a
+// request subject only with its own role appended (PermissionsFor), so the serving service
+// knows, on the server's word, which kind of connection sent it and refuses a token that role
+// may not present (roles.yaml token_roles; PERMISSION_DENIED
+// token_role_not_allowed_for_connection). Platform identities (services, nodes) call the
+// subject itself. messaging::Connection appends the role of a client connection
+// (ConnectionOptions::client_role); rpc::Server strips it (ServedSubject).
+std::string ClientSubject(const std::string& subject, const std::string& client_role);
+// `role` if it is a client role of `c` (what ConnectionOptions::client_role takes), else "".
+std::string ClientRoleOf(const Contract& c, const std::string& role);
+// The subject as served and the client role a request on `wire` came through: `wire` itself and
+// "" when `is_served(wire)`, else, when its last token is a client role of `c` and the rest is
+// served, the rest and that role; nullopt otherwise.
+struct ServedSubject {
+  std::string subject;
+  std::string client_role;
+};
+template <typename IsServed>
+std::optional<ServedSubject> ResolveServed(const Contract& c, const std::string& wire,
+                                           const IsServed& is_served) {
+  if (is_served(wire)) return ServedSubject{wire, ""};
+  const auto dot = wire.rfind('.');
+  if (dot == std::string::npos) return std::nullopt;
+  auto it = c.roles.find(wire.substr(dot + 1));
+  if (it == c.roles.end() || it->second.kind != Kind::kClient) return std::nullopt;
+  std::string served = wire.substr(0, dot);
+  if (!is_served(served)) return std::nullopt;
+  return ServedSubject{std::move(served), it->first};
+}
 
 // The reply-subject prefix of an identity: _INBOX.<role>, a node's _INBOX.<node_id>.
 std::string InboxPrefix(const std::string& role, const std::string& node_id = "");

@@ -61,6 +61,10 @@ struct ConnectionOptions {
   // Where replies come back: requests use <inbox_prefix>.<random> (default "_INBOX"); the
   // server lets each identity subscribe only to its own prefix (access.hpp InboxPrefix).
   std::string inbox_prefix;
+  // A client identity's role (operator, tenant-api, auditor; "" for a service or a node): its
+  // requests on gpuaas.* subjects go out as <subject>.<client_role>, the only form the server lets
+  // a client publish (access.hpp ClientSubject).
+  std::string client_role;
   // TLS: verify the server against this CA bundle ("" = plain TCP).
   std::string tls_ca_file;
   // A client's request token (SetRequestToken), "" = none.
@@ -120,6 +124,7 @@ class Connection {
   mutable std::mutex token_mu_;
   std::string seed_file_;  // signs the server's nonce at every (re)connect
   std::string inbox_prefix_ = "_INBOX";
+  std::string client_role_;
   static natsStatus SignNonce(char** custom_err, unsigned char** signature, int* length,
                               const char* nonce, void* closure);
 
@@ -178,6 +183,9 @@ StreamSpec IpamEventsStream();
 StreamSpec SchedulerEventsStream();
 StreamSpec IngressEventsStream();
 StreamSpec ConsoleEventsStream();
+// Every tenant's events, each on its tenant's subject gpuaas.v1.tenant.<tenant>.evt.<...>
+// (scheduler/tenant_feed.hpp): what a tenant gateway consumes, filtered per tenant. Kept 7 days.
+StreamSpec TenantFeedStream();
 
 // The durable consumers on a stream, by name.
 Result<std::vector<std::string>> ConsumerNames(Connection& conn, const std::string& stream);

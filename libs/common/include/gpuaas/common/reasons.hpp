@@ -18,6 +18,9 @@ inline constexpr Reason kUnsupportedVersion{"unsupported_version"};  // INVALID_
 inline constexpr Reason kDeadlineExceeded{"deadline_exceeded"};      // DEADLINE_EXCEEDED: too late
 inline constexpr Reason kHandlerException{"handler_exception"};      // INTERNAL: the handler threw
 inline constexpr Reason kRoleNotAllowed{"role_not_allowed"};  // PERMISSION_DENIED: no allowed role
+// PERMISSION_DENIED: a client connection presented a token its role may not (roles.yaml
+// token_roles: a tenant-api connection with an operator or auditor token).
+inline constexpr Reason kTokenRoleNotAllowedForConnection{"token_role_not_allowed_for_connection"};
 inline constexpr Reason kMalformedPayload{"malformed_payload"};  // INVALID_ARGUMENT: unparsable
 inline constexpr Reason kMalformedReply{"malformed_reply"};      // INTERNAL: reply does not parse
 inline constexpr Reason kUnexpectedReplyType{"unexpected_reply_type"};  // INTERNAL: wrong result

@@ -26,7 +26,10 @@ class Registry;
 namespace gpuaas::rpc {
 
 struct Context {
-  std::string subject;
+  std::string subject;  // as served (a client's role suffix taken off)
+  // The client role of the connection that sent it (the suffix the server let it publish:
+  // access.hpp ClientSubject); "" for a platform identity (a service, a node).
+  std::string client_role;
   std::string traceparent;  // this request's span (child of the caller's)
   std::string trace_id;
   std::chrono::system_clock::time_point deadline;
