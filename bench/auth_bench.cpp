@@ -62,7 +62,7 @@ int main(int argc, char** argv) {
       });
   rpc::Server inv_server(server, "inventory", "gpuaas.*.inventory.>", logger, nullptr, so);
   inv_server.Handle<v1::GetDesiredSlotsRequest, v1::GetDesiredSlotsResponse>(
-      "gpuaas.v1.inventory.node.desired.ack",  // callers: node-agent only (no token)
+      "gpuaas.v1.inventory.node.{node_id}.desired.ack",  // callers: node-agent only (no token)
       [](const v1::GetDesiredSlotsRequest&, rpc::Context&) -> Result<v1::GetDesiredSlotsResponse> {
         return v1::GetDesiredSlotsResponse{};
       });
@@ -94,7 +94,7 @@ int main(int argc, char** argv) {
   plain.WithToken("");
   auto internal = run("rpc (no token)", [&] {
     return plain
-        .Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack",
+        .Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.ack",
                                            v1::GetDesiredSlotsRequest())
         .ok();
   });

@@ -341,7 +341,9 @@ void ExpectRequestsServed(const std::vector<Recorded>& recorded) {
     if (r.entry.role != Role::kRequest) continue;
     bool served = false;
     for (const auto& s : recorded) {
-      served = served || (s.entry.role == Role::kServe && s.entry.subject == r.entry.subject);
+      // A node-scoped route serves every node's subject (its address keeps `{node_id}`).
+      served =
+          served || (s.entry.role == Role::kServe && Matches(r.entry.subject, s.entry.subject));
     }
     EXPECT_TRUE(served) << Show(r) << ": no service serves it";
   }
@@ -581,7 +583,8 @@ class ContractTest : public ::testing::Test {
     auto ack_latest = [&](bool foreign_rule) {
       v1::GetNodeExposuresRequest g;
       g.set_node_id(node);
-      auto doc = Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", g);
+      auto doc =
+          Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.{node_id}.exposures.get", g);
       ASSERT_TRUE(doc.ok()) << doc.error().ToString();
       v1::AckNodeExposuresRequest ack;
       ack.set_node_id(node);
@@ -591,7 +594,8 @@ class ContractTest : public ::testing::Test {
         d->set_kind("rule_foreign");
         d->set_detail("tcp dport 2222 dnat to 10.100.0.99:22");
       }
-      auto r = Call<v1::AckNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.ack", ack);
+      auto r =
+          Call<v1::AckNodeExposuresResponse>("gpuaas.v1.ingress.node.{node_id}.exposures.ack", ack);
       ASSERT_TRUE(r.ok()) << r.error().ToString();
     };
     ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_APPLYING)) << exposure_id;
@@ -691,7 +695,7 @@ class ContractTest : public ::testing::Test {
       reg.set_region("us-east-1");
       reg.set_pool("contract");
       reg.set_capacity_profile(v1::CAPACITY_PROFILE_BAREMETAL);
-      auto r = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", reg);
+      auto r = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register", reg);
       ASSERT_TRUE(r.ok()) << r.error().ToString();
     }
   }
@@ -789,7 +793,7 @@ TEST(ContractDocumentTest, EveryNamedProtobufTypeExists) {
 }
 
 TEST(ContractDocumentTest, MatcherSemantics) {
-  EXPECT_TRUE(Matches("gpuaas.*.inventory.>", "gpuaas.v1.inventory.node.register"));
+  EXPECT_TRUE(Matches("gpuaas.*.inventory.>", "gpuaas.v1.inventory.node.{node_id}.register"));
   EXPECT_FALSE(Matches("gpuaas.*.inventory.>", "gpuaas.v1.evt.inventory.node.registered"));
   EXPECT_TRUE(Matches("gpuaas.v1.dlq.{stream}.{consumer}", "gpuaas.v1.dlq.{stream}.{consumer}"));
   EXPECT_FALSE(Matches("gpuaas.v1.evt.inventory.node.>", "gpuaas.v1.evt.inventory"));

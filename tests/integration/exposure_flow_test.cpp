@@ -178,7 +178,8 @@ TEST_F(ExposureFlowTest, ASliceIsActiveOnlyWithItsEndpointsAndReleaseFreesThem) 
   // The node's document maps both ports to the VM's management IP, and the node acked it.
   v1::GetNodeExposuresRequest g;
   g.set_node_id(kNode);
-  auto doc = Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", g);
+  auto doc =
+      Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.{node_id}.exposures.get", g);
   ASSERT_TRUE(doc.ok()) << doc.error().ToString();
   EXPECT_EQ(doc->applied_version(), doc->latest_version());
   ASSERT_EQ(doc->document().mappings_size(), 2);
@@ -197,7 +198,7 @@ TEST_F(ExposureFlowTest, ASliceIsActiveOnlyWithItsEndpointsAndReleaseFreesThem) 
   // node's latest document without a mapping.
   EXPECT_TRUE(testing::WaitFor(
       [&] { return Exposures(id, v1::EXPOSURE_STATE_REMOVED).size() == 2 && Pool().used() == 0; }));
-  doc = Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", g);
+  doc = Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.{node_id}.exposures.get", g);
   ASSERT_TRUE(doc.ok());
   EXPECT_EQ(doc->document().mappings_size(), 0);
   EXPECT_EQ(doc->applied_version(), doc->latest_version());

@@ -74,8 +74,8 @@ class FlowTest : public ::testing::Test {
     return r;
   }
   Result<v1::RegisterNodeResponse> Register(const v1::RegisterNodeRequest& r) {
-    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r,
-                                                             3000ms);
+    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>(
+        "gpuaas.v1.inventory.node.{node_id}.register", r, 3000ms);
   }
   std::map<std::string, v1::ProjectedNode> Projection() {
     std::map<std::string, v1::ProjectedNode> out;

@@ -1,22 +1,32 @@
 // Who may do what, and who did it, against a real nats-server whose users are generated from the
 // contract (access.hpp) and the real services: anonymous and unknown keys are refused; a node's
-// key reaches only its own tasks (every route to another node's tasks is tried); a tenant
+// key reaches only its own tasks (every route to another node's tasks is tried) and its own
+// desired set, network and exposure documents (by subject, and by the handler's check); a tenant
 // gateway cannot call admin subjects nor see another tenant's allocations; expired, forged and
-// wrong-role tokens are refused; the events name the principal.
+// wrong-role tokens are refused; one tenant's flood is rate limited without slowing another; the
+// events name the principal.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
 
 #include <algorithm>
+#include <atomic>
 #include <fstream>
+#include <iostream>
 #include <mutex>
 #include <sstream>
+#include <thread>
 
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/v1/event.pb.h"
+#include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "gpuaas/v1/status.pb.h"
 #include "platform.hpp"
 
 namespace gpuaas {
@@ -208,6 +218,75 @@ TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
   auto after = messaging::StreamSubjectCount(*p_.conn, tasks, "gpuaas.v1.node.ident-b.task");
   ASSERT_TRUE(after.ok());
   EXPECT_GE(*after, before);
+}
+
+// Every node-facing subject names its node, so the server keeps a node to its own documents:
+// node A's key on each of node B's request, ack and report subjects is refused by the server;
+// on its own subject, a request naming B is refused by the handler (node_id_mismatch).
+TEST_F(IdentityTest, ANodeReadsAndAcksOnlyItsOwnDocuments) {
+  p_.Start();
+  p_.StartIngress();
+  p_.StartAgent("ident-a", 1, "ident");
+  p_.StartAgent("ident-b", 1, "ident");
+  auto a = p_.nats.Connect("node-agent", "ident-a");
+  const std::vector<std::string> b_subjects = {
+      "gpuaas.v1.inventory.node.ident-b.register",
+      "gpuaas.v1.inventory.node.ident-b.desired.get",
+      "gpuaas.v1.inventory.node.ident-b.desired.ack",
+      "gpuaas.v1.ipam.node.ident-b.network.get",
+      "gpuaas.v1.ipam.node.ident-b.network.ack",
+      "gpuaas.v1.ingress.node.ident-b.exposures.get",
+      "gpuaas.v1.ingress.node.ident-b.exposures.ack",
+      "gpuaas.v1.evt.node.ident-b.leases",
+      "gpuaas.v1.evt.node.ident-b.topology",
+      "gpuaas.v1.evt.node.ident-b.task.progress",
+      // The unscoped forms a node could once use for any node: no longer served or permitted.
+      "gpuaas.v1.inventory.node.register",
+      "gpuaas.v1.inventory.node.desired.get",
+      "gpuaas.v1.ipam.node.network.get",
+      "gpuaas.v1.ingress.node.exposures.ack",
+  };
+  for (const auto& subject : b_subjects) {
+    (void)a->Publish(subject, "{}", {});
+    EXPECT_TRUE(Refused(*a, subject)) << "node A may publish " << subject;
+  }
+  // Through the rpc client, as an agent would ask: nothing of B's comes back.
+  v1::GetNodeNetworkRequest b_net;
+  b_net.set_node_id("ident-b");
+  auto stolen = rpc::Client(a).Call<v1::GetNodeNetworkResponse>(
+      "gpuaas.v1.ipam.node.{node_id}.network.get", b_net, 2s);
+  EXPECT_FALSE(stolen.ok()) << "node A read node B's network document";
+
+  // On A's own subjects, a request about B is refused by the handler, before it reads or writes.
+  auto own = p_.nats.Connect("node-agent", "ident-a");
+  v1::AckNodeExposuresRequest ack_for_b;
+  ack_for_b.set_node_id("ident-b");
+  ack_for_b.set_version(1);
+  v1::GetDesiredSlotsRequest desired_of_b;
+  desired_of_b.set_node_id("ident-b");
+  for (const auto& [subject, payload] : std::vector<std::pair<std::string, std::string>>{
+           {"gpuaas.v1.ingress.node.ident-a.exposures.ack", ack_for_b.SerializeAsString()},
+           {"gpuaas.v1.inventory.node.ident-a.desired.get", desired_of_b.SerializeAsString()},
+           {"gpuaas.v1.ipam.node.ident-a.network.get", b_net.SerializeAsString()}}) {
+    auto raw = own->Request(subject, payload, {}, 5s);
+    ASSERT_TRUE(raw.ok()) << subject << ": " << raw.error().ToString();
+    v1::Reply reply;
+    ASSERT_TRUE(reply.ParseFromString(raw->data));
+    EXPECT_EQ(reply.status().code(), v1::PERMISSION_DENIED) << subject;
+    EXPECT_EQ(reply.status().reason(), "node_id_mismatch") << subject;
+  }
+  // The control: A's own documents, on its own subjects, answer (so the refusals can fail).
+  v1::GetDesiredSlotsRequest mine;
+  mine.set_node_id("ident-a");
+  auto desired = rpc::Client(own).Call<v1::GetDesiredSlotsResponse>(
+      "gpuaas.v1.inventory.node.{node_id}.desired.get", mine, 5s);
+  EXPECT_TRUE(desired.ok()) << desired.error().ToString();
+  v1::GetNodeNetworkRequest my_net;
+  my_net.set_node_id("ident-a");
+  auto net = rpc::Client(own).Call<v1::GetNodeNetworkResponse>(
+      "gpuaas.v1.ipam.node.{node_id}.network.get", my_net, 5s);
+  EXPECT_TRUE(net.ok()) << net.error().ToString();
+  EXPECT_EQ(own->PermissionViolations(), 0U);
 }
 
 TEST_F(IdentityTest, ATenantGatewayCannotCallAdminSubjectsNorSeeAnotherTenant) {
@@ -463,6 +542,94 @@ TEST_F(IdentityTest, ATenantGatewayFollowsOneTenantsAllocationsThroughTheFeed) {
   EXPECT_TRUE(
       Refused(*gw, "$JS.API.CONSUMER.CREATE.GPUAAS_EVT_SCHEDULER.portal-everything") ||
       Refused(*gw, "$JS.API.CONSUMER.DURABLE.CREATE.GPUAAS_EVT_SCHEDULER.portal-everything"));
+}
+
+// One tenant flooding creates (bounded: a paced loop on loopback, 25 times its write limit) is
+// held to its limit, each refusal saying when to retry, and another tenant's latency holds: its
+// p99 while the flood runs is within 20 % of its p99 while it does not. The flood runs in
+// half-second bursts and the other tenant's calls are sorted by whether a burst was on, so both
+// sides see the same machine (a loaded CI runner); a round that misses is measured again, up to
+// three rounds, since one scheduling hiccup moves a p99.
+TEST_F(IdentityTest, OneTenantsFloodIsLimitedAndAnotherTenantsLatencyHolds) {
+  p_.Start();
+  auto flood_conn = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "flood", "tenant:flood/x"));
+  auto calm_conn = As("tenant-api", p_.nats.Token(auth::kRoleTenant, "calm", "tenant:calm/y"));
+  std::atomic<bool> on{false};
+  std::atomic<bool> stop{false};
+  std::atomic<int> sent{0};
+  std::atomic<int> admitted{0};
+  std::atomic<int> limited{0};
+  std::atomic<int> bad_refusals{0};
+  std::thread flood([&] {
+    rpc::Client c(flood_conn);
+    auto next = std::chrono::steady_clock::now();
+    for (int i = 0; !stop; ++i) {
+      next += 2ms;  // 500 creates a second while a burst is on: the limit is 20 (burst 40)
+      std::this_thread::sleep_until(next);
+      if (!on) continue;
+      sent++;
+      auto r = c.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create",
+                                                    Order("flood", fmt::format("f-{}", i)), 5s);
+      if (!r.ok() && r.error().Is(reason::kRateLimited)) {
+        limited++;
+        const auto& d = r.error().details;
+        if (!r.error().retryable || d.count("retry_after_ms") == 0 ||
+            std::stoll(d.at("retry_after_ms")) <= 0 || d.at("class") != "write") {
+          bad_refusals++;
+        }
+      } else {
+        admitted++;  // placed, or answered for want of capacity: either way it was let through
+      }
+      if (std::chrono::steady_clock::now() > next) next = std::chrono::steady_clock::now();
+    }
+  });
+  const auto started = std::chrono::steady_clock::now();
+  auto p99 = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[std::min(v.size() - 1, v.size() * 99 / 100)];
+  };
+  rpc::Client calm(calm_conn);
+  v1::ListAllocationsRequest list;
+  bool held = false;
+  for (int round = 0; round < 3 && !held; ++round) {
+    std::vector<double> quiet;
+    std::vector<double> loaded;
+    auto next = std::chrono::steady_clock::now();
+    for (int i = 0; i < 800; ++i) {
+      if (i % 50 == 0) on = (i / 50) % 2 == 1;  // bursts of 50 calls (about half a second)
+      next += 10ms;  // 100 a second: well inside the calm tenant's own read limit
+      std::this_thread::sleep_until(next);
+      const bool during = on;
+      const auto t0 = std::chrono::steady_clock::now();
+      auto r = calm.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", list);
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ASSERT_TRUE(r.ok()) << "the calm tenant was refused: " << r.error().ToString();
+      (during ? loaded : quiet).push_back(ms);
+    }
+    on = false;
+    const double q = p99(quiet);
+    const double l = p99(loaded);
+    held = l <= q * 1.2;
+    std::cout << "round " << round << ": calm tenant p99 " << q << " ms quiet, " << l
+              << " ms during the flood (" << quiet.size() << "/" << loaded.size() << " calls)\n";
+  }
+  stop = true;
+  flood.join();
+  const double flood_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  EXPECT_TRUE(held) << "another tenant's p99 rose more than 20 % under the flood";
+  std::cout << "flood: " << sent << " creates sent, " << admitted << " let through, " << limited
+            << " rate_limited\n";
+  EXPECT_GT(limited.load(), sent.load() / 2) << "the flood was not limited";
+  EXPECT_EQ(bad_refusals.load(), 0) << "a refusal without a retry-after or class";
+  // Never more through than the burst and the rate allow over the time the flood ran.
+  EXPECT_LE(admitted.load(), 40 + static_cast<int>(20 * flood_s) + 5);
+  const std::string metrics =
+      prometheus::TextSerializer().Serialize(p_.scheduler->runtime().metrics().Collect());
+  EXPECT_NE(metrics.find("gpuaas_rpc_rate_limited_total{role=\"tenant\",subject=\"gpuaas.v1."
+                         "scheduler.allocation.create\"}"),
+            std::string::npos);
 }
 
 TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {

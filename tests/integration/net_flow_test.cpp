@@ -78,7 +78,7 @@ class NetFlowTest : public ::testing::Test {
   v1::GetNodeNetworkResponse Network() {
     v1::GetNodeNetworkRequest r;
     r.set_node_id("net-node");
-    auto n = Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", r);
+    auto n = Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.get", r);
     return n.ok() ? *n : v1::GetNodeNetworkResponse();
   }
   v1::ListLeasesResponse Leases() {

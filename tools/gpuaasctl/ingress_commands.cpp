@@ -298,8 +298,8 @@ Action AddIngressNode(CLI::App& ingress) {
     v1::GetNodeExposuresRequest req;
     req.set_node_id(o->node);
     req.set_version(o->version);
-    auto r = client.Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get", req,
-                                                       g.Timeout());
+    auto r = client.Call<v1::GetNodeExposuresResponse>(
+        "gpuaas.v1.ingress.node.{node_id}.exposures.get", req, g.Timeout());
     if (!r.ok()) return Fail(g, r.error());
     return Print(g, *r, [&] { PrintDocument(*r); });
   };

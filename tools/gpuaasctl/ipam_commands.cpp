@@ -141,8 +141,8 @@ Action AddIpamNetwork(CLI::App& ipam) {
     v1::GetNodeNetworkRequest req;
     req.set_node_id(o->node);
     req.set_version(o->version);
-    auto r = client.Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", req,
-                                                     g.Timeout());
+    auto r = client.Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.get",
+                                                     req, g.Timeout());
     if (!r.ok()) return Fail(g, r.error());
     return Print(g, *r, [&] { PrintDocument(*r); });
   };

@@ -56,8 +56,8 @@ Action AddNodeCommands(CLI::App& app) {
         (*req.mutable_labels())[l.substr(0, eq)] = l.substr(eq + 1);
       }
       req.set_agent_version("gpuaasctl");
-      auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", req,
-                                                     g.Timeout());
+      auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register",
+                                                     req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
         std::cout << fmt::format(

@@ -89,6 +89,28 @@ bool SubjectMatches(const std::string& pattern, const std::string& subject) {
   return Covers(pattern, subject);
 }
 
+std::optional<std::map<std::string, std::string>> BindAddress(const std::string& address,
+                                                              const std::string& subject) {
+  std::map<std::string, std::string> bound;
+  if (address.find('{') == std::string::npos) {
+    if (address == subject) return bound;
+    return std::nullopt;
+  }
+  const auto pattern = SubjectTokens(address);
+  const auto tokens = SubjectTokens(subject);
+  if (pattern.size() != tokens.size()) return std::nullopt;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const auto& p = pattern[i];
+    if (p.size() > 2 && p.front() == '{' && p.back() == '}') {
+      if (tokens[i].empty() || tokens[i] == "*" || tokens[i] == ">") return std::nullopt;
+      bound[p.substr(1, p.size() - 2)] = tokens[i];
+    } else if (p != tokens[i]) {
+      return std::nullopt;
+    }
+  }
+  return bound;
+}
+
 std::string ClientSubject(const std::string& subject, const std::string& client_role) {
   return subject + "." + client_role;
 }

@@ -28,6 +28,8 @@
 namespace gpuaas::rpc {
 
 namespace {
+constexpr const char* kNodeParam = "{node_id}";
+
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
              std::chrono::system_clock::now().time_since_epoch())
@@ -63,6 +65,8 @@ struct Server::Impl {
   log::Logger log;
   ServerOptions opts;
   std::map<std::string, RawHandler> handlers;
+  // The node-scoped routes (an address with `{node_id}`).
+  std::vector<std::string> node_routes;
   // subject -> (request type, result type), for the contract registry.
   std::map<std::string, std::pair<std::string, std::string>> types;
   natsSubscription* sub = nullptr;
@@ -75,8 +79,25 @@ struct Server::Impl {
   bool stopping = false;
   std::vector<std::thread> workers;
 
+  std::unique_ptr<ratelimit::Limiter> limiter;
+  prometheus::Family<prometheus::Counter>* rate_limited = nullptr;
   prometheus::Family<prometheus::Counter>* requests = nullptr;
   prometheus::Family<prometheus::Histogram>* duration = nullptr;
+
+  // The route that serves `subject`, and the node id a node-scoped route binds: an exact route
+  // first, then the node-scoped ones (access::BindAddress).
+  struct Route {
+    std::string address;
+    std::string node_id;
+  };
+  std::optional<Route> Match(const std::string& subject) const {
+    if (handlers.count(subject) > 0) return Route{subject, ""};
+    for (const auto& address : node_routes) {
+      auto bound = access::BindAddress(address, subject);
+      if (bound) return Route{address, (*bound)["node_id"]};
+    }
+    return std::nullopt;
+  }
 
   void RecordServed(const std::string& subject) {
     const auto& [request_type, result_type] = types[subject];
@@ -99,8 +120,10 @@ struct Server::Impl {
     // A client's request arrives as <subject>.<client role> (access.hpp ClientSubject).
     const auto served =
         access::ResolveServed(access::EmbeddedContract(), m.subject,
-                              [&](const std::string& s) { return handlers.count(s) > 0; });
-    ctx.subject = served ? served->subject : m.subject;
+                              [&](const std::string& s) { return Match(s).has_value(); });
+    const auto route = served ? Match(served->subject) : std::nullopt;
+    ctx.subject = route ? route->address : m.subject;
+    if (route) ctx.node_id = route->node_id;
     if (served) ctx.client_role = served->client_role;
     ctx.headers = m.headers;
     ctx.traceparent = ids::ChildTraceparent(m.Header(messaging::kHeaderTraceparent));
@@ -109,6 +132,7 @@ struct Server::Impl {
                                                     opts.default_deadline_ms);
     ctx.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(deadline_ms));
     ctx.log = log.With({{"trace_id", ctx.trace_id}, {"subject", ctx.subject}});
+    if (!ctx.node_id.empty()) ctx.log = ctx.log.With({{"node_id", ctx.node_id}});
 
     v1::Reply reply;
     Result<void> result = Dispatch(m, ctx, reply.mutable_result());
@@ -129,7 +153,7 @@ struct Server::Impl {
     // Metrics are recorded before the reply goes out so that a caller who has its answer
     // also sees it counted.
     const std::string code = CodeName(static_cast<Code>(st->code()));
-    const std::string label = served ? served->subject : "unknown";
+    const std::string label = route ? route->address : "unknown";
     if (requests) requests->Add({{"subject", label}, {"code", code}}).Increment();
     if (duration) {
       duration
@@ -165,6 +189,7 @@ struct Server::Impl {
                        "no handler for " + m.subject + " in " + service, {}, false);
     }
     if (auto a = Authenticate(m, ctx); !a.ok()) return a;
+    if (auto l = Limit(ctx); !l.ok()) return l;
     if (std::chrono::system_clock::now() >= ctx.deadline) {
       return Error::Of(Code::kDeadlineExceeded, reason::kDeadlineExceeded,
                        "the caller's deadline passed before the request was handled", {}, false);
@@ -284,6 +309,22 @@ struct Server::Impl {
     return CheckRoles(*p, a, ctx);
   }
 
+  // The principal's token bucket for this subject's class (rate_limit.hpp); platform callers
+  // (no token) are not limited.
+  Result<void> Limit(const Context& ctx) {
+    if (!limiter || !ctx.HasToken()) return Ok();
+    const std::string klass = ratelimit::SubjectClass(ctx.subject);
+    const auto wait = limiter->Take(ctx.principal.subject, ctx.principal.roles, klass,
+                                    std::chrono::steady_clock::now());
+    if (!wait) return Ok();
+    const std::string role = ctx.principal.roles.empty() ? "" : ctx.principal.roles.front();
+    if (rate_limited) rate_limited->Add({{"subject", ctx.subject}, {"role", role}}).Increment();
+    return Error::Of(Code::kResourceExhausted, reason::kRateLimited,
+                     fmt::format("{} sends {} requests faster than its limit; retry in {} ms",
+                                 ctx.principal.subject, klass, wait->count()),
+                     {{"retry_after_ms", std::to_string(wait->count())}, {"class", klass}}, true);
+  }
+
   // One of the verified token's roles may call the subject.
   Result<void> CheckRoles(const auth::Principal& p, const access::RequestAccess& a, Context& ctx) {
     ctx.principal = p;
@@ -354,7 +395,16 @@ Server::Server(std::shared_ptr<messaging::Connection> conn, std::string service,
   impl_->filter = std::move(filter);
   impl_->log = std::move(logger);
   impl_->opts = std::move(options);
+  if (!impl_->opts.rate_limits.empty()) {
+    impl_->limiter = std::make_unique<ratelimit::Limiter>(impl_->opts.rate_limits);
+  }
   if (metrics) {
+    impl_->rate_limited = &prometheus::BuildCounter()
+                               .Name("gpuaas_rpc_rate_limited_total")
+                               .Help(
+                                   "Requests refused for their principal's rate limit, by "
+                                   "subject and the principal's first role")
+                               .Register(*metrics);
     impl_->requests = &prometheus::BuildCounter()
                            .Name("gpuaas_rpc_requests_total")
                            .Help("Requests answered, by subject and status code")
@@ -371,6 +421,9 @@ Server::~Server() { Drain(std::chrono::milliseconds(2000)); }
 void Server::Register(const std::string& subject, RawHandler handler, std::string request_type,
                       std::string result_type) {
   impl_->handlers[subject] = std::move(handler);
+  if (subject.find(kNodeParam) != std::string::npos) {
+    impl_->node_routes.push_back(subject);
+  }
   impl_->types[subject] = {std::move(request_type), std::move(result_type)};
   if (impl_->sub) impl_->RecordServed(subject);
 }
@@ -429,6 +482,57 @@ Result<void> DecodeRequest(const std::string& data, google::protobuf::Message& r
   // Protobuf strings may hold NUL, but PostgreSQL text and C strings end at it: what would be
   // stored is not what was sent. Refused at the edge, for every served request.
   return validate::RefuseNulStrings(req);
+}
+
+namespace {
+// The request's string field `node_id`, if its type has one.
+const google::protobuf::FieldDescriptor* NodeIdField(const google::protobuf::Message& m) {
+  const auto* f = m.GetDescriptor()->FindFieldByName("node_id");
+  if (f == nullptr || f->is_repeated() ||
+      f->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_STRING) {
+    return nullptr;
+  }
+  return f;
+}
+}  // namespace
+
+Result<void> CheckSubjectNode(const Context& ctx, google::protobuf::Message& req) {
+  if (ctx.node_id.empty()) return Ok();
+  const auto* f = NodeIdField(req);
+  if (f == nullptr) return Ok();
+  const auto* refl = req.GetReflection();
+  const std::string asked = refl->GetString(req, f);
+  if (asked.empty()) {
+    refl->SetString(&req, f, ctx.node_id);
+    return Ok();
+  }
+  if (asked != ctx.node_id) {
+    return Error::Of(
+        Code::kPermissionDenied, reason::kNodeIdMismatch,
+        fmt::format("the request names node {} on node {}'s subject", asked, ctx.node_id),
+        {{"subject_node_id", ctx.node_id}, {"node_id", asked}}, false);
+  }
+  return Ok();
+}
+
+Result<std::string> BindSubject(const std::string& address, const google::protobuf::Message& req) {
+  const auto at = address.find(kNodeParam);
+  if (at == std::string::npos) return address;
+  const auto* f = NodeIdField(req);
+  const std::string node = f != nullptr ? req.GetReflection()->GetString(req, f) : "";
+  if (node.empty()) {
+    return Error::InvalidArgument(reason::kNodeIdMissing,
+                                  address + " is node-scoped: the request needs its node_id",
+                                  {{"node_id", "required"}});
+  }
+  if (node.find_first_of(".*> \t\r\n") != std::string::npos) {
+    return Error::InvalidArgument(reason::kNodeIdInvalid,
+                                  "node id '" + node + "' cannot be a subject token",
+                                  {{"node_id", "not a node id"}});
+  }
+  std::string bound = address;
+  bound.replace(at, std::string(kNodeParam).size(), node);
+  return bound;
 }
 
 size_t Server::InFlight() const {

@@ -18,6 +18,7 @@
 #include "gpuaas/common/dlq.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/process_metrics.hpp"
+#include "gpuaas/common/rate_limit.hpp"
 #include "gpuaas/common/reasons.hpp"
 
 namespace gpuaas::runtime {
@@ -57,6 +58,14 @@ void CommonConfig::Register(config::Schema& s, bool with_postgres) {
   s.Add("http.port", &http_port, "Port for /healthz, /readyz, /metrics (0 = any free port)", 0,
         config::Range(0, 65535));
   s.Add("rpc.workers", &rpc_workers, "Request handler threads", 4, config::Range(1, 256));
+  s.Add("rpc.rate_limits", &rpc_rate_limits,
+        "Per-principal request limits by token role and subject class (read: get/list/show/"
+        "timeline; write: the rest), comma-separated <role>.<read|write>=<per_s>:<burst>; over "
+        "it: RESOURCE_EXHAUSTED rate_limited; \"\" = no limits",
+        ratelimit::kDefaultLimits, [](const std::string& v) -> std::string {
+          auto l = ratelimit::ParseLimits(v);
+          return l.ok() ? "" : l.error().message;
+        });
   s.Add("shutdown.drain_timeout_ms", &drain_timeout_ms,
         "How long a stopping service may take to finish in-flight work", 10000,
         config::Range(0, 600000));
@@ -179,6 +188,7 @@ rpc::Server& Service::Rpc() {
     rpc::ServerOptions o;
     o.workers = static_cast<int>(cfg_.rpc_workers);
     o.token_public_keys = token_keys_;
+    o.rate_limits = *ratelimit::ParseLimits(cfg_.rpc_rate_limits);  // validated by the schema
     // The namespace the contract gives this service (roles.yaml), which its NATS user may
     // subscribe to.
     const auto& roles = access::EmbeddedContract().roles;

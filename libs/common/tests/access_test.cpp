@@ -61,7 +61,11 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
         "$JS.API.CONSUMER.INFO.GPUAAS_NODE_TASKS.node-gpu-07",
         "$JS.ACK.GPUAAS_NODE_TASKS.node-gpu-07.1.2.3.4.5", "gpuaas.v1.evt.node.gpu-07.topology",
         "gpuaas.v1.evt.node.gpu-07.task.succeeded", "gpuaas.v1.evt.node.gpu-07.leases",
-        "gpuaas.v1.inventory.node.register", "gpuaas.v1.ipam.node.network.get",
+        "gpuaas.v1.inventory.node.gpu-07.register", "gpuaas.v1.ipam.node.gpu-07.network.get",
+        "gpuaas.v1.inventory.node.gpu-07.desired.get",
+        "gpuaas.v1.inventory.node.gpu-07.desired.ack", "gpuaas.v1.ipam.node.gpu-07.network.ack",
+        "gpuaas.v1.ingress.node.gpu-07.exposures.get",
+        "gpuaas.v1.ingress.node.gpu-07.exposures.ack",
         "gpuaas.v1.dlq.GPUAAS_NODE_TASKS.node-gpu-07"}) {
     EXPECT_TRUE(Allows(p->publish, s)) << s;
   }
@@ -71,7 +75,12 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
         "$JS.API.CONSUMER.DURABLE.CREATE.GPUAAS_NODE_TASKS.node-gpu-07",
         "$JS.API.STREAM.MSG.GET.GPUAAS_NODE_TASKS", "$JS.API.DIRECT.GET.GPUAAS_NODE_TASKS",
         "$JS.API.STREAM.CREATE.GPUAAS_NODE_TASKS", "gpuaas.v1.evt.node.gpu-08.topology",
-        "gpuaas.v1.node.gpu-07.task", "gpuaas.v1.inventory.slot.approve", "_INBOX.x.y"}) {
+        "gpuaas.v1.node.gpu-07.task", "gpuaas.v1.inventory.slot.approve", "_INBOX.x.y",
+        // Another node's node-scoped requests: the subject names the node.
+        "gpuaas.v1.inventory.node.gpu-08.register", "gpuaas.v1.inventory.node.gpu-08.desired.get",
+        "gpuaas.v1.inventory.node.gpu-08.desired.ack", "gpuaas.v1.ipam.node.gpu-08.network.get",
+        "gpuaas.v1.ipam.node.gpu-08.network.ack", "gpuaas.v1.ingress.node.gpu-08.exposures.get",
+        "gpuaas.v1.ingress.node.gpu-08.exposures.ack"}) {
     EXPECT_FALSE(Allows(p->publish, s)) << s;
   }
   // No pattern of a node names another node: every wildcard-free token is its own id.
@@ -281,6 +290,21 @@ TEST(AccessTest, TheRenderedConfigListsEveryUserWithItsPermissions) {
   EXPECT_NE(conf->find("\"gpuaas.v1.inventory.slot.approve.operator\""), std::string::npos);
   users[0].nkey = "not-a-key";
   EXPECT_FALSE(RenderAuthorization(c, users).ok());
+}
+
+TEST(BindAddressTest, BindsEachParameterToOneTokenAndNothingElse) {
+  const std::string a = "gpuaas.v1.ipam.node.{node_id}.network.get";
+  auto b = BindAddress(a, "gpuaas.v1.ipam.node.gpu-07.network.get");
+  ASSERT_TRUE(b.has_value());
+  EXPECT_EQ(b->at("node_id"), "gpu-07");
+  EXPECT_FALSE(BindAddress(a, "gpuaas.v1.ipam.node.gpu-07.network.ack"));
+  EXPECT_FALSE(BindAddress(a, "gpuaas.v1.ipam.node.a.b.network.get"));
+  EXPECT_FALSE(BindAddress(a, "gpuaas.v1.ipam.node.*.network.get"));
+  EXPECT_FALSE(BindAddress(a, "gpuaas.v1.ipam.node.>.network.get"));
+  EXPECT_FALSE(BindAddress(a, "gpuaas.v1.ipam.node.network.get"));
+  // An address without parameters matches only itself.
+  EXPECT_TRUE(BindAddress("gpuaas.v1.ipam.drift.list", "gpuaas.v1.ipam.drift.list"));
+  EXPECT_FALSE(BindAddress("gpuaas.v1.ipam.drift.list", "gpuaas.v1.ipam.drift.list.operator"));
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ TEST_F(MessagingTest, TypedRequestReplyPropagatesTrace) {
 }
 
 TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
-  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000, {}});
+  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000, {}, {}});
   // Malformed protobuf.
   auto bad = RawReply(*conn_, "gpuaas.v1.test.node.echo", std::string("\xff\xff\xff\xff", 4));
   EXPECT_EQ(bad.status().code(), v1::INVALID_ARGUMENT);
@@ -135,6 +135,57 @@ TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
   auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.echo", ok);
   ASSERT_TRUE(r.ok()) << r.error().ToString();
   EXPECT_EQ(r->node().node_id(), "still-here");
+}
+
+// A node-scoped route (`….node.{node_id}.…`) answers every node's subject, binds the node from
+// the subject, and holds the request's own node_id to it: a node cannot ask about, or ack for,
+// another node even where the server let it publish the subject.
+TEST_F(MessagingTest, ANodeScopedRouteBindsTheSubjectsNodeAndRefusesAnother) {
+  auto server = std::make_unique<rpc::Server>(conn_, "test", "gpuaas.*.test.>", log_, &registry_);
+  server->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
+      "gpuaas.v1.test.node.{node_id}.echo",
+      [](const v1::RegisterNodeRequest& req,
+         rpc::Context& ctx) -> Result<v1::RegisterNodeResponse> {
+        v1::RegisterNodeResponse resp;
+        resp.mutable_node()->set_node_id(req.node_id());
+        resp.mutable_node()->set_hostname(ctx.node_id + "|" + ctx.subject);
+        return resp;
+      });
+  ASSERT_TRUE(server->Start().ok());
+  rpc::Client client(conn_);
+  v1::RegisterNodeRequest req;
+  req.set_node_id("gpu-07");
+  // The client binds the address to the request's node.
+  auto r = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.{node_id}.echo", req);
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  EXPECT_EQ(r->node().node_id(), "gpu-07");
+  EXPECT_EQ(r->node().hostname(), "gpu-07|gpuaas.v1.test.node.{node_id}.echo");
+  // An empty node_id takes the subject's.
+  auto empty = RawReply(*conn_, "gpuaas.v1.test.node.gpu-08.echo", "");
+  ASSERT_EQ(empty.status().code(), v1::OK) << empty.status().reason();
+  v1::RegisterNodeResponse got;
+  ASSERT_TRUE(empty.result().UnpackTo(&got));
+  EXPECT_EQ(got.node().node_id(), "gpu-08");
+  // Another node in the request than in the subject is refused before the handler runs.
+  auto other = RawReply(*conn_, "gpuaas.v1.test.node.gpu-08.echo", req.SerializeAsString());
+  EXPECT_EQ(other.status().code(), v1::PERMISSION_DENIED);
+  EXPECT_EQ(other.status().reason(), "node_id_mismatch");
+  EXPECT_EQ(other.status().details().at("subject_node_id"), "gpu-08");
+  EXPECT_EQ(other.status().details().at("node_id"), "gpu-07");
+  // A caller without a node cannot bind the address.
+  auto unbound = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.{node_id}.echo",
+                                                       v1::RegisterNodeRequest());
+  ASSERT_FALSE(unbound.ok());
+  EXPECT_TRUE(unbound.error().Is(reason::kNodeIdMissing));
+  v1::RegisterNodeRequest wild;
+  wild.set_node_id("*");
+  auto wildcard = client.Call<v1::RegisterNodeResponse>("gpuaas.v1.test.node.{node_id}.echo", wild);
+  ASSERT_FALSE(wildcard.ok());
+  EXPECT_TRUE(wildcard.error().Is(reason::kNodeIdInvalid));
+  // Metrics count the address, not one series per node.
+  const std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
+  EXPECT_NE(text.find("subject=\"gpuaas.v1.test.node.{node_id}.echo\""), std::string::npos);
+  EXPECT_EQ(text.find("gpuaas.v1.test.node.gpu-08.echo"), std::string::npos);
 }
 
 TEST(ParseDeadlineHeader, ClampsToTheEpochAndADayAheadMalformedIsAbsent) {

@@ -14,6 +14,7 @@
 
 #include "console_gw_routes.hpp"
 #include "console_store.hpp"
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -121,11 +122,11 @@ const std::vector<ApiRoute>& ApiRoutes() {
        v1::DisableSlotResponse::descriptor()},
       {"gpuaas.v1.inventory.slot.repair", v1::RepairSlotRequest::descriptor(),
        v1::RepairSlotResponse::descriptor()},
-      {"gpuaas.v1.inventory.node.desired.get", v1::GetDesiredSlotsRequest::descriptor(),
+      {"gpuaas.v1.inventory.node.{node_id}.desired.get", v1::GetDesiredSlotsRequest::descriptor(),
        v1::GetDesiredSlotsResponse::descriptor()},
       {"gpuaas.v1.scheduler.slot.list", v1::ListProjectedSlotsRequest::descriptor(),
        v1::ListProjectedSlotsResponse::descriptor()},
-      {"gpuaas.v1.ipam.node.network.get", v1::GetNodeNetworkRequest::descriptor(),
+      {"gpuaas.v1.ipam.node.{node_id}.network.get", v1::GetNodeNetworkRequest::descriptor(),
        v1::GetNodeNetworkResponse::descriptor()},
       {"gpuaas.v1.ipam.drift.list", v1::ListDriftRequest::descriptor(),
        v1::ListDriftResponse::descriptor()},
@@ -247,7 +248,8 @@ ApiReply ConsoleGwService::Call(const std::string& token, const std::string& sub
                                 const std::string& body) {
   const ApiRoute* route = nullptr;
   for (const auto& r : ApiRoutes()) {
-    if (r.subject == subject) route = &r;
+    // A node-scoped route is called on its node's subject (…node.<node id>.network.get).
+    if (access::BindAddress(r.subject, subject)) route = &r;
   }
   if (route == nullptr) {
     return ErrorReply(

@@ -354,9 +354,9 @@ async function loadNode() {
     const [show, proj, net, drift, desired, expo] = await Promise.all([
       settle('gpuaas.v1.inventory.node.show', { node_id: nodeId }),
       settle('gpuaas.v1.scheduler.slot.list', { node_id: nodeId, page_size: 1000 }),
-      settle('gpuaas.v1.ipam.node.network.get', { node_id: nodeId }),
+      settle(`gpuaas.v1.ipam.node.${nodeId}.network.get`, { node_id: nodeId }),
       settle('gpuaas.v1.ipam.drift.list', { node_id: nodeId }),
-      settle('gpuaas.v1.inventory.node.desired.get', { node_id: nodeId }),
+      settle(`gpuaas.v1.inventory.node.${nodeId}.desired.get`, { node_id: nodeId }),
       settle('gpuaas.v1.ingress.exposure.list', { node_id: nodeId }),
     ]);
     if (nodeId !== openNodeId) return;

@@ -59,8 +59,8 @@ void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<IngressHandlers>& h)
   rpc.Route("gpuaas.v1.ingress.exposure.create", h, &H::CreateExposure);
   rpc.Route("gpuaas.v1.ingress.exposure.delete", h, &H::DeleteExposure);
   rpc.Route("gpuaas.v1.ingress.exposure.list", h, &H::ListExposures);
-  rpc.Route("gpuaas.v1.ingress.node.exposures.get", h, &H::GetNodeExposures);
-  rpc.Route("gpuaas.v1.ingress.node.exposures.ack", h, &H::AckNodeExposures);
+  rpc.Route("gpuaas.v1.ingress.node.{node_id}.exposures.get", h, &H::GetNodeExposures);
+  rpc.Route("gpuaas.v1.ingress.node.{node_id}.exposures.ack", h, &H::AckNodeExposures);
 }
 
 Result<v1::SetEndpointPoolResponse> IngressHandlers::SetPool(const v1::SetEndpointPoolRequest& req,

@@ -279,8 +279,8 @@ class IngressTest : public ::testing::Test {
     v1::GetNodeExposuresRequest req;
     req.set_node_id(node);
     req.set_version(version);
-    return Operator().Call<v1::GetNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.get",
-                                                         req, 10s);
+    return Operator().Call<v1::GetNodeExposuresResponse>(
+        "gpuaas.v1.ingress.node.{node_id}.exposures.get", req, 10s);
   }
   Result<v1::AckNodeExposuresResponse> Ack(const std::string& node, int64_t version,
                                            const std::vector<v1::ExposureRefusal>& refused = {},
@@ -290,8 +290,8 @@ class IngressTest : public ::testing::Test {
     req.set_version(version);
     for (const auto& f : refused) *req.add_refused() = f;
     for (const auto& d : drift) *req.add_drift() = d;
-    return Node(node).Call<v1::AckNodeExposuresResponse>("gpuaas.v1.ingress.node.exposures.ack",
-                                                         req, 10s);
+    return Node(node).Call<v1::AckNodeExposuresResponse>(
+        "gpuaas.v1.ingress.node.{node_id}.exposures.ack", req, 10s);
   }
 
   // ---- events on GPUAAS_EVT_INGRESS ----

@@ -24,7 +24,7 @@ const std::regex kHostname("^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$");
 
 // Every request subject inventory serves, each with its handler.
 void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<InventoryHandlers>& h) {
-  rpc.Route("gpuaas.v1.inventory.node.register", h, &InventoryHandlers::NodeRegister);
+  rpc.Route("gpuaas.v1.inventory.node.{node_id}.register", h, &InventoryHandlers::NodeRegister);
   rpc.Route("gpuaas.v1.inventory.node.list", h, &InventoryHandlers::NodeList);
   rpc.Route("gpuaas.v1.inventory.node.discover", h, &InventoryHandlers::NodeDiscover);
   rpc.Route("gpuaas.v1.inventory.node.show", h, &InventoryHandlers::NodeShow);
@@ -35,8 +35,8 @@ void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<InventoryHandlers>& 
   rpc.Route("gpuaas.v1.inventory.availability.list", h, &InventoryHandlers::AvailabilityList);
   rpc.Route("gpuaas.v1.inventory.region.list", h, &InventoryHandlers::RegionList);
   rpc.Route("gpuaas.v1.inventory.region.set", h, &InventoryHandlers::RegionSet);
-  rpc.Route("gpuaas.v1.inventory.node.desired.get", h, &InventoryHandlers::DesiredGet);
-  rpc.Route("gpuaas.v1.inventory.node.desired.ack", h, &InventoryHandlers::DesiredAck);
+  rpc.Route("gpuaas.v1.inventory.node.{node_id}.desired.get", h, &InventoryHandlers::DesiredGet);
+  rpc.Route("gpuaas.v1.inventory.node.{node_id}.desired.ack", h, &InventoryHandlers::DesiredAck);
 }
 
 // The consumers of what node-agents and ipam report.

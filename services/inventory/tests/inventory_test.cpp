@@ -72,8 +72,8 @@ class InventoryTest : public ::testing::Test {
   void TearDown() override { svc_->Shutdown(); }
 
   Result<v1::RegisterNodeResponse> Register(const v1::RegisterNodeRequest& r) {
-    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r,
-                                                             5000ms);
+    return rpc::Client(conn_).Call<v1::RegisterNodeResponse>(
+        "gpuaas.v1.inventory.node.{node_id}.register", r, 5000ms);
   }
   // Node events of `kind` in the stream. A failed count fails the test and matches no expected
   // number: read as 0 it would pass every "no event" check.
@@ -139,14 +139,19 @@ TEST_F(InventoryTest, ConcurrentRegistrationsOfOneNodeCreateItOnce) {
 
 TEST_F(InventoryTest, InvalidRegistrationIsRejectedWithFieldDetails) {
   auto bad = Req("gpu-01");
-  bad.set_node_id("");
+  bad.set_node_id("Not_A_Label");
   bad.set_capacity_profile(v1::CAPACITY_PROFILE_UNSPECIFIED);
   auto r = Register(bad);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code, Code::kInvalidArgument);
   EXPECT_EQ(r.error().reason, "invalid_node_registration");
-  EXPECT_EQ(r.error().details.at("node_id"), "required");
+  EXPECT_NE(r.error().details.at("node_id").find("DNS label"), std::string::npos);
   EXPECT_TRUE(r.error().details.count("capacity_profile"));
+  // The subject names the node: a registration without one cannot be addressed at all.
+  bad.set_node_id("");
+  auto unaddressed = Register(bad);
+  ASSERT_FALSE(unaddressed.ok());
+  EXPECT_TRUE(unaddressed.error().Is(reason::kNodeIdMissing)) << unaddressed.error().ToString();
 }
 
 TEST_F(InventoryTest, ListFiltersAndPages) {
@@ -186,10 +191,9 @@ TEST_F(InventoryTest, HealthAndMetricsEndpoints) {
   ASSERT_TRUE(Register(Req("gpu-m")).ok());
   auto metrics = http::Get("127.0.0.1", port, "/metrics");
   ASSERT_TRUE(metrics.ok());
-  EXPECT_NE(
-      metrics->second.find(
-          "gpuaas_rpc_requests_total{code=\"OK\",subject=\"gpuaas.v1.inventory.node.register\"}"),
-      std::string::npos)
+  EXPECT_NE(metrics->second.find("gpuaas_rpc_requests_total{code=\"OK\",subject=\"gpuaas.v1."
+                                 "inventory.node.{node_id}.register\"}"),
+            std::string::npos)
       << metrics->second.substr(0, 2000);
   // Readiness follows PostgreSQL.
   testing::SharedPostgres().Stop();

@@ -118,7 +118,7 @@ class SlotsTest : public ::testing::Test {
     r.set_region(region);
     r.set_pool("h200");
     r.set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
-    auto res = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r);
+    auto res = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register", r);
     ASSERT_TRUE(res.ok()) << res.error().ToString();
   }
   // What a node-agent does after discovery: a TopologyReport event on its topology subject.
@@ -429,7 +429,8 @@ TEST_F(SlotsTest, NodeBlockersAndDisabledRegionsMakeSlotsUnschedulable) {
 TEST_F(SlotsTest, DesiredSetIsVersionedAndAcked) {
   v1::GetDesiredSlotsRequest g;
   g.set_node_id("gpu-07");
-  auto unknown = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", g);
+  auto unknown =
+      Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.get", g);
   ASSERT_FALSE(unknown.ok());
   EXPECT_EQ(unknown.error().code, Code::kNotFound);
   EXPECT_EQ(unknown.error().reason, "node_not_found");
@@ -438,12 +439,13 @@ TEST_F(SlotsTest, DesiredSetIsVersionedAndAcked) {
   auto rep = gpuaas::inventory::Report("gpu-07");
   Report(rep);
   WaitSnapshot("gpu-07", 1);
-  auto empty = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", g);
+  auto empty =
+      Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.get", g);
   ASSERT_TRUE(empty.ok());
   EXPECT_EQ(empty->desired().version(), 0);
 
   ASSERT_TRUE(Approve("gpu-07").ok());
-  auto v1s = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", g);
+  auto v1s = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.get", g);
   ASSERT_TRUE(v1s.ok());
   EXPECT_EQ(v1s->desired().version(), 1);
   EXPECT_EQ(v1s->desired().slots_size(), 2);
@@ -457,22 +459,25 @@ TEST_F(SlotsTest, DesiredSetIsVersionedAndAcked) {
   EXPECT_EQ(d->slot().admin_state(), v1::SLOT_ADMIN_STATE_DISABLED);
   EXPECT_EQ(d->slot().disabled_reason(), "fan failure");
   EXPECT_EQ(d->desired_version(), 2);
-  auto v2s = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", g);
+  auto v2s = Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.get", g);
   ASSERT_TRUE(v2s.ok());
   EXPECT_EQ(v2s->desired().slots_size(), 1);
 
   v1::AckDesiredSlotsRequest ack;
   ack.set_node_id("gpu-07");
   ack.set_version(3);
-  auto too_new = Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack);
+  auto too_new =
+      Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.ack", ack);
   ASSERT_FALSE(too_new.ok());
   EXPECT_EQ(too_new.error().reason, "unknown_version");
   ack.set_version(2);
-  auto ok = Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack);
+  auto ok =
+      Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.ack", ack);
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->applied_version(), 2);
   ack.set_version(1);  // a late ack of an older version does not move backwards
-  auto late = Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack);
+  auto late =
+      Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.ack", ack);
   ASSERT_TRUE(late.ok());
   EXPECT_EQ(late->applied_version(), 2);
   auto show = Show("gpu-07");
@@ -781,7 +786,7 @@ TEST_F(SlotsTest, AvailabilityCountsFollowEveryChangeWithoutReadingTheSlots) {
       r.set_region("eu-west-1");
       r.set_pool("h200-reserved");
       r.set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
-      auto res = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.register", r);
+      auto res = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register", r);
       EXPECT_TRUE(res.ok()) << res.error().ToString();
     });
     dis.join();

@@ -27,8 +27,8 @@ void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<IpamHandlers>& h) {
   rpc.Route("gpuaas.v1.ipam.orphan.list", h, &IpamHandlers::ListOrphans);
   rpc.Route("gpuaas.v1.ipam.orphan.remove", h, &IpamHandlers::RemoveOrphans);
   rpc.Route("gpuaas.v1.ipam.subnet.set", h, &IpamHandlers::SetSubnet);
-  rpc.Route("gpuaas.v1.ipam.node.network.get", h, &IpamHandlers::GetNodeNetwork);
-  rpc.Route("gpuaas.v1.ipam.node.network.ack", h, &IpamHandlers::AckNodeNetwork);
+  rpc.Route("gpuaas.v1.ipam.node.{node_id}.network.get", h, &IpamHandlers::GetNodeNetwork);
+  rpc.Route("gpuaas.v1.ipam.node.{node_id}.network.ack", h, &IpamHandlers::AckNodeNetwork);
   rpc.Route("gpuaas.v1.ipam.lease.list", h, &IpamHandlers::ListLeases);
   rpc.Route("gpuaas.v1.ipam.drift.list", h, &IpamHandlers::ListDrift);
 }

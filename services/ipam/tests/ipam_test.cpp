@@ -178,7 +178,7 @@ class IpamTest : public ::testing::Test {
     v1::GetNodeNetworkRequest req;
     req.set_node_id(node);
     req.set_version(version);
-    return Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", req);
+    return Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.get", req);
   }
   Result<v1::AckNodeNetworkResponse> Ack(const std::string& node, int64_t version,
                                          const std::vector<std::string>& blockers = {}) {
@@ -186,7 +186,7 @@ class IpamTest : public ::testing::Test {
     req.set_node_id(node);
     req.set_version(version);
     for (const auto& b : blockers) req.add_blockers(b);
-    return Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.network.ack", req);
+    return Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.ack", req);
   }
   std::vector<v1::SlotReservation> Reservations(const std::string& node) {
     v1::ListReservationsRequest req;

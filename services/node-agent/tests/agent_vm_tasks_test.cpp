@@ -59,7 +59,7 @@ class NodeAgentVmTaskTest : public ::testing::Test {
         std::make_unique<rpc::Server>(conn_, "inventory", "gpuaas.*.inventory.>",
                                       log::Logger("inventory", "t", log::Level::kError), nullptr);
     inventory_->Handle<v1::RegisterNodeRequest, v1::RegisterNodeResponse>(
-        "gpuaas.v1.inventory.node.register",
+        "gpuaas.v1.inventory.node.{node_id}.register",
         [conn = conn_](const v1::RegisterNodeRequest& r,
                        rpc::Context&) -> Result<v1::RegisterNodeResponse> {
           if (auto e =
@@ -75,7 +75,7 @@ class NodeAgentVmTaskTest : public ::testing::Test {
           return resp;
         });
     inventory_->Handle<v1::GetDesiredSlotsRequest, v1::GetDesiredSlotsResponse>(
-        "gpuaas.v1.inventory.node.desired.get",
+        "gpuaas.v1.inventory.node.{node_id}.desired.get",
         [](const v1::GetDesiredSlotsRequest&, rpc::Context&)
             -> Result<v1::GetDesiredSlotsResponse> { return v1::GetDesiredSlotsResponse{}; });
     ASSERT_TRUE(inventory_->Start().ok());

@@ -409,7 +409,7 @@ bool NodeAgent::TryRegister() {
   req.set_agent_version(GPUAAS_VERSION);
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
   auto r = client.Call<v1::RegisterNodeResponse>(
-      "gpuaas.v1.inventory.node.register", req,
+      "gpuaas.v1.inventory.node.{node_id}.register", req,
       std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms));
   if (r.ok()) {
     nlohmann::json reg = {{"node_id", r->node().node_id()},
@@ -873,8 +873,8 @@ void NodeAgent::MakeFollowers() {
     v1::GetDesiredSlotsRequest req;
     req.set_node_id(cfg_.node_id);
     auto r = rpc::Client(svc_.nats())
-                 .Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.get", req,
-                                                    timeout);
+                 .Call<v1::GetDesiredSlotsResponse>(
+                     "gpuaas.v1.inventory.node.{node_id}.desired.get", req, timeout);
     if (!r.ok()) return r.error();
     return r->desired();
   };
@@ -888,8 +888,8 @@ void NodeAgent::MakeFollowers() {
     ack.set_node_id(cfg_.node_id);
     ack.set_version(version);
     auto a = rpc::Client(svc_.nats())
-                 .Call<v1::AckDesiredSlotsResponse>("gpuaas.v1.inventory.node.desired.ack", ack,
-                                                    timeout);
+                 .Call<v1::AckDesiredSlotsResponse>(
+                     "gpuaas.v1.inventory.node.{node_id}.desired.ack", ack, timeout);
     if (!a.ok()) return a.error();
     return Ok();
   };
@@ -912,9 +912,9 @@ void NodeAgent::MakeFollowers() {
   net.fetch = [this, timeout]() -> Result<v1::NodeNetworkDocument> {
     v1::GetNodeNetworkRequest get;
     get.set_node_id(cfg_.node_id);
-    auto doc =
-        rpc::Client(svc_.nats())
-            .Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.network.get", get, timeout);
+    auto doc = rpc::Client(svc_.nats())
+                   .Call<v1::GetNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.get",
+                                                     get, timeout);
     if (!doc.ok()) return doc.error();
     return doc->document();
   };
@@ -967,9 +967,9 @@ void NodeAgent::MakeFollowers() {
     ack.set_node_id(cfg_.node_id);
     ack.set_version(version);
     for (const auto& b : blockers) ack.add_blockers(b);
-    auto acked =
-        rpc::Client(svc_.nats())
-            .Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.network.ack", ack, timeout);
+    auto acked = rpc::Client(svc_.nats())
+                     .Call<v1::AckNodeNetworkResponse>("gpuaas.v1.ipam.node.{node_id}.network.ack",
+                                                       ack, timeout);
     if (!acked.ok()) return acked.error();
     return Ok();
   };

@@ -21,7 +21,7 @@ ExposureAgent::ExposureAgent(std::function<std::shared_ptr<messaging::Connection
     v1::GetNodeExposuresRequest get;
     get.set_node_id(opts_.node_id);
     auto r = rpc::Client(nats_()).Call<v1::GetNodeExposuresResponse>(
-        "gpuaas.v1.ingress.node.exposures.get", get, opts_.timeout);
+        "gpuaas.v1.ingress.node.{node_id}.exposures.get", get, opts_.timeout);
     if (!r.ok()) return r.error();
     return r->document();
   };
@@ -137,7 +137,7 @@ Result<void> ExposureAgent::Ack(int64_t version, const std::vector<std::string>&
   for (const auto& d : drift_) *ack.add_drift() = d;
   ack.set_simulated(opts_.mode == "simulate");
   auto r = rpc::Client(nats_()).Call<v1::AckNodeExposuresResponse>(
-      "gpuaas.v1.ingress.node.exposures.ack", ack, opts_.timeout);
+      "gpuaas.v1.ingress.node.{node_id}.exposures.ack", ack, opts_.timeout);
   if (!r.ok()) return r.error();
   drift_acked_ = !drift_.empty();
   drift_.clear();

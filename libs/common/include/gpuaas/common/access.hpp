@@ -151,5 +151,12 @@ std::string TokenPublicKeyPath(const std::string& dir);
 std::vector<std::string> SubjectTokens(const std::string& subject);
 // True when `subject` (no wildcards) matches the NATS pattern `pattern` (* and >).
 bool SubjectMatches(const std::string& pattern, const std::string& subject);
+// The values an operation's address binds when `subject` is that address with each `{param}`
+// token filled in (e.g. "gpuaas.v1.ipam.node.{node_id}.network.get" and
+// "gpuaas.v1.ipam.node.gpu-07.network.get" bind node_id=gpu-07); nullopt when it is not. A
+// bound value is one non-empty token without wildcards. An address with no parameters binds
+// nothing and matches only itself.
+std::optional<std::map<std::string, std::string>> BindAddress(const std::string& address,
+                                                              const std::string& subject);
 
 }  // namespace gpuaas::access

@@ -25,6 +25,16 @@ inline constexpr Reason kMalformedPayload{"malformed_payload"};  // INVALID_ARGU
 inline constexpr Reason kMalformedReply{"malformed_reply"};      // INTERNAL: reply does not parse
 inline constexpr Reason kUnexpectedReplyType{"unexpected_reply_type"};  // INTERNAL: wrong result
 inline constexpr Reason kInvalidPageSize{"invalid_page_size"};  // INVALID_ARGUMENT: page_size range
+// PERMISSION_DENIED: a node-scoped subject's node differs from the request's node_id (a node
+// asking about, or acking for, another node).
+inline constexpr Reason kNodeIdMismatch{"node_id_mismatch"};
+// INVALID_ARGUMENT: a node-scoped request without the node_id its subject is bound to.
+inline constexpr Reason kNodeIdMissing{"node_id_missing"};
+// RESOURCE_EXHAUSTED: this principal sent more requests of this class than its role's limit
+// (rate_limit.hpp; details: retry_after_ms, class). Retryable after the wait.
+inline constexpr Reason kRateLimited{"rate_limited"};
+// INVALID_ARGUMENT: `rpc.rate_limits` does not parse (details: entry).
+inline constexpr Reason kInvalidRateLimits{"invalid_rate_limits"};
 
 // ---- validate: checks every decoded request gets (validate.hpp) ----
 inline constexpr Reason kStringHasNul{"string_has_nul"};  // INVALID_ARGUMENT: text has NUL

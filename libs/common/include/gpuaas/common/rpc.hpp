@@ -16,6 +16,7 @@
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/messaging.hpp"
+#include "gpuaas/common/rate_limit.hpp"
 #include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/result.hpp"
 
@@ -26,7 +27,13 @@ class Registry;
 namespace gpuaas::rpc {
 
 struct Context {
-  std::string subject;  // as served (a client's role suffix taken off)
+  // As served: the route's address (a client's role suffix taken off; a node-scoped address
+  // keeps its `{node_id}`, bound in `node_id`).
+  std::string subject;
+  // The node a node-scoped subject (`….node.{node_id}.…`) names; "" for other subjects. The
+  // server's permissions let a node publish only its own id there, and the request's own
+  // `node_id` field must equal it (Server::Handle checks; PERMISSION_DENIED node_id_mismatch).
+  std::string node_id;
   // The client role of the connection that sent it (the suffix the server let it publish:
   // access.hpp ClientSubject); "" for a platform identity (a service, a node).
   std::string client_role;
@@ -58,6 +65,10 @@ struct ServerOptions {
   // may call needs a valid token with one of their token roles; one platform identities may call
   // takes a request without a token as theirs.
   std::vector<std::string> token_public_keys;
+  // Per-principal limits of requests with a token, by token role and subject class
+  // (rate_limit.hpp); empty = none. Over the limit: RESOURCE_EXHAUSTED rate_limited, retryable,
+  // details retry_after_ms; counted in gpuaas_rpc_rate_limited_total{subject,role}.
+  ratelimit::Limits rate_limits;
 };
 
 // How far ahead a caller's deadline may lie: one day. A request lives seconds; a later
@@ -70,6 +81,17 @@ inline constexpr int64_t kMaxDeadlineAheadMs = int64_t{24} * 3600 * 1000;
 // now_ms + kMaxDeadlineAheadMs -> now_ms + kMaxDeadlineAheadMs. The result converts to a
 // system_clock time_point (nanoseconds) without overflow.
 int64_t ParseDeadlineHeader(std::string_view value, int64_t now_ms, int64_t default_ms);
+
+// A node-scoped subject's node (Context::node_id) against the request's own `node_id` field
+// (the caller's identity, vouched for by the server, against what it asks about): the field
+// empty takes the subject's node; another node is PERMISSION_DENIED node_id_mismatch. A request
+// type without a string `node_id`, or a subject naming no node, passes.
+Result<void> CheckSubjectNode(const Context& ctx, google::protobuf::Message& req);
+
+// `address` with its `{node_id}` bound to `req`'s `node_id` field (a node-scoped subject is
+// addressed by what the request names); an address without it is returned as it is. The field
+// empty (or missing) is INVALID_ARGUMENT node_id_missing.
+Result<std::string> BindSubject(const std::string& address, const google::protobuf::Message& req);
 
 // Parses a served request and refuses what no handler should see: INVALID_ARGUMENT
 // malformed_payload (not a valid message of its type) or string_has_nul (validate.hpp).
@@ -93,6 +115,7 @@ class Server {
                              google::protobuf::Any* out) -> Result<void> {
           Req req;
           if (auto d = DecodeRequest(data, req); !d.ok()) return d.error();
+          if (auto n = CheckSubjectNode(ctx, req); !n.ok()) return n.error();
           Result<Resp> r = fn(req, ctx);
           if (!r.ok()) return r.error();
           out->PackFrom(*r);
@@ -104,6 +127,8 @@ class Server {
   // One entry of a service's route table: `subject` is answered by the named handler `fn` of
   // `handlers` (a service's handler object, shared by every route of its table), e.g.
   //   rpc.Route("gpuaas.v1.ipam.subnet.set", h, &IpamHandlers::SetSubnet);
+  // A node-scoped address (`gpuaas.v1.ipam.node.{node_id}.network.get`) answers that subject
+  // for every node id, bound in Context::node_id.
   template <typename H, typename Req, typename Resp>
   void Route(const std::string& subject, std::shared_ptr<H> handlers,
              Result<Resp> (H::*fn)(const Req&, Context&)) {
@@ -138,11 +163,15 @@ class Client {
  public:
   explicit Client(std::shared_ptr<messaging::Connection> conn) : conn_(std::move(conn)) {}
 
+  // `subject` is an operation's address; a node-scoped one (`….node.{node_id}.…`) is bound to
+  // the request's `node_id` (BindSubject).
   template <typename Resp, typename Req>
   Result<Resp> Call(const std::string& subject, const Req& req,
                     std::chrono::milliseconds timeout = std::chrono::milliseconds(5000),
                     const std::string& traceparent = "") {
-    auto raw = CallRaw(subject, req.SerializeAsString(), timeout, traceparent,
+    auto bound = BindSubject(subject, req);
+    if (!bound.ok()) return bound.error();
+    auto raw = CallRaw(*bound, req.SerializeAsString(), timeout, traceparent,
                        Resp::descriptor()->full_name(), Req::descriptor()->full_name());
     if (!raw.ok()) return raw.error();
     Resp resp;

@@ -47,6 +47,7 @@ struct CommonConfig {
   std::string http_host;
   int64_t http_port = 0;
   int64_t rpc_workers = 4;
+  std::string rpc_rate_limits;  // rate_limit.hpp's text: per token role and subject class
   int64_t drain_timeout_ms = 10000;
 
   // Registers the keys every service has; `with_postgres` adds the postgres.* keys.
