@@ -603,6 +603,15 @@ class ContractTest : public ::testing::Test {
     ASSERT_TRUE(exposure_is(v1::EXPOSURE_STATE_ACTIVE)) << exposure_id;
     RunConsole(id, consoles);
     if (HasFatalFailure()) return;
+    // A token revocation: console-gw stores and publishes it, every service follows it.
+    v1::RevokeTokenRequest revoke;
+    revoke.set_subject("user:contract-leaked");
+    revoke.set_reason("contract");
+    auto revoked = Call<v1::RevokeTokenResponse>("gpuaas.v1.console.token.revoke", revoke);
+    ASSERT_TRUE(revoked.ok()) << revoked.error().ToString();
+    ASSERT_TRUE(Call<v1::ListTokenRevocationsResponse>("gpuaas.v1.console.token.revocation.list",
+                                                       v1::ListTokenRevocationsRequest())
+                    .ok());
 
     v1::ReleaseAllocationRequest rel;
     rel.set_allocation_id(id);

@@ -13,6 +13,7 @@
 
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/console_gw/console_domain.hpp"
 #include "gpuaas/ipam/ipam_domain.hpp"
 #include "gpuaas/scheduler/task_status.hpp"
 #include "gpuaas/v1/ingress.pb.h"
@@ -50,6 +51,11 @@ struct Column {
   bool optional = false;  // '' allowed too (no value yet)
   Set subset = {};        // when non-empty: the column holds exactly these (a subset of e)
 };
+
+Set PageEndTexts() {
+  const auto texts = console_gw::PageEndTexts();
+  return Set(texts.begin(), texts.end());
+}
 
 Set TaskStatusTexts() {
   Set out;
@@ -209,6 +215,8 @@ TEST(EnumChecksTest, ConsoleGwColumnsMatchTheirEnums) {
   ExpectColumnsMatch("console", console_gw::Migrations(),
                      {
                          {"console_sessions", "state", v1::ConsoleSessionState_descriptor()},
+                         // console-gw's own closed set: the code's table of texts.
+                         {"page_sessions", "end_reason", nullptr, true, PageEndTexts()},
                      });
 }
 

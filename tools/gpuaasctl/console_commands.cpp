@@ -26,6 +26,16 @@ void PrintSessions(const v1::ListConsoleSessionsResponse& r) {
              rows);
 }
 
+void PrintLogins(const v1::ListPageSessionsResponse& r) {
+  std::vector<std::vector<std::string>> rows;
+  rows.reserve(r.sessions_size());
+  for (const auto& s : r.sessions()) {
+    rows.push_back({s.session_id(), s.principal(), Time(s.created_at()), Time(s.last_seen_at()),
+                    Time(s.expires_at()), Or(s.end_reason()), Or(s.ended_by())});
+  }
+  PrintTable({"LOGIN", "PRINCIPAL", "SINCE", "LAST CALL", "TOKEN EXPIRES", "ENDED", "BY"}, rows);
+}
+
 }  // namespace
 
 Action AddConsoleCommands(CLI::App& app) {
@@ -34,6 +44,7 @@ Action AddConsoleCommands(CLI::App& app) {
     std::string url = std::getenv("GPUAAS_CONSOLE_URL") ? std::getenv("GPUAAS_CONSOLE_URL") : "";
     int64_t max_duration_s = 0;
     int limit = 100;
+    bool all = false;
   };
   auto o = std::make_shared<Opts>();
   auto* console = app.add_subcommand("console", "Audited VM consoles (operators)");
@@ -57,6 +68,15 @@ Action AddConsoleCommands(CLI::App& app) {
       "revoke", "End a session: its grant is refused, a live connection closed (1008 revoked)");
   revoke->add_option("--id", o->id, "Session id")->required();
   revoke->add_option("--reason", o->reason, "Why (recorded in the audit trail)");
+  auto* logins = console->add_subcommand(
+      "logins", "Operator page sessions (logins): who, since when, last call");
+  logins->add_flag("--all", o->all, "Ended ones too, with how they ended");
+  logins->add_option("--limit", o->limit, "At most this many")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1000));
+  auto* end_login = console->add_subcommand(
+      "end-login", "End an operator page session now: its cookie is refused from the next call");
+  end_login->add_option("--id", o->id, "Login (page session) id")->required();
 
   return [=](rpc::Client& client, const Globals& g) -> std::optional<int> {
     if (open->parsed()) {
@@ -88,6 +108,26 @@ Action AddConsoleCommands(CLI::App& app) {
                                                             g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] { PrintSessions(*r); });
+    }
+    if (logins->parsed()) {
+      v1::ListPageSessionsRequest req;
+      req.set_include_ended(o->all);
+      req.set_page_size(o->limit);
+      auto r = client.Call<v1::ListPageSessionsResponse>("gpuaas.v1.console.login.list", req,
+                                                         g.Timeout());
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] { PrintLogins(*r); });
+    }
+    if (end_login->parsed()) {
+      v1::EndPageSessionRequest req;
+      req.set_session_id(o->id);
+      auto r = client.Call<v1::EndPageSessionResponse>("gpuaas.v1.console.login.end", req,
+                                                       g.Timeout());
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        std::cout << fmt::format("login {} of {}: ended ({})\n", r->session().session_id(),
+                                 r->session().principal(), r->session().end_reason());
+      });
     }
     if (!revoke->parsed()) return std::nullopt;
     v1::RevokeConsoleSessionRequest req;

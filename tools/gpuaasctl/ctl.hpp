@@ -166,6 +166,8 @@ DlqAction AddDlqCommands(CLI::App& app);
 // auth init/nats-config/login, node enroll/revoke (auth_commands.cpp): no NATS needed; after
 // AddNodeCommands (it adds to the node group).
 std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app);
+// auth revoke / revocations (revoke_commands.cpp): after AddAuthCommands, under its "auth".
+Action AddRevokeCommands(CLI::App& app);
 
 // `completion bash` (completion.cpp): the script completes every command, subcommand and flag
 // of `app` (walked at run time, so it cannot drift) and the values of enum-valued flags. The

@@ -77,6 +77,7 @@ int main(int argc, char** argv) {
   const auto dlq_action = AddDlqCommands(app);
   const auto status_action = AddStatusCommand(app);
   const auto auth_action = AddAuthCommands(app);
+  const auto revoke_action = AddRevokeCommands(app);
   const auto completion = AddCompletionCommand(app);
 
   try {
@@ -123,5 +124,6 @@ int main(int argc, char** argv) {
   for (const auto& action : actions) {
     if (auto rc = action(client, g)) return *rc;
   }
+  if (auto rc = revoke_action(client, g)) return *rc;
   return kExitOk;
 }

@@ -246,6 +246,7 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
       op.roles = Strings(a["roles"]);
       op.callers = Strings(a["callers"]);
       op.core = a["core"].as<bool>(false);
+      op.live_copy = a["live_copy"].as<bool>(false);
       op.via = Strings(a["via"]);
       for (const auto& g : op.via) {
         auto it = c.roles.find(g);
@@ -304,11 +305,25 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
         const std::string subject = Bind(op.address, "");
         for (const auto& [stream, subjects] : c.streams) {
           for (const auto& s : subjects) {
-            if (Covers(s, subject) || Covers(subject, s)) {
+            if (!Covers(s, subject) && !Covers(subject, s)) continue;
+            if (!op.live_copy) {
               problems[where] =
                   "a core subscription on " + op.address + ", which stream " + stream + " holds";
             }
+            for (const auto& role : op.live_copy ? op.roles : std::vector<std::string>{}) {
+              auto it = c.roles.find(role);
+              if (it != c.roles.end() && !Contains(it->second.read_streams, stream)) {
+                problems[where] = "live_copy: " + role + " does not read stream " + stream;
+              }
+            }
           }
+        }
+        if (op.live_copy && problems.count(where) == 0) {
+          bool stored = false;
+          for (const auto& [stream, subjects] : c.streams) {
+            for (const auto& s : subjects) stored = stored || Covers(s, subject);
+          }
+          if (!stored) problems[where] = "live_copy on " + op.address + ", which no stream holds";
         }
         if (op.reply || !op.consumers.empty()) {
           problems[where] = "core applies to plain subscriptions only (no reply, no consumers)";

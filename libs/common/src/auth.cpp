@@ -344,6 +344,7 @@ Result<Principal> PrincipalFromClaims(const json& claims, int64_t now) {
   p.subject = str("sub").value_or("");
   p.token_id = str("jti").value_or("");
   if (p.token_id.empty()) return BadClaim("jti", "jti is missing");
+  p.issued = std::chrono::system_clock::time_point(std::chrono::seconds(*iat));
   if (claims.contains("tenant")) {
     auto tenant = str("tenant");
     if (!tenant) return BadClaim("tenant", "tenant is not a string");

@@ -456,6 +456,9 @@ StreamSpec ConsoleEventsStream() {
 StreamSpec TenantFeedStream() {
   return {"GPUAAS_TENANT_FEED", {"gpuaas.v1.tenant.*.evt.>"}, int64_t{7} * 24 * 3600, 600};
 }
+StreamSpec AuthEventsStream() {
+  return {"GPUAAS_EVT_AUTH", {"gpuaas.v1.evt.auth.>"}, int64_t{25} * 3600, 600};
+}
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

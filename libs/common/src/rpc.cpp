@@ -233,7 +233,15 @@ struct Server::Impl {
   std::mutex token_mu;
   std::unordered_map<std::string, auth::Principal> token_cache;
   static constexpr size_t kTokenCacheMax = 4096;
+  // A revoked token is refused every time, cached or not.
   Result<auth::Principal> Verified(const std::string& token) {
+    auto p = VerifiedOnce(token);
+    if (p.ok() && opts.revocations) {
+      if (auto r = opts.revocations->Check(*p); !r.ok()) return r.error();
+    }
+    return p;
+  }
+  Result<auth::Principal> VerifiedOnce(const std::string& token) {
     const auto now = std::chrono::system_clock::now();
     {
       std::lock_guard lock(token_mu);

@@ -1,5 +1,7 @@
 #include "gpuaas/common/runtime.hpp"
 
+#include <algorithm>
+
 #include <signal.h>
 
 #include <cstdio>
@@ -87,6 +89,7 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   messaging::SetStreamReplicas(static_cast<int>(cfg_.nats_stream_replicas));
   if (auto r = ReadTokenKeys(); !r.ok()) return r;
   if (auto r = ConnectNats(); !r.ok()) return r;
+  if (auto r = FollowRevocations(); !r.ok()) return r;
   if (component_.migrations) {
     if (auto r = OpenDatabase(deadline); !r.ok()) return r;
   }
@@ -95,6 +98,20 @@ Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   if (!port.ok()) return port.error();
   http_port_ = *port;
   log_.Info("service started", {{"http_port", std::to_string(http_port_)}});
+  return Ok();
+}
+
+Result<void> Service::FollowRevocations() {
+  // A role the contract has follow token revocations (followTokenRevocations): every service.
+  bool follows = false;
+  for (const auto& op : access::EmbeddedContract().operations) {
+    follows = follows || (op.live_copy && std::find(op.roles.begin(), op.roles.end(),
+                                                    component_.name) != op.roles.end());
+  }
+  if (!follows) return Ok();
+  auto f = revocation::Follower::Start(nats_, revocations_, log_);
+  if (!f.ok()) return f.error();
+  revocation_follower_ = std::move(*f);
   return Ok();
 }
 
@@ -188,6 +205,7 @@ rpc::Server& Service::Rpc() {
     rpc::ServerOptions o;
     o.workers = static_cast<int>(cfg_.rpc_workers);
     o.token_public_keys = token_keys_;
+    o.revocations = revocations_;
     o.rate_limits = *ratelimit::ParseLimits(cfg_.rpc_rate_limits);  // validated by the schema
     // The namespace the contract gives this service (roles.yaml), which its NATS user may
     // subscribe to.
@@ -312,6 +330,7 @@ void Service::Shutdown() {
     relay_->Stop(true, std::chrono::milliseconds(cfg_.drain_timeout_ms));
     log_.Info("outbox flushed", {{"published", std::to_string(relay_->Published())}});
   }
+  revocation_follower_.reset();
   if (http_) http_->Stop();
   log_.Info("service stopped");
 }

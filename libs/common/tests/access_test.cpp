@@ -35,11 +35,11 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
                            messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
                            messaging::ConsoleEventsStream(), messaging::NodeEventsStream(),
                            messaging::NodeTasksStream(), messaging::DeadLetterStream(),
-                           messaging::TenantFeedStream()}) {
+                           messaging::TenantFeedStream(), messaging::AuthEventsStream()}) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
-  EXPECT_EQ(c->streams.size(), 9U);
+  EXPECT_EQ(c->streams.size(), 10U);
   // The built-in copy is the same contract.
   EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
 }

@@ -383,8 +383,10 @@ class AuthTokenTest : public ::testing::Test {
     other_ = *o;
   }
 
-  static Principal Tenant() { return {"tenant:acme/bob", "acme", {kRoleTenant}, "", {}}; }
-  static Principal Operator() { return {"user:alice", "", {kRoleOperator, kRoleAuditor}, "", {}}; }
+  static Principal Tenant() { return {"tenant:acme/bob", "acme", {kRoleTenant}, "", {}, {}}; }
+  static Principal Operator() {
+    return {"user:alice", "", {kRoleOperator, kRoleAuditor}, "", {}, {}};
+  }
 
   std::string Issue(const Principal& p, seconds ttl = hours(1),
                     system_clock::time_point now = system_clock::now()) {
@@ -659,11 +661,13 @@ TEST_F(AuthTokenTest, IssueRefusesBadPrincipalsTtlsAndKeys) {
     return t.error().reason;
   };
   const std::string& k = key_.private_pem;
-  EXPECT_EQ(refused({"", "", {kRoleOperator}, "", {}}, hours(1), k), "principal_invalid");
-  EXPECT_EQ(refused({"user:a", "", {}, "", {}}, hours(1), k), "principal_invalid");
-  EXPECT_EQ(refused({"user:a", "", {"admin"}, "", {}}, hours(1), k), "principal_invalid");
-  EXPECT_EQ(refused({"tenant:x/a", "", {kRoleTenant}, "", {}}, hours(1), k), "principal_invalid");
-  EXPECT_EQ(refused({"user:a", "acme", {kRoleOperator}, "", {}}, hours(1), k), "principal_invalid");
+  EXPECT_EQ(refused({"", "", {kRoleOperator}, "", {}, {}}, hours(1), k), "principal_invalid");
+  EXPECT_EQ(refused({"user:a", "", {}, "", {}, {}}, hours(1), k), "principal_invalid");
+  EXPECT_EQ(refused({"user:a", "", {"admin"}, "", {}, {}}, hours(1), k), "principal_invalid");
+  EXPECT_EQ(refused({"tenant:x/a", "", {kRoleTenant}, "", {}, {}}, hours(1), k),
+            "principal_invalid");
+  EXPECT_EQ(refused({"user:a", "acme", {kRoleOperator}, "", {}, {}}, hours(1), k),
+            "principal_invalid");
   EXPECT_EQ(refused(Operator(), seconds(0), k), "token_ttl_invalid");
   EXPECT_EQ(refused(Operator(), seconds(-5), k), "token_ttl_invalid");
   EXPECT_EQ(refused(Operator(), kMaxTokenTtl + seconds(1), k), "token_ttl_invalid");
@@ -690,12 +694,12 @@ TEST_F(AuthTokenTest, IssueRefusesClaimsThatAreNotUtf8OrHoldControlCharacters) {
         std::string("user:\xed\xa0\x80"), std::string("user:\xf4\x90\x80\x80"),
         std::string("user:a\x1b[31m"), std::string("user:a\nb"), std::string("user:\x7f"),
         std::string("user:a\0b", 8)}) {
-    EXPECT_EQ(claim_refused({bad, "", {kRoleOperator}, "", {}}), "sub") << bad;
-    EXPECT_EQ(claim_refused({"tenant:x/a", bad, {kRoleTenant}, "", {}}), "tenant") << bad;
+    EXPECT_EQ(claim_refused({bad, "", {kRoleOperator}, "", {}, {}}), "sub") << bad;
+    EXPECT_EQ(claim_refused({"tenant:x/a", bad, {kRoleTenant}, "", {}, {}}), "tenant") << bad;
   }
   // UTF-8 text is a claim like any other and comes back unchanged.
   const Principal p{
-      "user:j\xc3\xbcrgen \xe2\x82\xac \xf0\x9f\x98\x80", "", {kRoleOperator}, "", {}};
+      "user:j\xc3\xbcrgen \xe2\x82\xac \xf0\x9f\x98\x80", "", {kRoleOperator}, "", {}, {}};
   auto t = IssueToken(k, p, hours(1));
   ASSERT_TRUE(t.ok()) << t.error().ToString();
   auto v = VerifyToken(*t, {key_.public_pem});

@@ -88,7 +88,11 @@ TEST_F(MessagingTest, TypedRequestReplyPropagatesTrace) {
 }
 
 TEST_F(MessagingTest, BadInputGetsStructuredErrorsAndServerKeepsServing) {
-  auto server = EchoServer(conn_, log_, &registry_, rpc::ServerOptions{2, 64, 1024, 10000, {}, {}});
+  rpc::ServerOptions small;
+  small.workers = 2;
+  small.max_queue = 64;
+  small.max_payload = 1024;
+  auto server = EchoServer(conn_, log_, &registry_, small);
   // Malformed protobuf.
   auto bad = RawReply(*conn_, "gpuaas.v1.test.node.echo", std::string("\xff\xff\xff\xff", 4));
   EXPECT_EQ(bad.status().code(), v1::INVALID_ARGUMENT);

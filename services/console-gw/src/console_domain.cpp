@@ -102,6 +102,21 @@ std::optional<WsTarget> ParseWsTarget(std::string_view target) {
   return t;
 }
 
+std::vector<std::string> PageEndTexts() {
+  std::vector<std::string> out;
+  for (const auto& t : kPageEndTexts) out.emplace_back(t.text());
+  return out;
+}
+
+std::optional<PageEnd> PageSessionEnds(std::chrono::system_clock::time_point now,
+                                       std::chrono::system_clock::time_point last_seen,
+                                       std::chrono::system_clock::time_point expires,
+                                       std::chrono::seconds idle) {
+  if (now >= expires) return PageEnd::kExpired;
+  if (now - last_seen > idle) return PageEnd::kIdle;
+  return std::nullopt;
+}
+
 std::optional<EndReason> ParseEndReason(std::string_view text) {
   for (const auto& e : kEndReasons) {
     if (e.text.text() == text) return e.value;

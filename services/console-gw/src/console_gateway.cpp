@@ -29,7 +29,7 @@ namespace {
 
 std::string_view SV(beast::string_view s) { return {s.data(), s.size()}; }
 
-constexpr const char* kCookie = "gpuaas_token";
+constexpr const char* kCookie = "gpuaas_session";
 constexpr size_t kMaxBody = size_t{1024} * 1024;
 constexpr size_t kMaxWsMessage = size_t{1024} * 1024;
 
@@ -48,7 +48,10 @@ std::string CookieValue(std::string_view header, std::string_view name) {
 }
 
 json IdentityJson(const Identity& id) {
-  return json{{"principal", id.subject}, {"roles", id.roles}, {"expires_unix", id.expires_unix}};
+  return json{{"principal", id.subject},
+              {"roles", id.roles},
+              {"expires_unix", id.expires_unix},
+              {"session_id", id.session_id}};
 }
 
 // The WebSocket subprotocol to answer: the first the client offered (noVNC offers "binary" in
@@ -409,7 +412,7 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   }
 
   void Api(Request req, const std::string& path) {
-    const std::string token = CookieValue(SV(req[bhttp::field::cookie]), kCookie);
+    const std::string cookie = CookieValue(SV(req[bhttp::field::cookie]), kCookie);
     if (req.method() == bhttp::verb::post && !SameOrigin(req)) {
       // A form or script on another site must not act with the operator's cookie.
       Send(req, Json(req, 403,
@@ -427,45 +430,49 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
               r, 400,
               ErrorJson(Error::InvalidArgument(reason::kMalformedJson, "body is not JSON")));
         }
-        auto id = owner_->backend.Login(tok);
-        if (!id.ok()) {
-          return Json(r, 401, ErrorJson(id.error()));
+        auto login = owner_->backend.Login(tok);
+        if (!login.ok()) {
+          return Json(r, 401, ErrorJson(login.error()));
         }
-        auto res = Json(r, 200, IdentityJson(*id).dump());
+        auto res = Json(r, 200, IdentityJson(login->identity).dump());
         const int64_t now = std::chrono::duration_cast<std::chrono::seconds>(
                                 std::chrono::system_clock::now().time_since_epoch())
                                 .count();
-        res.set(bhttp::field::set_cookie,
-                CookieHeader(tok, std::max<int64_t>(0, id->expires_unix - now)));
+        // The cookie names the server-side session; it is never the token.
+        res.set(
+            bhttp::field::set_cookie,
+            CookieHeader(login->cookie, std::max<int64_t>(0, login->identity.expires_unix - now)));
         return res;
       });
       return;
     }
     if (path == "/api/logout" && req.method() == bhttp::verb::post) {
-      auto res = Json(req, 200, "{}");
-      res.set(bhttp::field::set_cookie, CookieHeader("", 0));
-      Send(req, std::move(res));
+      // Ends the session server-side: the cookie is worth nothing afterwards, wherever it is.
+      Async(std::move(req), [this, cookie](const Request& r) {
+        owner_->backend.Logout(cookie);
+        auto res = Json(r, 200, "{}");
+        res.set(bhttp::field::set_cookie, CookieHeader("", 0));
+        return res;
+      });
       return;
     }
     if (path == "/api/whoami" && req.method() == bhttp::verb::get) {
-      Async(std::move(req), [this, token](const Request& r) {
-        auto id = owner_->backend.Login(token);
-        if (!id.ok()) {
-          return Json(r, 401, ErrorJson(id.error()));
+      Async(std::move(req), [this, cookie](const Request& r) {
+        auto access = owner_->backend.Resume(cookie);
+        if (!access.ok()) {
+          return Json(r, 401, ErrorJson(access.error()));
         }
-        return Json(r, 200, IdentityJson(*id).dump());
+        return Json(r, 200, IdentityJson(access->identity).dump());
       });
       return;
     }
     if (path.rfind("/api/call/", 0) == 0 && req.method() == bhttp::verb::post) {
       const std::string subject = path.substr(10);
-      Async(std::move(req), [this, token, subject](const Request& r) {
-        if (token.empty()) {
-          return Json(
-              r, 401,
-              ErrorJson(Error::Of(Code::kUnauthenticated, reason::kNotLoggedIn, "log in first")));
-        }
-        auto reply = owner_->backend.Call(token, subject, r.body().empty() ? "{}" : r.body());
+      Async(std::move(req), [this, cookie, subject](const Request& r) {
+        auto access = owner_->backend.Resume(cookie);
+        if (!access.ok()) return Json(r, 401, ErrorJson(access.error()));
+        auto reply =
+            owner_->backend.Call(access->token, subject, r.body().empty() ? "{}" : r.body());
         return Json(r, reply.status, reply.json);
       });
       return;

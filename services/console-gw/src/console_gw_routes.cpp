@@ -18,10 +18,16 @@
 
 namespace gpuaas::console_gw {
 
-void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<SessionHandlers>& sessions) {
+void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<SessionHandlers>& sessions,
+                    const std::shared_ptr<TokenHandlers>& tokens,
+                    const std::shared_ptr<PageSessionHandlers>& logins) {
   rpc.Route("gpuaas.v1.console.session.create", sessions, &SessionHandlers::Create);
   rpc.Route("gpuaas.v1.console.session.revoke", sessions, &SessionHandlers::Revoke);
   rpc.Route("gpuaas.v1.console.session.list", sessions, &SessionHandlers::List);
+  rpc.Route("gpuaas.v1.console.token.revoke", tokens, &TokenHandlers::Revoke);
+  rpc.Route("gpuaas.v1.console.token.revocation.list", tokens, &TokenHandlers::List);
+  rpc.Route("gpuaas.v1.console.login.list", logins, &PageSessionHandlers::List);
+  rpc.Route("gpuaas.v1.console.login.end", logins, &PageSessionHandlers::End);
 }
 
 namespace {

@@ -26,6 +26,14 @@ class RevokeConsoleSessionRequest;
 class RevokeConsoleSessionResponse;
 class ListConsoleSessionsRequest;
 class ListConsoleSessionsResponse;
+class RevokeTokenRequest;
+class RevokeTokenResponse;
+class ListTokenRevocationsRequest;
+class ListTokenRevocationsResponse;
+class ListPageSessionsRequest;
+class ListPageSessionsResponse;
+class EndPageSessionRequest;
+class EndPageSessionResponse;
 }  // namespace v1
 }  // namespace gpuaas
 
@@ -54,7 +62,41 @@ class SessionHandlers {
   int64_t max_session_s_;
 };
 
+// gpuaas.v1.console.token.{revoke,revocation.list}: the platform's record of revoked request
+// tokens (token_handlers.cpp; revocations.hpp says how services apply them).
+class TokenHandlers {
+ public:
+  TokenHandlers(std::shared_ptr<store::Pool> pool, std::string source);
+
+  // Revokes a token (jti: a repeat answers the first, created false) or a principal's tokens
+  // issued until now (subject: always a new revocation).
+  Result<v1::RevokeTokenResponse> Revoke(const v1::RevokeTokenRequest& req,
+                                         rpc::Context& ctx) const;
+  Result<v1::ListTokenRevocationsResponse> List(const v1::ListTokenRevocationsRequest& req,
+                                                rpc::Context& ctx) const;
+
+ private:
+  std::shared_ptr<store::Pool> pool_;
+  std::string source_;
+};
+
+// gpuaas.v1.console.login.{list,end}: operator page sessions (page_sessions.cpp).
+class PageSessionHandlers {
+ public:
+  explicit PageSessionHandlers(std::shared_ptr<store::Pool> pool);
+  Result<v1::ListPageSessionsResponse> List(const v1::ListPageSessionsRequest& req,
+                                            rpc::Context& ctx) const;
+  // Ends a live page session now (ended, by the caller); an ended one is answered unchanged.
+  Result<v1::EndPageSessionResponse> End(const v1::EndPageSessionRequest& req,
+                                         rpc::Context& ctx) const;
+
+ private:
+  std::shared_ptr<store::Pool> pool_;
+};
+
 // The route table: every request subject console-gw serves, each to its handler.
-void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<SessionHandlers>& sessions);
+void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<SessionHandlers>& sessions,
+                    const std::shared_ptr<TokenHandlers>& tokens,
+                    const std::shared_ptr<PageSessionHandlers>& logins);
 
 }  // namespace gpuaas::console_gw

@@ -175,6 +175,10 @@ void ConsoleGwConfig::Register(config::Schema& s) {
         262144, config::Range(4096, int64_t{16} * 1024 * 1024));
   s.Add("console.open_timeout_ms", &open_timeout_ms,
         "How long the node may take to open a console relay", 5000, config::Range(100, 60000));
+  s.Add("console.page_idle_s", &page_idle_s,
+        "An operator page session with no call for this long ends (idle); the page asks to log "
+        "in again",
+        1800, config::Range(1, 86400));
   s.Add("console.sweep_ms", &sweep_ms,
         "How often grants expire, revocations and maximum lengths reach live connections", 1000,
         config::Range(50, 60000));
@@ -196,8 +200,11 @@ Result<void> ConsoleGwService::Start() {
   }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<ConsoleMetrics>(svc_.metrics());
-  RegisterRoutes(svc_.Rpc(), std::make_shared<SessionHandlers>(svc_.pg(), svc_.nats(),
-                                                               svc_.source(), cfg_.max_session_s));
+  RegisterRoutes(
+      svc_.Rpc(),
+      std::make_shared<SessionHandlers>(svc_.pg(), svc_.nats(), svc_.source(), cfg_.max_session_s),
+      std::make_shared<TokenHandlers>(svc_.pg(), svc_.source()),
+      std::make_shared<PageSessionHandlers>(svc_.pg()));
   if (auto r = svc_.ServeRequests(); !r.ok()) return r;
   if (auto r = StartGateway(); !r.ok()) return r;
   svc_.OnDrain("console gateway", [this] {
@@ -227,22 +234,6 @@ Result<void> ConsoleGwService::StartGateway() {
 }
 
 // ---- Backend ----
-
-Result<Identity> ConsoleGwService::Login(const std::string& token) {
-  auto p = auth::VerifyToken(token, svc_.token_public_keys());
-  if (!p.ok()) return p.error();
-  if (!p->HasRole(auth::kRoleOperator)) {
-    return Error::Of(
-        Code::kPermissionDenied, reason::kRoleNotAllowed,
-        "the operator page is for operators; this token's roles do not include operator");
-  }
-  Identity id;
-  id.subject = p->subject;
-  id.roles = p->roles;
-  id.expires_unix =
-      std::chrono::duration_cast<std::chrono::seconds>(p->expires.time_since_epoch()).count();
-  return id;
-}
 
 ApiReply ConsoleGwService::Call(const std::string& token, const std::string& subject,
                                 const std::string& body) {

@@ -320,7 +320,8 @@ class ConsoleGwTest : public ::testing::Test {
     std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
                                               {"GPUAAS_POSTGRES_DSN", dsn_},
                                               {"GPUAAS_LOG_LEVEL", "error"},
-                                              {"GPUAAS_CONSOLE_SWEEP_MS", "100"}};
+                                              {"GPUAAS_CONSOLE_SWEEP_MS", "100"},
+                                              {"GPUAAS_CONSOLE_PAGE_IDLE_S", "2"}};
     for (const auto& [k, v] : nats_.Env("console-gw")) env[k] = v;
     svc_ = std::make_unique<ConsoleGwService>(LoadConfig<ConsoleGwConfig>(env));
     auto r = svc_->Start();
@@ -697,6 +698,10 @@ TEST_F(ConsoleGwTest, ThePagesApiNeedsAnOperatorLoginAndTheSameOrigin) {
   EXPECT_NE(cookie.find("HttpOnly"), std::string::npos);
   EXPECT_NE(cookie.find("SameSite=Strict"), std::string::npos);
   const std::string jar = cookie.substr(0, cookie.find(';'));
+  // The cookie names a server-side session; it is not the token.
+  EXPECT_EQ(jar.rfind("gpuaas_session=", 0), 0U) << jar;
+  EXPECT_EQ(cookie.find(token), std::string::npos);
+  EXPECT_GE(jar.size(), std::string("gpuaas_session=").size() + 40);
   // A tenant's token is not a login.
   auto [ts, tbody, tck] =
       Http(bhttp::verb::post, "/api/login",
@@ -728,6 +733,93 @@ TEST_F(ConsoleGwTest, ThePagesApiNeedsAnOperatorLoginAndTheSameOrigin) {
            origin_);
   EXPECT_EQ(us, 404);
   EXPECT_EQ(json::parse(ubody)["error"]["reason"], "subject_not_allowed");
+}
+
+// The page's login is a server-side session: logout ends it (the same cookie is refused
+// afterwards), so do idleness (console.page_idle_s, 2 s here), an operator ending it
+// (console.login.end) and revoking its token; an operator lists them. A cross-origin logout is
+// refused like every other cross-origin POST, and leaves the session alive.
+TEST_F(ConsoleGwTest, APageSessionIsServerSideAndEndsAtLogoutIdleByAnOperatorOrRevocation) {
+  const std::string token = nats_.Token("operator", "", "user:alice");
+  auto login = [&](const std::string& t) {
+    auto [st, body, cookie] =
+        Http(bhttp::verb::post, "/api/login", json{{"token", t}}.dump(), "", origin_);
+    EXPECT_EQ(st, 200) << body;
+    return std::make_pair(cookie.substr(0, cookie.find(';')),
+                          json::parse(body).value("session_id", ""));
+  };
+  // A page call with `jar`: its HTTP status and the error's end_reason ("" when none).
+  auto call = [&](const std::string& jar) {
+    auto [st, body, ck] =
+        Http(bhttp::verb::post, "/api/call/gpuaas.v1.console.session.list", "{}", jar, origin_);
+    std::string ended;
+    if (st == 401) ended = json::parse(body)["error"]["details"].value("end_reason", "?");
+    return std::make_pair(st, ended);
+  };
+  rpc::Client admin(conn_);
+  admin.WithToken(nats_.Token("operator", "", "user:root"));
+
+  // Logout ends it server-side: a copy of the cookie kept elsewhere is refused afterwards.
+  auto [jar1, id1] = login(token);
+  EXPECT_EQ(call(jar1).first, 200);
+  auto [xs, xbody, xck] = Http(bhttp::verb::post, "/api/logout", "{}", jar1, "http://evil.example");
+  EXPECT_EQ(xs, 403);  // CSRF: another origin may not log the operator out either
+  EXPECT_EQ(call(jar1).first, 200);
+  auto [os, obody, ock] = Http(bhttp::verb::post, "/api/logout", "{}", jar1, origin_);
+  EXPECT_EQ(os, 200);
+  EXPECT_NE(ock.find("Max-Age=0"), std::string::npos);
+  EXPECT_EQ(call(jar1), std::make_pair(401, std::string("logout")));
+
+  // An operator lists the live sessions and ends one.
+  auto [jar2, id2] = login(token);
+  auto live = admin.Call<v1::ListPageSessionsResponse>("gpuaas.v1.console.login.list",
+                                                       v1::ListPageSessionsRequest());
+  ASSERT_TRUE(live.ok()) << live.error().ToString();
+  ASSERT_EQ(live->sessions_size(), 1);
+  EXPECT_EQ(live->sessions(0).session_id(), id2);
+  EXPECT_EQ(live->sessions(0).principal(), "user:alice");
+  v1::EndPageSessionRequest end;
+  end.set_session_id(id2);
+  auto ended = admin.Call<v1::EndPageSessionResponse>("gpuaas.v1.console.login.end", end);
+  ASSERT_TRUE(ended.ok()) << ended.error().ToString();
+  EXPECT_EQ(ended->session().end_reason(), "ended");
+  EXPECT_EQ(ended->session().ended_by(), "user:root");
+  EXPECT_EQ(call(jar2), std::make_pair(401, std::string("ended")));
+  end.set_session_id(ids::NewUuidV7());
+  auto missing = admin.Call<v1::EndPageSessionResponse>("gpuaas.v1.console.login.end", end);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().reason, "page_session_not_found");
+
+  // Idle past console.page_idle_s: the next call is refused (the idle time is the condition).
+  auto [jar3, id3] = login(token);
+  EXPECT_EQ(call(jar3).first, 200);
+  std::this_thread::sleep_for(2500ms);
+  EXPECT_EQ(call(jar3), std::make_pair(401, std::string("idle")));
+
+  // Its token revoked: the session ends at its next call.
+  auto [jar4, id4] = login(token);
+  EXPECT_EQ(call(jar4).first, 200);
+  v1::RevokeTokenRequest revoke;
+  revoke.set_subject("user:alice");
+  ASSERT_TRUE(admin.Call<v1::RevokeTokenResponse>("gpuaas.v1.console.token.revoke", revoke).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return call(jar4).first == 401; }));
+  auto all = admin.Call<v1::ListPageSessionsResponse>("gpuaas.v1.console.login.list", [] {
+    v1::ListPageSessionsRequest r;
+    r.set_include_ended(true);
+    return r;
+  }());
+  ASSERT_TRUE(all.ok());
+  std::map<std::string, std::string> reasons;
+  for (const auto& s : all->sessions()) reasons[s.session_id()] = s.end_reason();
+  EXPECT_EQ(reasons[id1], "logout");
+  EXPECT_EQ(reasons[id2], "ended");
+  EXPECT_EQ(reasons[id3], "idle");
+  EXPECT_EQ(reasons[id4], "revoked");
+  // And that principal cannot log in again with the revoked token.
+  auto [rs, rbody, rck] =
+      Http(bhttp::verb::post, "/api/login", json{{"token", token}}.dump(), "", origin_);
+  EXPECT_EQ(rs, 401);
+  EXPECT_EQ(json::parse(rbody)["error"]["reason"], "token_revoked");
 }
 
 }  // namespace

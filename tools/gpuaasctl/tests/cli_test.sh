@@ -76,6 +76,8 @@ declare -A ARGS=(
   ['console open']='--alloc a --reason debugging'
   ['console list']='--alloc a --state connected'
   ['console revoke']='--id s --reason done'
+  ['console logins']='--all --limit 5'
+  ['console end-login']='--id s'
   ['audit allocation']='--id a'
   ['audit slot']='--id n1/s1'
   ['audit node']='--id n1 --since 1h'
@@ -83,6 +85,8 @@ declare -A ARGS=(
   ['dlq show']='--seq 1'
   ['dlq replay']='--seq 1'
   ['dlq discard']='--seq 1 --yes'
+  ['auth revoke']='--jti 01900000-0000-7000-8000-000000000000 --reason leaked'
+  ['auth revocations']=''
 )
 # Commands that work on a keys directory and need no NATS (the `auth` case runs them).
 declare -A OFFLINE=(

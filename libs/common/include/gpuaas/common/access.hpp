@@ -42,6 +42,9 @@ struct Operation {
   std::string address;  // the channel's address, with {params}
   bool reply = false;   // a request served with a reply
   bool core = false;    // a plain core-NATS subscription (no stream, no durable): live relays
+  // With core: the subject is also stored; each instance follows it live and reads the stream
+  // at start (its roles must read that stream: read_streams). Token revocations.
+  bool live_copy = false;
   std::vector<std::string> roles;
   std::vector<std::string> callers;
   // Gateways (services) that may forward a client caller's request token to it (console-gw's

@@ -60,6 +60,7 @@ struct Principal {
   std::vector<std::string> roles;                 // claim "roles": operator | tenant | auditor
   std::string token_id;                           // "jti"
   std::chrono::system_clock::time_point expires;  // "exp"
+  std::chrono::system_clock::time_point issued;   // "iat"
   bool HasRole(const std::string& role) const;
 };
 

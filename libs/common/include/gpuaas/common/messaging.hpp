@@ -186,6 +186,9 @@ StreamSpec ConsoleEventsStream();
 // Every tenant's events, each on its tenant's subject gpuaas.v1.tenant.<tenant>.evt.<...>
 // (scheduler/tenant_feed.hpp): what a tenant gateway consumes, filtered per tenant. Kept 7 days.
 StreamSpec TenantFeedStream();
+// Token revocations (gpuaas.v1.evt.auth.>): kept 25 hours, longer than any token lives
+// (auth::kMaxTokenTtl), so what a service reads at start is every revocation still in force.
+StreamSpec AuthEventsStream();
 
 // The durable consumers on a stream, by name.
 Result<std::vector<std::string>> ConsumerNames(Connection& conn, const std::string& stream);

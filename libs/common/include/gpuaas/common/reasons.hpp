@@ -68,12 +68,15 @@ inline constexpr Reason kInvalidBlocker{"invalid_blocker"};    // INVALID_ARGUME
 inline constexpr Reason kUnknownVersion{"unknown_version"};    // INVALID_ARGUMENT: ack past latest
 
 // ---- auth: request tokens (auth.hpp) ----
-inline constexpr Reason kTokenMissing{"token_missing"};         // UNAUTHENTICATED: no token
-inline constexpr Reason kTokenMalformed{"token_malformed"};     // UNAUTHENTICATED: not a JWS/JWT
-inline constexpr Reason kTokenAlgorithm{"token_algorithm"};     // UNAUTHENTICATED: not ES256
-inline constexpr Reason kTokenSignature{"token_signature"};     // UNAUTHENTICATED: unverified
-inline constexpr Reason kTokenClaims{"token_claims"};           // UNAUTHENTICATED: a claim is wrong
-inline constexpr Reason kTokenExpired{"token_expired"};         // UNAUTHENTICATED: past exp
+inline constexpr Reason kTokenMissing{"token_missing"};      // UNAUTHENTICATED: no token
+inline constexpr Reason kTokenMalformed{"token_malformed"};  // UNAUTHENTICATED: not a JWS/JWT
+inline constexpr Reason kTokenAlgorithm{"token_algorithm"};  // UNAUTHENTICATED: not ES256
+inline constexpr Reason kTokenSignature{"token_signature"};  // UNAUTHENTICATED: unverified
+inline constexpr Reason kTokenClaims{"token_claims"};        // UNAUTHENTICATED: a claim is wrong
+inline constexpr Reason kTokenExpired{"token_expired"};      // UNAUTHENTICATED: past exp
+// UNAUTHENTICATED: the token, or its principal as of the token's iat, is revoked
+// (revocations.hpp; details: jti or sub).
+inline constexpr Reason kTokenRevoked{"token_revoked"};
 inline constexpr Reason kTokenTtlInvalid{"token_ttl_invalid"};  // INVALID_ARGUMENT: ttl range
 inline constexpr Reason kTokenIssue{"token_issue"};  // INTERNAL: libjwt could not build the token
 inline constexpr Reason kPrincipalInvalid{"principal_invalid"};     // INVALID_ARGUMENT: claims

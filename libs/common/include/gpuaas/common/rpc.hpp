@@ -19,6 +19,7 @@
 #include "gpuaas/common/rate_limit.hpp"
 #include "gpuaas/common/reasons.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/common/revocations.hpp"
 
 namespace prometheus {
 class Registry;
@@ -69,6 +70,9 @@ struct ServerOptions {
   // (rate_limit.hpp); empty = none. Over the limit: RESOURCE_EXHAUSTED rate_limited, retryable,
   // details retry_after_ms; counted in gpuaas_rpc_rate_limited_total{subject,role}.
   ratelimit::Limits rate_limits;
+  // The token revocations in force (revocations.hpp); null = none checked. A revoked token is
+  // UNAUTHENTICATED token_revoked.
+  std::shared_ptr<const revocation::List> revocations;
 };
 
 // How far ahead a caller's deadline may lie: one day. A request lives seconds; a later

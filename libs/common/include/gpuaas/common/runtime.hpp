@@ -21,6 +21,7 @@
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/common/revocations.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 
@@ -81,6 +82,9 @@ class Service {
   // The PEMs of auth.token_public_keys (read at Start), for a service that verifies request
   // tokens outside the request server (console-gw's web login).
   const std::vector<std::string>& token_public_keys() const { return token_keys_; }
+  // The token revocations in force, followed from Start (revocations.hpp); every token this
+  // service accepts outside the request server must pass revocations().Check too.
+  const revocation::List& revocations() const { return *revocations_; }
 
   // Starts an outbox relay for this service's database; it is flushed on drain.
   outbox::Relay& StartOutboxRelay(outbox::RelayOptions opts = {});
@@ -124,6 +128,7 @@ class Service {
   // Start's steps, in the order it runs them.
   Result<void> ReadTokenKeys();  // auth.token_public_keys: every file readable
   Result<void> ConnectNats();    // and its readiness check
+  Result<void> FollowRevocations();
   // PostgreSQL pool and migrations (common, then own), retrying a retryable failure until
   // `deadline`; then its readiness check.
   Result<void> OpenDatabase(std::chrono::steady_clock::time_point deadline);
@@ -142,6 +147,8 @@ class Service {
   std::mutex consumers_mu_;  // consumers_ (a dead-letter replay looks one up)
   uint16_t http_port_ = 0;
   std::vector<std::string> token_keys_;  // PEMs of auth.token_public_keys
+  std::shared_ptr<revocation::List> revocations_ = std::make_shared<revocation::List>();
+  std::unique_ptr<revocation::Follower> revocation_follower_;
   std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
   std::vector<std::pair<std::string, std::function<void()>>> drains_;
   std::atomic<bool> self_ready_{true};

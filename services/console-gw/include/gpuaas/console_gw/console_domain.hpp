@@ -2,6 +2,7 @@
 // console-gw's pure rules: grants (random secrets kept only as a SHA-256), where a WebSocket
 // upgrade may come from (Origin), what its path names, and why a relay ends (EndReason: its text,
 // its close code, whether it fails the session). No I/O.
+#include <chrono>
 #include <cstdint>
 #include <iterator>
 #include <optional>
@@ -110,6 +111,22 @@ constexpr bool EndsFailed(EndReason r) { return InfoOf(r).failed; }
 // The value of a text read at an edge (a stored end_reason, a node's close_reason); nullopt for
 // "" and text outside the set.
 std::optional<EndReason> ParseEndReason(std::string_view text);
+
+// Why an operator page session (a login) ended: the closed set behind page_sessions.end_reason
+// and PageSession.end_reason; the texts are registry reasons.
+enum class PageEnd : uint8_t { kLogout, kIdle, kExpired, kRevoked, kEnded };
+inline constexpr Reason kPageEndTexts[] = {reason::kPageLogout, reason::kPageIdle,
+                                           reason::kPageExpired, reason::kRevoked,
+                                           reason::kPageEnded};
+constexpr Reason TextOf(PageEnd e) { return kPageEndTexts[static_cast<size_t>(e)]; }
+// Every text, in order (the column's CHECK admits these and '').
+std::vector<std::string> PageEndTexts();
+// Whether a live page session ends now: past its token's expiry, or idle longer than `idle`
+// since its last call; nullopt while it may go on.
+std::optional<PageEnd> PageSessionEnds(std::chrono::system_clock::time_point now,
+                                       std::chrono::system_clock::time_point last_seen,
+                                       std::chrono::system_clock::time_point expires,
+                                       std::chrono::seconds idle);
 
 // A relay's credit: a side may have at most `window` bytes sent and not yet acknowledged.
 struct Credit {

@@ -1,7 +1,8 @@
 #pragma once
 // console-gw's HTTP + WebSocket listener (Boost.Beast, compiled only in console_gateway.cpp):
 // the operator page and noVNC as static files, the page's JSON API (login with an operator's
-// request token kept in an HttpOnly cookie; calls forwarded over NATS with that token), and the
+// request token: a server-side page session, named by an opaque HttpOnly cookie; calls forwarded
+// over NATS with the session's token), and the
 // console WebSocket at /console/ws/<session>?grant=<grant>, relayed through a Bridge. What it
 // needs from the service is the small Backend interface, so the listener holds no policy.
 #include <cstdint>
@@ -57,13 +58,33 @@ struct Identity {
   std::string subject;  // "user:alice"
   std::vector<std::string> roles;
   int64_t expires_unix = 0;
+  std::string session_id;  // the page session (how operators name it; never the cookie)
+};
+
+// A login: the cookie value naming its page session (opaque and random: the server keeps the
+// token), and who logged in.
+struct PageLogin {
+  std::string cookie;
+  Identity identity;
+};
+
+// The live page session a cookie names: the token its calls carry, and who it is.
+struct PageAccess {
+  std::string token;
+  Identity identity;
 };
 
 class Backend {
  public:
   virtual ~Backend() = default;
-  // An operator's request token: its principal, or UNAUTHENTICATED / PERMISSION_DENIED.
-  virtual Result<Identity> Login(const std::string& token) = 0;
+  // An operator's request token becomes a page session (the token stays server-side), or
+  // UNAUTHENTICATED / PERMISSION_DENIED.
+  virtual Result<PageLogin> Login(const std::string& token) = 0;
+  // The live page session `cookie` names, noting the call; UNAUTHENTICATED not_logged_in
+  // (no cookie) or session_ended (logged out, idle, expired, revoked, ended by an operator).
+  virtual Result<PageAccess> Resume(const std::string& cookie) = 0;
+  // Logout: ends the page session `cookie` names (nothing when there is none).
+  virtual void Logout(const std::string& cookie) = 0;
   // One page request forwarded with the operator's token (subject from the allowed list).
   virtual ApiReply Call(const std::string& token, const std::string& subject,
                         const std::string& json) = 0;

@@ -22,12 +22,23 @@ inline constexpr Reason kInvalidSessionId{"invalid_session_id"};  // INVALID_ARG
 inline constexpr Reason kSessionNotFound{"session_not_found"};  // NOT_FOUND: revoke names no session
 inline constexpr Reason kRandomFailed{"random_failed"};  // INTERNAL: OpenSSL gave no random bytes for a grant
 
+// ---- token.revoke ----
+inline constexpr Reason kInvalidRevocation{"invalid_revocation"};  // INVALID_ARGUMENT: not exactly one of jti (a UUID) and subject, or a reason over 256 characters; details name the fields
+
 // ---- the operator page's HTTP API and the gateway's start ----
 inline constexpr Reason kRoleNotAllowed{"role_not_allowed"};  // PERMISSION_DENIED: the login token's roles do not include operator
 inline constexpr Reason kSubjectNotAllowed{"subject_not_allowed"};  // NOT_FOUND: /api/call/ of a subject not marked via: [console-gw]
 inline constexpr Reason kMalformedReply{"malformed_reply"};  // INTERNAL: a forwarded call's reply does not parse as its result type
 inline constexpr Reason kCrossOrigin{"cross_origin"};  // PERMISSION_DENIED: a POST or console upgrade from an Origin not allowed (audited for upgrades)
 inline constexpr Reason kMalformedJson{"malformed_json"};  // INVALID_ARGUMENT: /api/login's body is not JSON
+inline constexpr Reason kSessionEnded{"session_ended"};  // UNAUTHENTICATED: the page session named by the cookie ended or never existed (details end_reason: logout, idle, expired, revoked, ended)
+inline constexpr Reason kInvalidPageSessionId{"invalid_page_session_id"};  // INVALID_ARGUMENT: login.end's session_id is not a UUID
+inline constexpr Reason kPageSessionNotFound{"page_session_not_found"};  // NOT_FOUND: login.end names no page session
+// ---- page session ends (page_sessions.end_reason: PageEnd, console_domain.hpp; and kRevoked below: its token was revoked) ----
+inline constexpr Reason kPageLogout{"logout"};  // the operator logged out
+inline constexpr Reason kPageIdle{"idle"};  // no page call for console.page_idle_s
+inline constexpr Reason kPageExpired{"expired"};  // its token expired
+inline constexpr Reason kPageEnded{"ended"};  // an operator ended it (console.login.end)
 inline constexpr Reason kNotLoggedIn{"not_logged_in"};  // UNAUTHENTICATED: /api/call/ without the login cookie
 inline constexpr Reason kNoSuchApi{"no_such_api"};  // NOT_FOUND: no API at that /api/ path and method
 inline constexpr Reason kInvalidHost{"invalid_host"};  // INVALID_ARGUMENT: console.http_host is not an IP literal (start fails)

@@ -35,6 +35,7 @@ struct ConsoleGwConfig {
   int64_t window_bytes = int64_t{256} * 1024;
   int64_t open_timeout_ms = 5000;
   int64_t sweep_ms = 1000;
+  int64_t page_idle_s = 1800;  // a page session with no call for this long ends (idle)
   void Register(config::Schema& schema);
 };
 
@@ -60,7 +61,9 @@ class ConsoleGwService : public Backend {
   uint16_t gateway_port() const { return gateway_port_; }
 
   // Backend (the gateway's calls).
-  Result<Identity> Login(const std::string& token) override;
+  Result<PageLogin> Login(const std::string& token) override;
+  Result<PageAccess> Resume(const std::string& cookie) override;
+  void Logout(const std::string& cookie) override;
   ApiReply Call(const std::string& token, const std::string& subject,
                 const std::string& json) override;
   void Refused(const ConnectAttempt& a, Reason failure, const std::string& detail) override;
@@ -76,6 +79,8 @@ class ConsoleGwService : public Backend {
   void Sweep();
 
  private:
+  // An operator's token, verified, not revoked, with the operator role (page_sessions.cpp).
+  Result<auth::Principal> VerifyOperator(const std::string& token);
   // The operator page and console WebSocket listener (console.http_host:http_port).
   Result<void> StartGateway();
   // A claimed session whose relay did not open: FAILED with `failed`, audited.
