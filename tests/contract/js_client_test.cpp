@@ -187,7 +187,7 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
     return ss.str();
   };
   auto token_file = [&](const std::string& name, const std::string& content) {
-    const std::string path = dir + "/" + name;
+    std::string path = dir + "/" + name;
     std::ofstream(path) << content;
     return path;
   };

@@ -674,8 +674,9 @@ TEST_F(IdentityTest, ARevokedTokenIsRefusedByEveryServiceWithinASecond) {
   auto leaked_principal = auth::VerifyToken(leaked, {PlatformPublicKey()});
   ASSERT_TRUE(leaked_principal.ok());
   rpc::Client leaky(As("operator", leaked));
-  for (const auto& [svc, r] : calls(leaky))
+  for (const auto& [svc, r] : calls(leaky)) {
     ASSERT_TRUE(r.ok()) << svc << ": " << r.error().ToString();
+  }
 
   rpc::Client admin(As("operator", p_.nats.Token(auth::kRoleOperator, "", "user:admin")));
   v1::RevokeTokenRequest revoke;

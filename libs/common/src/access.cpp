@@ -313,7 +313,8 @@ Result<Contract> ParseContract(const std::string& asyncapi_yaml, const std::stri
             for (const auto& role : op.live_copy ? op.roles : std::vector<std::string>{}) {
               auto it = c.roles.find(role);
               if (it != c.roles.end() && !Contains(it->second.read_streams, stream)) {
-                problems[where] = "live_copy: " + role + " does not read stream " + stream;
+                problems[where] =
+                    fmt::format("live_copy: {} does not read stream {}", role, stream);
               }
             }
           }

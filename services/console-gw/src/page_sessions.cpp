@@ -112,8 +112,9 @@ void ConsoleGwService::Logout(const std::string& cookie) {
   if (cookie.empty()) return;
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     auto s = LockPageSession(tx, GrantHash(cookie));
-    if (s && s->session.end_reason().empty())
+    if (s && s->session.end_reason().empty()) {
       EndPageSession(tx, s->session.session_id(), PageEnd::kLogout, s->session.principal());
+    }
     return Ok();
   });
   if (!r.ok()) svc_.log().Error("page logout not recorded", {{"error", r.error().ToString()}});

@@ -797,7 +797,9 @@ TEST_F(ConsoleGwTest, APageSessionIsServerSideAndEndsAtLogoutIdleByAnOperatorOrR
   EXPECT_EQ(call(jar3), std::make_pair(401, std::string("idle")));
 
   // Its token revoked: the session ends at its next call.
-  auto [jar4, id4] = login(token);
+  const auto login4 = login(token);  // no structured binding: the lambda below captures it
+  const std::string jar4 = login4.first;
+  const std::string id4 = login4.second;
   EXPECT_EQ(call(jar4).first, 200);
   v1::RevokeTokenRequest revoke;
   revoke.set_subject("user:alice");
