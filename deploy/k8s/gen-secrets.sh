@@ -9,7 +9,10 @@
 #
 # Steps (safe to re-run: existing keys are kept, the files are rewritten):
 #   1. gpuaasctl auth init --keys KEYS              role nkeys <role>.seed/.pub and the token
-#                                                   signing key token-signing.pem/.pub.pem
+#                                                   signing keys token-signing.pem/.pub.pem
+#                                                   (platform) and token-tenant.pem/.pub.pem
+#                                                   (the tenant issuer: give the private key to
+#                                                   the tenant gateway)
 #   2. gpuaasctl auth nats-config --contract C --keys KEYS > OUT/auth.conf
 #                                                   the NATS authorization: one user per
 #                                                   service, client role and enrolled node
@@ -17,7 +20,7 @@
 #   3. kubectl create secret generic ... --dry-run=client -o yaml  (no cluster needed):
 #        gpuaas/nats-auth                  auth.conf              NATS StatefulSet (include)
 #        gpuaas/gpuaas-<service>-nats      seed                   each control-plane service
-#        gpuaas/gpuaas-token-public-keys   token-signing.pub.pem  every service
+#        gpuaas/gpuaas-token-public-keys   token-signing.pub.pem, token-tenant.pub.pem  every service
 #        gpuaas-node/gpuaas-token-public-keys  (same)             node-agent DaemonSet
 #      plus OUT/kustomization.yaml listing them.
 #
@@ -84,7 +87,7 @@ mkdir -p "$out" "$keys"
 
 # 1. Keys (idempotent: existing keys are kept).
 "$ctl" auth init --keys "$keys"
-for f in "${SERVICES[@]/%/.seed}" token-signing.pub.pem; do
+for f in "${SERVICES[@]/%/.seed}" token-signing.pub.pem token-tenant.pub.pem; do
   [ -s "$keys/$f" ] || die "$keys/$f missing after auth init"
 done
 
@@ -108,7 +111,8 @@ for s in "${SERVICES[@]}"; do
 done
 for ns in gpuaas gpuaas-node; do
   secret "$ns" gpuaas-token-public-keys "token-public-keys.$ns.yaml" \
-    --from-file=token-signing.pub.pem="$keys/token-signing.pub.pem"
+    --from-file=token-signing.pub.pem="$keys/token-signing.pub.pem" \
+    --from-file=token-tenant.pub.pem="$keys/token-tenant.pub.pem"
   files+=("token-public-keys.$ns.yaml")
 done
 

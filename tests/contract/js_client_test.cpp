@@ -249,6 +249,10 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
   cmd += " --revoked-token-file " + Quote(token_file("revoked.token", leaked));
   cmd += " --expired-token-file " + Quote(token_file("expired.token", *expired));
   cmd += " --forged-token-file " + Quote(token_file("forged.token", *forged));
+  // The tenant issuer's key (the tenant gateway's), claiming the operator role.
+  cmd += " --tenant-issued-operator-token-file " +
+         Quote(token_file("tenant-issued.token",
+                          p_.nats.TenantIssuedToken("operator", "", "user:mallory")));
   cmd += " --timeout-s 90";
   const Outcome r = RunCommand(cmd);
   std::cout << r.output;
@@ -272,11 +276,12 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
            "attack 6 revoked-token: refused (",
            "attack 6 expired-token: refused (",
            "attack 6 forged-token: refused (",
+           "attack 6 tenant-issued-operator-token: refused (",
            "attack 6 no-token: refused (",
            "control 6 valid-token: ok",
            "control 7 first-create-let-through: ok",
            "attack 7 create-flood: refused (",
-           "attacker PASS: 14 attacks refused",
+           "attacker PASS: 15 attacks refused",
        }) {
     EXPECT_THAT(r.output, HasSubstr(line));
   }
@@ -284,7 +289,8 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
   EXPECT_THAT(r.output, HasSubstr("PERMISSION_DENIED node_id_mismatch"));
   EXPECT_THAT(r.output, HasSubstr("PERMISSION_DENIED token_role_not_allowed_for_connection"));
   for (const std::string why :
-       {"token_revoked", "token_expired", "token_signature", "token_missing"}) {
+       {"token_revoked", "token_expired", "token_signature", "token_issuer_role",
+        "token_missing"}) {
     EXPECT_THAT(r.output, HasSubstr("UNAUTHENTICATED " + why));
   }
   EXPECT_THAT(r.output, HasSubstr("RESOURCE_EXHAUSTED rate_limited"));

@@ -747,6 +747,29 @@ TEST_F(IdentityTest, ARevokedTokenIsRefusedByEveryServiceWithinASecond) {
   console->Shutdown();
 }
 
+// The tenant issuer (the tenant gateway's own signing key, auth.tenant_token_public_keys) mints
+// tenant tokens only: one it signed claiming operator or auditor is refused by every connection
+// kind, whatever it claims; its tenant tokens work through the tenant gateway.
+TEST_F(IdentityTest, TheTenantIssuerMintsTenantTokensOnly) {
+  p_.Start();
+  rpc::Client gateway(
+      As("tenant-api", p_.nats.TenantIssuedToken("tenant", "acme", "tenant:acme/gw")));
+  auto mine = gateway.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list",
+                                                        v1::ListAllocationsRequest(), 5s);
+  EXPECT_TRUE(mine.ok()) << mine.error().ToString();
+  const std::string as_operator = p_.nats.TenantIssuedToken("operator", "", "user:mallory");
+  const std::string as_auditor = p_.nats.TenantIssuedToken("auditor", "", "user:mallory");
+  for (const auto& [role, token] : std::vector<std::pair<std::string, std::string>>{
+           {"operator", as_operator}, {"auditor", as_auditor}, {"tenant-api", as_operator}}) {
+    rpc::Client c(As(role, token));
+    auto r = c.Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list",
+                                                 v1::ListAllocationsRequest(), 5s);
+    ASSERT_FALSE(r.ok()) << role << " accepted a tenant-issued token claiming more than tenant";
+    EXPECT_EQ(r.error().code, Code::kUnauthenticated) << role;
+    EXPECT_TRUE(r.error().Is(reason::kTokenIssuerRole)) << role << ": " << r.error().ToString();
+  }
+}
+
 TEST_F(IdentityTest, EventsNameWhoDidItAndWhy) {
   p_.Start();
   p_.StartApprovedAgent("ident-e", "ident", 2);

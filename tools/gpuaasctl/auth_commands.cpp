@@ -67,6 +67,7 @@ Result<void> Render(const access::Contract& c, const std::string& keys, const st
 std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app) {
   struct Opts {
     std::string keys, contract, out, pid_file, user, role, tenant, seed_out, node_id;
+    std::string issuer = "platform";
     std::string ttl = "15m";
   };
   auto o = std::make_shared<Opts>();
@@ -96,6 +97,11 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
   login->add_option("--ttl", o->ttl, "Lifetime: <n>s | <n>m | <n>h (at most 24h)")
       ->capture_default_str();
   login->add_option("--out", o->out, "Write the token to this file (0600) instead of stdout");
+  OneOf(login->add_option("--issuer", o->issuer,
+                          "Whose key signs it: platform (any role) | tenant (the tenant issuer's "
+                          "key: tenant tokens only)")
+            ->capture_default_str(),
+        {"platform", "tenant"});
 
   CLI::App* node = app.get_subcommand("node");
   auto* enroll = node->add_subcommand(
@@ -128,7 +134,12 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
       return kExitOk;
     }
     if (login->parsed()) {
-      auto pem = Read(access::TokenSigningKeyPath(o->keys));
+      if (o->issuer == "tenant" && o->role != auth::kRoleTenant) {
+        return Usage(g, Error::InvalidArgument(reason::kIssuerRole,
+                                               "the tenant issuer signs tenant tokens only"));
+      }
+      auto pem = Read(o->issuer == "tenant" ? access::TenantTokenSigningKeyPath(o->keys)
+                                            : access::TokenSigningKeyPath(o->keys));
       if (!pem.ok()) return Fail(g, pem.error());
       int64_t n = 0;
       char unit = 's';

@@ -488,6 +488,10 @@ std::string PubPath(const std::string& dir, const std::string& role) {
 }  // namespace
 std::string TokenSigningKeyPath(const std::string& dir) { return dir + "/token-signing.pem"; }
 std::string TokenPublicKeyPath(const std::string& dir) { return dir + "/token-signing.pub.pem"; }
+std::string TenantTokenSigningKeyPath(const std::string& dir) { return dir + "/token-tenant.pem"; }
+std::string TenantTokenPublicKeyPath(const std::string& dir) {
+  return dir + "/token-tenant.pub.pem";
+}
 
 namespace {
 Result<void> WritePublic(const std::string& path, const std::string& content) {
@@ -518,11 +522,14 @@ Result<void> InitKeys(const Contract& c, const std::string& dir) {
     if (auto r = auth::WriteSecretFile(SeedPath(dir, name), k->seed + "\n"); !r.ok()) return r;
     if (auto r = WritePublic(PubPath(dir, name), k->public_key + "\n"); !r.ok()) return r;
   }
-  if (!fs::exists(TokenSigningKeyPath(dir))) {
+  for (const auto& [priv, pub] :
+       {std::pair{TokenSigningKeyPath(dir), TokenPublicKeyPath(dir)},
+        std::pair{TenantTokenSigningKeyPath(dir), TenantTokenPublicKeyPath(dir)}}) {
+    if (fs::exists(priv)) continue;
     auto k = auth::NewSigningKey();
     if (!k.ok()) return k.error();
-    if (auto r = auth::WriteSecretFile(TokenSigningKeyPath(dir), k->private_pem); !r.ok()) return r;
-    if (auto r = WritePublic(TokenPublicKeyPath(dir), k->public_pem); !r.ok()) return r;
+    if (auto r = auth::WriteSecretFile(priv, k->private_pem); !r.ok()) return r;
+    if (auto r = WritePublic(pub, k->public_pem); !r.ok()) return r;
   }
   return Ok();
 }

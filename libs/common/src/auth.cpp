@@ -590,6 +590,24 @@ Result<std::string> IssueToken(const std::string& private_pem, const Principal& 
   return std::string(token.get());
 }
 
+Result<Principal> VerifyIssuedToken(const std::string& token,
+                                    const std::vector<std::string>& platform_pems,
+                                    const std::vector<std::string>& tenant_pems,
+                                    std::chrono::system_clock::time_point now) {
+  auto p = VerifyToken(token, platform_pems, now);
+  if (p.ok() || tenant_pems.empty() || !p.error().Is(reason::kTokenSignature)) return p;
+  auto t = VerifyToken(token, tenant_pems, now);
+  if (!t.ok()) return t.error();
+  for (const auto& r : t->roles) {
+    if (r != kRoleTenant) {
+      return Error::Of(Code::kUnauthenticated, reason::kTokenIssuerRole,
+                       "the tenant issuer may sign tenant tokens only; this one claims " + r,
+                       {{"role", r}}, false);
+    }
+  }
+  return t;
+}
+
 Result<Principal> VerifyToken(const std::string& token, const std::vector<std::string>& public_pems,
                               std::chrono::system_clock::time_point now) {
   if (token.empty()) return Unauthenticated(reason::kTokenMissing, "no token");

@@ -251,7 +251,8 @@ struct Server::Impl {
         token_cache.erase(it);
       }
     }
-    auto p = auth::VerifyToken(token, opts.token_public_keys, now);
+    auto p =
+        auth::VerifyIssuedToken(token, opts.token_public_keys, opts.tenant_token_public_keys, now);
     if (!p.ok()) return p.error();
     std::lock_guard lock(token_mu);
     if (token_cache.size() >= kTokenCacheMax) token_cache.clear();

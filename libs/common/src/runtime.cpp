@@ -50,6 +50,11 @@ void CommonConfig::Register(config::Schema& s, bool with_postgres) {
         "Comma-separated PEM public keys that verify request tokens (Authorization: Bearer); "
         "\"\" = requests that need a token are refused",
         "");
+  s.Add("auth.tenant_token_public_keys", &tenant_token_public_keys,
+        "Comma-separated PEM public keys of the tenant issuer (the tenant gateway's signing key): "
+        "they verify tenant tokens only; a token they verify claiming another role is refused "
+        "(token_issuer_role)",
+        "");
   if (with_postgres) {
     s.Add("postgres.dsn", &pg_dsn, "libpq connection string of this service's own database", "",
           config::NonEmpty());
@@ -115,20 +120,32 @@ Result<void> Service::FollowRevocations() {
   return Ok();
 }
 
-Result<void> Service::ReadTokenKeys() {
-  token_keys_.clear();
-  std::stringstream paths(cfg_.token_public_keys);
+namespace {
+// The PEM files of a comma-separated list (`key` names the option in the error).
+Result<std::vector<std::string>> ReadPems(const std::string& list, const std::string& key) {
+  std::vector<std::string> out;
+  std::stringstream paths(list);
   for (std::string path; std::getline(paths, path, ',');) {
     if (path.empty()) continue;
     std::ifstream in(path);
     std::stringstream pem;
     pem << in.rdbuf();
     if (!in || pem.str().empty()) {
-      return Error::InvalidArgument(reason::kTokenKeyUnreadable,
-                                    "auth.token_public_keys: cannot read " + path);
+      return Error::InvalidArgument(reason::kTokenKeyUnreadable, key + ": cannot read " + path);
     }
-    token_keys_.push_back(pem.str());
+    out.push_back(pem.str());
   }
+  return out;
+}
+}  // namespace
+
+Result<void> Service::ReadTokenKeys() {
+  auto platform = ReadPems(cfg_.token_public_keys, "auth.token_public_keys");
+  if (!platform.ok()) return platform.error();
+  auto tenant = ReadPems(cfg_.tenant_token_public_keys, "auth.tenant_token_public_keys");
+  if (!tenant.ok()) return tenant.error();
+  token_keys_ = std::move(*platform);
+  tenant_token_keys_ = std::move(*tenant);
   return Ok();
 }
 
@@ -205,6 +222,7 @@ rpc::Server& Service::Rpc() {
     rpc::ServerOptions o;
     o.workers = static_cast<int>(cfg_.rpc_workers);
     o.token_public_keys = token_keys_;
+    o.tenant_token_public_keys = tenant_token_keys_;
     o.revocations = revocations_;
     o.rate_limits = *ratelimit::ParseLimits(cfg_.rpc_rate_limits);  // validated by the schema
     // The namespace the contract gives this service (roles.yaml), which its NATS user may

@@ -221,7 +221,8 @@ std::map<std::string, std::string> TestIdentities::Env(const std::string& url,
   return {{"GPUAAS_NATS_URL", url},
           {"GPUAAS_NATS_SEED_FILE", SeedFile(role, node_id)},
           {"GPUAAS_NATS_INBOX_PREFIX", access::InboxPrefix(role, node_id)},
-          {"GPUAAS_AUTH_TOKEN_PUBLIC_KEYS", TokenPublicKeyFile()}};
+          {"GPUAAS_AUTH_TOKEN_PUBLIC_KEYS", TokenPublicKeyFile()},
+          {"GPUAAS_AUTH_TENANT_TOKEN_PUBLIC_KEYS", access::TenantTokenPublicKeyPath(keys_)}};
 }
 
 bool TestIdentities::Enroll(const std::string& node_id) {
@@ -244,9 +245,11 @@ void TestIdentities::Revoke(const std::string& node_id) {
   WriteAuthConfig();
 }
 
-std::string TestIdentities::Token(const std::string& role, const std::string& tenant,
-                                  const std::string& subject, std::chrono::seconds ttl) const {
-  std::ifstream in(access::TokenSigningKeyPath(keys_));
+namespace {
+std::string SignedToken(const std::string& key_file, const std::string& role,
+                        const std::string& tenant, const std::string& subject,
+                        std::chrono::seconds ttl) {
+  std::ifstream in(key_file);
   std::stringstream pem;
   pem << in.rdbuf();
   auth::Principal p;
@@ -258,6 +261,18 @@ std::string TestIdentities::Token(const std::string& role, const std::string& te
   auto t = auth::IssueToken(pem.str(), p, ttl);
   if (!t.ok()) throw std::runtime_error("token: " + t.error().ToString());
   return *t;
+}
+}  // namespace
+
+std::string TestIdentities::Token(const std::string& role, const std::string& tenant,
+                                  const std::string& subject, std::chrono::seconds ttl) const {
+  return SignedToken(access::TokenSigningKeyPath(keys_), role, tenant, subject, ttl);
+}
+
+std::string TestIdentities::TenantIssuedToken(const std::string& role, const std::string& tenant,
+                                              const std::string& subject) const {
+  return SignedToken(access::TenantTokenSigningKeyPath(keys_), role, tenant, subject,
+                     std::chrono::seconds(600));
 }
 
 TestNats::TestNats() : port_(FreePort()), dir_(MakeTempDir("gpuaas-nats")), ids_(dir_) {

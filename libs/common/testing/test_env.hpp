@@ -78,6 +78,10 @@ class TestIdentities {
   std::string Token(const std::string& role, const std::string& tenant = "",
                     const std::string& subject = "",
                     std::chrono::seconds ttl = std::chrono::seconds(600)) const;
+  // The same signed with the tenant issuer's key (auth::VerifyIssuedToken): services accept it
+  // only with the tenant role, whatever `role` says.
+  std::string TenantIssuedToken(const std::string& role, const std::string& tenant,
+                                const std::string& subject) const;
   std::string SeedFile(const std::string& role, const std::string& node_id = "") const;
   std::string TokenPublicKeyFile() const;
   const std::string& keys_dir() const { return keys_; }
@@ -127,6 +131,10 @@ class TestNats {
                     const std::string& subject = "",
                     std::chrono::seconds ttl = std::chrono::seconds(600)) const {
     return ids_.Token(role, tenant, subject, ttl);
+  }
+  std::string TenantIssuedToken(const std::string& role, const std::string& tenant,
+                                const std::string& subject) const {
+    return ids_.TenantIssuedToken(role, tenant, subject);
   }
   const std::string& keys_dir() const { return ids_.keys_dir(); }
   std::string SeedFile(const std::string& role, const std::string& node_id = "") const {

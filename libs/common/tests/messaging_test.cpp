@@ -17,10 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/status.pb.h"
 #include "test_env.hpp"
 
@@ -190,6 +192,62 @@ TEST_F(MessagingTest, ANodeScopedRouteBindsTheSubjectsNodeAndRefusesAnother) {
   const std::string text = prometheus::TextSerializer().Serialize(registry_.Collect());
   EXPECT_NE(text.find("subject=\"gpuaas.v1.test.node.{node_id}.echo\""), std::string::npos);
   EXPECT_EQ(text.find("gpuaas.v1.test.node.gpu-08.echo"), std::string::npos);
+}
+
+// Two issuers, each with keys that rotate: a server accepts a token that any listed key of its
+// issuer verifies (the old and the new key live together during a rotation) and refuses one
+// whose key is gone; the tenant issuer's keys verify tenant tokens only.
+TEST_F(MessagingTest, TokensOfEitherLiveKeyVerifyAndTheTenantIssuerMintsTenantsOnly) {
+  auto old_key = auth::NewSigningKey();
+  auto new_key = auth::NewSigningKey();
+  auto tenant_key = auth::NewSigningKey();
+  ASSERT_TRUE(old_key.ok() && new_key.ok() && tenant_key.ok());
+  auto token = [](const auth::SigningKey& k, const std::string& role) {
+    auth::Principal p;
+    p.subject = role == auth::kRoleTenant ? "tenant:acme/bob" : "user:alice";
+    p.tenant = role == auth::kRoleTenant ? "acme" : "";
+    p.roles = {role};
+    return *auth::IssueToken(k.private_pem, p, std::chrono::seconds(600));
+  };
+  // A served subject operators and tenants may call with a token (the contract's callers).
+  const std::string subject = "gpuaas.v1.scheduler.allocation.list";
+  auto serve = [&](std::vector<std::string> platform, std::vector<std::string> tenant) {
+    rpc::ServerOptions o;
+    o.token_public_keys = std::move(platform);
+    o.tenant_token_public_keys = std::move(tenant);
+    auto s =
+        std::make_unique<rpc::Server>(conn_, "scheduler", "gpuaas.*.scheduler.>", log_, nullptr, o);
+    s->Handle<v1::ListAllocationsRequest, v1::ListAllocationsResponse>(
+        subject,
+        [](const v1::ListAllocationsRequest&, rpc::Context&)
+            -> Result<v1::ListAllocationsResponse> { return v1::ListAllocationsResponse(); });
+    EXPECT_TRUE(s->Start().ok());
+    return s;
+  };
+  auto call = [&](const std::string& t) {
+    return RawReply(*conn_, subject, "", {{auth::kHeaderAuthorization, "Bearer " + t}});
+  };
+  {
+    // During a rotation: both platform keys live.
+    auto server = serve({old_key->public_pem, new_key->public_pem}, {tenant_key->public_pem});
+    EXPECT_EQ(call(token(*old_key, auth::kRoleOperator)).status().code(), v1::OK);
+    EXPECT_EQ(call(token(*new_key, auth::kRoleOperator)).status().code(), v1::OK);
+    // The tenant issuer: a tenant token is accepted, an operator or auditor one never.
+    EXPECT_EQ(call(token(*tenant_key, auth::kRoleTenant)).status().code(), v1::OK);
+    for (const char* role : {auth::kRoleOperator, auth::kRoleAuditor}) {
+      auto r = call(token(*tenant_key, role));
+      EXPECT_EQ(r.status().code(), v1::UNAUTHENTICATED) << role;
+      EXPECT_EQ(r.status().reason(), "token_issuer_role") << role;
+      EXPECT_EQ(r.status().details().at("role"), role);
+    }
+    server->Drain(2s);
+  }
+  // After it: the old key is gone.
+  auto server = serve({new_key->public_pem}, {tenant_key->public_pem});
+  EXPECT_EQ(call(token(*new_key, auth::kRoleOperator)).status().code(), v1::OK);
+  auto old = call(token(*old_key, auth::kRoleOperator));
+  EXPECT_EQ(old.status().code(), v1::UNAUTHENTICATED);
+  EXPECT_EQ(old.status().reason(), "token_signature");
 }
 
 TEST(ParseDeadlineHeader, ClampsToTheEpochAndADayAheadMalformedIsAbsent) {

@@ -13,13 +13,15 @@
 //
 // Usage: node attacker.mjs --node-a-seed F --node-a ID --node-b ID --tenant-seed F --tenant T
 //          --tenant-token-file F --operator-token-file F --revoked-token-file F
-//          --expired-token-file F --forged-token-file F [--nats URL] [--proto-dir DIR] [--timeout-s N]
+//          --expired-token-file F --forged-token-file F --tenant-issued-operator-token-file F
+//          [--nats URL] [--proto-dir DIR] [--timeout-s N]
 // Environment: GPUAAS_NATS_URL, GPUAAS_PROTO_DIR, GPUAAS_CLIENT_TIMEOUT_S, GPUAAS_TENANT, and
 //   GPUAAS_ATTACK_<FLAG> for the others (e.g. GPUAAS_ATTACK_NODE_A_SEED); the flags win.
 // Node A's seed is an enrolled node's nkey (its inbox: _INBOX.<node id>); node B is another
 // enrolled node. The tenant seed is the tenant-api nkey (inbox _INBOX.tenant-api, requests on
 // <subject>.tenant-api); the token files hold, for --tenant: a valid tenant token, a revoked one,
-// an expired one and one signed by a key the services do not know; and a valid operator token.
+// an expired one and one signed by a key the services do not know; a valid operator token; and an
+// operator token signed by the tenant issuer's key (which may sign tenant tokens only).
 import crypto from "node:crypto";
 import fs from "node:fs";
 import path from "node:path";
@@ -48,7 +50,8 @@ const REQUEST_TIMEOUT_MS = 5_000;
 
 // ---- Options (flags win over the environment) ----
 const FLAGS = ["nats", "proto-dir", "timeout-s", "node-a-seed", "node-a", "node-b", "tenant-seed", "tenant",
-  "tenant-token-file", "operator-token-file", "revoked-token-file", "expired-token-file", "forged-token-file"];
+  "tenant-token-file", "operator-token-file", "revoked-token-file", "expired-token-file", "forged-token-file",
+  "tenant-issued-operator-token-file"];
 const ENV = {
   nats: "GPUAAS_NATS_URL", "proto-dir": "GPUAAS_PROTO_DIR", "timeout-s": "GPUAAS_CLIENT_TIMEOUT_S", tenant: "GPUAAS_TENANT",
 };
@@ -254,11 +257,14 @@ async function attackOperatorTokenOnGateway() {
   await expectListOk(5, "tenant-token-on-tenant-api");
 }
 
-// 6. Tokens that must not work: revoked, expired, signed by an unknown key, none at all.
+// 6. Tokens that must not work: revoked, expired, signed by an unknown key, signed by the tenant
+// issuer but claiming the operator role, none at all.
 async function attackBadTokens() {
   await listReply(6, "revoked-token", tokens.revoked, "UNAUTHENTICATED", "token_revoked");
   await listReply(6, "expired-token", tokens.expired, "UNAUTHENTICATED", "token_expired");
   await listReply(6, "forged-token", tokens.forged, "UNAUTHENTICATED", "token_signature");
+  await listReply(6, "tenant-issued-operator-token", tokens["tenant-issued-operator"],
+    "UNAUTHENTICATED", "token_issuer_role");
   await listReply(6, "no-token", "", "UNAUTHENTICATED", "token_missing");
   // Control: the valid tenant token, same connection and subject.
   await expectListOk(6, "valid-token");
@@ -312,7 +318,9 @@ async function main() {
     process.exit(2);
   }, opt["timeout-s"] * 1000);
   c = loadContracts(opt["proto-dir"]);
-  for (const k of ["tenant", "operator", "revoked", "expired", "forged"]) tokens[k] = read(opt[`${k}-token-file`]);
+  for (const k of ["tenant", "operator", "revoked", "expired", "forged", "tenant-issued-operator"]) {
+    tokens[k] = read(opt[`${k}-token-file`]);
+  }
   await attackAnonymousConnect();
   await attackOtherNodesSubjects();
   await attackPayloadNamesAnotherNode();

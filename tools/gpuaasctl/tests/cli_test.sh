@@ -276,6 +276,11 @@ case $CASE in
     [[ $ERR == *node_id_invalid* ]] || fail "a bad node id: $ERR"
     expect_rc 0 auth login --keys "$keys/k" --user alice --role tenant --tenant acme --ttl 5m
     [[ $(tr -cd . <<<"$OUT" | wc -c) == 2 ]] || fail "auth login printed no JWT: $OUT"
+    expect_rc 0 auth login --keys "$keys/k" --user gw --role tenant --tenant acme --issuer tenant
+    [[ -f $keys/k/token-tenant.pem && -f $keys/k/token-tenant.pub.pem ]] ||
+      fail "auth init made no tenant issuer key"
+    expect_rc 2 auth login --keys "$keys/k" --user alice --role operator --issuer tenant
+    [[ $ERR == *issuer_role* ]] || fail "--issuer tenant --role operator: $ERR"
     expect_rc 2 auth login --keys "$keys/k" --user alice --role root
     expect_rc 2 auth login --keys "$keys/k" --user alice --role tenant --ttl 48h
     ;;

@@ -137,7 +137,8 @@ Result<std::string> RenderAuthorization(const Contract& c, const std::vector<Use
                                         const std::string& extra = "");
 
 // ---- keys directory ----
-// Creates the missing keys of every role of `c` and the token signing key; keeps existing ones.
+// Creates the missing keys of every role of `c` and the token signing keys (the platform's and the
+// tenant issuer's); keeps existing ones.
 Result<void> InitKeys(const Contract& c, const std::string& dir);
 // The users of a keys directory: every role's <role>.pub and every nodes/<id>.pub.
 Result<std::vector<User>> UsersFromKeys(const Contract& c, const std::string& dir);
@@ -149,6 +150,10 @@ Result<void> RevokeNode(const std::string& dir, const std::string& node_id);
 std::string SeedPath(const std::string& dir, const std::string& role);
 std::string TokenSigningKeyPath(const std::string& dir);
 std::string TokenPublicKeyPath(const std::string& dir);
+// The tenant issuer's key pair (token-tenant.pem / .pub.pem): signs tenant tokens only
+// (auth::VerifyIssuedToken); the tenant gateway holds the private key.
+std::string TenantTokenSigningKeyPath(const std::string& dir);
+std::string TenantTokenPublicKeyPath(const std::string& dir);
 
 // The dot-separated tokens of a subject or pattern.
 std::vector<std::string> SubjectTokens(const std::string& subject);

@@ -86,6 +86,17 @@ Result<Principal> VerifyToken(
     const std::string& token, const std::vector<std::string>& public_pems,
     std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
 
+// The two issuers of request tokens. The platform's key (`auth.token_public_keys`; gpuaasctl
+// auth login) may sign any role; a tenant issuer's key (`auth.tenant_token_public_keys`: the
+// tenant gateway's own signing key) may sign tenant tokens only, so a tenant-facing issuer that
+// leaks or misbehaves can never mint an operator or auditor. Verifies against the platform keys,
+// then (only on token_signature) the tenant keys; a tenant-issued token with any role but
+// `tenant` is UNAUTHENTICATED token_issuer_role. Each key list may hold several keys (rotation).
+Result<Principal> VerifyIssuedToken(
+    const std::string& token, const std::vector<std::string>& platform_pems,
+    const std::vector<std::string>& tenant_pems,
+    std::chrono::system_clock::time_point now = std::chrono::system_clock::now());
+
 // "Bearer <jwt>" -> "<jwt>" (the scheme is case-insensitive); "" when the value is not a bearer
 // token.
 std::string BearerToken(const std::string& header_value);

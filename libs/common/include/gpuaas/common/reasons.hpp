@@ -73,7 +73,10 @@ inline constexpr Reason kTokenMalformed{"token_malformed"};  // UNAUTHENTICATED:
 inline constexpr Reason kTokenAlgorithm{"token_algorithm"};  // UNAUTHENTICATED: not ES256
 inline constexpr Reason kTokenSignature{"token_signature"};  // UNAUTHENTICATED: unverified
 inline constexpr Reason kTokenClaims{"token_claims"};        // UNAUTHENTICATED: a claim is wrong
-inline constexpr Reason kTokenExpired{"token_expired"};      // UNAUTHENTICATED: past exp
+// UNAUTHENTICATED: signed by the tenant issuer's key, which may grant the tenant role only
+// (auth::VerifyIssuedToken; details: role).
+inline constexpr Reason kTokenIssuerRole{"token_issuer_role"};
+inline constexpr Reason kTokenExpired{"token_expired"};  // UNAUTHENTICATED: past exp
 // UNAUTHENTICATED: the token, or its principal as of the token's iat, is revoked
 // (revocations.hpp; details: jti or sub).
 inline constexpr Reason kTokenRevoked{"token_revoked"};

@@ -66,6 +66,8 @@ struct ServerOptions {
   // may call needs a valid token with one of their token roles; one platform identities may call
   // takes a request without a token as theirs.
   std::vector<std::string> token_public_keys;
+  // The tenant issuer's keys: they verify tenant tokens only (auth::VerifyIssuedToken).
+  std::vector<std::string> tenant_token_public_keys;
   // Per-principal limits of requests with a token, by token role and subject class
   // (rate_limit.hpp); empty = none. Over the limit: RESOURCE_EXHAUSTED rate_limited, retryable,
   // details retry_after_ms; counted in gpuaas_rpc_rate_limited_total{subject,role}.

@@ -42,7 +42,8 @@ struct CommonConfig {
   std::string nats_inbox_prefix;  // "" = _INBOX.<service name>
   std::string nats_tls_ca_file;
   int64_t nats_stream_replicas = 1;
-  std::string token_public_keys;  // comma-separated PEM files that verify request tokens
+  std::string token_public_keys;         // comma-separated PEM files that verify request tokens
+  std::string tenant_token_public_keys;  // the tenant issuer's: tenant tokens only
   std::string pg_dsn;
   int64_t pg_pool_size = 4;
   std::string http_host;
@@ -126,7 +127,7 @@ class Service {
 
  private:
   // Start's steps, in the order it runs them.
-  Result<void> ReadTokenKeys();  // auth.token_public_keys: every file readable
+  Result<void> ReadTokenKeys();  // auth.(tenant_)token_public_keys: every file readable
   Result<void> ConnectNats();    // and its readiness check
   Result<void> FollowRevocations();
   // PostgreSQL pool and migrations (common, then own), retrying a retryable failure until
@@ -146,7 +147,8 @@ class Service {
   std::vector<std::unique_ptr<messaging::Consumer>> consumers_;
   std::mutex consumers_mu_;  // consumers_ (a dead-letter replay looks one up)
   uint16_t http_port_ = 0;
-  std::vector<std::string> token_keys_;  // PEMs of auth.token_public_keys
+  std::vector<std::string> token_keys_;         // PEMs of auth.token_public_keys
+  std::vector<std::string> tenant_token_keys_;  // PEMs of auth.tenant_token_public_keys
   std::shared_ptr<revocation::List> revocations_ = std::make_shared<revocation::List>();
   std::unique_ptr<revocation::Follower> revocation_follower_;
   std::vector<std::pair<std::string, std::function<Result<void>()>>> checks_;
