@@ -131,7 +131,8 @@ Result<std::vector<std::string>> ReadPems(const std::string& list, const std::st
     std::stringstream pem;
     pem << in.rdbuf();
     if (!in || pem.str().empty()) {
-      return Error::InvalidArgument(reason::kTokenKeyUnreadable, key + ": cannot read " + path);
+      return Error::InvalidArgument(reason::kTokenKeyUnreadable,
+                                    fmt::format("{}: cannot read {}", key, path));
     }
     out.push_back(pem.str());
   }
