@@ -381,11 +381,6 @@ class ContractTest : public ::testing::Test {
     return p_.Call<Resp>(subject, req);
   }
 
-  void TearDown() override {
-    if (console_) console_->Shutdown();
-    if (ingress_) ingress_->Shutdown();
-  }
-
   // An operator's console of allocation `id`: a session, its WebSocket through console-gw, the
   // node's relay to a stand-in VNC socket (the test's own: it says the RFB version and takes
   // the client's), a refused cross-origin connect, and another session revoked and listed.
@@ -416,7 +411,7 @@ class ContractTest : public ::testing::Test {
     auto session =
         Call<v1::CreateConsoleSessionResponse>("gpuaas.v1.console.session.create", create);
     ASSERT_TRUE(session.ok()) << session.error().ToString();
-    const uint16_t port = console_->gateway_port();
+    const uint16_t port = p_.console->gateway_port();
     const std::string host = fmt::format("127.0.0.1:{}", port);
     {
       asio::io_context io;
@@ -485,15 +480,9 @@ class ContractTest : public ::testing::Test {
   void RunFlow() {
     p_.Start();
     if (HasFatalFailure()) return;
-    ingress_ = std::make_unique<ingress::IngressService>(LoadConfig<ingress::IngressConfig>(
-        p_.Env(testing::SharedPostgres().CreateDatabase("ingress"), "ingress")));
-    auto started = ingress_->Start();
-    ASSERT_TRUE(started.ok()) << started.error().ToString();
-    console_ =
-        std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
-            p_.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
-    auto console_started = console_->Start();
-    ASSERT_TRUE(console_started.ok()) << console_started.error().ToString();
+    p_.StartIngress();
+    p_.StartConsole();
+    if (HasFatalFailure()) return;
     const std::string consoles = testing::MakeTempDir("contract-consoles");
     const std::string node = "contract-node";
     p_.StartAgent(node, 2, "contract",
@@ -710,8 +699,6 @@ class ContractTest : public ::testing::Test {
   }
 
   testing::Platform p_;
-  std::unique_ptr<ingress::IngressService> ingress_;
-  std::unique_ptr<console_gw::ConsoleGwService> console_;
 };
 
 // One test, one platform: the checks share the flow (a ctest entry per check would run it
@@ -725,7 +712,7 @@ TEST_F(ContractTest, ServicesDoWhatTheDocumentSays) {
   std::string error;
   testing::WaitFor(
       [&] {
-        error = Collect(p_, *ingress_, *console_, recorded);
+        error = Collect(p_, *p_.ingress, *p_.console, recorded);
         if (!error.empty()) return false;
         for (const auto& op : Doc().operations) {
           if (!kOutsideParties.count(op.name) && !op.channel.empty() && !Done(recorded, op)) {

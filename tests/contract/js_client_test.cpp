@@ -29,7 +29,6 @@
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/reasons.hpp"
-#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -170,10 +169,7 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
   p_.Start();
   p_.StartIngress();
   // console-gw serves token revocation (gpuaas.v1.console.token.revoke).
-  auto console =
-      std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
-          p_.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
-  ASSERT_TRUE(console->Start().ok());
+  p_.StartConsole();
   // Two enrolled nodes, their slots never approved: the flood's creates find no capacity.
   p_.StartAgent("atk-a", 1, "attack");
   p_.StartAgent("atk-b", 1, "attack");
@@ -288,14 +284,12 @@ TEST_F(ContractClientTest, AnAttackersEveryRefusedPathIsRefused) {
   // The services' words for the refusals, as the script printed them.
   EXPECT_THAT(r.output, HasSubstr("PERMISSION_DENIED node_id_mismatch"));
   EXPECT_THAT(r.output, HasSubstr("PERMISSION_DENIED token_role_not_allowed_for_connection"));
-  for (const std::string why :
-       {"token_revoked", "token_expired", "token_signature", "token_issuer_role",
-        "token_missing"}) {
+  for (const std::string why : {"token_revoked", "token_expired", "token_signature",
+                                "token_issuer_role", "token_missing"}) {
     EXPECT_THAT(r.output, HasSubstr("UNAUTHENTICATED " + why));
   }
   EXPECT_THAT(r.output, HasSubstr("RESOURCE_EXHAUSTED rate_limited"));
   EXPECT_THAT(r.output, ::testing::Not(HasSubstr("NOT REFUSED")));
-  console->Shutdown();
 }
 
 }  // namespace

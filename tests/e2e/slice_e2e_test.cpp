@@ -94,7 +94,6 @@ struct World {
   uint16_t http_port = 0;
   std::unique_ptr<testing::Process> agent;
   int agent_starts = 0;
-  std::unique_ptr<console_gw::ConsoleGwService> console;
 };
 World* w = nullptr;
 
@@ -202,15 +201,11 @@ class SliceE2eTest : public ::testing::Test {
     ASSERT_EQ(pool.exit_code, 0) << pool.err;
 
     // console-gw, for the operator's console of a slice.
-    w->console =
-        std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
-            w->p.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
-    auto started = w->console->Start();
-    ASSERT_TRUE(started.ok()) << started.error().ToString();
+    w->p.StartConsole();
   }
   static void TearDownTestSuite() {
     if (!w) return;
-    w->console.reset();
+    if (w->p.console) w->p.console->Shutdown();
     if (w->agent) w->agent->Stop(20s);
     w->p.Stop();
     if (!w->mnt.empty()) (void)RunTool({Tool("umount"), w->mnt}, 30s);
@@ -395,7 +390,7 @@ class SliceE2eTest : public ::testing::Test {
     if (!s.ok()) return "error: " + s.error().ToString();
     asio::io_context io;
     websocket::stream<beast::tcp_stream> ws(io);
-    const uint16_t port = w->console->gateway_port();
+    const uint16_t port = w->p.console->gateway_port();
     beast::error_code ec;
     beast::get_lowest_layer(ws).connect({asio::ip::make_address("127.0.0.1"), port}, ec);
     if (ec) return "error: connect " + ec.message();

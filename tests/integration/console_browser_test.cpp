@@ -112,12 +112,8 @@ TEST(ConsoleBrowserTest, AnOperatorApprovesASlotAndOpensASlicesConsoleInTheBrows
   }));
 
   // console-gw, as deployed: its own identity, database and the page from the source tree.
-  auto env = p.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw");
-  auto gw =
-      std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(env));
-  auto started = gw->Start();
-  ASSERT_TRUE(started.ok()) << started.error().ToString();
-  const std::string url = fmt::format("http://127.0.0.1:{}", gw->gateway_port());
+  p.StartConsole();
+  const std::string url = fmt::format("http://127.0.0.1:{}", p.console->gateway_port());
 
   const std::string shot = std::string(GPUAAS_BINARY_DIR) + "/console-browser/operator-console.png";
   std::filesystem::remove(shot);
@@ -153,7 +149,7 @@ TEST(ConsoleBrowserTest, AnOperatorApprovesASlotAndOpensASlicesConsoleInTheBrows
   }));
   EXPECT_TRUE(connected_by_browser_user);
   EXPECT_GE(seen["gpuaas.v1.evt.console.session.created"], 1);
-  gw.reset();
+  p.console->Shutdown();
   vm.Stop();
 }
 

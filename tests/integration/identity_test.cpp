@@ -22,7 +22,6 @@
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
-#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/v1/console.pb.h"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/ingress.pb.h"
@@ -647,10 +646,7 @@ TEST_F(IdentityTest, OneTenantsFloodIsLimitedAndAnotherTenantsLatencyHolds) {
 TEST_F(IdentityTest, ARevokedTokenIsRefusedByEveryServiceWithinASecond) {
   p_.Start();
   p_.StartIngress();
-  auto console =
-      std::make_unique<console_gw::ConsoleGwService>(LoadConfig<console_gw::ConsoleGwConfig>(
-          p_.Env(testing::SharedPostgres().CreateDatabase("console"), "console-gw")));
-  ASSERT_TRUE(console->Start().ok());
+  p_.StartConsole();
   // One operator call to each service; each answers OK or an error.
   auto calls = [](rpc::Client& c) {
     std::vector<std::pair<std::string, Result<void>>> out;
@@ -744,7 +740,6 @@ TEST_F(IdentityTest, ARevokedTokenIsRefusedByEveryServiceWithinASecond) {
   auto fresh = mallory_new.Call<v1::ListRegionsResponse>("gpuaas.v1.inventory.region.list",
                                                          v1::ListRegionsRequest(), 5s);
   EXPECT_TRUE(fresh.ok()) << fresh.error().ToString();
-  console->Shutdown();
 }
 
 // The tenant issuer (the tenant gateway's own signing key, auth.tenant_token_public_keys) mints

@@ -1,7 +1,8 @@
 #pragma once
 // The control plane in one test process for the cross-service tests: real NATS and PostgreSQL
-// (one database per service), ipam, inventory and the scheduler (ingress on request), a client
-// connection, and node-agents on fixture hosts. Tests add what they need on top.
+// (one database per service), ipam, inventory and the scheduler (ingress and console-gw on
+// request), a client connection, and node-agents on fixture hosts. Tests add what they need on
+// top.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -12,6 +13,7 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/console_gw/console_gw_service.hpp"
 #include "gpuaas/ingress/ingress_service.hpp"
 #include "gpuaas/inventory/inventory_service.hpp"
 #include "gpuaas/ipam/ipam_service.hpp"
@@ -55,6 +57,16 @@ class Platform {
     auto r = ingress->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
+  // console-gw (consoles, the operator page, token revocation), as deployed: its own identity
+  // and database, the page from the source tree; `extra` on top of its environment.
+  void StartConsole(const EnvMap& extra = {}) {
+    auto env = Env(SharedPostgres().CreateDatabase("console"), "console-gw");
+    for (const auto& [k, v] : extra) env[k] = v;
+    console = std::make_unique<console_gw::ConsoleGwService>(
+        LoadConfig<console_gw::ConsoleGwConfig>(env));
+    auto r = console->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
   void StartInventory(const std::string& dsn) {
     auto env = Env(dsn, "inventory");
     for (const auto& [k, v] : inventory_env) env[k] = v;
@@ -66,6 +78,7 @@ class Platform {
   void Stop() {
     for (auto& a : agents) a->Shutdown();
     agents.clear();
+    if (console) console->Shutdown();
     if (ingress) ingress->Shutdown();
     if (scheduler) scheduler->Shutdown();
     if (inventory) inventory->Shutdown();
@@ -275,6 +288,7 @@ class Platform {
   std::unique_ptr<inventory::InventoryService> inventory;
   std::unique_ptr<scheduler::SchedulerService> scheduler;
   std::unique_ptr<ingress::IngressService> ingress;
+  std::unique_ptr<console_gw::ConsoleGwService> console;
   std::vector<std::unique_ptr<node_agent::NodeAgent>> agents;
   std::shared_ptr<messaging::Connection> conn;
 };
