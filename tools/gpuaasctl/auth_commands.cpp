@@ -97,9 +97,10 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
   login->add_option("--ttl", o->ttl, "Lifetime: <n>s | <n>m | <n>h (at most 24h)")
       ->capture_default_str();
   login->add_option("--out", o->out, "Write the token to this file (0600) instead of stdout");
-  OneOf(login->add_option("--issuer", o->issuer,
-                          "Whose key signs it: platform (any role) | tenant (the tenant issuer's "
-                          "key: tenant tokens only)")
+  OneOf(login
+            ->add_option("--issuer", o->issuer,
+                         "Whose key signs it: platform (any role) | tenant (the tenant issuer's "
+                         "key: tenant tokens only)")
             ->capture_default_str(),
         {"platform", "tenant"});
 

@@ -121,8 +121,8 @@ Action AddConsoleCommands(CLI::App& app) {
     if (end_login->parsed()) {
       v1::EndPageSessionRequest req;
       req.set_session_id(o->id);
-      auto r = client.Call<v1::EndPageSessionResponse>("gpuaas.v1.console.login.end", req,
-                                                       g.Timeout());
+      auto r =
+          client.Call<v1::EndPageSessionResponse>("gpuaas.v1.console.login.end", req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
         std::cout << fmt::format("login {} of {}: ended ({})\n", r->session().session_id(),
