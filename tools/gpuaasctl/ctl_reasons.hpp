@@ -11,7 +11,7 @@ inline constexpr Reason kExposeInvalid{"expose_invalid"};   // INVALID_ARGUMENT:
 inline constexpr Reason kSinceInvalid{"since_invalid"};     // INVALID_ARGUMENT: bad --since
 inline constexpr Reason kSlotIdInvalid{"slot_id_invalid"};  // INVALID_ARGUMENT: not node/slot_key
 inline constexpr Reason kInvalidTtl{"invalid_ttl"};  // INVALID_ARGUMENT: --ttl not <n>s|<n>m|<n>h
-inline constexpr Reason kIssuerRole{"issuer_role"};  // INVALID_ARGUMENT: --issuer tenant, not tenant
+inline constexpr Reason kIssuerRole{"issuer_role"};  // INVALID_ARGUMENT: a tenant token only
 inline constexpr Reason kInvalidLabel{"invalid_label"};  // INVALID_ARGUMENT: label not key=value
 inline constexpr Reason kConfirmRequired{"confirm_required"};  // INVALID_ARGUMENT: needs --yes
 inline constexpr Reason kTokenFile{"token_file"};  // INVALID_ARGUMENT: --token-file unreadable
