@@ -218,13 +218,16 @@ bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip) {
 
 int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
                          bool skip) {
-  // In slot order: two waiting placers lock overlapping slots in the same order.
+  // In slot order: two waiting placers lock overlapping slots in the same order. Only slots
+  // still schedulable and complete count: a proposal from an index that has not yet applied a
+  // slot's change (an incomplete binding) must not place on it.
   return static_cast<int>(
       store::Prepared(
           tx,
-          fmt::format("SELECT slot_key FROM projected_slots WHERE node_id = $1 AND slot_key = "
-                      "ANY($2::text[]) AND schedulable ORDER BY slot_key FOR UPDATE{}",
-                      skip ? " SKIP LOCKED" : ""),
+          fmt::format("SELECT p.slot_key FROM projected_slots p WHERE p.node_id = $1 AND "
+                      "p.slot_key = ANY($2::text[]) AND p.schedulable AND {} ORDER BY p.slot_key "
+                      "FOR UPDATE{}",
+                      kSlotCompleteSql, skip ? " SKIP LOCKED" : ""),
           node_id, slot_keys)
           .size());
 }

@@ -38,8 +38,8 @@ void AbandonChoice(pqxx::work& tx);
 
 // The node's row FOR SHARE (slices share it), SKIP LOCKED when `skip`; false when not taken.
 bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip);
-// The schedulable ones of `slot_keys` (a text[] literal) of the node, FOR UPDATE in slot order
-// (SKIP LOCKED when `skip`); how many were locked.
+// The schedulable and complete (kSlotCompleteSql) ones of `slot_keys` (a text[] literal) of the
+// node, FOR UPDATE in slot order (SKIP LOCKED when `skip`); how many were locked.
 int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
                          bool skip);
 // A live claim on one of `slot_keys` (a text[] literal) or an exclusive one on the node.
