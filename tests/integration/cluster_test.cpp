@@ -334,7 +334,15 @@ class ClusterTest : public ::testing::Test {
     cluster_.SetClientIdentity(ids_.Options(cluster_.urls(), testing::TestIdentities::kHarness));
     const std::string why = cluster_.WaitJetStream(30s);
     ASSERT_EQ(why, "") << "JetStream not ready; n1's log ends:\n" << cluster_.LogTail(0, 30);
-    messaging::SetStreamReplicas(3);
+    {
+      // The deploy step: every platform stream on all three servers (R3).
+      auto deployer = messaging::Connection::Connect(
+          ids_.Options(cluster_.urls(), testing::TestIdentities::kDeployer),
+          log::Logger("test", "t", log::Level::kError));
+      ASSERT_TRUE(deployer.ok()) << deployer.error().ToString();
+      auto applied = messaging::ApplyStreams(**deployer, kNodes);
+      ASSERT_TRUE(applied.ok()) << applied.error().ToString();
+    }
     ipam_ = std::make_unique<ipam::IpamService>(LoadConfig<ipam::IpamConfig>(
         Env(testing::SharedPostgres().CreateDatabase("ipam"), "ipam")));
     ASSERT_TRUE(ipam_->Start().ok());
@@ -361,17 +369,15 @@ class ClusterTest : public ::testing::Test {
     if (scheduler_) scheduler_->Shutdown();
     if (inventory_) inventory_->Shutdown();
     if (ipam_) ipam_->Shutdown();
-    messaging::SetStreamReplicas(1);
     std::filesystem::remove_all(ids_dir_);
     fmt::print("[cluster] teardown {} ms\n", MsSince(t));
   }
 
-  // The environment of every service: the whole cluster as its NATS server list, three
-  // replicas per stream.
+  // The environment of every service: the whole cluster as its NATS server list (the streams
+  // it uses are declared with three replicas in SetUp).
   std::map<std::string, std::string> Env(const std::string& dsn, const std::string& role,
                                          const std::string& node_id = "") const {
     auto env = ids_.Env(cluster_.urls(), role, node_id);
-    env["GPUAAS_NATS_STREAM_REPLICAS"] = "3";
     env["GPUAAS_LOG_LEVEL"] = "error";
     if (!dsn.empty()) env["GPUAAS_POSTGRES_DSN"] = dsn;
     return env;

@@ -3,8 +3,9 @@
 // key reaches only its own tasks (every route to another node's tasks is tried) and its own
 // desired set, network and exposure documents (by subject, and by the handler's check); a tenant
 // gateway cannot call admin subjects nor see another tenant's allocations; expired, forged and
-// wrong-role tokens are refused; one tenant's flood is rate limited without slowing another; the
-// events name the principal.
+// wrong-role tokens are refused; a service declares no stream and answers only its callers'
+// inboxes; one tenant's flood is rate limited without slowing another; the events name the
+// principal.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <prometheus/registry.h>
@@ -177,7 +178,7 @@ TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
   const std::vector<std::string> subscriptions = {"gpuaas.v1.node.ident-b.task",
                                                   "gpuaas.v1.node.*.task",
                                                   "gpuaas.v1.node.>",
-                                                  "_INBOX.ident-b.>",
+                                                  "_INBOX.node.ident-b.>",
                                                   "_INBOX.>",
                                                   "gpuaas.v1.evt.node.ident-b.>",
                                                   ">"};
@@ -217,8 +218,8 @@ TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
   (void)own->Publish(own_info, "", {});
   EXPECT_TRUE(own->CheckPermitted(own_info, 5s).ok()) << "node A may not read its consumer";
   natsSubscription* inbox = nullptr;
-  ASSERT_EQ(natsConnection_SubscribeSync(&inbox, own->raw(), "_INBOX.ident-a.probe"), NATS_OK);
-  EXPECT_TRUE(own->CheckPermitted("_INBOX.ident-a.probe", 5s).ok());
+  ASSERT_EQ(natsConnection_SubscribeSync(&inbox, own->raw(), "_INBOX.node.ident-a.probe"), NATS_OK);
+  EXPECT_TRUE(own->CheckPermitted("_INBOX.node.ident-a.probe", 5s).ok());
   natsSubscription_Destroy(inbox);
   EXPECT_EQ(own->PermissionViolations(), 0U);
   // B's tasks are untouched: still all there, and B's agent still runs them (its consumer
@@ -226,6 +227,45 @@ TEST_F(IdentityTest, ANodeReachesOnlyItsOwnTasks) {
   auto after = messaging::StreamSubjectCount(*p_.conn, tasks, "gpuaas.v1.node.ident-b.task");
   ASSERT_TRUE(after.ok());
   EXPECT_GE(*after, before);
+}
+
+// A running service declares no stream and answers only its callers: the server refuses its
+// key creating, updating, deleting or purging a stream and publishing into the inbox of a role
+// that never calls it (or of a node's, for a service no node calls); the deploy identity alone
+// declares streams. Controls: the service's own lookups and replies are allowed.
+TEST_F(IdentityTest, AServiceDeclaresNoStreamAndAnswersOnlyItsCallers) {
+  const access::Contract& c = access::EmbeddedContract();
+  auto console = p_.nats.Connect("console-gw");
+  const auto answers = access::ReplyInboxes(c, "console-gw");
+  ASSERT_FALSE(answers.count("_INBOX.node")) << "the test needs a service no node calls";
+  std::vector<std::string> refused = {"$JS.API.STREAM.CREATE.GPUAAS_EVT_CONSOLE",
+                                      "$JS.API.STREAM.UPDATE.GPUAAS_EVT_CONSOLE",
+                                      "$JS.API.STREAM.DELETE.GPUAAS_EVT_CONSOLE",
+                                      "$JS.API.STREAM.PURGE.GPUAAS_EVT_CONSOLE",
+                                      "$JS.API.STREAM.CREATE.ROGUE",
+                                      "$JS.API.STREAM.INFO.GPUAAS_NODE_TASKS",
+                                      "_INBOX.node.ident-a.1",
+                                      "_INBOX.x"};
+  for (const auto& [name, role] : c.roles) {
+    if (role.kind != access::Kind::kNode && !answers.count(access::InboxPrefix(name))) {
+      refused.push_back(access::InboxPrefix(name) + ".1");
+    }
+  }
+  ASSERT_GE(refused.size(), 10U) << "console-gw answers nearly every role?";
+  for (const auto& subject : refused) {
+    (void)console->Publish(subject, "{}", {});
+    EXPECT_TRUE(Refused(*console, subject)) << "console-gw may publish " << subject;
+  }
+  // A stream it uses is looked up, and its callers (the operator CLI) are answered.
+  for (const std::string ok : {"$JS.API.STREAM.INFO.GPUAAS_EVT_CONSOLE", "_INBOX.operator.1"}) {
+    (void)console->Publish(ok, "{}", {});
+    EXPECT_TRUE(console->CheckPermitted(ok, 5s).ok()) << ok;
+  }
+  // The deploy identity declares (creates or updates) every platform stream.
+  auto deployer = p_.nats.Connect(testing::TestNats::kDeployer);
+  EXPECT_TRUE(messaging::ApplyStreams(*deployer).ok());
+  (void)deployer->Publish("$JS.API.STREAM.DELETE.GPUAAS_EVT_CONSOLE", "{}", {});
+  EXPECT_TRUE(Refused(*deployer, "$JS.API.STREAM.DELETE.GPUAAS_EVT_CONSOLE"));
 }
 
 // Every node-facing subject names its node, so the server keeps a node to its own documents:

@@ -156,6 +156,8 @@ Action AddConsoleCommands(CLI::App& app);
 using ConnAction = std::function<std::optional<int>(messaging::Connection&, const Globals&)>;
 // audit allocation|slot|node (audit_commands.cpp): an entity's history from the event streams.
 ConnAction AddAuditCommands(CLI::App& app);
+// streams apply (streams_commands.cpp): declares the platform's streams (the deploy identity).
+ConnAction AddStreamsCommands(CLI::App& app);
 
 // dlq list|show|replay|discard (dlq_commands.cpp): reads and discards in GPUAAS_DLQ over the
 // connection, replays through the owning service's request.

@@ -59,10 +59,10 @@ int main(int argc, char** argv) {
                  "GPUAAS_NATS_TLS_CA_FILE)");
   g.role = env("GPUAAS_ROLE", "operator");
   Suggest(app.add_option("--role", g.role,
-                         "The client role of the seed: operator | tenant-api | auditor (env "
-                         "GPUAAS_ROLE)")
+                         "The role of the seed: operator | tenant-api | auditor | deployer "
+                         "(streams apply) (env GPUAAS_ROLE)")
               ->capture_default_str(),
-          {"operator", "tenant-api", "auditor"});
+          {"operator", "tenant-api", "auditor", "deployer"});
   std::string token_file = env("GPUAAS_TOKEN_FILE");
   g.token = env("GPUAAS_TOKEN");
   app.add_option("--token", g.token, "Request token (env GPUAAS_TOKEN; `auth login` issues one)");
@@ -74,6 +74,7 @@ int main(int argc, char** argv) {
                                        AddCatalogCommands(app), AddAppCommands(app),
                                        AddIngressCommands(app), AddConsoleCommands(app)};
   const auto audit_action = AddAuditCommands(app);
+  const auto streams_action = AddStreamsCommands(app);
   const auto dlq_action = AddDlqCommands(app);
   const auto status_action = AddStatusCommand(app);
   const auto auth_action = AddAuthCommands(app);
@@ -119,6 +120,7 @@ int main(int argc, char** argv) {
   client.WithToken(g.token);
 
   if (auto rc = audit_action(**conn, g)) return *rc;
+  if (auto rc = streams_action(**conn, g)) return *rc;
   if (auto rc = dlq_action(**conn, client, g)) return *rc;
   if (auto rc = status_action(**conn, client, g)) return *rc;
   for (const auto& action : actions) {

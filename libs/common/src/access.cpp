@@ -24,6 +24,9 @@ constexpr const char* kDeadLetterStream = "GPUAAS_DLQ";
 constexpr const char* kAnyDurable = "*";
 constexpr const char* kOperatorRole = "operator";
 constexpr const char* kNodeSubjects = "gpuaas.v1.node.{node_id}.";
+// Every node's inbox is under it (InboxPrefix), apart from every role's.
+constexpr const char* kNodeInboxes = "_INBOX.node";
+constexpr const char* kNodeInboxToken = "node";
 
 std::vector<std::string> Strings(const YAML::Node& n) {
   std::vector<std::string> out;
@@ -121,7 +124,44 @@ std::string ClientRoleOf(const Contract& c, const std::string& role) {
 }
 
 std::string InboxPrefix(const std::string& role, const std::string& node_id) {
-  return "_INBOX." + (node_id.empty() ? role : node_id);
+  return node_id.empty() ? "_INBOX." + role : std::string(kNodeInboxes) + "." + node_id;
+}
+
+std::set<std::string> ReplyInboxes(const Contract& c, const std::string& role) {
+  std::set<std::string> out;
+  for (const auto& op : c.operations) {
+    if (!op.reply || !Contains(op.roles, role)) continue;
+    for (const auto* callers : {&op.callers, &op.via}) {
+      for (const auto& caller : *callers) {
+        auto it = c.roles.find(caller);
+        if (it == c.roles.end()) continue;
+        out.insert(it->second.kind == Kind::kNode ? kNodeInboxes : InboxPrefix(caller));
+      }
+    }
+  }
+  return out;
+}
+
+std::set<std::string> UsedStreams(const Contract& c, const std::string& role) {
+  std::set<std::string> used;
+  auto it = c.roles.find(role);
+  if (it == c.roles.end()) return used;
+  used.insert(it->second.read_streams.begin(), it->second.read_streams.end());
+  for (const auto& op : c.operations) {
+    for (const auto& k : op.consumers) {
+      if (k.role != role && k.managed_by != role) continue;
+      used.insert(k.stream);
+      if (k.durable != kAnyDurable) used.insert(kDeadLetterStream);
+    }
+    if (op.action != "send" || !Contains(op.roles, role)) continue;
+    const std::string subject = Bind(op.address, "");
+    for (const auto& [stream, subjects] : c.streams) {
+      for (const auto& s : subjects) {
+        if (Covers(s, subject)) used.insert(stream);
+      }
+    }
+  }
+  return used;
 }
 
 const char* EmbeddedAsyncApi();  // contract_embed.cpp (generated)
@@ -181,8 +221,14 @@ void ParseRoles(const YAML::Node& roles, Contract& c,
       role.kind = Kind::kNode;
     } else if (kind == "client") {
       role.kind = Kind::kClient;
+    } else if (kind == "deploy") {
+      role.kind = Kind::kDeploy;
     } else {
-      problems["role " + role.name] = "kind must be service | node | client, not '" + kind + "'";
+      problems["role " + role.name] =
+          "kind must be service | node | client | deploy, not '" + kind + "'";
+    }
+    if (role.name == kNodeInboxToken) {
+      problems["role " + role.name] = "reserved: nodes' inboxes are _INBOX.node.<node id>";
     }
     role.ns = r.second["namespace"].as<std::string>("");
     if (role.kind == Kind::kService && role.ns.empty()) {
@@ -362,22 +408,29 @@ Result<Permissions> PermissionsFor(const Contract& c, const std::string& role,
   p.subscribe.insert(InboxPrefix(role, node_id) + ".>");
   if (r.kind == Kind::kService) {
     p.subscribe.insert(r.ns);
-    // A service answers whoever called it: on the requester's inbox, which every identity's
-    // is under (_INBOX.<role|node>). So services may publish to inboxes; they may still
-    // subscribe only to their own. Not allow_responses: it refuses an occasional reply under
-    // load with nats-server 2.9, and for a user with it the server keeps an entry per message
-    // delivered with a reply subject (every JetStream delivery: $JS.ACK...) and, once over
-    // 4,096, walks them all on every delivery (client.pruneReplyPerms): a projection replaying
-    // 80,000 events spent 98% of the server's CPU there (docs/benchmarks.md, P8).
-    p.publish.insert("_INBOX.>");
+    // A service answers whoever may call it, on the caller's inbox (ReplyInboxes), and nowhere
+    // else. Not allow_responses: it refuses an occasional reply under load with nats-server 2.9,
+    // and for a user with it the server keeps an entry per message delivered with a reply
+    // subject (every JetStream delivery: $JS.ACK...) and, once over 4,096, walks them all on
+    // every delivery (client.pruneReplyPerms): a projection replaying 80,000 events spent 98% of
+    // the server's CPU there (docs/benchmarks.md, P8).
+    for (const auto& inbox : ReplyInboxes(c, role)) p.publish.insert(inbox + ".>");
+    // It checks at start that the streams it uses are declared (messaging::RequireStream); the
+    // deploy role declares them (gpuaasctl streams apply).
+    for (const auto& stream : UsedStreams(c, role)) {
+      p.publish.insert("$JS.API.STREAM.INFO." + stream);
+    }
+    // A service replays a dead letter of its own consumers by reading it (dlq.hpp); it never
+    // deletes one.
+    p.publish.insert(fmt::format("$JS.API.STREAM.MSG.GET.{}", kDeadLetterStream));
+  }
+  if (r.kind == Kind::kDeploy) {
+    // Declares the platform streams (create, update, look up); never deletes or purges one.
     for (const auto& [stream, subjects] : c.streams) {
       for (const char* verb : {"CREATE", "UPDATE", "INFO"}) {
         p.publish.insert(fmt::format("$JS.API.STREAM.{}.{}", verb, stream));
       }
     }
-    // A service replays a dead letter of its own consumers by reading it (dlq.hpp); it never
-    // deletes one.
-    p.publish.insert(fmt::format("$JS.API.STREAM.MSG.GET.{}", kDeadLetterStream));
   }
   // Operators discard dead letters (`gpuaasctl dlq discard`): the one deletion anyone may make
   // in a platform stream.
@@ -455,7 +508,8 @@ std::string List(const std::set<std::string>& subjects) {
 }  // namespace
 
 Result<std::string> RenderAuthorization(const Contract& c, const std::vector<User>& users,
-                                        const std::string& extra) {
+                                        const std::string& extra,
+                                        const std::set<std::string>& also_answer) {
   std::string out =
       "# Generated by `gpuaasctl auth nats-config` from asyncapi/roles.yaml and the operations'\n"
       "# x-gpuaas-access. Do not edit: change the contract and regenerate.\n"
@@ -466,6 +520,10 @@ Result<std::string> RenderAuthorization(const Contract& c, const std::vector<Use
     }
     auto p = PermissionsFor(c, u.role, u.node_id);
     if (!p.ok()) return p.error();
+    auto role = c.roles.find(u.role);
+    if (role != c.roles.end() && role->second.kind == Kind::kService) {
+      for (const auto& inbox : also_answer) p->publish.insert(inbox + ".>");
+    }
     out += fmt::format("    # {}{}\n", u.role, u.node_id.empty() ? "" : " " + u.node_id);
     out += fmt::format("    {{ nkey: \"{}\", permissions: {{\n", u.nkey);
     out += fmt::format("        publish: {{ allow: {} }}\n", List(p->publish));

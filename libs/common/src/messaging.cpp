@@ -6,6 +6,7 @@
 #include <random>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -378,13 +379,6 @@ Error JsError(natsStatus s, jsErrCode jerr, const std::string& what) {
 }
 }  // namespace
 
-namespace {
-std::atomic<int> g_stream_replicas{1};
-}  // namespace
-
-void SetStreamReplicas(int replicas) { g_stream_replicas = std::max(1, replicas); }
-int StreamReplicas() { return g_stream_replicas.load(); }
-
 Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
   jsStreamConfig cfg;
   jsStreamConfig_Init(&cfg);
@@ -397,7 +391,7 @@ Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
   cfg.Retention = js_LimitsPolicy;
   cfg.MaxAge = spec.max_age_s * int64_t{1000000000};
   cfg.Duplicates = spec.duplicate_window_s * int64_t{1000000000};
-  cfg.Replicas = spec.replicas > 0 ? spec.replicas : StreamReplicas();
+  cfg.Replicas = std::max(1, spec.replicas);
   jsStreamInfo* si = nullptr;
   jsErrCode jerr = static_cast<jsErrCode>(0);
   natsStatus s = js_AddStream(&si, conn.js(), &cfg, nullptr, &jerr);
@@ -414,6 +408,73 @@ Result<void> EnsureStream(Connection& conn, const StreamSpec& spec) {
     }
   }
   return JsError(s, jerr, "ensure stream " + spec.name);
+}
+
+std::vector<StreamSpec> PlatformStreams() {
+  return {InventoryEventsStream(), IpamEventsStream(),    SchedulerEventsStream(),
+          IngressEventsStream(),   ConsoleEventsStream(), NodeEventsStream(),
+          NodeTasksStream(),       DeadLetterStream(),    TenantFeedStream(),
+          AuthEventsStream()};
+}
+
+Result<void> ApplyStreams(Connection& conn, int replicas) {
+  for (auto spec : PlatformStreams()) {
+    if (replicas > 0) spec.replicas = replicas;
+    if (auto r = EnsureStream(conn, spec); !r.ok()) return r;
+  }
+  return Ok();
+}
+
+namespace {
+// The subjects of `spec` the stream `si` does not hold.
+std::vector<std::string> MissingSubjects(const jsStreamInfo* si, const StreamSpec& spec) {
+  std::vector<std::string> missing;
+  for (const auto& want : spec.subjects) {
+    bool found = false;
+    for (int i = 0; si->Config != nullptr && i < si->Config->SubjectsLen; ++i) {
+      found = found || want == si->Config->Subjects[i];
+    }
+    if (!found) missing.push_back(want);
+  }
+  return missing;
+}
+}  // namespace
+
+Result<void> RequireStream(Connection& conn, const StreamSpec& spec,
+                           std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  bool logged = false;
+  for (;;) {
+    jsStreamInfo* si = nullptr;
+    jsErrCode jerr = static_cast<jsErrCode>(0);
+    natsStatus s = js_GetStreamInfo(&si, conn.js(), spec.name.c_str(), nullptr, &jerr);
+    if (s == NATS_OK) {
+      const auto missing = MissingSubjects(si, spec);
+      jsStreamInfo_Destroy(si);
+      if (missing.empty()) return Ok();
+      Error e = Error::FailedPrecondition(
+          reason::kStreamOutdated,
+          fmt::format("stream {} lacks subjects this build uses: run `gpuaasctl streams apply` "
+                      "of this release",
+                      spec.name));
+      e.details["missing"] = fmt::format("{}", fmt::join(missing, ","));
+      return e;
+    }
+    if (s != NATS_NOT_FOUND && jerr != JSStreamNotFoundErr) {
+      return JsError(s, jerr, "stream info " + spec.name);
+    }
+    if (std::chrono::steady_clock::now() >= deadline) {
+      return Error::Unavailable(
+          reason::kStreamMissing,
+          fmt::format("stream {} is not declared: run `gpuaasctl streams apply`", spec.name));
+    }
+    if (!logged) {
+      conn.logger().Warn("waiting for a stream to be declared (gpuaasctl streams apply)",
+                         {{"stream", spec.name}});
+      logged = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  }
 }
 
 Result<PublishAck> JsPublish(Connection& conn, const std::string& subject, const std::string& data,

@@ -137,7 +137,7 @@ Result<std::unique_ptr<Follower>> Follower::Start(std::shared_ptr<messaging::Con
   if (auto p = i.conn->CheckPermitted(kSubject, std::chrono::seconds(5)); !p.ok()) {
     return p.error();
   }
-  if (auto e = messaging::EnsureStream(*i.conn, messaging::AuthEventsStream()); !e.ok()) {
+  if (auto e = messaging::RequireStream(*i.conn, messaging::AuthEventsStream()); !e.ok()) {
     return e.error();
   }
   if (auto r = i.ReadStored(); !r.ok()) return r.error();

@@ -39,13 +39,10 @@ void CommonConfig::Register(config::Schema& s, bool with_postgres) {
         "");
   s.Add("nats.inbox_prefix", &nats_inbox_prefix,
         "Reply subject prefix; the server lets this identity receive only there (\"\" = "
-        "_INBOX.<service>; a node-agent: _INBOX.<node id>)",
+        "_INBOX.<service>; a node-agent: _INBOX.node.<node id>)",
         "");
   s.Add("nats.tls_ca_file", &nats_tls_ca_file,
         "CA bundle to verify the NATS server's TLS certificate (\"\" = plain TCP)", "");
-  s.Add("nats.stream_replicas", &nats_stream_replicas,
-        "JetStream replicas of the platform's streams (1 on one server, 3 on a cluster)", 1,
-        config::Range(1, 5));
   s.Add("auth.token_public_keys", &token_public_keys,
         "Comma-separated PEM public keys that verify request tokens (Authorization: Bearer); "
         "\"\" = requests that need a token are refused",
@@ -91,7 +88,6 @@ Service::~Service() { Shutdown(); }
 
 Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   const auto deadline = std::chrono::steady_clock::now() + start_timeout;
-  messaging::SetStreamReplicas(static_cast<int>(cfg_.nats_stream_replicas));
   if (auto r = ReadTokenKeys(); !r.ok()) return r;
   if (auto r = ConnectNats(); !r.ok()) return r;
   if (auto r = FollowRevocations(); !r.ok()) return r;

@@ -186,7 +186,8 @@ void TestIdentities::WriteAuthConfig() const {
       contract, *users,
       fmt::format("    # harness (tests only)\n    {{ nkey: \"{}\", permissions: {{ publish: "
                   "{{ allow: [\">\"] }}, subscribe: {{ allow: [\">\"] }} }} }}\n",
-                  harness));
+                  harness),
+      {access::InboxPrefix(kHarness)});
   if (!conf.ok()) throw std::runtime_error("auth config: " + conf.error().ToString());
   std::ofstream(dir_ + "/auth.conf.tmp") << *conf;
   std::filesystem::rename(dir_ + "/auth.conf.tmp", AuthConfigFile());
@@ -280,6 +281,11 @@ TestNats::TestNats() : port_(FreePort()), dir_(MakeTempDir("gpuaas-nats")), ids_
       "listen: 127.0.0.1:{}\njetstream {{ store_dir: \"{}/js\" }}\ninclude ./auth.conf\n", port_,
       dir_);
   Start();
+  // What a deployment does before any service starts: the deploy identity declares the platform
+  // streams (gpuaasctl streams apply); services only look them up.
+  if (auto r = messaging::ApplyStreams(*Connect(kDeployer)); !r.ok()) {
+    throw std::runtime_error("streams apply: " + r.error().ToString());
+  }
 }
 
 void TestNats::Reload() {

@@ -52,11 +52,14 @@ class Process {
 // with every role's nkey and the token signing key, the nats-server authorization block
 // generated from the contract (access.hpp) for them, connection options and service
 // environments per role, enrolled nodes and request tokens. The role "harness" (tests only,
-// never in the contract) may publish and subscribe to everything: the test's own eyes on
-// streams and its stand-ins for parties it does not start.
+// never in the contract) may publish and subscribe to everything, and every service answers on
+// its inbox (_INBOX.harness): the test's own eyes on streams and its stand-ins for parties it
+// does not start.
 class TestIdentities {
  public:
   static constexpr const char* kHarness = "harness";
+  // The deploy identity (roles.yaml kind deploy): declares the streams.
+  static constexpr const char* kDeployer = "deployer";
   // Keys under `dir`/keys; the authorization block in `dir`/auth.conf.
   explicit TestIdentities(const std::string& dir);
   // Connection options of `role` (a node: role "node-agent" and its id, enrolled first) for the
@@ -98,7 +101,8 @@ class TestIdentities {
 // permissions are generated from the contract for the test's identities (TestIdentities), so
 // anonymous connections are refused and each service, node and client role gets only what the
 // contract gives it. Tests connect as a role (Options/Connect/Env), enroll nodes (EnrollNode)
-// and sign request tokens (Token).
+// and sign request tokens (Token). Its first start declares the platform streams as the deploy
+// identity does (messaging::ApplyStreams).
 class TestNats {
  public:
   TestNats();
@@ -111,6 +115,7 @@ class TestNats {
   uint16_t port() const { return port_; }
 
   static constexpr const char* kHarness = TestIdentities::kHarness;
+  static constexpr const char* kDeployer = TestIdentities::kDeployer;
   messaging::ConnectionOptions Options(const std::string& role,
                                        const std::string& node_id = "") const {
     return ids_.Options(url(), role, node_id);

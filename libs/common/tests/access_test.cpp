@@ -3,8 +3,11 @@
 // operation nobody may use, an undeclared role, a served subject outside the namespace) is said.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
+
+#include <fmt/format.h>
 
 #include "gpuaas/common/access.hpp"
 #include "gpuaas/common/messaging.hpp"
@@ -31,14 +34,11 @@ TEST(AccessTest, TheRepositoryContractIsCompleteAndMatchesTheStreams) {
   ASSERT_TRUE(c.ok()) << c.error().ToString();
   EXPECT_GE(c->operations.size(), 50U);
   // roles.yaml's streams are the ones the code declares.
-  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::IpamEventsStream(),
-                           messaging::SchedulerEventsStream(), messaging::IngressEventsStream(),
-                           messaging::ConsoleEventsStream(), messaging::NodeEventsStream(),
-                           messaging::NodeTasksStream(), messaging::DeadLetterStream(),
-                           messaging::TenantFeedStream(), messaging::AuthEventsStream()}) {
+  for (const auto& spec : messaging::PlatformStreams()) {
     ASSERT_TRUE(c->streams.count(spec.name)) << spec.name;
     EXPECT_EQ(c->streams.at(spec.name), spec.subjects) << spec.name;
   }
+  EXPECT_EQ(messaging::PlatformStreams().size(), c->streams.size());
   EXPECT_EQ(c->streams.size(), 10U);
   // The built-in copy is the same contract.
   EXPECT_EQ(EmbeddedContract().operations.size(), c->operations.size());
@@ -50,7 +50,7 @@ TEST(AccessTest, ANodeIsAllowedOnlyItsOwnSubjects) {
   ASSERT_TRUE(p.ok()) << p.error().ToString();
   // Its inbox, the console opens it serves under its own id and its consoles' input relay.
   EXPECT_EQ(p->subscribe,
-            (std::set<std::string>{"_INBOX.gpu-07.>", "gpuaas.v1.node.gpu-07.console.*.in",
+            (std::set<std::string>{"_INBOX.node.gpu-07.>", "gpuaas.v1.node.gpu-07.console.*.in",
                                    "gpuaas.v1.node.gpu-07.console.open"}));
   EXPECT_TRUE(p->allow_responses);  // it answers console.open
   EXPECT_TRUE(Allows(p->publish, "gpuaas.v1.node.gpu-07.console.0190.out"));
@@ -104,7 +104,9 @@ TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlon
     auto p = role.kind == Kind::kNode ? PermissionsFor(c, name, "gpu-07") : PermissionsFor(c, name);
     ASSERT_TRUE(p.ok()) << name;
     // Services read a dead letter to replay it; operators and auditors read the stream.
-    EXPECT_EQ(Allows(p->publish, get), name != "node-agent" && name != "tenant-api") << name;
+    EXPECT_EQ(Allows(p->publish, get),
+              name != "node-agent" && name != "tenant-api" && name != "deployer")
+        << name;
     EXPECT_EQ(Allows(p->publish, del), name == "operator") << name;
     // Nobody deletes from another stream.
     for (const auto& [stream, subjects] : c.streams) {
@@ -129,26 +131,94 @@ TEST(AccessTest, DeadLettersAreReplayedByTheirServiceAndDiscardedByOperatorsAlon
   EXPECT_EQ(replay.token_roles, std::vector<std::string>{"operator"});
 }
 
-// A service answers any caller on the caller's inbox (every identity's is under _INBOX.), by
-// its publish permission, not allow_responses: for a user with allow_responses nats-server 2.9
-// walks every recent JetStream delivery's reply subject on each delivery, which throttled a
-// projection's replay 100-fold. A node keeps allow_responses: it answers only what it was sent.
-TEST(AccessTest, ServicesAnswerOnInboxesWithoutAllowResponses) {
+// A service answers its callers on their inboxes, by its publish permission, not
+// allow_responses: for a user with allow_responses nats-server 2.9 walks every recent JetStream
+// delivery's reply subject on each delivery, which throttled a projection's replay 100-fold. It
+// may answer only those who may call it (or forward to it): no other role's inbox. A node keeps
+// allow_responses: it answers only what it was sent.
+TEST(AccessTest, ServicesAnswerOnlyTheirCallersInboxesWithoutAllowResponses) {
   const Contract& c = EmbeddedContract();
   for (const auto& [name, role] : c.roles) {
     if (role.kind != Kind::kService) continue;
     auto p = PermissionsFor(c, name);
     ASSERT_TRUE(p.ok()) << name;
     EXPECT_FALSE(p->allow_responses) << name;
-    for (const auto& caller : c.roles) {
-      EXPECT_TRUE(Allows(p->publish, InboxPrefix(caller.first, "") + ".0aZ9.1")) << name;
-    }
-    EXPECT_TRUE(Allows(p->publish, InboxPrefix("node-agent", "gpu-07") + ".x.1")) << name;
+    EXPECT_FALSE(Allows(p->publish, "_INBOX.x")) << name << " answers only named inboxes";
     EXPECT_FALSE(p->subscribe.count("_INBOX.>")) << name << " reads only its own inbox";
+    // Exactly the inboxes of the roles among its served operations' callers and gateways.
+    std::set<std::string> callers;
+    for (const auto& op : c.operations) {
+      if (!op.reply || std::find(op.roles.begin(), op.roles.end(), name) == op.roles.end()) {
+        continue;
+      }
+      callers.insert(op.callers.begin(), op.callers.end());
+      callers.insert(op.via.begin(), op.via.end());
+    }
+    for (const auto& [other, kind] : c.roles) {
+      const std::string inbox =
+          kind.kind == Kind::kNode ? InboxPrefix(other, "gpu-07") : InboxPrefix(other);
+      EXPECT_EQ(Allows(p->publish, inbox + ".0aZ9.1"), callers.count(other) > 0)
+          << name << " answering " << other;
+    }
   }
+  // ipam answers nodes, inventory and operators; never the tenant gateway nor the scheduler
+  // (which call it for nothing: the scheduler follows ipam's events).
+  auto ipam = PermissionsFor(c, "ipam");
+  ASSERT_TRUE(ipam.ok());
+  EXPECT_TRUE(Allows(ipam->publish, "_INBOX.node.gpu-07.1"));
+  EXPECT_TRUE(Allows(ipam->publish, "_INBOX.inventory.1"));
+  EXPECT_TRUE(Allows(ipam->publish, "_INBOX.operator.1"));
+  EXPECT_FALSE(Allows(ipam->publish, "_INBOX.tenant-api.1"));
+  EXPECT_FALSE(Allows(ipam->publish, "_INBOX.scheduler.1"));
   auto node = PermissionsFor(c, "node-agent", "gpu-07");
   ASSERT_TRUE(node.ok());
   EXPECT_FALSE(Allows(node->publish, "_INBOX.scheduler.x.1"));
+}
+
+// No node id can name a role's inbox: nodes' inboxes are under _INBOX.node (a node enrolled as
+// "scheduler" reads _INBOX.node.scheduler.>, never the scheduler's replies), and no role may be
+// called "node".
+TEST(AccessTest, NodeInboxesNeverNameARolesInbox) {
+  const Contract& c = EmbeddedContract();
+  auto sneaky = PermissionsFor(c, "node-agent", "scheduler");
+  ASSERT_TRUE(sneaky.ok());
+  EXPECT_EQ(sneaky->subscribe.count("_INBOX.scheduler.>"), 0U);
+  EXPECT_EQ(sneaky->subscribe.count("_INBOX.node.scheduler.>"), 1U);
+  auto roles = std::string(
+      "roles:\n  node:\n    kind: client\n    description: x\nstreams: {}\ntoken_roles: {}\n");
+  auto parsed = ParseContract("channels: {}\noperations: {}\n", roles);
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_NE(parsed.error().details.at("role node").find("reserved"), std::string::npos);
+}
+
+// Streams are declared at deploy time by the deploy role alone; a running service may look up
+// the streams it uses, and create, update or delete none.
+TEST(AccessTest, OnlyTheDeployRoleDeclaresStreams) {
+  const Contract& c = EmbeddedContract();
+  for (const auto& [name, role] : c.roles) {
+    auto p = role.kind == Kind::kNode ? PermissionsFor(c, name, "gpu-07") : PermissionsFor(c, name);
+    ASSERT_TRUE(p.ok()) << name;
+    const auto used = UsedStreams(c, name);
+    for (const auto& [stream, subjects] : c.streams) {
+      for (const char* verb : {"CREATE", "UPDATE", "DELETE", "PURGE"}) {
+        const std::string api = fmt::format("$JS.API.STREAM.{}.{}", verb, stream);
+        const std::string v = verb;
+        const bool declares = role.kind == Kind::kDeploy && (v == "CREATE" || v == "UPDATE");
+        EXPECT_EQ(Allows(p->publish, api), declares) << name << " " << api;
+      }
+      if (role.kind == Kind::kService) {
+        EXPECT_EQ(Allows(p->publish, "$JS.API.STREAM.INFO." + stream), used.count(stream) > 0)
+            << name << " " << stream;
+      }
+    }
+  }
+  // What the services look up at start (messaging::RequireStream) is among what they use.
+  EXPECT_TRUE(UsedStreams(c, "inventory").count("GPUAAS_NODE_TASKS"));
+  EXPECT_TRUE(UsedStreams(c, "scheduler").count("GPUAAS_EVT_INVENTORY"));
+  EXPECT_TRUE(UsedStreams(c, "console-gw").count("GPUAAS_EVT_CONSOLE"));
+  EXPECT_FALSE(UsedStreams(c, "console-gw").count("GPUAAS_NODE_TASKS"));
+  ASSERT_TRUE(c.roles.count("deployer"));
+  EXPECT_EQ(c.roles.at("deployer").kind, Kind::kDeploy);
 }
 
 TEST(AccessTest, AdminSubjectsAreTheOperatorsAlone) {
@@ -286,7 +356,7 @@ TEST(AccessTest, TheRenderedConfigListsEveryUserWithItsPermissions) {
   auto conf = RenderAuthorization(c, users);
   ASSERT_TRUE(conf.ok()) << conf.error().ToString();
   EXPECT_NE(conf->find("authorization {"), std::string::npos);
-  EXPECT_NE(conf->find("\"_INBOX.gpu-01.>\""), std::string::npos);
+  EXPECT_NE(conf->find("\"_INBOX.node.gpu-01.>\""), std::string::npos);
   EXPECT_NE(conf->find("\"gpuaas.v1.inventory.slot.approve.operator\""), std::string::npos);
   users[0].nkey = "not-a-key";
   EXPECT_FALSE(RenderAuthorization(c, users).ok());

@@ -324,6 +324,36 @@ TEST_F(MessagingTest, EnsureStreamIsIdempotentAndDeduplicates) {
   EXPECT_EQ(*messaging::StreamSubjectCount(*conn_, "TEST_EVT", "gpuaas.v1.evt.test.x"), 1u);
 }
 
+// What a service does at start (it may not declare a stream): it waits for a stream that is not
+// declared yet and goes on once the deploy step declares it; after its wait it says which stream
+// is missing; a stream declared without a subject it uses is outdated, not waited for.
+TEST_F(MessagingTest, RequireStreamWaitsForTheDeployStepAndNamesWhatIsMissing) {
+  messaging::StreamSpec spec{"TEST_LATE", {"gpuaas.v1.evt.late.>"}, 0, 60};
+  auto missing = messaging::RequireStream(*conn_, spec, 300ms);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, Code::kUnavailable);
+  EXPECT_TRUE(missing.error().Is(reason::kStreamMissing));
+  EXPECT_NE(missing.error().message.find("TEST_LATE"), std::string::npos);
+
+  std::thread deploy([&] {
+    std::this_thread::sleep_for(700ms);
+    EXPECT_TRUE(messaging::EnsureStream(*conn_, spec).ok());
+  });
+  const auto t0 = std::chrono::steady_clock::now();
+  auto waited = messaging::RequireStream(*conn_, spec, 30s);
+  const auto took = std::chrono::steady_clock::now() - t0;
+  deploy.join();
+  ASSERT_TRUE(waited.ok()) << waited.error().ToString();
+  EXPECT_GE(took, 600ms) << "it did not wait for the stream";
+
+  auto newer = spec;
+  newer.subjects.push_back("gpuaas.v1.evt.later.>");
+  auto outdated = messaging::RequireStream(*conn_, newer, 30s);
+  ASSERT_FALSE(outdated.ok());
+  EXPECT_TRUE(outdated.error().Is(reason::kStreamOutdated));
+  EXPECT_EQ(outdated.error().details.at("missing"), "gpuaas.v1.evt.later.>");
+}
+
 TEST_F(MessagingTest, RetryableFailuresAreKeptInOrderOnlyWhatCanNeverSucceedIsDeadLettered) {
   ASSERT_TRUE(messaging::EnsureStream(*conn_, {"TEST_EVT", {"gpuaas.v1.evt.test.>"}, 0, 60}).ok());
   ASSERT_TRUE(messaging::EnsureStream(*conn_, messaging::DeadLetterStream()).ok());

@@ -195,7 +195,7 @@ ConsoleGwService::~ConsoleGwService() {
 
 Result<void> ConsoleGwService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
-  if (auto r = messaging::EnsureStream(*svc_.nats(), messaging::ConsoleEventsStream()); !r.ok()) {
+  if (auto r = messaging::RequireStream(*svc_.nats(), messaging::ConsoleEventsStream()); !r.ok()) {
     return r;
   }
   svc_.StartOutboxRelay();

@@ -186,7 +186,7 @@ Result<void> IngressService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
   for (const auto& spec : {messaging::IngressEventsStream(), messaging::DeadLetterStream(),
                            messaging::SchedulerEventsStream()}) {
-    if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
+    if (auto r = messaging::RequireStream(*svc_.nats(), spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<IngressMetrics>(svc_.metrics());

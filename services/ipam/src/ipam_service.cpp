@@ -134,7 +134,7 @@ Result<void> IpamService::Start() {
   for (const auto& spec : {messaging::IpamEventsStream(), messaging::DeadLetterStream(),
                            messaging::SchedulerEventsStream(), messaging::NodeEventsStream(),
                            messaging::InventoryEventsStream()}) {
-    if (auto r = messaging::EnsureStream(*svc_.nats(), spec); !r.ok()) return r;
+    if (auto r = messaging::RequireStream(*svc_.nats(), spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();
   const std::string source = svc_.source();

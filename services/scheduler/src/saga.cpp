@@ -640,7 +640,7 @@ Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
   auto nats = svc.nats();
   for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream(),
                            messaging::IngressEventsStream()}) {
-    if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
+    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
   }
   auto consumer = svc.StartProjection(
       messaging::NodeEventsStream().name, kTaskConsumer, "gpuaas.v1.evt.node.*.task.>",

@@ -197,9 +197,9 @@ Result<void> SchedulerService::Start() {
   if (!catalog.ok()) return catalog.error();
   if (auto r = svc_.Start(); !r.ok()) return r;
   auto nats = svc_.nats();
-  // Declared by every party that uses them, so start order does not matter.
+  // Declared at deploy time (gpuaasctl streams apply); each service checks the ones it uses.
   for (const auto& spec : {messaging::InventoryEventsStream(), messaging::DeadLetterStream()}) {
-    if (auto r = messaging::EnsureStream(*nats, spec); !r.ok()) return r;
+    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
   }
   svc_.StartOutboxRelay();
   if (auto r = StartProjections(); !r.ok()) return r;
@@ -216,7 +216,7 @@ Result<void> SchedulerService::Start() {
   if (cfg_.group_commit) {
     group_ = std::make_unique<store::GroupCommit>(svc_.pg(), store::GroupCommit::Options{});
   }
-  if (auto r = messaging::EnsureStream(*nats, messaging::SchedulerEventsStream()); !r.ok()) {
+  if (auto r = messaging::RequireStream(*nats, messaging::SchedulerEventsStream()); !r.ok()) {
     return r;
   }
   // Only registers (requests are served from ServeRequests on); before StartSaga, so a bad app

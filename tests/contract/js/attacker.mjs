@@ -17,7 +17,7 @@
 //          [--nats URL] [--proto-dir DIR] [--timeout-s N]
 // Environment: GPUAAS_NATS_URL, GPUAAS_PROTO_DIR, GPUAAS_CLIENT_TIMEOUT_S, GPUAAS_TENANT, and
 //   GPUAAS_ATTACK_<FLAG> for the others (e.g. GPUAAS_ATTACK_NODE_A_SEED); the flags win.
-// Node A's seed is an enrolled node's nkey (its inbox: _INBOX.<node id>); node B is another
+// Node A's seed is an enrolled node's nkey (its inbox: _INBOX.node.<node id>); node B is another
 // enrolled node. The tenant seed is the tenant-api nkey (inbox _INBOX.tenant-api, requests on
 // <subject>.tenant-api); the token files hold, for --tenant: a valid tenant token, a revoked one,
 // an expired one and one signed by a key the services do not know; a valid operator token; and an
@@ -189,8 +189,8 @@ async function attackAnonymousConnect() {
   }
   // Control: node A's own key, with its own inbox prefix, connects.
   try {
-    nodeA = await connectAs(opt["node-a-seed"], `_INBOX.${opt["node-a"]}`);
-    controlOk(1, "node-a-key-connects", `as node ${opt["node-a"]}, inbox _INBOX.${opt["node-a"]}`);
+    nodeA = await connectAs(opt["node-a-seed"], `_INBOX.node.${opt["node-a"]}`);
+    controlOk(1, "node-a-key-connects", `as node ${opt["node-a"]}, inbox _INBOX.node.${opt["node-a"]}`);
   } catch (e) {
     controlFailed(1, "node-a-key-connects", `${e.code}: ${e.message}`);
     fail("without node A's connection attacks 2 and 3 cannot run");

@@ -87,6 +87,7 @@ declare -A ARGS=(
   ['dlq discard']='--seq 1 --yes'
   ['auth revoke']='--jti 01900000-0000-7000-8000-000000000000 --reason leaked'
   ['auth revocations']=''
+  ['streams apply']='--replicas 1'
 )
 # Commands that work on a keys directory and need no NATS (the `auth` case runs them).
 declare -A OFFLINE=(
@@ -248,7 +249,7 @@ case $CASE in
     keys=$(mktemp -d)
     trap 'rm -rf "$keys"' EXIT
     expect_rc 0 auth init --keys "$keys/k"
-    for role in inventory scheduler ipam ingress console-gw operator tenant-api auditor; do
+    for role in inventory scheduler ipam ingress console-gw operator tenant-api auditor deployer; do
       [[ $(stat -c %a "$keys/k/$role.seed") == 600 ]] || fail "$role.seed is not 0600"
       [[ $(cat "$keys/k/$role.pub") == U* ]] || fail "$role.pub is not a user nkey"
     done
@@ -261,7 +262,7 @@ case $CASE in
     expect_rc 1 node enroll n1 --keys "$keys/k"
     [[ $ERR == *ALREADY_EXISTS* ]] || fail "a second enroll: $ERR"
     expect_rc 0 auth nats-config --keys "$keys/k" --out "$keys/auth.conf"
-    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 9 ]] || fail "not 8 roles + 1 node in auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 10 ]] || fail "not 9 roles + 1 node in auth.conf"
     grep -q '"\$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-n1"' "$keys/auth.conf" ||
       fail "node n1 cannot fetch its own tasks"
     printf 'listen: 127.0.0.1:-1\njetstream { store_dir: "%s/js" }\ninclude ./auth.conf\n' \
@@ -270,7 +271,7 @@ case $CASE in
       nats-server -c "$keys/nats.conf" -t >/dev/null 2>&1 || fail "nats-server refuses the config"
     fi
     expect_rc 0 node revoke n1 --keys "$keys/k" --nats-config "$keys/auth.conf"
-    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 8 ]] || fail "revoked node still in auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 9 ]] || fail "revoked node still in auth.conf"
     expect_rc 1 node revoke n1 --keys "$keys/k"
     expect_rc 1 node enroll Bad_Id --keys "$keys/k"
     [[ $ERR == *node_id_invalid* ]] || fail "a bad node id: $ERR"

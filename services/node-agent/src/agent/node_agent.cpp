@@ -12,6 +12,7 @@
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 
+#include "gpuaas/common/access.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -168,7 +169,7 @@ NetworkSpec SpecFrom(const v1::NodeNetworkDocument& doc, const NodeAgentConfig& 
 
 // A node receives replies only on its own prefix (the server allows it nothing else).
 runtime::CommonConfig NodeCommon(runtime::CommonConfig c, const std::string& node_id) {
-  if (c.nats_inbox_prefix.empty()) c.nats_inbox_prefix = "_INBOX." + node_id;
+  if (c.nats_inbox_prefix.empty()) c.nats_inbox_prefix = access::InboxPrefix("node-agent", node_id);
   return c;
 }
 }  // namespace

@@ -19,7 +19,9 @@
 
 namespace gpuaas::access {
 
-enum class Kind { kService, kNode, kClient };
+// kDeploy: a one-shot deploy-time identity (`gpuaasctl streams apply`): it declares the platform
+// streams and does nothing else.
+enum class Kind { kService, kNode, kClient, kDeploy };
 
 struct Role {
   std::string name;
@@ -121,8 +123,19 @@ std::optional<ServedSubject> ResolveServed(const Contract& c, const std::string&
   return ServedSubject{std::move(served), it->first};
 }
 
-// The reply-subject prefix of an identity: _INBOX.<role>, a node's _INBOX.<node_id>.
+// The reply-subject prefix of an identity: _INBOX.<role>, a node's _INBOX.node.<node_id> (so no
+// node id can name a role's inbox; no role may be called "node").
 std::string InboxPrefix(const std::string& role, const std::string& node_id = "");
+
+// The inbox prefixes a service answers on: those of every role that may call (or, as a gateway,
+// forward) a request it serves; all nodes' as one, _INBOX.node. A service publishes replies
+// there and nowhere else.
+std::set<std::string> ReplyInboxes(const Contract& c, const std::string& role);
+
+// The streams a role uses: those its durables read, those its published subjects land in, those
+// it reads by sequence, and the dead-letter stream where it has a durable. A service may look
+// each up (STREAM.INFO) to check it is declared; only the deploy role creates or updates one.
+std::set<std::string> UsedStreams(const Contract& c, const std::string& role);
 
 struct User {
   std::string nkey;  // public key "U..."
@@ -132,9 +145,11 @@ struct User {
 
 // The nats-server config block `authorization { users = [...] }` (no anonymous users: a
 // connection without a listed key is refused). `extra` is appended verbatim inside the users list
-// (the tests' harness user).
+// (the tests' harness user); every service may also answer on `also_answer` (inbox prefixes: the
+// harness's, which calls any service in the tests).
 Result<std::string> RenderAuthorization(const Contract& c, const std::vector<User>& users,
-                                        const std::string& extra = "");
+                                        const std::string& extra = "",
+                                        const std::set<std::string>& also_answer = {});
 
 // ---- keys directory ----
 // Creates the missing keys of every role of `c` and the token signing keys (the platform's and the

@@ -149,18 +149,24 @@ struct StreamSpec {
   std::vector<std::string> subjects;
   int64_t max_age_s = 0;  // 0 = keep forever (events are the audit log)
   int64_t duplicate_window_s = 600;
-  // Copies JetStream keeps (R1 on one server, R3 on a 3-server cluster). 0 = the process
-  // default (SetStreamReplicas; the services' nats.stream_replicas).
+  // Copies JetStream keeps (R1 on one server, R3 on a 3-server cluster; 0 = 1):
+  // `gpuaasctl streams apply --replicas`.
   int replicas = 0;
 };
 
-// The replica count the platform's streams get where a StreamSpec says 0 (default 1).
-void SetStreamReplicas(int replicas);
-int StreamReplicas();
-
-// Creates the stream, or updates it when its subjects/limits differ. Safe to call from every
-// replica of every service at start.
+// Creates the stream, or updates it when its subjects/limits differ. The deploy identity's job
+// (`gpuaasctl streams apply`, ApplyStreams); services only look streams up (RequireStream).
 Result<void> EnsureStream(Connection& conn, const StreamSpec& spec);
+// Every platform stream (asyncapi/roles.yaml `streams`, which a test checks against this list).
+std::vector<StreamSpec> PlatformStreams();
+// EnsureStream of every platform stream; `replicas` > 0 overrides the default.
+Result<void> ApplyStreams(Connection& conn, int replicas = 0);
+// What a service does at start instead of declaring: looks the stream up (STREAM.INFO, the only
+// stream call its identity may make) until it exists, for up to `wait` (the streams Job may run
+// beside it): UNAVAILABLE stream_missing after that; FAILED_PRECONDITION stream_outdated when it
+// exists without every subject of `spec`.
+Result<void> RequireStream(Connection& conn, const StreamSpec& spec,
+                           std::chrono::milliseconds wait = std::chrono::seconds(60));
 
 struct PublishAck {
   std::string stream;

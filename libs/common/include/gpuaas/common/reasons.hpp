@@ -47,6 +47,11 @@ inline constexpr Reason kNatsError{"nats_error"};  // UNAVAILABLE: any other NAT
 inline constexpr Reason kNatsPermissionDenied{"nats_permission_denied"};  // PERMISSION_DENIED
 inline constexpr Reason kNoMessage{"no_message"};  // NOT_FOUND: no stored message on the subject
 inline constexpr Reason kNotJetstream{"not_jetstream"};  // FAILED_PRECONDITION: no ack subject
+// UNAVAILABLE: a stream the service uses is not declared yet (run `gpuaasctl streams apply`).
+inline constexpr Reason kStreamMissing{"stream_missing"};
+// FAILED_PRECONDITION: a declared stream lacks subjects this build uses (details: missing);
+// `gpuaasctl streams apply` of this release updates it.
+inline constexpr Reason kStreamOutdated{"stream_outdated"};
 
 // ---- store: PostgreSQL pool, transactions, migrations (store.hpp) ----
 inline constexpr Reason kDbPoolExhausted{"db_pool_exhausted"};  // RESOURCE_EXHAUSTED: pool full

@@ -41,7 +41,6 @@ struct CommonConfig {
   std::string nats_seed_file;     // this service's (or node's) NATS nkey seed
   std::string nats_inbox_prefix;  // "" = _INBOX.<service name>
   std::string nats_tls_ca_file;
-  int64_t nats_stream_replicas = 1;
   std::string token_public_keys;         // comma-separated PEM files that verify request tokens
   std::string tenant_token_public_keys;  // the tenant issuer's: tenant tokens only
   std::string pg_dsn;
