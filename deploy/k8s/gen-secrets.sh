@@ -8,18 +8,20 @@
 #   kubectl apply -k deploy/k8s                    # or deploy/k8s/overlays/production
 #
 # Steps (safe to re-run: existing keys are kept, the files are rewritten):
-#   1. gpuaasctl auth init --keys KEYS              role nkeys <role>.seed/.pub and the token
-#                                                   signing keys token-signing.pem/.pub.pem
-#                                                   (platform) and token-tenant.pem/.pub.pem
-#                                                   (the tenant issuer: give the private key to
-#                                                   the tenant gateway)
+#   1. gpuaasctl auth init --keys KEYS              role nkeys <role>.seed/.pub (deployer.seed
+#                                                   included) and the token signing keys
+#                                                   token-signing.pem/.pub.pem (platform) and
+#                                                   token-tenant.pem/.pub.pem (the tenant
+#                                                   issuer: give the private key to the tenant
+#                                                   gateway)
 #   2. gpuaasctl auth nats-config --contract C --keys KEYS > OUT/auth.conf
 #                                                   the NATS authorization: one user per
 #                                                   service, client role and enrolled node
-#                                                   (KEYS/nodes/<node_id>.pub)
+#                                                   (KEYS/nodes/<node_id>.pub), and the deployer
 #   3. kubectl create secret generic ... --dry-run=client -o yaml  (no cluster needed):
 #        gpuaas/nats-auth                  auth.conf              NATS StatefulSet (include)
 #        gpuaas/gpuaas-<service>-nats      seed                   each control-plane service
+#        gpuaas/gpuaas-deployer-nats       seed                   the streams Job (streams.yaml)
 #        gpuaas/gpuaas-token-public-keys   token-signing.pub.pem, token-tenant.pub.pem  every service
 #        gpuaas-node/gpuaas-token-public-keys  (same)             node-agent DaemonSet
 #      plus OUT/kustomization.yaml listing them.
@@ -30,9 +32,11 @@
 #
 # KEYS holds every private key of the platform (role seeds, token-signing.pem): keep it off the
 # cluster and out of images (the default, OUT/keys, is git- and docker-ignored), e.g. on the
-# operator's machine or in a vault. Only the seeds of the five services and the public parts
-# go into the cluster. The operator, tenant-api and auditor seeds stay in KEYS for whoever runs
-# those clients; token-signing.pem is only for `gpuaasctl auth login`.
+# operator's machine or in a vault. Only the seeds of the five services, the deployer's (for the
+# streams Job, `gpuaasctl streams apply`: it may create, update and look up the platform streams,
+# nothing else) and the public parts go into the cluster. The operator, tenant-api and auditor
+# seeds stay in KEYS for whoever runs those clients; token-signing.pem is only for
+# `gpuaasctl auth login`.
 #
 # Options:
 #   --keys DIR      key directory (default: OUT/keys)
@@ -87,7 +91,7 @@ mkdir -p "$out" "$keys"
 
 # 1. Keys (idempotent: existing keys are kept).
 "$ctl" auth init --keys "$keys"
-for f in "${SERVICES[@]/%/.seed}" token-signing.pub.pem token-tenant.pub.pem; do
+for f in "${SERVICES[@]/%/.seed}" deployer.seed token-signing.pub.pem token-tenant.pub.pem; do
   [ -s "$keys/$f" ] || die "$keys/$f missing after auth init"
 done
 
@@ -109,6 +113,9 @@ for s in "${SERVICES[@]}"; do
   secret gpuaas "gpuaas-$s-nats" "gpuaas-$s-nats.yaml" --from-file=seed="$keys/$s.seed"
   files+=("gpuaas-$s-nats.yaml")
 done
+# The streams Job (base/streams.yaml) declares the JetStream streams as the deployer.
+secret gpuaas gpuaas-deployer-nats gpuaas-deployer-nats.yaml --from-file=seed="$keys/deployer.seed"
+files+=(gpuaas-deployer-nats.yaml)
 for ns in gpuaas gpuaas-node; do
   secret "$ns" gpuaas-token-public-keys "token-public-keys.$ns.yaml" \
     --from-file=token-signing.pub.pem="$keys/token-signing.pub.pem" \
