@@ -24,6 +24,13 @@ inline constexpr Reason kNoTopologySnapshot{"no_topology_snapshot"};  // FAILED_
 inline constexpr Reason kCorruptSnapshot{"corrupt_snapshot"};  // INTERNAL: stored report unreadable
 inline constexpr Reason kCorruptSlot{"corrupt_slot"};          // INTERNAL: stored slot unreadable
 inline constexpr Reason kCorruptDesiredSet{"corrupt_desired_set"};  // INTERNAL: set unreadable
+// FAILED_PRECONDITION: the node's admin state cannot take the request (node_lifecycle.hpp;
+// details: state, event).
+inline constexpr Reason kIllegalTransition{"illegal_transition"};
+// FAILED_PRECONDITION: a mode change of the node is still open (details: state, event).
+inline constexpr Reason kModeChangeInProgress{"mode_change_in_progress"};
+// FAILED_PRECONDITION: a decommission of a node that still holds live claims.
+inline constexpr Reason kNodeHasLiveClaims{"node_has_live_claims"};
 
 // ---- Consumers (dead-lettered: such an event can never succeed) ----
 inline constexpr Reason kMalformedEvent{"malformed_event"};  // INVALID_ARGUMENT: bad event data
