@@ -8,7 +8,8 @@
 // node id) and first fit (lowest node id that fits). All three pick the slots inside the node with
 // placement::PickSlots, so only the choice of node differs. Each is measured when its first 8-GPU
 // request is rejected: utilisation (claimed / total slots) and stranded GPUs (free GPUs on nodes
-// that cannot take an 8-GPU request).
+// that cannot take an 8-GPU request). Bare-metal preservation: the whole nodes left free (every
+// slot free, so still sellable as bare metal), averaged over each trace's arrivals, per policy.
 // P3-index times one decision of placement::Index (rank with the shape-bucketed index, then apply
 // the placement to the chosen node: the index update is part of the decision; no SQL fetch, no
 // locking, no commit) per request on fleets of 1,000 and 50,000 nodes at ~85% occupancy. The
@@ -19,6 +20,7 @@
 // seeds.
 // Output ends with:
 //   P4 stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
+//   P4 baremetal_preservation mean_whole_free_nodes ours=<n> bestfit=<n> firstfit=<n> ...
 //   P4-hetero stranded_vs_bestfit=<ours/bestfit> util_at_first_8gpu_reject=<ours util>
 //   P3-index decision_p99_50k_ms=<x> decision_p99_1k_ms=<y> ratio=<x/y>
 #include <algorithm>
@@ -165,6 +167,9 @@ struct Outcome {
   long rejected_total = 0;
   long rejected_8_total = 0;
   long rejected_gpus = 0;
+  // Whole nodes free (every slot free: a node that could still be sold as bare metal), averaged
+  // over the arrivals of the whole trace.
+  double mean_clean = 0;
 };
 
 struct Live {
@@ -226,6 +231,8 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
   std::vector<Live> placed(arrivals.size(), Live{-1, {}});
   Outcome out;
   double decision_s = 0;
+  long clean = nodes;  // nodes with every slot free
+  double clean_sum = 0;
   std::vector<std::string> keys;
   for (const Event& ev : trace) {
     const size_t a = static_cast<size_t>(ev.arrival);
@@ -237,6 +244,7 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
       for (const std::string& key : placed[a].keys) {
         node.free.push_back(Slot(key[3] - '0'));
       }
+      if (node.free.size() == static_cast<size_t>(kSlotsPerNode)) ++clean;
       node.claimed_slots -= static_cast<int>(placed[a].keys.size());
       claimed -= static_cast<long>(placed[a].keys.size());
       --live;
@@ -245,6 +253,7 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
     }
     const int gpus = arrivals[a].gpus;
     const placement::Request req{gpus, false, ""};
+    clean_sum += static_cast<double>(clean);
     const auto t0 = Clock::now();
     const int n = Choose(policy, fleet, req, mix, keys);
     decision_s += std::chrono::duration<double>(Clock::now() - t0).count();
@@ -265,6 +274,7 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
       continue;
     }
     placement::NodeView& node = fleet[static_cast<size_t>(n)];
+    if (node.free.size() == static_cast<size_t>(kSlotsPerNode)) --clean;
     for (const std::string& key : keys) {
       const auto it = std::find_if(node.free.begin(), node.free.end(),
                                    [&](const placement::SlotView& s) { return s.slot_key == key; });
@@ -287,6 +297,7 @@ Outcome Replay(Policy policy, int nodes, const std::vector<Event>& trace,
     out.rejected = out.rejected_total;
   }
   out.decision_us = arrivals.empty() ? 0 : decision_s * 1e6 / static_cast<double>(arrivals.size());
+  out.mean_clean = arrivals.empty() ? 0 : clean_sum / static_cast<double>(arrivals.size());
   return out;
 }
 
@@ -602,6 +613,7 @@ int main(int argc, char** argv) {
   constexpr int kExtraSeeds = 4;
   double sum_stranded[3] = {0, 0, 0};
   double sum_util[3] = {0, 0, 0};
+  double sum_clean[3] = {0, 0, 0};
   for (int k = 0; k <= kExtraSeeds; ++k) {
     std::vector<Arrival> more;
     const std::vector<Event> other =
@@ -610,6 +622,7 @@ int main(int argc, char** argv) {
       const Outcome o = k == 0 ? results[p] : Replay(policies[p], nodes, other, more, mix);
       sum_stranded[p] += static_cast<double>(o.stranded);
       sum_util[p] += o.util;
+      sum_clean[p] += o.mean_clean;
     }
   }
   std::printf(
@@ -620,6 +633,12 @@ int main(int argc, char** argv) {
       sum_stranded[2] / (kExtraSeeds + 1), sum_util[0] / (kExtraSeeds + 1),
       sum_util[1] / (kExtraSeeds + 1), sum_util[2] / (kExtraSeeds + 1),
       sum_stranded[1] > 0 ? sum_stranded[0] / sum_stranded[1] : 0.0);
+  // Bare-metal preservation: whole nodes left free (time-averaged over each trace), same seeds.
+  std::printf(
+      "P4 baremetal_preservation mean_whole_free_nodes ours=%.1f bestfit=%.1f firstfit=%.1f "
+      "ours_vs_bestfit=%.3f\n",
+      sum_clean[0] / (kExtraSeeds + 1), sum_clean[1] / (kExtraSeeds + 1),
+      sum_clean[2] / (kExtraSeeds + 1), sum_clean[1] > 0 ? sum_clean[0] / sum_clean[1] : 0.0);
 
   // The heterogeneous trace (see HReplay), on the same seeds.
   double h_stranded[3] = {0, 0, 0};
