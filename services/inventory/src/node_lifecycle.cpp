@@ -54,8 +54,8 @@ Error InProgress(NodeAdminState s, Event e) {
 // What the agent and the scheduler report: they arrive whenever they happen, so a state that
 // does not act on one takes it as a no-op rather than an error.
 bool IsReport(Event e) {
-  return e == Event::kLastClaimReleased || e == Event::kChecksPassed ||
-         e == Event::kChecksFailed || e == Event::kModeApplied || e == Event::kModeFailed;
+  return e == Event::kLastClaimReleased || e == Event::kChecksPassed || e == Event::kChecksFailed ||
+         e == Event::kModeApplied || e == Event::kModeFailed;
 }
 
 Result<Effects> Drain(NodeAdminState s, const Context& ctx) {
@@ -115,16 +115,26 @@ Result<Effects> Decommission(NodeAdminState s, const Context& ctx) {
 
 std::string_view EventName(Event e) {
   switch (e) {
-    case Event::kDrain: return "drain";
-    case Event::kUndrain: return "undrain";
-    case Event::kLastClaimReleased: return "last_claim_released";
-    case Event::kEnterMaintenance: return "enter_maintenance";
-    case Event::kChecksPassed: return "checks_passed";
-    case Event::kChecksFailed: return "checks_failed";
-    case Event::kChangeMode: return "change_mode";
-    case Event::kModeApplied: return "mode_applied";
-    case Event::kModeFailed: return "mode_failed";
-    case Event::kDecommission: return "decommission";
+    case Event::kDrain:
+      return "drain";
+    case Event::kUndrain:
+      return "undrain";
+    case Event::kLastClaimReleased:
+      return "last_claim_released";
+    case Event::kEnterMaintenance:
+      return "enter_maintenance";
+    case Event::kChecksPassed:
+      return "checks_passed";
+    case Event::kChecksFailed:
+      return "checks_failed";
+    case Event::kChangeMode:
+      return "change_mode";
+    case Event::kModeApplied:
+      return "mode_applied";
+    case Event::kModeFailed:
+      return "mode_failed";
+    case Event::kDecommission:
+      return "decommission";
   }
   return "unknown";
 }
@@ -136,20 +146,27 @@ Result<Effects> Next(v1::NodeAdminState state, Event event, const Context& ctx) 
     return Illegal(state, event);
   }
   switch (event) {
-    case Event::kDrain: return Drain(state, ctx);
-    case Event::kUndrain: return Undrain(state, ctx);
+    case Event::kDrain:
+      return Drain(state, ctx);
+    case Event::kUndrain:
+      return Undrain(state, ctx);
     case Event::kLastClaimReleased:
       return state == kDraining ? Go(kDrained, ctx) : Stay(state, ctx);
-    case Event::kEnterMaintenance: return EnterMaintenance(state, ctx);
+    case Event::kEnterMaintenance:
+      return EnterMaintenance(state, ctx);
     // Back from maintenance only when the checks pass; elsewhere the checks already gate each
     // slot's approval.
     case Event::kChecksPassed:
       return state == kMaintenance ? Go(kActive, ctx) : Stay(state, ctx);
-    case Event::kChecksFailed: return Stay(state, ctx);
-    case Event::kChangeMode: return ChangeMode(state, ctx);
+    case Event::kChecksFailed:
+      return Stay(state, ctx);
+    case Event::kChangeMode:
+      return ChangeMode(state, ctx);
     case Event::kModeApplied:
-    case Event::kModeFailed: return ModeOutcome(state, event, ctx);
-    case Event::kDecommission: return Decommission(state, ctx);
+    case Event::kModeFailed:
+      return ModeOutcome(state, event, ctx);
+    case Event::kDecommission:
+      return Decommission(state, ctx);
   }
   return Illegal(state, event);
 }

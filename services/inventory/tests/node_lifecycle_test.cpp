@@ -66,23 +66,24 @@ TEST(NodeLifecycleTest, AnIdleSliceNodeGoldenTable) {
   ctx.mode = v1::CAPACITY_PROFILE_SLICE_VM;
   ctx.target = v1::CAPACITY_PROFILE_BAREMETAL;
   const std::string ill = "illegal_transition";
-  ExpectTable(ctx, {
-      {v1::NODE_ADMIN_STATE_ACTIVE,
-       {"drained", "= active", "= active", ill, "= active", "= active", ill, "= active",
-        "= active", ill}},
-      {v1::NODE_ADMIN_STATE_DRAINING,
-       {"= draining", "active", "drained", ill, "= draining", "= draining", ill, "= draining",
-        "= draining", ill}},
-      {v1::NODE_ADMIN_STATE_DRAINED,
-       {"= drained", "active", "= drained", "maintenance", "= drained", "= drained",
-        "drained start_mode", "= drained", "= drained", "decommissioned retire"}},
-      {v1::NODE_ADMIN_STATE_MAINTENANCE,
-       {ill, ill, "= maintenance", "= maintenance", "active", "= maintenance", ill,
-        "= maintenance", "= maintenance", ill}},
-      {v1::NODE_ADMIN_STATE_DECOMMISSIONED,
-       {ill, ill, "= decommissioned", ill, "= decommissioned", "= decommissioned", ill,
-        "= decommissioned", "= decommissioned", ill}},
-  });
+  ExpectTable(ctx,
+              {
+                  {v1::NODE_ADMIN_STATE_ACTIVE,
+                   {"drained", "= active", "= active", ill, "= active", "= active", ill, "= active",
+                    "= active", ill}},
+                  {v1::NODE_ADMIN_STATE_DRAINING,
+                   {"= draining", "active", "drained", ill, "= draining", "= draining", ill,
+                    "= draining", "= draining", ill}},
+                  {v1::NODE_ADMIN_STATE_DRAINED,
+                   {"= drained", "active", "= drained", "maintenance", "= drained", "= drained",
+                    "drained start_mode", "= drained", "= drained", "decommissioned retire"}},
+                  {v1::NODE_ADMIN_STATE_MAINTENANCE,
+                   {ill, ill, "= maintenance", "= maintenance", "active", "= maintenance", ill,
+                    "= maintenance", "= maintenance", ill}},
+                  {v1::NODE_ADMIN_STATE_DECOMMISSIONED,
+                   {ill, ill, "= decommissioned", ill, "= decommissioned", "= decommissioned", ill,
+                    "= decommissioned", "= decommissioned", ill}},
+              });
 }
 
 TEST(NodeLifecycleTest, ABusyNodeWithAnOpenModeChangeGoldenTable) {
@@ -93,23 +94,24 @@ TEST(NodeLifecycleTest, ABusyNodeWithAnOpenModeChangeGoldenTable) {
   ctx.target = v1::CAPACITY_PROFILE_SLICE_VM;
   const std::string ill = "illegal_transition";
   const std::string busy = "mode_change_in_progress";
-  ExpectTable(ctx, {
-      {v1::NODE_ADMIN_STATE_ACTIVE,
-       {"draining", "= active", "= active", ill, "= active", "= active", ill, "= active",
-        "= active", ill}},
-      {v1::NODE_ADMIN_STATE_DRAINING,
-       {"= draining", busy, "drained", ill, "= draining", "= draining", ill, "= draining",
-        "= draining", ill}},
-      {v1::NODE_ADMIN_STATE_DRAINED,
-       {"= drained", busy, "= drained", busy, "= drained", "= drained", busy,
-        "drained mode slice-vm done approve", "drained done", "node_has_live_claims"}},
-      {v1::NODE_ADMIN_STATE_MAINTENANCE,
-       {ill, ill, "= maintenance", "= maintenance", "active", "= maintenance", ill,
-        "= maintenance", "= maintenance", ill}},
-      {v1::NODE_ADMIN_STATE_DECOMMISSIONED,
-       {ill, ill, "= decommissioned", ill, "= decommissioned", "= decommissioned", ill,
-        "= decommissioned", "= decommissioned", ill}},
-  });
+  ExpectTable(
+      ctx, {
+               {v1::NODE_ADMIN_STATE_ACTIVE,
+                {"draining", "= active", "= active", ill, "= active", "= active", ill, "= active",
+                 "= active", ill}},
+               {v1::NODE_ADMIN_STATE_DRAINING,
+                {"= draining", busy, "drained", ill, "= draining", "= draining", ill, "= draining",
+                 "= draining", ill}},
+               {v1::NODE_ADMIN_STATE_DRAINED,
+                {"= drained", busy, "= drained", busy, "= drained", "= drained", busy,
+                 "drained mode slice-vm done approve", "drained done", "node_has_live_claims"}},
+               {v1::NODE_ADMIN_STATE_MAINTENANCE,
+                {ill, ill, "= maintenance", "= maintenance", "active", "= maintenance", ill,
+                 "= maintenance", "= maintenance", ill}},
+               {v1::NODE_ADMIN_STATE_DECOMMISSIONED,
+                {ill, ill, "= decommissioned", ill, "= decommissioned", "= decommissioned", ill,
+                 "= decommissioned", "= decommissioned", ill}},
+           });
 }
 
 TEST(NodeLifecycleTest, EveryPairHasAnEffectOrAStructuredRefusal) {

@@ -30,8 +30,8 @@ enum class Event {
   kDecommission,       // operator: node decommission (from drained)
 };
 inline constexpr Event kAllEvents[] = {
-    Event::kDrain,        Event::kUndrain,     Event::kLastClaimReleased, Event::kEnterMaintenance,
-    Event::kChecksPassed, Event::kChecksFailed, Event::kChangeMode,       Event::kModeApplied,
+    Event::kDrain,        Event::kUndrain,      Event::kLastClaimReleased, Event::kEnterMaintenance,
+    Event::kChecksPassed, Event::kChecksFailed, Event::kChangeMode,        Event::kModeApplied,
     Event::kModeFailed,   Event::kDecommission};
 inline constexpr v1::NodeAdminState kAllStates[] = {
     v1::NODE_ADMIN_STATE_ACTIVE, v1::NODE_ADMIN_STATE_DRAINING, v1::NODE_ADMIN_STATE_DRAINED,
@@ -40,10 +40,10 @@ std::string_view EventName(Event e);
 
 // Facts about the node the table needs besides its admin state.
 struct Context {
-  bool has_live_claims = false;    // some allocation still holds a slot or the whole node
-  bool mode_change_open = false;   // a mode change was started and not yet applied or failed
-  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_SLICE_VM;         // the node's mode now
-  v1::CapacityProfile target = v1::CAPACITY_PROFILE_UNSPECIFIED;   // kChangeMode: the new mode
+  bool has_live_claims = false;   // some allocation still holds a slot or the whole node
+  bool mode_change_open = false;  // a mode change was started and not yet applied or failed
+  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_SLICE_VM;       // the node's mode now
+  v1::CapacityProfile target = v1::CAPACITY_PROFILE_UNSPECIFIED;  // kChangeMode: the new mode
 };
 
 struct Effects {
