@@ -469,6 +469,36 @@ class ContractTest : public ::testing::Test {
     auto listed = Call<v1::ListConsoleSessionsResponse>("gpuaas.v1.console.session.list", list);
     ASSERT_TRUE(listed.ok()) << listed.error().ToString();
     EXPECT_EQ(listed->sessions_size(), 2);
+    RunPageLogin(host, port);
+  }
+
+  // An operator logs in to the operator page and out again (the login's audit events).
+  void RunPageLogin(const std::string& host, uint16_t port) {
+    namespace asio = boost::asio;
+    namespace beast = boost::beast;
+    auto post = [&](const std::string& target, const std::string& body, const std::string& cookie) {
+      asio::io_context io;
+      beast::tcp_stream s(io);
+      s.connect({asio::ip::make_address("127.0.0.1"), port});
+      beast::http::request<beast::http::string_body> req(beast::http::verb::post, target, 11);
+      req.set(beast::http::field::host, host);
+      req.set(beast::http::field::origin, "http://" + host);
+      req.set(beast::http::field::content_type, "application/json");
+      if (!cookie.empty()) req.set(beast::http::field::cookie, cookie);
+      req.body() = body;
+      req.prepare_payload();
+      beast::http::write(s, req);
+      beast::flat_buffer buf;
+      beast::http::response<beast::http::string_body> res;
+      beast::http::read(s, buf, res);
+      const std::string set_cookie(res[beast::http::field::set_cookie]);
+      return std::make_pair(res.result_int(), set_cookie.substr(0, set_cookie.find(';')));
+    };
+    const std::string token = p_.nats.Token("operator", "", "user:contract");
+    auto [in, cookie] = post("/api/login", R"({"token":")" + token + R"("})", "");
+    ASSERT_EQ(in, 200U);
+    ASSERT_FALSE(cookie.empty());
+    EXPECT_EQ(post("/api/logout", "{}", cookie).first, 200U);
   }
 
   // One short lifecycle, so that every publish path runs: a node registers and reports its

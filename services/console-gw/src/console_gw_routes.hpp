@@ -83,7 +83,7 @@ class TokenHandlers {
 // gpuaas.v1.console.login.{list,end}: operator page sessions (page_sessions.cpp).
 class PageSessionHandlers {
  public:
-  explicit PageSessionHandlers(std::shared_ptr<store::Pool> pool);
+  PageSessionHandlers(std::shared_ptr<store::Pool> pool, std::string source);
   Result<v1::ListPageSessionsResponse> List(const v1::ListPageSessionsRequest& req,
                                             rpc::Context& ctx) const;
   // Ends a live page session now (ended, by the caller); an ended one is answered unchanged.
@@ -92,6 +92,7 @@ class PageSessionHandlers {
 
  private:
   std::shared_ptr<store::Pool> pool_;
+  std::string source_;  // the events' source
 };
 
 // The route table: every request subject console-gw serves, each to its handler.

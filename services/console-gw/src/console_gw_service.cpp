@@ -204,7 +204,7 @@ Result<void> ConsoleGwService::Start() {
       svc_.Rpc(),
       std::make_shared<SessionHandlers>(svc_.pg(), svc_.nats(), svc_.source(), cfg_.max_session_s),
       std::make_shared<TokenHandlers>(svc_.pg(), svc_.source()),
-      std::make_shared<PageSessionHandlers>(svc_.pg()));
+      std::make_shared<PageSessionHandlers>(svc_.pg(), svc_.source()));
   if (auto r = svc_.ServeRequests(); !r.ok()) return r;
   if (auto r = StartGateway(); !r.ok()) return r;
   svc_.OnDrain("console gateway", [this] {

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/auth.hpp"
+#include "gpuaas/common/outbox.hpp"
 #include "gpuaas/v1/console.pb.h"
 
 namespace gpuaas::console_gw {
@@ -80,15 +82,38 @@ void TouchPageSession(pqxx::work& tx, const std::string& session_id, std::chrono
 }
 
 std::optional<v1::PageSession> EndPageSession(pqxx::work& tx, const std::string& session_id,
-                                              PageEnd why, const std::string& ended_by) {
-  tx.exec_params(
+                                              PageEnd why, const std::string& ended_by,
+                                              bool* ended_now) {
+  const auto ended = tx.exec_params(
       "UPDATE page_sessions SET ended_at = now(), end_reason = $2, ended_by = $3 WHERE "
       "session_id = $1 AND ended_at IS NULL",
       session_id, std::string(TextOf(why).text()), ended_by);
+  if (ended_now != nullptr) *ended_now = ended.affected_rows() > 0;
   const auto rows = tx.exec_params(
       fmt::format("SELECT {} FROM page_sessions WHERE session_id = $1", kColumns), session_id);
   if (rows.empty()) return std::nullopt;
   return FromRow(rows[0]).session;
+}
+
+Result<void> AnnouncePageSession(pqxx::work& tx, const std::string& source,
+                                 const v1::PageSession& s, const v1::Principal* actor) {
+  outbox::EventSpec spec;
+  spec.nats_subject =
+      std::string("gpuaas.v1.evt.console.login.") + (s.end_reason().empty() ? "started" : "ended");
+  spec.source = source;
+  spec.entity = s.session_id();
+  spec.data = &s;
+  spec.actor = actor;
+  auto r = outbox::Append(tx, spec);
+  if (!r.ok()) return r.error();
+  return Ok();
+}
+
+v1::Principal OperatorActor(const std::string& subject) {
+  v1::Principal p;
+  p.set_subject(subject);
+  p.add_roles(auth::kRoleOperator);
+  return p;
 }
 
 std::vector<v1::PageSession> ListPageSessions(pqxx::work& tx, bool include_ended, int limit) {

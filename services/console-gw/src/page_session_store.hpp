@@ -8,8 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "gpuaas/common/result.hpp"
 #include "gpuaas/console_gw/console_domain.hpp"
 #include "gpuaas/v1/console.pb.h"
+#include "gpuaas/v1/event.pb.h"
 
 namespace gpuaas::console_gw {
 
@@ -38,9 +40,18 @@ std::optional<StoredPageSession> LockPageSession(pqxx::work& tx, const std::stri
 // database on a busy page).
 void TouchPageSession(pqxx::work& tx, const std::string& session_id, std::chrono::seconds every);
 // Ends a live session (ended_at now, `why`, `ended_by`); the session as it is afterwards,
-// nullopt when there is none by that id. An ended one is returned unchanged.
+// nullopt when there is none by that id. An ended one is returned unchanged. Either way it
+// announces nothing: AnnouncePageSession does, when `ended_now` says this call ended it.
 std::optional<v1::PageSession> EndPageSession(pqxx::work& tx, const std::string& session_id,
-                                              PageEnd why, const std::string& ended_by);
+                                              PageEnd why, const std::string& ended_by,
+                                              bool* ended_now = nullptr);
+// The audit event of a login that started or ended (gpuaas.v1.evt.console.login.started|ended,
+// data: the session), through the outbox in the caller's transaction. `actor`: who caused it
+// (null: the request being handled, else service:console-gw).
+Result<void> AnnouncePageSession(pqxx::work& tx, const std::string& source,
+                                 const v1::PageSession& s, const v1::Principal* actor);
+// The principal `subject` with the operator role, as an event's actor.
+v1::Principal OperatorActor(const std::string& subject);
 // Newest first; live ones only unless `include_ended`.
 std::vector<v1::PageSession> ListPageSessions(pqxx::work& tx, bool include_ended, int limit);
 

@@ -2,7 +2,8 @@
 // (page_sessions), named in the browser by an opaque random cookie of which only the hash is
 // stored. Each page call resumes the session (ending it when idle past console.page_idle_s, its
 // token expired or revoked) and forwards the session's token. Logout, or an operator with
-// gpuaas.v1.console.login.end, ends it server-side: the cookie is worth nothing afterwards.
+// gpuaas.v1.console.login.end, ends it server-side: the cookie is worth nothing afterwards. Every
+// start and end is an audit event (gpuaas.v1.evt.console.login.started|ended) written with it.
 #include <algorithm>
 #include <chrono>
 
@@ -66,8 +67,13 @@ Result<PageLogin> ConsoleGwService::Login(const std::string& token) {
   s.token = token;
   s.token_id = p->token_id;
   s.expires = p->expires;
+  const v1::Principal actor = OperatorActor(p->subject);
   auto stored = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<v1::PageSession> {
-    return InsertPageSession(tx, s);
+    auto session = InsertPageSession(tx, s);
+    if (auto a = AnnouncePageSession(tx, svc_.source(), session, &actor); !a.ok()) {
+      return a.error();
+    }
+    return session;
   });
   if (!stored.ok()) return stored.error();
   svc_.log().Info("page login",
@@ -94,7 +100,14 @@ Result<PageAccess> ConsoleGwService::Resume(const std::string& cookie) {
     if (!ends && !p.ok()) ends = PageEnd::kExpired;
     if (!ends && !svc_.revocations().Check(*p).ok()) ends = PageEnd::kRevoked;
     if (ends) {
-      EndPageSession(tx, s->session.session_id(), *ends, "");
+      // Found idle, expired or revoked: console-gw ends it (the event's actor).
+      bool now = false;
+      auto ended = EndPageSession(tx, s->session.session_id(), *ends, "", &now);
+      if (now && ended) {
+        if (auto a = AnnouncePageSession(tx, svc_.source(), *ended, nullptr); !a.ok()) {
+          return a.error();
+        }
+      }
       return Outcome{std::nullopt, std::string(TextOf(*ends).text())};
     }
     // Written at most every 10 s (a quarter of the idle time when that is shorter).
@@ -112,16 +125,19 @@ void ConsoleGwService::Logout(const std::string& cookie) {
   if (cookie.empty()) return;
   auto r = store::WithTx(*svc_.pg(), [&](pqxx::work& tx) -> Result<void> {
     auto s = LockPageSession(tx, GrantHash(cookie));
-    if (s && s->session.end_reason().empty()) {
-      EndPageSession(tx, s->session.session_id(), PageEnd::kLogout, s->session.principal());
-    }
-    return Ok();
+    if (!s || !s->session.end_reason().empty()) return Ok();
+    bool now = false;
+    auto ended =
+        EndPageSession(tx, s->session.session_id(), PageEnd::kLogout, s->session.principal(), &now);
+    if (!now || !ended) return Ok();
+    const v1::Principal actor = OperatorActor(s->session.principal());
+    return AnnouncePageSession(tx, svc_.source(), *ended, &actor);
   });
   if (!r.ok()) svc_.log().Error("page logout not recorded", {{"error", r.error().ToString()}});
 }
 
-PageSessionHandlers::PageSessionHandlers(std::shared_ptr<store::Pool> pool)
-    : pool_(std::move(pool)) {}
+PageSessionHandlers::PageSessionHandlers(std::shared_ptr<store::Pool> pool, std::string source)
+    : pool_(std::move(pool)), source_(std::move(source)) {}
 
 Result<v1::ListPageSessionsResponse> PageSessionHandlers::List(
     const v1::ListPageSessionsRequest& req, rpc::Context& /*ctx*/) const {
@@ -146,9 +162,14 @@ Result<v1::EndPageSessionResponse> PageSessionHandlers::End(const v1::EndPageSes
                                   {{"session_id", "not a UUID"}});
   }
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::EndPageSessionResponse> {
-    auto s = EndPageSession(tx, req.session_id(), PageEnd::kEnded, ctx.principal.subject);
+    bool now = false;
+    auto s = EndPageSession(tx, req.session_id(), PageEnd::kEnded, ctx.principal.subject, &now);
     if (!s) {
       return Error::NotFound(reason::kPageSessionNotFound, "no page session " + req.session_id());
+    }
+    // The operator who ended it is the event's actor (the request's principal).
+    if (now) {
+      if (auto a = AnnouncePageSession(tx, source_, *s, nullptr); !a.ok()) return a.error();
     }
     v1::EndPageSessionResponse resp;
     *resp.mutable_session() = std::move(*s);

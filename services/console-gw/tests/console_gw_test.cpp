@@ -737,8 +737,9 @@ TEST_F(ConsoleGwTest, ThePagesApiNeedsAnOperatorLoginAndTheSameOrigin) {
 
 // The page's login is a server-side session: logout ends it (the same cookie is refused
 // afterwards), so do idleness (console.page_idle_s, 2 s here), an operator ending it
-// (console.login.end) and revoking its token; an operator lists them. A cross-origin logout is
-// refused like every other cross-origin POST, and leaves the session alive.
+// (console.login.end) and revoking its token; an operator lists them, and each start and end is
+// an audit event naming who caused it. A cross-origin logout is refused like every other
+// cross-origin POST, and leaves the session alive.
 TEST_F(ConsoleGwTest, APageSessionIsServerSideAndEndsAtLogoutIdleByAnOperatorOrRevocation) {
   const std::string token = nats_.Token("operator", "", "user:alice");
   auto login = [&](const std::string& t) {
@@ -819,6 +820,45 @@ TEST_F(ConsoleGwTest, APageSessionIsServerSideAndEndsAtLogoutIdleByAnOperatorOrR
   EXPECT_EQ(reasons[id2], "ended");
   EXPECT_EQ(reasons[id3], "idle");
   EXPECT_EQ(reasons[id4], "revoked");
+  // Every login and its end is on the console audit trail, once, naming who caused it: the
+  // operator (login, logout), the operator who ended it, or console-gw (idle, revoked).
+  struct Seen {
+    int started = 0;
+    int ended = 0;
+    std::string end_reason, started_by, ended_by_actor;
+  };
+  std::map<std::string, Seen> seen;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    seen.clear();
+    for (const auto& e : testing::ReadStream(*conn_, "GPUAAS_EVT_CONSOLE")) {
+      v1::PageSession data;
+      if (e.subject.rfind("gpuaas.v1.evt.console.login.", 0) != 0) continue;
+      EXPECT_TRUE(e.event.data().UnpackTo(&data)) << e.subject;
+      Seen& x = seen[data.session_id()];
+      if (e.subject == "gpuaas.v1.evt.console.login.started") {
+        ++x.started;
+        x.started_by = e.event.actor().subject();
+      } else {
+        EXPECT_EQ(e.subject, "gpuaas.v1.evt.console.login.ended");
+        ++x.ended;
+        x.end_reason = data.end_reason();
+        x.ended_by_actor = e.event.actor().subject();
+      }
+    }
+    return seen.size() == 4 && seen[id4].ended == 1;
+  })) << seen.size();
+  const std::map<std::string, std::pair<std::string, std::string>> want = {
+      {id1, {"logout", "user:alice"}},
+      {id2, {"ended", "user:root"}},
+      {id3, {"idle", "service:console-gw"}},
+      {id4, {"revoked", "service:console-gw"}}};
+  for (const auto& [id, w] : want) {
+    EXPECT_EQ(seen[id].started, 1) << id;
+    EXPECT_EQ(seen[id].started_by, "user:alice") << id;
+    EXPECT_EQ(seen[id].ended, 1) << id;
+    EXPECT_EQ(seen[id].end_reason, w.first) << id;
+    EXPECT_EQ(seen[id].ended_by_actor, w.second) << id;
+  }
   // And that principal cannot log in again with the revoked token.
   auto [rs, rbody, rck] =
       Http(bhttp::verb::post, "/api/login", json{{"token", token}}.dump(), "", origin_);
