@@ -137,9 +137,6 @@ Result<std::unique_ptr<Follower>> Follower::Start(std::shared_ptr<messaging::Con
   if (auto p = i.conn->CheckPermitted(kSubject, std::chrono::seconds(5)); !p.ok()) {
     return p.error();
   }
-  if (auto e = messaging::RequireStream(*i.conn, messaging::AuthEventsStream()); !e.ok()) {
-    return e.error();
-  }
   if (auto r = i.ReadStored(); !r.ok()) return r.error();
   i.log.Info("token revocations followed", {{"in_force", std::to_string(i.list->Size())}});
   return f;

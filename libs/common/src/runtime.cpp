@@ -86,10 +86,28 @@ Service::Service(Component component, CommonConfig cfg)
 
 Service::~Service() { Shutdown(); }
 
+namespace {
+// The streams the contract says service `name` uses (access::UsedStreams: exactly those its NATS
+// user may look up) must be declared (by `gpuaasctl streams apply`); each is waited for
+// (messaging::RequireStream). Not a service of the contract (a node-agent, a test's): none.
+Result<void> RequireUsedStreams(messaging::Connection& conn, const std::string& name) {
+  const auto& c = access::EmbeddedContract();
+  auto role = c.roles.find(name);
+  if (role == c.roles.end() || role->second.kind != access::Kind::kService) return Ok();
+  const auto used = access::UsedStreams(c, name);
+  for (const auto& spec : messaging::PlatformStreams()) {
+    if (!used.count(spec.name)) continue;
+    if (auto r = messaging::RequireStream(conn, spec); !r.ok()) return r;
+  }
+  return Ok();
+}
+}  // namespace
+
 Result<void> Service::Start(std::chrono::milliseconds start_timeout) {
   const auto deadline = std::chrono::steady_clock::now() + start_timeout;
   if (auto r = ReadTokenKeys(); !r.ok()) return r;
   if (auto r = ConnectNats(); !r.ok()) return r;
+  if (auto r = RequireUsedStreams(*nats_, component_.name); !r.ok()) return r;
   if (auto r = FollowRevocations(); !r.ok()) return r;
   if (component_.migrations) {
     if (auto r = OpenDatabase(deadline); !r.ok()) return r;

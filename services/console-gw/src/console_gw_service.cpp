@@ -15,7 +15,6 @@
 #include "console_gw_routes.hpp"
 #include "console_store.hpp"
 #include "gpuaas/common/access.hpp"
-#include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -195,9 +194,6 @@ ConsoleGwService::~ConsoleGwService() {
 
 Result<void> ConsoleGwService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
-  if (auto r = messaging::RequireStream(*svc_.nats(), messaging::ConsoleEventsStream()); !r.ok()) {
-    return r;
-  }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<ConsoleMetrics>(svc_.metrics());
   RegisterRoutes(
@@ -354,10 +350,7 @@ Result<ClaimOutcome> ClaimGrant(pqxx::work& tx, const std::string& source,
   }
   *s = MarkConnected(tx, s->session_id(), gateway, a.client_address, a.origin);
   // The operator who created it is the actor of its connection (the grant stands for them).
-  v1::Principal actor;
-  actor.set_subject(s->created_by());
-  actor.add_roles(auth::kRoleOperator);
-  outbox::ActorScope scope(actor);
+  outbox::ActorScope scope(OperatorActor(s->created_by()));
   if (auto x = Announce(tx, source, *s, {"", "", a.client_address, a.origin}); !x.ok()) {
     return x.error();
   }

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
@@ -82,6 +83,13 @@ v1::ConsoleSession Move(pqxx::work& tx, const std::string& session_id,
 }
 
 }  // namespace
+
+v1::Principal OperatorActor(const std::string& subject) {
+  v1::Principal p;
+  p.set_subject(subject);
+  p.add_roles(auth::kRoleOperator);
+  return p;
+}
 
 Result<void> Announce(pqxx::work& tx, const std::string& source, const v1::ConsoleSession& s,
                       const Audit& a, bool refused) {

@@ -13,6 +13,8 @@
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/console_gw/console_domain.hpp"
 
+#include "gpuaas/v1/event.pb.h"
+
 namespace gpuaas::v1 {
 class ConsoleSession;
 enum ConsoleSessionState : int;
@@ -27,6 +29,10 @@ struct Audit {
   std::string client_address;
   std::string origin;
 };
+
+// An operator as the actor of an event console-gw writes outside a request (the operator who
+// created a console session, for its connection; who logged in to or out of the page).
+v1::Principal OperatorActor(const std::string& subject);
 
 // The session's event: gpuaas.v1.evt.console.session.<state>, or connect.refused.
 Result<void> Announce(pqxx::work& tx, const std::string& source, const v1::ConsoleSession& s,

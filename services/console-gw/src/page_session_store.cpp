@@ -4,7 +4,6 @@
 
 #include <fmt/format.h>
 
-#include "gpuaas/common/auth.hpp"
 #include "gpuaas/common/outbox.hpp"
 #include "gpuaas/v1/console.pb.h"
 
@@ -107,13 +106,6 @@ Result<void> AnnouncePageSession(pqxx::work& tx, const std::string& source,
   auto r = outbox::Append(tx, spec);
   if (!r.ok()) return r.error();
   return Ok();
-}
-
-v1::Principal OperatorActor(const std::string& subject) {
-  v1::Principal p;
-  p.set_subject(subject);
-  p.add_roles(auth::kRoleOperator);
-  return p;
 }
 
 std::vector<v1::PageSession> ListPageSessions(pqxx::work& tx, bool include_ended, int limit) {

@@ -50,8 +50,7 @@ std::optional<v1::PageSession> EndPageSession(pqxx::work& tx, const std::string&
 // (null: the request being handled, else service:console-gw).
 Result<void> AnnouncePageSession(pqxx::work& tx, const std::string& source,
                                  const v1::PageSession& s, const v1::Principal* actor);
-// The principal `subject` with the operator role, as an event's actor.
-v1::Principal OperatorActor(const std::string& subject);
+
 // Newest first; live ones only unless `include_ended`.
 std::vector<v1::PageSession> ListPageSessions(pqxx::work& tx, bool include_ended, int limit);
 

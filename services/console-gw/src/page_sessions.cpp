@@ -8,6 +8,7 @@
 #include <chrono>
 
 #include "console_gw_routes.hpp"
+#include "console_store.hpp"
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"

@@ -184,10 +184,6 @@ IngressService::~IngressService() { gauges_.reset(); }
 Result<void> IngressService::Start() {
   if (auto v = cfg_.Validate(); !v.ok()) return v;
   if (auto r = svc_.Start(); !r.ok()) return r;
-  for (const auto& spec : {messaging::IngressEventsStream(), messaging::DeadLetterStream(),
-                           messaging::SchedulerEventsStream()}) {
-    if (auto r = messaging::RequireStream(*svc_.nats(), spec); !r.ok()) return r;
-  }
   svc_.StartOutboxRelay();
   metrics_ = std::make_unique<IngressMetrics>(svc_.metrics());
   auto pool = svc_.pg();

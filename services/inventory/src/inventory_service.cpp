@@ -122,14 +122,7 @@ InventoryService::InventoryService(InventoryConfig cfg)
 Result<void> InventoryService::Start() {
   if (auto r = svc_.Start(); !r.ok()) return r;
   auto nats = svc_.nats();
-  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::DeadLetterStream()}) {
-    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
-  }
   svc_.StartOutboxRelay();
-  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream(),
-                           messaging::IpamEventsStream()}) {
-    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
-  }
   HandlerDeps deps;
   deps.pool = svc_.pg();
   deps.nats = nats;

@@ -131,11 +131,6 @@ IpamService::IpamService(IpamConfig cfg)
 Result<void> IpamService::Start() {
   if (auto v = cfg_.Validate(); !v.ok()) return v;
   if (auto r = svc_.Start(); !r.ok()) return r;
-  for (const auto& spec : {messaging::IpamEventsStream(), messaging::DeadLetterStream(),
-                           messaging::SchedulerEventsStream(), messaging::NodeEventsStream(),
-                           messaging::InventoryEventsStream()}) {
-    if (auto r = messaging::RequireStream(*svc_.nats(), spec); !r.ok()) return r;
-  }
   svc_.StartOutboxRelay();
   const std::string source = svc_.source();
   const IpamConfig cfg = cfg_;

@@ -637,11 +637,6 @@ class Sweeper {
 }  // namespace
 
 Result<void> StartSaga(runtime::Service& svc, const SagaOptions& opts) {
-  auto nats = svc.nats();
-  for (const auto& spec : {messaging::NodeTasksStream(), messaging::NodeEventsStream(),
-                           messaging::IngressEventsStream()}) {
-    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
-  }
   auto consumer = svc.StartProjection(
       messaging::NodeEventsStream().name, kTaskConsumer, "gpuaas.v1.evt.node.*.task.>",
       [opts](pqxx::work& tx, const v1::Event& ev) { return ApplyNodeTaskEvent(tx, ev, opts); });

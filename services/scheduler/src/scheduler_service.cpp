@@ -196,11 +196,6 @@ Result<void> SchedulerService::Start() {
   auto catalog = LoadCatalog(cfg_.catalog_file);
   if (!catalog.ok()) return catalog.error();
   if (auto r = svc_.Start(); !r.ok()) return r;
-  auto nats = svc_.nats();
-  // Declared at deploy time (gpuaasctl streams apply); each service checks the ones it uses.
-  for (const auto& spec : {messaging::InventoryEventsStream(), messaging::DeadLetterStream()}) {
-    if (auto r = messaging::RequireStream(*nats, spec); !r.ok()) return r;
-  }
   svc_.StartOutboxRelay();
   if (auto r = StartProjections(); !r.ok()) return r;
   if (auto r = StartTenantFeed(svc_); !r.ok()) return r;
@@ -215,9 +210,6 @@ Result<void> SchedulerService::Start() {
   }
   if (cfg_.group_commit) {
     group_ = std::make_unique<store::GroupCommit>(svc_.pg(), store::GroupCommit::Options{});
-  }
-  if (auto r = messaging::RequireStream(*nats, messaging::SchedulerEventsStream()); !r.ok()) {
-    return r;
   }
   // Only registers (requests are served from ServeRequests on); before StartSaga, so a bad app
   // table (checked by AppHandlers) aborts before the saga's consumers run.

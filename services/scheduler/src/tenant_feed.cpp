@@ -39,9 +39,6 @@ messaging::HandlerResult FeedOne(messaging::Connection& conn, const messaging::D
 }
 
 Result<void> StartTenantFeed(runtime::Service& svc) {
-  for (const auto& spec : {messaging::SchedulerEventsStream(), messaging::TenantFeedStream()}) {
-    if (auto r = messaging::RequireStream(*svc.nats(), spec); !r.ok()) return r;
-  }
   messaging::ConsumerSpec spec;
   spec.stream = messaging::SchedulerEventsStream().name;
   spec.durable = kTenantFeedConsumer;
