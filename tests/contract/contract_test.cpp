@@ -726,6 +726,37 @@ class ContractTest : public ::testing::Test {
       auto r = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register", reg);
       ASSERT_TRUE(r.ok()) << r.error().ToString();
     }
+    RunDrain("contract-bare");
+  }
+
+  // An operator drains a node that holds nothing: answered once the scheduler has it, drained
+  // on the scheduler's node.emptied, then back in service.
+  void RunDrain(const std::string& node) {
+    v1::DrainNodeRequest drain;
+    drain.set_node_id(node);
+    drain.set_reason("contract test");
+    drain.set_deadline_s(3600);
+    auto drained = Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.drain", drain);
+    ASSERT_TRUE(drained.ok()) << drained.error().ToString();
+    EXPECT_TRUE(drained->changed());
+    EXPECT_EQ(drained->holding_allocations_size(), 0);
+    ASSERT_TRUE(testing::WaitFor([&] {
+      v1::ShowNodeRequest r;
+      r.set_node_id(node);
+      auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+      return s.ok() && s->node().admin_state() == v1::NODE_ADMIN_STATE_DRAINED;
+    }));
+    v1::ListNodeHoldersRequest holders;
+    holders.set_node_id(node);
+    auto held = Call<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", holders);
+    ASSERT_TRUE(held.ok()) << held.error().ToString();
+    EXPECT_EQ(held->holders_size(), 0);
+    v1::NodeAdminRequest back;
+    back.set_node_id(node);
+    back.set_reason("contract test done");
+    auto undrained = Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.undrain", back);
+    ASSERT_TRUE(undrained.ok()) << undrained.error().ToString();
+    EXPECT_EQ(undrained->node().admin_state(), v1::NODE_ADMIN_STATE_ACTIVE);
   }
 
   testing::Platform p_;

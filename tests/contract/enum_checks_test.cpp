@@ -135,6 +135,7 @@ TEST(EnumChecksTest, SchedulerColumnsMatchTheirEnums) {
       "scheduler", scheduler::Migrations(),
       {
           {"projected_nodes", "capacity_profile", v1::CapacityProfile_descriptor()},
+          {"projected_nodes", "admin_state", v1::NodeAdminState_descriptor()},
           {"projected_slots", "admin_state", v1::SlotAdminState_descriptor()},
           {"projected_slots", "health", v1::SlotHealth_descriptor()},
           {"projected_slots", "fabric_type", v1::FabricType_descriptor(), true},
@@ -176,6 +177,7 @@ TEST(EnumChecksTest, InventoryColumnsMatchTheirEnums) {
   ExpectColumnsMatch("inventory", inventory::Migrations(),
                      {
                          {"nodes", "capacity_profile", v1::CapacityProfile_descriptor()},
+                         {"nodes", "admin_state", v1::NodeAdminState_descriptor()},
                          {"node_resource_slots", "admin_state", v1::SlotAdminState_descriptor()},
                          {"node_resource_slots", "health", v1::SlotHealth_descriptor()},
                          {"node_tasks", "type", v1::TaskType_descriptor()},

@@ -618,16 +618,11 @@ json RecordJson(const Record& rec) {
 Result<pb::Timestamp> ParseSince(const std::string& text) {
   pb::Timestamp t;
   if (pb::util::TimeUtil::FromString(text, &t)) return t;
-  static const std::regex age(R"(^(\d{1,9})([smhd])$)");
-  std::smatch m;
-  if (std::regex_match(text, m, age)) {
-    const int64_t n = std::stoll(m[1].str());
-    const char unit = m[2].str()[0];
-    const int64_t per = unit == 's' ? 1 : unit == 'm' ? 60 : unit == 'h' ? 3600 : 86400;
+  if (auto age = ParseSeconds(text); age && !text.empty() && std::isalpha(text.back())) {
     const auto now = std::chrono::system_clock::now();
     const int64_t secs =
         std::chrono::duration_cast<std::chrono::seconds>(now.time_since_epoch()).count();
-    t.set_seconds(secs - n * per);
+    t.set_seconds(secs - *age);
     return t;
   }
   return Error::InvalidArgument(

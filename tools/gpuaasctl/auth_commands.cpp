@@ -142,12 +142,10 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
       auto pem = Read(o->issuer == "tenant" ? access::TenantTokenSigningKeyPath(o->keys)
                                             : access::TokenSigningKeyPath(o->keys));
       if (!pem.ok()) return Fail(g, pem.error());
-      int64_t n = 0;
-      char unit = 's';
-      if (std::sscanf(o->ttl.c_str(), "%ld%c", &n, &unit) < 1 || n <= 0) {
+      const auto ttl = ParseSeconds(o->ttl);
+      if (!ttl || *ttl <= 0) {
         return Usage(g, Error::InvalidArgument(reason::kInvalidTtl, "--ttl is <n>s|<n>m|<n>h"));
       }
-      const int64_t mult = unit == 'h' ? 3600 : unit == 'm' ? 60 : 1;
       auth::Principal p;
       p.subject =
           o->user.find(':') == std::string::npos
@@ -155,7 +153,7 @@ std::function<std::optional<int>(const Globals&)> AddAuthCommands(CLI::App& app)
               : o->user;
       p.tenant = o->tenant;
       p.roles = {o->role};
-      auto token = auth::IssueToken(*pem, p, std::chrono::seconds(n * mult));
+      auto token = auth::IssueToken(*pem, p, std::chrono::seconds(*ttl));
       if (!token.ok()) return Usage(g, token.error());
       if (o->out.empty()) {
         std::cout << *token << "\n";

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <iostream>
 #include <map>
+#include <regex>
 
 #include <fmt/format.h>
 
@@ -125,6 +126,18 @@ const std::vector<std::string>& CompletionValues(const CLI::Option* opt) {
   static const std::vector<std::string> kNone;
   auto it = Completions().find(opt);
   return it == Completions().end() ? kNone : it->second;
+}
+
+std::optional<int64_t> ParseSeconds(const std::string& text) {
+  static const std::regex kForm(R"(^(\d{1,9})([smhd]?)$)");
+  std::smatch m;
+  if (!std::regex_match(text, m, kForm)) return std::nullopt;
+  const int64_t n = std::stoll(m[1].str());
+  const std::string unit = m[2].str();
+  if (unit == "m") return n * 60;
+  if (unit == "h") return n * 3600;
+  if (unit == "d") return n * 86400;
+  return n;
 }
 
 }  // namespace gpuaas::ctl

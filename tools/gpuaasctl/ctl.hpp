@@ -69,6 +69,9 @@ void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows);
 std::string Time(const google::protobuf::Timestamp& t);
 std::string Join(const std::vector<std::string>& items, const std::string& sep = ",");
+// A duration flag: "90s", "15m", "2h", "7d" or plain seconds ("90"), in seconds; nullopt for
+// anything else (at most 9 digits).
+std::optional<int64_t> ParseSeconds(const std::string& text);
 // `s`, or `dash` when it is empty.
 std::string Or(const std::string& s, const std::string& dash = "-");
 
@@ -139,6 +142,8 @@ Action AddNodeCommands(CLI::App& app);
 // Inventory slot/topology/region commands, scheduler slots (inventory_commands.cpp); after
 // AddNodeCommands (it adds to the node and scheduler groups).
 Action AddInventoryCommands(CLI::App& app);
+// node drain/undrain/maintenance/holders (host_commands.cpp), under the existing "node".
+Action AddHostCommands(CLI::App& node);
 // ipam reservations/leases/drift/network/subnet/release/reprovision (ipam_commands.cpp).
 Action AddIpamCommands(CLI::App& app);
 // Allocation commands (alloc_commands.cpp).

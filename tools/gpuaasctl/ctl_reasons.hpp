@@ -15,6 +15,7 @@ inline constexpr Reason kIssuerRole{"issuer_role"};  // INVALID_ARGUMENT: a tena
 inline constexpr Reason kInvalidLabel{"invalid_label"};  // INVALID_ARGUMENT: label not key=value
 inline constexpr Reason kConfirmRequired{"confirm_required"};  // INVALID_ARGUMENT: needs --yes
 inline constexpr Reason kTokenFile{"token_file"};  // INVALID_ARGUMENT: --token-file unreadable
+inline constexpr Reason kDeadlineInvalid{"deadline_invalid"};  // INVALID_ARGUMENT: bad --deadline
 
 // Errors of the commands that read JetStream or work locally (exit 1).
 inline constexpr Reason kNoEvents{"no_events"};  // NOT_FOUND: audit found no events

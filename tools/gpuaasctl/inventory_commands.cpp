@@ -39,6 +39,11 @@ void PrintShow(const v1::ShowNodeResponse& r) {
   std::cout << fmt::format("node {}  host {}  region {}{}  pool {}  agent {}\n", n.node_id(),
                            n.hostname(), n.region(), r.region_enabled() ? "" : " (disabled)",
                            n.pool(), n.agent_version());
+  std::cout << fmt::format("admin: {}{}{}\n", Txt(n.admin_state()),
+                           n.admin_reason().empty()
+                               ? ""
+                               : fmt::format(" ({}, by {})", n.admin_reason(), n.admin_actor()),
+                           n.has_drain_deadline() ? "  deadline " + Time(n.drain_deadline()) : "");
   if (r.snapshot_version() == 0) {
     std::cout << "topology: none reported yet (gpuaasctl node discover --id " << n.node_id()
               << ")\n";
@@ -496,10 +501,10 @@ Action AddInventoryCommands(CLI::App& app) {
   CLI::App& disk = Group(app, "disk", "Slot disks");
   Action availability = AddAvailability(app);
   CLI::App& region = Group(app, "region", "Regions");
-  return FirstOf<Action>({AddNodeDiscover(node), AddNodeShow(node), AddSlotApprove(slot),
-                          AddSlotDisable(slot), AddSlotRepair(slot), AddDiskWipeProof(disk),
-                          availability, AddRegionList(region), AddRegionSet(region),
-                          AddSchedulerSlots(sched)});
+  return FirstOf<Action>({AddNodeDiscover(node), AddNodeShow(node), AddHostCommands(node),
+                          AddSlotApprove(slot), AddSlotDisable(slot), AddSlotRepair(slot),
+                          AddDiskWipeProof(disk), availability, AddRegionList(region),
+                          AddRegionSet(region), AddSchedulerSlots(sched)});
 }
 
 }  // namespace gpuaas::ctl

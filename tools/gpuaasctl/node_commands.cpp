@@ -79,10 +79,11 @@ Action AddNodeCommands(CLI::App& app) {
         std::vector<std::vector<std::string>> rows;
         for (const auto& n : all.nodes()) {
           rows.push_back({n.node_id(), n.hostname(), n.region(), n.pool(),
-                          Txt(n.capacity_profile()), std::to_string(n.generation()),
-                          Time(n.registered_at())});
+                          Txt(n.capacity_profile()), Txt(n.admin_state()),
+                          std::to_string(n.generation()), Time(n.registered_at())});
         }
-        PrintTable({"NODE", "HOSTNAME", "REGION", "POOL", "PROFILE", "GEN", "REGISTERED"}, rows);
+        PrintTable({"NODE", "HOSTNAME", "REGION", "POOL", "PROFILE", "STATE", "GEN", "REGISTERED"},
+                   rows);
       });
     }
     if (sched_nodes->parsed()) {
@@ -99,9 +100,9 @@ Action AddNodeCommands(CLI::App& app) {
         std::vector<std::vector<std::string>> rows;
         for (const auto& n : all.nodes()) {
           rows.push_back({n.node_id(), n.region(), n.pool(), Txt(n.capacity_profile()),
-                          std::to_string(n.generation()), n.last_event_id()});
+                          Txt(n.admin_state()), std::to_string(n.generation()), n.last_event_id()});
         }
-        PrintTable({"NODE", "REGION", "POOL", "PROFILE", "GEN", "LAST EVENT"}, rows);
+        PrintTable({"NODE", "REGION", "POOL", "PROFILE", "STATE", "GEN", "LAST EVENT"}, rows);
       });
     }
     if (rebuild->parsed()) {

@@ -1,14 +1,17 @@
 #pragma once
 // Inventory's request handlers, one per subject of its route table (RegisterRoutes in
 // inventory_service.cpp). Each decodes and validates its request, runs the domain and store
-// code in one transaction and maps the result. Node handlers are in node_handlers.cpp, slot,
-// region and availability handlers in slot_handlers.cpp.
+// code in one transaction and maps the result. Node handlers are in node_handlers.cpp, host
+// operations (drain, undrain, maintenance) in host_handlers.cpp, slot, region and availability
+// handlers in slot_handlers.cpp.
 #include <cstdint>
 #include <memory>
 #include <string>
 
 #include "approval.hpp"
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/inventory/node_lifecycle.hpp"
+#include "host_operations.hpp"
 
 namespace gpuaas::v1 {
 class AckDesiredSlotsRequest;
@@ -16,6 +19,9 @@ class AckDesiredSlotsResponse;
 class ApproveSlotsRequest;
 class ApproveSlotsResponse;
 class DisableSlotRequest;
+class DrainNodeRequest;
+class NodeAdminRequest;
+class NodeAdminResponse;
 class DisableSlotResponse;
 class DiscoverNodeRequest;
 class DiscoverNodeResponse;
@@ -48,6 +54,7 @@ struct HandlerDeps {
   int64_t ipam_timeout_ms = 5000;         // MAC/IP reservation at approval
   int64_t node_task_ack_wait_ms = 30000;  // ack wait of each node's task consumer
   int64_t task_deadline_s = 300;          // typed tasks sent to node-agents
+  int64_t drain_confirm_ms = 10000;       // a drain's wait for the scheduler's projection
 };
 
 class InventoryHandlers {
@@ -66,6 +73,13 @@ class InventoryHandlers {
   Result<v1::AckDesiredSlotsResponse> DesiredAck(const v1::AckDesiredSlotsRequest& req,
                                                  rpc::Context& ctx) const;
 
+  // ---- host operations (host_handlers.cpp) ----
+  Result<v1::NodeAdminResponse> NodeDrain(const v1::DrainNodeRequest& req, rpc::Context& ctx) const;
+  Result<v1::NodeAdminResponse> NodeUndrain(const v1::NodeAdminRequest& req,
+                                            rpc::Context& ctx) const;
+  Result<v1::NodeAdminResponse> NodeMaintenance(const v1::NodeAdminRequest& req,
+                                                rpc::Context& ctx) const;
+
   // ---- slots, wipe proofs, availability and regions (slot_handlers.cpp) ----
   Result<v1::ApproveSlotsResponse> SlotApprove(const v1::ApproveSlotsRequest& req,
                                                rpc::Context& ctx) const;
@@ -83,6 +97,10 @@ class InventoryHandlers {
 
  private:
   ApprovalDeps Approval() const;
+  // One admin-state move in its own transaction, logged with who and why.
+  Result<v1::NodeAdminResponse> Move(const std::string& node_id, node_lifecycle::Event e,
+                                     const AdminCause& cause, rpc::Context& ctx) const;
+  static AdminCause Cause(const std::string& reason_text, rpc::Context& ctx);
 
   HandlerDeps d_;
 };

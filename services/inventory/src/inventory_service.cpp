@@ -12,7 +12,9 @@
 #include "gpuaas/inventory/inventory_reasons.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
+#include "host_operations.hpp"
 #include "inventory_handlers.hpp"
+#include "node_gauges.hpp"
 #include "slots.hpp"
 
 namespace gpuaas::inventory {
@@ -28,6 +30,9 @@ void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<InventoryHandlers>& 
   rpc.Route("gpuaas.v1.inventory.node.list", h, &InventoryHandlers::NodeList);
   rpc.Route("gpuaas.v1.inventory.node.discover", h, &InventoryHandlers::NodeDiscover);
   rpc.Route("gpuaas.v1.inventory.node.show", h, &InventoryHandlers::NodeShow);
+  rpc.Route("gpuaas.v1.inventory.node.drain", h, &InventoryHandlers::NodeDrain);
+  rpc.Route("gpuaas.v1.inventory.node.undrain", h, &InventoryHandlers::NodeUndrain);
+  rpc.Route("gpuaas.v1.inventory.node.maintenance", h, &InventoryHandlers::NodeMaintenance);
   rpc.Route("gpuaas.v1.inventory.slot.approve", h, &InventoryHandlers::SlotApprove);
   rpc.Route("gpuaas.v1.inventory.slot.repair", h, &InventoryHandlers::SlotRepair);
   rpc.Route("gpuaas.v1.inventory.slot.disable", h, &InventoryHandlers::SlotDisable);
@@ -56,6 +61,13 @@ Result<void> StartConsumers(runtime::Service& svc, const std::string& source) {
                                      return ApplyIpamDriftEvent(tx, ev, source);
                                    });
   if (!drift.ok()) return drift.error();
+  // The scheduler's word that a draining node holds no live claim any more.
+  auto emptied = svc.StartProjection(messaging::SchedulerEventsStream().name, kNodeEmptiedConsumer,
+                                     "gpuaas.v1.evt.scheduler.node.emptied",
+                                     [source](pqxx::work& tx, const v1::Event& ev) {
+                                       return ApplyNodeEmptiedEvent(tx, ev, source);
+                                     });
+  if (!emptied.ok()) return emptied.error();
   return Ok();
 }
 
@@ -114,6 +126,10 @@ void InventoryConfig::Register(config::Schema& s) {
   s.Add("inventory.task_deadline_s", &task_deadline_s,
         "Deadline of typed tasks sent to node-agents (a task received later fails)", 300,
         config::Range(1, 86400));
+  s.Add("inventory.drain_confirm_ms", &drain_confirm_ms,
+        "How long a node drain waits for the scheduler's projection to have it before answering "
+        "UNAVAILABLE drain_not_confirmed (the drain stays recorded; asking again waits again)",
+        10000, config::Range(100, 60000));
 }
 
 InventoryService::InventoryService(InventoryConfig cfg)
@@ -130,8 +146,11 @@ Result<void> InventoryService::Start() {
   deps.ipam_timeout_ms = cfg_.ipam_timeout_ms;
   deps.node_task_ack_wait_ms = cfg_.node_task_ack_wait_ms;
   deps.task_deadline_s = cfg_.task_deadline_s;
+  deps.drain_confirm_ms = cfg_.drain_confirm_ms;
   RegisterRoutes(svc_.Rpc(), std::make_shared<InventoryHandlers>(std::move(deps)));
   if (auto r = StartConsumers(svc_, svc_.source()); !r.ok()) return r;
+  auto gauges = StartNodeGauges(svc_.pg(), svc_.metrics(), svc_.log());
+  svc_.OnDrain("node gauges", [gauges] { gauges->Stop(); });
   return svc_.ServeRequests();
 }
 

@@ -21,7 +21,9 @@ google::protobuf::Timestamp Ts(const pqxx::field& f) {
 
 constexpr const char* kNodeColumns =
     "node_id, hostname, region, pool, capacity_profile, labels::text, agent_version, generation, "
-    "extract(epoch from registered_at)::float8, extract(epoch from updated_at)::float8";
+    "extract(epoch from registered_at)::float8, extract(epoch from updated_at)::float8, "
+    "admin_state, admin_reason, admin_actor, extract(epoch from admin_changed_at)::float8, "
+    "extract(epoch from drain_deadline)::float8";
 
 v1::Node NodeFromRow(const pqxx::row& r) {
   v1::Node n;
@@ -38,6 +40,11 @@ v1::Node NodeFromRow(const pqxx::row& r) {
   n.set_generation(r[7].as<int64_t>());
   *n.mutable_registered_at() = Ts(r[8]);
   *n.mutable_updated_at() = Ts(r[9]);
+  n.set_admin_state(enums::FromColumn<v1::NodeAdminState>(r[10].as<std::string>()));
+  n.set_admin_reason(r[11].as<std::string>());
+  n.set_admin_actor(r[12].as<std::string>());
+  *n.mutable_admin_changed_at() = Ts(r[13]);
+  if (!r[14].is_null()) *n.mutable_drain_deadline() = Ts(r[14]);
   return n;
 }
 
@@ -89,7 +96,8 @@ v1::Node ReadNode(pqxx::work& tx, const std::string& node_id) {
 v1::Node ReadNodeSummary(pqxx::work& tx, const std::string& node_id) {
   auto n = tx.exec_params(
       "SELECT node_id, hostname, region, pool, capacity_profile, agent_version, "
-      "generation, labels::text FROM nodes WHERE node_id = $1",
+      "generation, labels::text, admin_state, admin_reason, admin_actor, "
+      "extract(epoch from drain_deadline)::float8 FROM nodes WHERE node_id = $1",
       node_id);
   v1::Node out;
   out.set_node_id(n[0][0].as<std::string>());
@@ -99,6 +107,10 @@ v1::Node ReadNodeSummary(pqxx::work& tx, const std::string& node_id) {
   out.set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(n[0][4].as<std::string>()));
   out.set_agent_version(n[0][5].as<std::string>());
   out.set_generation(n[0][6].as<int64_t>());
+  out.set_admin_state(enums::FromColumn<v1::NodeAdminState>(n[0][8].as<std::string>()));
+  out.set_admin_reason(n[0][9].as<std::string>());
+  out.set_admin_actor(n[0][10].as<std::string>());
+  if (!n[0][11].is_null()) *out.mutable_drain_deadline() = Ts(n[0][11]);
   return out;
 }
 
@@ -118,7 +130,8 @@ std::vector<v1::Node> ListNodesAfter(pqxx::work& tx, const std::string& region,
 
 std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string& node_id,
                                                RowLock lock) {
-  auto rows = tx.exec_params(std::string("SELECT n.region, n.pool, COALESCE(r.enabled, true) "
+  auto rows = tx.exec_params(std::string("SELECT n.region, n.pool, COALESCE(r.enabled, true), "
+                                         "n.admin_state, n.capacity_profile, n.generation "
                                          "FROM nodes n LEFT JOIN regions r ON r.name = n.region "
                                          "WHERE n.node_id = $1") +
                                  (lock == RowLock::kForUpdate ? " FOR UPDATE OF n" : ""),
@@ -128,7 +141,34 @@ std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string
   p.region = rows[0][0].as<std::string>();
   p.pool = rows[0][1].as<std::string>();
   p.region_enabled = rows[0][2].as<bool>();
+  p.admin_state = enums::FromColumn<v1::NodeAdminState>(rows[0][3].as<std::string>());
+  p.mode = enums::FromColumn<v1::CapacityProfile>(rows[0][4].as<std::string>());
+  p.generation = rows[0][5].as<int64_t>();
   return p;
+}
+
+v1::Node WriteNodeAdmin(pqxx::work& tx, const std::string& node_id, const NodeAdminWrite& w) {
+  // A drain sets its deadline (NULL: none); any later state keeps it only while drained.
+  auto rows = tx.exec_params(
+      fmt::format("UPDATE nodes SET admin_state = $2, admin_reason = $3, admin_actor = $4, "
+                  "admin_changed_at = now(), drain_deadline = CASE WHEN $5 THEN "
+                  "now() + make_interval(secs => $6::bigint) WHEN $2 = 'drained' THEN "
+                  "drain_deadline END, generation = generation + 1, updated_at = now() "
+                  "WHERE node_id = $1 RETURNING {}",
+                  kNodeColumns),
+      node_id, enums::Text(w.state), w.reason, w.actor, w.deadline_s > 0, w.deadline_s);
+  return NodeFromRow(rows.at(0));
+}
+
+std::vector<NodeCount> CountNodesByAdminState(pqxx::work& tx) {
+  std::vector<NodeCount> out;
+  for (const auto& r : tx.exec(
+           "SELECT capacity_profile, admin_state, count(*), count(*) FILTER (WHERE admin_state = "
+           "'draining' AND drain_deadline < now()) FROM nodes GROUP BY 1, 2 ORDER BY 1, 2")) {
+    out.push_back(
+        {r[0].as<std::string>(), r[1].as<std::string>(), r[2].as<int64_t>(), r[3].as<int64_t>()});
+  }
+  return out;
 }
 
 std::vector<std::string> NodesWithSlotsInRegion(pqxx::work& tx, const std::string& region) {

@@ -8,12 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "gpuaas/v1/inventory.pb.h"
+
 namespace google::protobuf {
 class Timestamp;
 }
 
 namespace gpuaas::v1 {
-class Node;
 class Region;
 class RegisterNodeRequest;
 class TaskRecord;
@@ -43,15 +44,36 @@ std::vector<v1::Node> ListNodesAfter(pqxx::work& tx, const std::string& region,
 enum class RowLock { kNone, kForUpdate };
 
 // Where a node is: its region, pool and whether the region is enabled (an unknown region
-// counts as enabled).
+// counts as enabled); its admin state and mode.
 struct NodePlacement {
   std::string region;
   std::string pool;
   bool region_enabled = true;
+  v1::NodeAdminState admin_state = v1::NODE_ADMIN_STATE_ACTIVE;
+  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_UNSPECIFIED;
+  int64_t generation = 0;
 };
 // nullopt for an unknown node. kForUpdate locks the node's row (not the region's).
 std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string& node_id,
                                                RowLock lock);
+// A node's new admin state, with the next generation; returns the node as stored.
+struct NodeAdminWrite {
+  v1::NodeAdminState state = v1::NODE_ADMIN_STATE_ACTIVE;
+  std::string reason;
+  std::string actor;
+  int64_t deadline_s = 0;  // > 0: a drain's deadline from now (else: kept while drained)
+};
+v1::Node WriteNodeAdmin(pqxx::work& tx, const std::string& node_id, const NodeAdminWrite& w);
+
+// Nodes per (mode, admin state), with those draining past their deadline.
+struct NodeCount {
+  std::string mode;
+  std::string state;
+  int64_t nodes = 0;
+  int64_t overdue = 0;
+};
+std::vector<NodeCount> CountNodesByAdminState(pqxx::work& tx);
+
 // The nodes of `region` that have at least one slot, in node_id order.
 std::vector<std::string> NodesWithSlotsInRegion(pqxx::work& tx, const std::string& region);
 

@@ -18,6 +18,7 @@
 #include "gpuaas/v1/ipam.pb.h"
 #include "gpuaas/v1/node.pb.h"
 #include "gpuaas/v1/topology.pb.h"
+#include "host_operations.hpp"
 #include "slot_store.hpp"
 
 namespace gpuaas::inventory {
@@ -37,7 +38,7 @@ bool Complete(const v1::Slot& s) {
 bool Schedulable(const v1::Slot& s, const NodeCtx& c) {
   return s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE &&
          s.health() == v1::SLOT_HEALTH_HEALTHY && Complete(s) && c.region_enabled &&
-         c.blockers.empty();
+         c.blockers.empty() && c.admin_state == v1::NODE_ADMIN_STATE_ACTIVE;
 }
 
 // The slot with the topology drift of `report` when its kinds differ from what the slot
@@ -109,6 +110,9 @@ Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock loc
   c.region = placement->region;
   c.pool = placement->pool;
   c.region_enabled = placement->region_enabled;
+  c.admin_state = placement->admin_state;
+  c.mode = placement->mode;
+  c.generation = placement->generation;
   if (auto latest = LoadLatestSnapshotBlockers(tx, node_id)) {
     c.snapshot_version = latest->version;
     c.blockers = std::move(latest->blockers);
@@ -154,6 +158,7 @@ Result<v1::Slot> SaveSlot(pqxx::work& tx, const NodeCtx& c, v1::Slot slot,
   snap.set_region_enabled(c.region_enabled);
   for (const auto& b : c.blockers) snap.add_node_blockers(b);
   snap.set_schedulable(schedulable);
+  snap.set_node_admin_state(c.admin_state);
   auto ev = outbox::Append(tx, {kSlotEvent, "", source, c.node_id + "/" + slot.slot_key(), gen,
                                 correlation, traceparent, &snap});
   if (!ev.ok()) return ev.error();
@@ -244,6 +249,10 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
         return r.error();
       }
     }
+  }
+  // Back from maintenance: the agent's discovery after the host's return is the check.
+  if (before->admin_state == v1::NODE_ADMIN_STATE_MAINTENANCE) {
+    return ApplyMaintenanceChecks(tx, report.node_id(), after.blockers.empty(), source);
   }
   return Ok();
 }

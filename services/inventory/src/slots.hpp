@@ -27,6 +27,7 @@ namespace gpuaas::inventory {
 inline constexpr const char* kTopologyConsumer = "inventory-node-topology";
 inline constexpr const char* kTaskConsumer = "inventory-node-tasks";
 inline constexpr const char* kIpamDriftConsumer = "inventory-ipam-drift";
+inline constexpr const char* kNodeEmptiedConsumer = "inventory-node-emptied";
 
 // Consumers' effects (public for tests): a TopologyReport event stored as the node's next
 // snapshot version, drift and node-blocker changes applied to its slots; a NodeTaskResult event
@@ -51,6 +52,10 @@ struct NodeCtx {
   bool region_enabled = true;
   std::vector<std::string> blockers;  // of the latest topology snapshot
   int64_t snapshot_version = 0;
+  // Only an active node's slots are schedulable (a drain re-announces them all).
+  v1::NodeAdminState admin_state = v1::NODE_ADMIN_STATE_ACTIVE;
+  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_UNSPECIFIED;
+  int64_t generation = 0;  // the node record's
 };
 // NOT_FOUND node_not_found for a node inventory does not know.
 Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock lock);

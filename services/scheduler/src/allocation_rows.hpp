@@ -29,6 +29,10 @@ std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& t
 // Appends gpuaas.v1.evt.scheduler.allocation.<state> with the allocation to the outbox.
 Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string& source,
                       const std::string& traceparent);
+// Appends gpuaas.v1.evt.scheduler.node.emptied when the node is draining and holds no live claim
+// (projection_store.hpp DrainingNodeEmptied): after its claims were freed, or its drain projected.
+Result<void> AnnounceIfEmptied(pqxx::work& tx, const std::string& node_id,
+                               const std::string& source, const std::string& traceparent);
 
 // One timeline row, in `tx` (the caller holds the allocation row lock, so an allocation's seq
 // order is its commit order).

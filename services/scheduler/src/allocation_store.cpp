@@ -12,6 +12,7 @@
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/scheduler/allocations.hpp"
 #include "lifecycle.hpp"
+#include "projection_store.hpp"
 #include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
@@ -150,6 +151,20 @@ Result<void> Announce(pqxx::work& tx, const v1::Allocation& a, const std::string
   return Ok();
 }
 
+Result<void> AnnounceIfEmptied(pqxx::work& tx, const std::string& node_id,
+                               const std::string& source, const std::string& traceparent) {
+  if (node_id.empty()) return Ok();
+  const auto generation = DrainingNodeEmptied(tx, node_id);
+  if (!generation) return Ok();
+  v1::NodeEmptied emptied;
+  emptied.set_node_id(node_id);
+  emptied.set_generation(*generation);
+  auto ev = outbox::Append(tx, {"gpuaas.v1.evt.scheduler.node.emptied", "", source, node_id,
+                                *generation, node_id, traceparent, &emptied});
+  if (!ev.ok()) return ev.error();
+  return Ok();
+}
+
 std::optional<v1::Allocation> FindByRequest(pqxx::work& tx, const std::string& tenant,
                                             const std::string& request_id) {
   // The tenant as a parameter the planner cannot see: with statistics older than the tenant's
@@ -207,13 +222,17 @@ void AbandonChoice(pqxx::work& tx) {
   tx.exec0("ROLLBACK TO SAVEPOINT choice; RELEASE SAVEPOINT choice");
 }
 
-bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip) {
-  return !store::Prepared(
-              tx,
-              fmt::format("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR SHARE{}",
-                          skip ? " SKIP LOCKED" : ""),
-              node_id)
-              .empty();
+NodeShare ShareNode(pqxx::work& tx, const std::string& node_id, bool skip) {
+  // Under the row's share lock the admin state cannot change before this transaction ends: a
+  // drain projected before it is seen, one projected after it waits for it.
+  auto r = store::Prepared(
+      tx,
+      fmt::format("SELECT admin_state = 'active' FROM projected_nodes WHERE node_id = $1 FOR "
+                  "SHARE{}",
+                  skip ? " SKIP LOCKED" : ""),
+      node_id);
+  if (r.empty()) return NodeShare::kHeld;
+  return r[0][0].as<bool>() ? NodeShare::kShared : NodeShare::kNotActive;
 }
 
 int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
@@ -247,6 +266,7 @@ std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& 
   // slots (sliceable capacity stays for slices).
   auto rows = tx.exec_params(
       "SELECT n.node_id FROM projected_nodes n WHERE n.region = $1 AND ($2 = '' OR n.pool = $2) "
+      "AND n.admin_state = 'active' "
       "AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL "
       "AND c.node_id = n.node_id) AND NOT EXISTS (SELECT 1 FROM projected_slots s WHERE "
       "s.node_id = n.node_id AND NOT s.region_enabled) "
@@ -260,8 +280,11 @@ std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& 
 }
 
 bool LockNodeExclusive(pqxx::work& tx, const std::string& node_id) {
-  return !tx.exec_params("SELECT 1 FROM projected_nodes WHERE node_id = $1 FOR UPDATE SKIP LOCKED",
-                         node_id)
+  // The admin state read under the row lock: a drain projected meanwhile is seen.
+  return !tx.exec_params(
+                "SELECT 1 FROM projected_nodes WHERE node_id = $1 AND admin_state = 'active' FOR "
+                "UPDATE SKIP LOCKED",
+                node_id)
               .empty();
 }
 

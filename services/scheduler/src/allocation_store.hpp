@@ -36,8 +36,11 @@ void BeginChoice(pqxx::work& tx);
 void KeepChoice(pqxx::work& tx);
 void AbandonChoice(pqxx::work& tx);
 
-// The node's row FOR SHARE (slices share it), SKIP LOCKED when `skip`; false when not taken.
-bool ShareNode(pqxx::work& tx, const std::string& node_id, bool skip);
+// The node's row FOR SHARE (slices share it), SKIP LOCKED when `skip`: taken, not taken (held
+// by someone, or gone), or taken on a node that is not active (drained, draining, ...: it takes
+// no new placement; the lock is given up with the choice's savepoint).
+enum class NodeShare { kShared, kHeld, kNotActive };
+NodeShare ShareNode(pqxx::work& tx, const std::string& node_id, bool skip);
 // The schedulable and complete (kSlotCompleteSql) ones of `slot_keys` (a text[] literal) of the
 // node, FOR UPDATE in slot order (SKIP LOCKED when `skip`); how many were locked.
 int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys,
@@ -45,10 +48,10 @@ int LockSchedulableSlots(pqxx::work& tx, const std::string& node_id, const std::
 // A live claim on one of `slot_keys` (a text[] literal) or an exclusive one on the node.
 bool SlotsClaimed(pqxx::work& tx, const std::string& node_id, const std::string& slot_keys);
 
-// Nodes free of live claims for a baremetal placement, best first, at most `limit`.
+// Active nodes free of live claims for a baremetal placement, best first, at most `limit`.
 std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& region,
                                              const std::string& pool, int limit);
-// The node's row FOR UPDATE SKIP LOCKED; false when someone else holds it.
+// The node's row FOR UPDATE SKIP LOCKED; false when someone else holds it or it is not active.
 bool LockNodeExclusive(pqxx::work& tx, const std::string& node_id);
 // The node has a live claim of any kind.
 bool NodeClaimed(pqxx::work& tx, const std::string& node_id);

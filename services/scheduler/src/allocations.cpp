@@ -261,9 +261,16 @@ std::optional<Placed> TryChoices(pqxx::work& tx, const Proposals& p, int gpus, b
     BeginChoice(tx);
     try {
       // Slices share the node row; a baremetal placer takes it exclusively.
-      if (!ShareNode(tx, choice.node_id, !wait)) {
+      const NodeShare share = ShareNode(tx, choice.node_id, !wait);
+      if (share != NodeShare::kShared) {
         AbandonChoice(tx);
-        stats->held++;
+        // A node drained since the proposal was made: its proposer reads it again.
+        if (share == NodeShare::kNotActive) {
+          stats->stale++;
+          stale.push_back(choice.node_id);
+        } else {
+          stats->held++;
+        }
         continue;
       }
       std::string keys = store::TextArrayLiteral(choice.slot_keys);

@@ -1,6 +1,8 @@
 #include "projection_rpc.hpp"
 
+#include <algorithm>
 #include <string>
+#include <thread>
 
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
@@ -8,6 +10,11 @@
 #include "scheduler_reasons.hpp"
 
 namespace gpuaas::scheduler {
+
+namespace {
+constexpr int32_t kMaxHoldersWaitMs = 10000;
+constexpr int kHoldersPollMs = 10;
+}  // namespace
 
 Result<v1::ListProjectedNodesResponse> ProjectionHandlers::ListNodes(
     const v1::ListProjectedNodesRequest& req, rpc::Context& /*ctx*/) {
@@ -40,6 +47,41 @@ Result<v1::ListProjectedSlotsResponse> ProjectionHandlers::ListSlots(
   return store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::ListProjectedSlotsResponse> {
     return ReadSlotPage(tx, req.node_id(), req.region(), after_node, after_slot, limit);
   });
+}
+
+Result<v1::ListNodeHoldersResponse> ProjectionHandlers::NodeHolders(
+    const v1::ListNodeHoldersRequest& req, rpc::Context& ctx) {
+  if (req.node_id().empty() || req.wait_ms() < 0 || req.wait_ms() > kMaxHoldersWaitMs) {
+    return Error::InvalidArgument(
+        reason::kInvalidNodeHoldersRequest, "node_id is required and wait_ms must be 0..10000",
+        {{"node_id", req.node_id()}, {"wait_ms", std::to_string(req.wait_ms())}});
+  }
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::milliseconds(std::min<int64_t>(req.wait_ms(), ctx.RemainingMs()));
+  for (;;) {
+    auto read = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<v1::ListNodeHoldersResponse> {
+      auto node = ReadProjectedNode(tx, req.node_id());
+      v1::ListNodeHoldersResponse resp;
+      if (!node || node->generation() < req.min_generation()) return resp;  // not yet
+      *resp.mutable_node() = *node;
+      for (auto& h : ReadNodeHolders(tx, req.node_id())) *resp.add_holders() = std::move(h);
+      return resp;
+    });
+    if (!read.ok()) return read.error();
+    if (read->has_node()) return read;
+    if (std::chrono::steady_clock::now() >= deadline) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(kHoldersPollMs));
+  }
+  if (req.min_generation() <= 0) {
+    return Error::NotFound(reason::kNodeNotProjected,
+                           "the scheduler's projection has no node " + req.node_id());
+  }
+  return Error::Of(
+      Code::kUnavailable, reason::kProjectionBehind,
+      "the scheduler's projection of " + req.node_id() + " has not reached generation " +
+          std::to_string(req.min_generation()) + " yet",
+      {{"node_id", req.node_id()}, {"min_generation", std::to_string(req.min_generation())}}, true);
 }
 
 Result<v1::RebuildProjectionResponse> ProjectionHandlers::RebuildProjection(

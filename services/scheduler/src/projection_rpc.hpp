@@ -1,7 +1,7 @@
 #pragma once
-// gpuaas.v1.scheduler.node.list, slot.list and projection.rebuild: reads of the node and slot
-// projections (scheduler_service.hpp applies inventory's events to them) and their rebuild.
-// Routed in scheduler_routes.cpp. Internal to the scheduler.
+// gpuaas.v1.scheduler.node.list, node.holders, slot.list and projection.rebuild: reads of the
+// node and slot projections (scheduler_service.hpp applies inventory's events to them) and their
+// rebuild. Routed in scheduler_routes.cpp. Internal to the scheduler.
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -30,6 +30,9 @@ class ProjectionHandlers {
                                                    rpc::Context& ctx);
   Result<v1::ListProjectedSlotsResponse> ListSlots(const v1::ListProjectedSlotsRequest& req,
                                                    rpc::Context& ctx);
+  // Once the projection has min_generation of the node (polled until wait_ms).
+  Result<v1::ListNodeHoldersResponse> NodeHolders(const v1::ListNodeHoldersRequest& req,
+                                                  rpc::Context& ctx);
   Result<v1::RebuildProjectionResponse> RebuildProjection(const v1::RebuildProjectionRequest& req,
                                                           rpc::Context& ctx);
 

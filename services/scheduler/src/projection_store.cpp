@@ -19,7 +19,8 @@ namespace {
 const std::string kSlotsQuery =
     std::string(
         "SELECT p.node_id, p.region, p.pool, p.sku, p.slot_key, p.numa, p.pcie_switch, "
-        "p.fabric_type, p.schedulable, ") +
+        "p.fabric_type, (p.schedulable AND NOT EXISTS (SELECT 1 FROM projected_nodes n WHERE "
+        "n.node_id = p.node_id AND n.admin_state <> 'active')), ") +
     kSlotCompleteSql +
     ", EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL AND "
     "c.kind = 'slot' AND c.node_id = p.node_id AND c.slot_key = p.slot_key), "
@@ -27,7 +28,7 @@ const std::string kSlotsQuery =
     "c.kind = 'node_exclusive' AND c.node_id = p.node_id), p.region_enabled "
     "FROM projected_slots p";
 
-constexpr size_t kNodeColumns = 7;
+constexpr size_t kNodeColumns = 8;
 constexpr size_t kSlotColumns = 26;
 
 // The columns of UpsertProjectedSlots' statement for one slot, in its order.
@@ -62,6 +63,11 @@ std::array<std::string, kSlotColumns> SlotColumns(const SlotUpsert& u) {
           std::to_string(s.profile().hugepages_1g_per_gpu())};
 }
 
+// A node event from an inventory before host operations carries no admin state: active.
+std::string AdminStateText(v1::NodeAdminState s) {
+  return s == v1::NODE_ADMIN_STATE_UNSPECIFIED ? std::string("active") : enums::Text(s);
+}
+
 }  // namespace
 
 // --- inventory's events -> projection rows -----------------------------------------------------
@@ -76,22 +82,23 @@ void UpsertProjectedNodes(pqxx::work& tx, const std::vector<NodeUpsert>& rows) {
                                            n.pool(),
                                            enums::Text(n.capacity_profile()),
                                            std::to_string(n.generation()),
-                                           u.event->id()};
+                                           u.event->id(),
+                                           AdminStateText(n.admin_state())};
     for (size_t c = 0; c < kNodeColumns; ++c) cols[c].push_back(row[c]);
   }
   tx.exec_params(
       "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
-      "generation, last_event_id) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], "
-      "$4::text[], $5::text[], $6::bigint[], $7::uuid[]) "
+      "generation, last_event_id, admin_state) SELECT * FROM unnest($1::text[], $2::text[], "
+      "$3::text[], $4::text[], $5::text[], $6::bigint[], $7::uuid[], $8::text[]) "
       "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
       "region = EXCLUDED.region, pool = EXCLUDED.pool, "
       "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
-      "last_event_id = EXCLUDED.last_event_id, projected_at = now() "
-      "WHERE projected_nodes.generation < EXCLUDED.generation",
+      "last_event_id = EXCLUDED.last_event_id, admin_state = EXCLUDED.admin_state, "
+      "projected_at = now() WHERE projected_nodes.generation < EXCLUDED.generation",
       store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
       store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
       store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
-      store::TextArrayLiteral(cols[6]));
+      store::TextArrayLiteral(cols[6]), store::TextArrayLiteral(cols[7]));
 }
 
 void UpsertProjectedSlots(pqxx::work& tx, const std::vector<SlotUpsert>& rows) {
@@ -163,26 +170,90 @@ ProjectionCounts CountProjections(pqxx::work& tx) {
 
 // --- node.list / slot.list pages -----------------------------------------------------------
 
+namespace {
+
+constexpr const char* kProjectedNodeColumns =
+    "node_id, hostname, region, pool, capacity_profile, generation, last_event_id::text, "
+    "extract(epoch from projected_at)::float8, admin_state";
+
+void ProjectedNodeFromRow(const pqxx::row& r, v1::ProjectedNode* n) {
+  n->set_node_id(r[0].as<std::string>());
+  n->set_hostname(r[1].as<std::string>());
+  n->set_region(r[2].as<std::string>());
+  n->set_pool(r[3].as<std::string>());
+  n->set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(r[4].as<std::string>()));
+  n->set_generation(r[5].as<int64_t>());
+  n->set_last_event_id(r[6].as<std::string>());
+  *n->mutable_projected_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
+      static_cast<int64_t>(r[7].as<double>() * 1000));
+  n->set_admin_state(enums::FromColumn<v1::NodeAdminState>(r[8].as<std::string>()));
+}
+
+}  // namespace
+
+std::optional<v1::ProjectedNode> ReadProjectedNode(pqxx::work& tx, const std::string& node_id) {
+  auto rows = tx.exec_params(
+      std::string("SELECT ") + kProjectedNodeColumns + " FROM projected_nodes WHERE node_id = $1",
+      node_id);
+  if (rows.empty()) return std::nullopt;
+  v1::ProjectedNode n;
+  ProjectedNodeFromRow(rows[0], &n);
+  return n;
+}
+
+std::vector<v1::NodeHolder> ReadNodeHolders(pqxx::work& tx, const std::string& node_id) {
+  std::vector<v1::NodeHolder> out;
+  for (const auto& r : tx.exec_params(
+           "SELECT a.allocation_id::text, a.tenant, a.state, a.shape, "
+           "COALESCE(array_to_string(array_agg(c.slot_key ORDER BY c.slot_key) FILTER (WHERE "
+           "c.kind = 'slot'), ','), ''), extract(epoch from a.created_at)::float8 "
+           "FROM allocation_resource_claims c JOIN allocations a USING (allocation_id) "
+           "WHERE c.node_id = $1 AND c.released_at IS NULL GROUP BY a.allocation_id "
+           "ORDER BY a.created_at, a.allocation_id",
+           node_id)) {
+    v1::NodeHolder h;
+    h.set_allocation_id(r[0].as<std::string>());
+    h.set_tenant(r[1].as<std::string>());
+    h.set_state(enums::FromColumn<v1::AllocationState>(r[2].as<std::string>()));
+    h.set_shape(enums::FromColumn<v1::CapacityShape>(r[3].as<std::string>()));
+    const auto keys = r[4].as<std::string>();
+    for (size_t start = 0; start < keys.size();) {
+      const size_t comma = std::min(keys.find(',', start), keys.size());
+      h.add_slot_keys(keys.substr(start, comma - start));
+      start = comma + 1;
+    }
+    *h.mutable_created_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
+        static_cast<int64_t>(r[5].as<double>() * 1000));
+    out.push_back(std::move(h));
+  }
+  return out;
+}
+
+std::optional<int64_t> DrainingNodeEmptied(pqxx::work& tx, const std::string& node_id) {
+  // One at a time per node, across the releases of its last claims and the projection of its
+  // drain: each sees what the one before it committed, so the last one to finish sees the node
+  // empty (READ COMMITTED: the next statement's snapshot is taken after the lock).
+  tx.exec_params("SELECT pg_advisory_xact_lock(hashtextextended('node-claims/' || $1, 0))",
+                 node_id);
+  auto r = tx.exec_params(
+      "SELECT n.generation FROM projected_nodes n WHERE n.node_id = $1 AND n.admin_state = "
+      "'draining' AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE "
+      "c.released_at IS NULL AND c.node_id = n.node_id)",
+      node_id);
+  if (r.empty()) return std::nullopt;
+  return r[0][0].as<int64_t>();
+}
+
 v1::ListProjectedNodesResponse ReadNodePage(pqxx::work& tx, const std::string& region,
                                             const std::string& after, int limit) {
   auto rows = tx.exec_params(
-      "SELECT node_id, hostname, region, pool, capacity_profile, generation, "
-      "last_event_id::text, extract(epoch from projected_at)::float8 FROM projected_nodes "
-      "WHERE ($1 = '' OR region = $1) AND node_id > $2 ORDER BY node_id LIMIT $3",
+      std::string("SELECT ") + kProjectedNodeColumns +
+          " FROM projected_nodes WHERE ($1 = '' OR region = $1) AND node_id > $2 ORDER BY "
+          "node_id LIMIT $3",
       region, after, limit + 1);
   v1::ListProjectedNodesResponse resp;
   for (size_t i = 0; i < rows.size() && static_cast<int>(i) < limit; ++i) {
-    const auto& r = rows[i];
-    auto* n = resp.add_nodes();
-    n->set_node_id(r[0].as<std::string>());
-    n->set_hostname(r[1].as<std::string>());
-    n->set_region(r[2].as<std::string>());
-    n->set_pool(r[3].as<std::string>());
-    n->set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(r[4].as<std::string>()));
-    n->set_generation(r[5].as<int64_t>());
-    n->set_last_event_id(r[6].as<std::string>());
-    *n->mutable_projected_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
-        static_cast<int64_t>(r[7].as<double>() * 1000));
+    ProjectedNodeFromRow(rows[i], resp.add_nodes());
   }
   if (static_cast<int>(rows.size()) > limit) {
     resp.set_next_page_token(resp.nodes(limit - 1).node_id());

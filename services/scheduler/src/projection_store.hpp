@@ -61,6 +61,17 @@ v1::ListProjectedSlotsResponse ReadSlotPage(pqxx::work& tx, const std::string& n
                                             const std::string& after_node,
                                             const std::string& after_slot, int limit);
 
+// --- drains ------------------------------------------------------------------------------
+
+// The projected node (nullopt: not projected).
+std::optional<v1::ProjectedNode> ReadProjectedNode(pqxx::work& tx, const std::string& node_id);
+// The allocations with a live claim on the node, oldest first.
+std::vector<v1::NodeHolder> ReadNodeHolders(pqxx::work& tx, const std::string& node_id);
+// Whether the node is draining and holds no live claim (its projected generation), under a
+// per-node advisory lock every caller takes: of a release of its last claims and the
+// projection of its drain running together, the later sees the node empty.
+std::optional<int64_t> DrainingNodeEmptied(pqxx::work& tx, const std::string& node_id);
+
 // --- the placement index's reads -------------------------------------------------------------
 // Each returns one row per projected slot, with the columns PlacementCache::Parse reads:
 // node_id, region, pool, sku, slot_key, numa, pcie_switch, fabric_type, schedulable, complete

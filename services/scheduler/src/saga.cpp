@@ -158,6 +158,12 @@ Result<v1::Allocation> Apply(pqxx::work& tx, const lifecycle::Effects& fx, const
   if (fx.cancel_open_tasks) CancelOpenTasks(tx, id);
   int freed = 0;
   if (fx.claims == lifecycle::Claims::kFree) freed = FreeClaims(tx, id);
+  if (freed > 0) {
+    // The last claim on a draining node: inventory marks it drained.
+    if (auto r = AnnounceIfEmptied(tx, a.node_id(), opts.source, traceparent); !r.ok()) {
+      return r.error();
+    }
+  }
   if (fx.claims == lifecycle::Claims::kSetPhase) SetClaimPhase(tx, id, fx.phase);
   if (fx.step != v1::TIMELINE_STEP_UNSPECIFIED) {
     std::string detail = in.step_detail;

@@ -56,6 +56,10 @@ inline constexpr Reason kConfirmRequired{"confirm_required"};  // INVALID_ARGUME
 inline constexpr Reason kRebuildIncomplete{"rebuild_incomplete"};  // DEADLINE_EXCEEDED: the replay goes on (retryable)
 inline constexpr Reason kMalformedEvent{"malformed_event"};  // INVALID_ARGUMENT: event data not the expected message (dead-lettered)
 inline constexpr Reason kPlacementCacheUnavailable{"placement_cache_unavailable"};  // UNAVAILABLE: the index's first load failed (start)
+// ---- node.holders ----
+inline constexpr Reason kInvalidNodeHoldersRequest{"invalid_node_holders_request"};  // INVALID_ARGUMENT: node_id empty, wait_ms outside 0..10000
+inline constexpr Reason kNodeNotProjected{"node_not_projected"};  // NOT_FOUND: the projection does not have the node
+inline constexpr Reason kProjectionBehind{"projection_behind"};  // UNAVAILABLE: the node's min_generation not projected within wait_ms (retryable)
 // ---- saga ----
 inline constexpr Reason kUnexpectedTask{"unexpected_task"};  // INTERNAL: the lifecycle table names a task the saga cannot send
 inline constexpr Reason kTaskTypeInvalid{"task_type_invalid"};  // INVALID_ARGUMENT: a result for a task type the scheduler never sends

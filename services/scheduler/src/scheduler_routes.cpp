@@ -25,6 +25,7 @@ void SchedulerService::RegisterRoutes(const Catalog& catalog, const SagaOptions&
   rpc::Server& rpc = svc_.Rpc();
   // Projections of inventory.
   rpc.Route("gpuaas.v1.scheduler.node.list", projections, &ProjectionHandlers::ListNodes);
+  rpc.Route("gpuaas.v1.scheduler.node.holders", projections, &ProjectionHandlers::NodeHolders);
   rpc.Route("gpuaas.v1.scheduler.slot.list", projections, &ProjectionHandlers::ListSlots);
   rpc.Route("gpuaas.v1.scheduler.projection.rebuild", projections,
             &ProjectionHandlers::RebuildProjection);

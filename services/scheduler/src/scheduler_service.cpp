@@ -5,6 +5,7 @@
 #include <map>
 #include <thread>
 
+#include "allocation_rows.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/scheduler/catalog.hpp"
@@ -36,7 +37,8 @@ std::map<Key, size_t> NewestPerKey(const std::vector<std::pair<Key, int64_t>>& k
 }
 }  // namespace
 
-Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events,
+                             const std::string& source) {
   std::vector<v1::NodeSnapshot> snaps(events.size());
   std::vector<std::pair<std::string, int64_t>> keyed;
   for (size_t i = 0; i < events.size(); ++i) {
@@ -53,11 +55,16 @@ Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>
   rows.reserve(newest.size());
   for (const auto& [id, chosen] : newest) rows.push_back({&snaps[chosen], events[chosen]});
   UpsertProjectedNodes(tx, rows);
+  // A drain of a node that holds nothing (any more): drained at once.
+  for (const auto& [id, chosen] : newest) {
+    if (snaps[chosen].node().admin_state() != v1::NODE_ADMIN_STATE_DRAINING) continue;
+    if (auto r = AnnounceIfEmptied(tx, id, source, ""); !r.ok()) return r.error();
+  }
   return Ok();
 }
 
-Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev) {
-  return ApplyNodeEvents(tx, {&ev});
+Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source) {
+  return ApplyNodeEvents(tx, {&ev}, source);
 }
 
 Result<void> ApplySlotEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events) {
@@ -164,11 +171,17 @@ Result<Catalog> LoadCatalog(const std::string& file) {
 Result<void> SchedulerService::StartProjections() {
   // A fetched batch of inventory events is applied in one transaction (slots in one
   // statement); one by one only when that fails.
+  const std::string source = svc_.source();
+  auto one = [source](pqxx::work& tx, const v1::Event& ev) {
+    return ApplyNodeEvent(tx, ev, source);
+  };
+  auto batch = [source](pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+    return ApplyNodeEvents(tx, events, source);
+  };
   auto consumer = svc_.StartConsumer(
       NodeConsumerSpec(),
-      inbox::ProjectionHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, svc_.log(), stats_),
-      inbox::ProjectionBatchHandler(svc_.pg(), kNodeProjection, ApplyNodeEvent, ApplyNodeEvents,
-                                    svc_.log(), stats_));
+      inbox::ProjectionHandler(svc_.pg(), kNodeProjection, one, svc_.log(), stats_),
+      inbox::ProjectionBatchHandler(svc_.pg(), kNodeProjection, one, batch, svc_.log(), stats_));
   if (!consumer.ok()) return consumer.error();
   nodes_consumer_ = *consumer;
   auto slots = svc_.StartConsumer(

@@ -31,6 +31,10 @@ inline constexpr Reason kIllegalTransition{"illegal_transition"};
 inline constexpr Reason kModeChangeInProgress{"mode_change_in_progress"};
 // FAILED_PRECONDITION: a decommission of a node that still holds live claims.
 inline constexpr Reason kNodeHasLiveClaims{"node_has_live_claims"};
+// INVALID_ARGUMENT: a host operation without a reason, or with a bad deadline (details: fields).
+inline constexpr Reason kInvalidAdminRequest{"invalid_admin_request"};
+// UNAVAILABLE (retryable): the drain is recorded, but the scheduler has not confirmed it yet.
+inline constexpr Reason kDrainNotConfirmed{"drain_not_confirmed"};
 
 // ---- Consumers (dead-lettered: such an event can never succeed) ----
 inline constexpr Reason kMalformedEvent{"malformed_event"};  // INVALID_ARGUMENT: bad event data

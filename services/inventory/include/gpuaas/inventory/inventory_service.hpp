@@ -18,6 +18,7 @@ struct InventoryConfig {
   int64_t ipam_timeout_ms = 5000;         // MAC/IP reservation at approval
   int64_t node_task_ack_wait_ms = 30000;  // ack wait of each node's task consumer
   int64_t task_deadline_s = 300;          // typed tasks sent to node-agents
+  int64_t drain_confirm_ms = 10000;       // a drain waits this long for the scheduler
   void Register(config::Schema& schema);
 };
 

@@ -34,11 +34,15 @@ struct SchedulerConfig {
 
 const std::vector<store::Migration>& Migrations();
 
-// Applies one inventory node event to the projection in `tx` (generation-guarded).
-Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev);
+// Applies one inventory node event to the projection in `tx` (generation-guarded); a draining
+// node without live claims is announced as emptied (gpuaas.v1.evt.scheduler.node.emptied, with
+// `source` as the event's source).
+Result<void> ApplyNodeEvent(pqxx::work& tx, const v1::Event& ev,
+                            const std::string& source = "scheduler");
 // Several node events in one statement (the projection's batch path; each node's newest
 // generation); a malformed one fails them all (the one-by-one path then rejects just it).
-Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events);
+Result<void> ApplyNodeEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events,
+                             const std::string& source = "scheduler");
 // Applies one inventory slot snapshot event to the slot projection (generation-guarded).
 Result<void> ApplySlotEvent(pqxx::work& tx, const v1::Event& ev);
 // Several slot events in one statement (the projection's batch path); a malformed one fails
