@@ -44,7 +44,8 @@ void PrintHolders(const v1::ListNodeHoldersResponse& r) {
     return;
   }
   PrintTable({"ALLOCATION", "TENANT", "STATE", "SHAPE", "SLOTS", "CREATED"}, rows);
-  std::cout << "force-release one: gpuaasctl alloc force-release --id <allocation> --reason ...\n";
+  std::cout << "force-release one (audited): gpuaasctl alloc release --id <allocation> --force "
+               "--reason ...\n";
 }
 
 }  // namespace
