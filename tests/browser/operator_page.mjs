@@ -383,6 +383,128 @@ await consoleStep('the console is still connected after the refusals', async () 
   return status;
 });
 
+// ---------- the fleet picture and host operations (drain, undrain) ----------
+
+const tileSel = `#fleet-nodes [data-testid="fleet-node"]${rowSel('data-node-id', inputs.nodeId)}`;
+const describeTile = (arg) => {
+  const t = document.querySelector(Array.isArray(arg) ? arg[0] : arg);
+  if (!t) {
+    return `no tile; fleet: ${document.getElementById('fleet-summary').textContent} ` +
+      document.getElementById('fleet-nodes').innerText.replace(/\s+/g, ' ').slice(0, 300);
+  }
+  const cells = [...t.querySelectorAll('[data-testid="slot-cell"]')]
+    .map((c) => `${c.dataset.slotKey}=${c.dataset.cellState}`);
+  return `admin=${t.dataset.adminState} mode=${t.dataset.mode} cells ${cells.join(' ')}`;
+};
+// What the node holds, as the fleet picture shows it before the drain.
+let nodeHeld = { holdsAllocation: false };
+
+await step(`the fleet picture shows ${inputs.nodeId} active with its slots`, async () => {
+  await page.click('#tab-nodes');
+  // The slot approved in step 3 has an approved cell (not a candidate's) once the picture has
+  // read the scheduler's slot.list after the approval.
+  await waitFor(page, ([s, key]) => {
+    const t = document.querySelector(s);
+    const cell = t && [...t.querySelectorAll('[data-testid="slot-cell"]')]
+      .find((c) => c.dataset.slotKey === key);
+    return !!cell && cell.dataset.cellState !== 'candidate' && t.dataset.adminState === 'active';
+  }, [tileSel, inputs.slotKey], `a tile for ${inputs.nodeId}, active, with an approved cell for ` +
+    `${inputs.slotKey}`, stepTimeout, describeTile);
+  const tile = await page.$eval(tileSel, (t, alloc) => ({
+    mode: t.dataset.mode,
+    cells: [...t.querySelectorAll('[data-testid="slot-cell"]')]
+      .map((c) => ({ key: c.dataset.slotKey, state: c.dataset.cellState,
+        alloc: c.dataset.allocationId || '' })),
+    badge: t.querySelector('[data-field="admin-state"]')?.textContent || '',
+    holdsAllocation: !!alloc && !!t.querySelector(`[data-slot-key][data-allocation-id="${alloc}"]`),
+  }), inputs.allocationId || '');
+  if (tile.badge !== 'active') throw new Error(`the tile's badge reads "${tile.badge}"`);
+  if (!['slice-vm', 'baremetal'].includes(tile.mode)) throw new Error(`mode "${tile.mode}"`);
+  // The capacity bars count the node's slots somewhere.
+  const bars = await page.$$eval('#fleet-capacity [data-testid="capacity-row"]',
+    (rows) => rows.map((r) => `${r.dataset.group}: ${r.dataset.free} free/${r.dataset.total}`));
+  if (!bars.length) throw new Error('no capacity bar');
+  nodeHeld = { holdsAllocation: tile.holdsAllocation };
+  return `${tile.mode}, ${tile.cells.map((c) => `${c.key}=${c.state}`).join(' ')}; ` +
+    `capacity ${bars.slice(0, 3).join('; ')}${bars.length > 3 ? ` (+${bars.length - 3} more)` : ''}`;
+});
+
+// Type into a field after clearing it.
+async function typeInto(sel, text) {
+  await page.$eval(sel, (e) => { e.value = ''; });
+  if (text) await page.type(sel, text);
+}
+
+// Click a host-operation button and wait for its answer; returns #node-admin-result's data.
+async function hostOperation(op, reason, hours) {
+  await typeInto('#node-admin-reason', reason);
+  if (hours !== undefined) await typeInto('#node-drain-hours', hours);
+  await waitFor(page, (b) => !document.getElementById(b).disabled, `node-${op}`,
+    `an enabled ${op} button`, stepTimeout, () =>
+      `admin state ${document.getElementById('node-detail').dataset.adminState}`);
+  await page.click(`#node-${op}`);
+  await waitFor(page, (o) => {
+    const r = document.getElementById('node-admin-result');
+    return r.dataset.op === o && r.dataset.ok !== undefined && !r.dataset.pending;
+  }, op, `the ${op} answer`);
+  const r = await page.$eval('#node-admin-result', (e) => ({ ...e.dataset,
+    text: e.innerText.replace(/\s+/g, ' ') }));
+  if (r.ok !== 'true') throw new Error(`${op}: ${r.text}`);
+  return r;
+}
+
+await step(`drain ${inputs.nodeId} from its view: draining with its holders, or drained`, async () => {
+  await page.click(tileSel);
+  await waitFor(page, (id) => {
+    const d = document.getElementById('node-detail');
+    return !d.hidden && d.dataset.nodeId === id && d.dataset.adminState === 'active';
+  }, inputs.nodeId, `the node view of ${inputs.nodeId}, active`, stepTimeout,
+  () => `admin state ${document.getElementById('node-detail').dataset.adminState}`);
+  const r = await hostOperation('drain', 'browser test: drain', '2');
+  // Holding nothing, the node is drained at once; otherwise draining until its last
+  // allocation is released (the answer says which; the picture before it must agree).
+  const expect = r.adminState;
+  if (!['draining', 'drained'].includes(expect)) throw new Error(`drain answered ${r.text}`);
+  if (nodeHeld.holdsAllocation && expect !== 'draining') {
+    throw new Error(`${inputs.allocationId} holds the node, yet the drain answered ${r.text}`);
+  }
+  await waitFor(page, (st) => document.getElementById('node-detail').dataset.adminState === st &&
+    document.querySelector('#node-admin-state')?.dataset.adminState === st, expect,
+  `the node view to show ${expect}`, stepTimeout,
+  () => `admin state ${document.getElementById('node-detail').dataset.adminState}: ` +
+    document.getElementById('node-admin').innerText.replace(/\s+/g, ' '));
+  await waitFor(page, ([s, st]) => document.querySelector(s)?.dataset.adminState === st,
+    [tileSel, expect], `the fleet tile to show ${expect}`, stepTimeout, describeTile);
+  const deadline = await page.$eval('#node-drain-deadline', (e) => e.textContent);
+  if (!deadline || deadline === 'none') throw new Error('no drain deadline shown');
+  let holders = [];
+  if (expect === 'draining') {
+    const want = nodeHeld.holdsAllocation ? inputs.allocationId : '';
+    await waitFor(page, (id) => {
+      const b = document.getElementById('node-holders-block');
+      const rows = document.querySelectorAll('#node-holders tr[data-testid="holder-row"]');
+      return !b.hidden && rows.length > 0 &&
+        (!id || [...rows].some((x) => x.dataset.allocationId === id));
+    }, want, `the holding allocations${want ? ` (${want})` : ''}`, stepTimeout,
+    () => document.getElementById('node-holders-block').innerText.replace(/\s+/g, ' '));
+    holders = await page.$$eval('#node-holders tr[data-testid="holder-row"]',
+      (rows) => rows.map((x) => `${x.dataset.allocationId} ${x.dataset.state}`));
+  }
+  return `${r.text}` + (holders.length ? `; holders listed: ${holders.join(', ')}` : '');
+});
+
+await step(`undrain ${inputs.nodeId} and see it active again`, async () => {
+  const r = await hostOperation('undrain', 'browser test: undrain');
+  await waitFor(page, () => document.getElementById('node-detail').dataset.adminState === 'active',
+    null, 'the node view to show active', stepTimeout,
+    () => `admin state ${document.getElementById('node-detail').dataset.adminState}`);
+  await waitFor(page, (s) => document.querySelector(s)?.dataset.adminState === 'active', tileSel,
+    'the fleet tile to show active', stepTimeout, describeTile);
+  const hidden = await page.$eval('#node-holders-block', (b) => b.hidden);
+  if (!hidden) throw new Error('the holders are still listed for an active node');
+  return r.text;
+});
+
 // Best effort: a failure here says nothing about the page.
 const revoked = await page.evaluate(async (ids) => {
   let n = 0;

@@ -13,6 +13,10 @@
 //   dead_lettered_retryable  nothing in GPUAAS_DLQ (the campaign sends only valid traffic)
 //   projection     the scheduler's projection equals a rebuild by replay
 //   crashed        no process died on its own by a signal
+//   placed_on_draining  no claim was made on a node between its drain's answer and its undrain
+//                  (an operator drains and undrains one node after another during the churn)
+//   node_state_diff  at the end every node is active in inventory and in the scheduler's
+//                  projection; host_op_errors: drains or undrains never answered
 // and the exposures (ingress: a share of the slices are created with endpoints, each node has a
 // port_range pool, the agents ack exposure documents as `simulate`), checked once with the
 // allocations kept at the end of the churn settled and again after the final release:
@@ -125,9 +129,14 @@ class Campaign {
   void Supervise();
   void Faults(bool servers);
   void Churn(int worker);
+  // The operator's stream: drain a node (insisting until answered), keep it drained a while,
+  // undrain it; the next node; until the churn ends.
+  void HostOps();
   void SettleKept();
   void Settle();
   void Check();
+  // placed_on_draining and node_state_diff (see the header).
+  std::pair<int, int> CheckHostOps();
   // The exposure checks (see the header); `phase` names the moment in the lines they print.
   void CheckExposures(const std::string& phase);
   // An active allocation's endpoints (its read model) against ingress's exposures of it;
@@ -197,6 +206,14 @@ class Campaign {
   int pool_used_diff_ = 0;
   int endpoint_shared_ = 0;
   int live_exposures_kept_ = 0;  // live exposures when the kept allocations had settled
+  // A node's drained window: from its drain's answer to its undrain's request (Unix seconds).
+  struct DrainWindow {
+    std::string node;
+    double from = 0;
+    double to = 0;
+  };
+  std::vector<DrainWindow> drains_;  // written by HostOps only, read after it joined
+  std::atomic<int> host_op_errors_{0};
   std::mutex allocs_mu_;
   std::set<std::string> acknowledged_;  // allocation ids a create answered with
   std::map<std::string, int> failed_by_reason_;
@@ -404,6 +421,45 @@ void Campaign::Faults(bool servers) {
       Spawn(*m);
       m->down = false;
     }
+  }
+}
+
+double UnixNow() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+void Campaign::HostOps() {
+  auto pick = [&](int lo, int hi) {
+    std::lock_guard lock(rng_mu_);
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  };
+  for (int i = 0; churning_; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(pick(1000, 4000)));
+    if (!churning_) break;
+    const std::string node = fmt::format("chaos-node-{:02d}", i % o_.nodes + 1);
+    v1::DrainNodeRequest drain;
+    drain.set_node_id(node);
+    drain.set_reason("chaos");
+    auto d = Insist<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.drain", drain, 120s);
+    DrainWindow w{node, UnixNow(), 0};
+    if (!d.ok()) {
+      host_op_errors_++;
+      Say(fmt::format("HOST OP drain of {} not answered: {}", node, d.error().ToString()));
+    } else {
+      Say(fmt::format("host op: {} draining, held by {}", node, d->holding_allocations_size()));
+    }
+    const auto until = Clock::now() + std::chrono::milliseconds(pick(2000, 6000));
+    while (churning_ && Clock::now() < until) std::this_thread::sleep_for(100ms);
+    w.to = UnixNow();
+    v1::NodeAdminRequest undrain;
+    undrain.set_node_id(node);
+    undrain.set_reason("chaos done");
+    auto u = Insist<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.undrain", undrain, 120s);
+    if (!u.ok()) {
+      host_op_errors_++;
+      Say(fmt::format("HOST OP undrain of {} not answered: {}", node, u.error().ToString()));
+    }
+    if (d.ok()) drains_.push_back(w);
   }
 }
 
@@ -808,6 +864,42 @@ void Campaign::Settle() {
   std::this_thread::sleep_for(3s);
 }
 
+std::pair<int, int> Campaign::CheckHostOps() {
+  int placed = 0;
+  int diff = 0;
+  pqxx::connection db(Dsn("scheduler"));
+  pqxx::nontransaction tx(db);
+  // A claim made by a transaction that began after the drain was answered, before the undrain.
+  for (const auto& w : drains_) {
+    for (const auto& row : tx.exec_params(
+             "SELECT allocation_id::text FROM allocation_resource_claims WHERE node_id = $1 AND "
+             "extract(epoch from claimed_at) > $2 AND extract(epoch from claimed_at) < $3",
+             w.node, w.from, w.to)) {
+      placed++;
+      Say(fmt::format("PLACED ON DRAINING {}: {}", w.node, row[0].c_str()));
+    }
+  }
+  for (int i = 1; i <= o_.nodes; ++i) {
+    const std::string node = fmt::format("chaos-node-{:02d}", i);
+    v1::ShowNodeRequest show;
+    show.set_node_id(node);
+    auto inv = Insist<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show, 60s);
+    v1::ListNodeHoldersRequest ask;
+    ask.set_node_id(node);
+    auto sched = Insist<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", ask, 60s);
+    const bool ok = inv.ok() && sched.ok() &&
+                    inv->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
+                    sched->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE;
+    if (!ok) {
+      diff++;
+      Say(fmt::format("NODE STATE {}: inventory {} / scheduler {}", node,
+                      inv.ok() ? v1::NodeAdminState_Name(inv->node().admin_state()) : "?",
+                      sched.ok() ? v1::NodeAdminState_Name(sched->node().admin_state()) : "?"));
+    }
+  }
+  return {placed, diff};
+}
+
 void Campaign::Check() {
   CheckExposures("final");
   int double_booked = 0;
@@ -1028,6 +1120,7 @@ void Campaign::Check() {
       if (after.size() != before.size()) projection_diff++;
     }
   }
+  const auto [placed_on_draining, node_state_diff] = CheckHostOps();
   std::string failed;
   for (const auto& [reason, n] : failed_by_reason_) failed += fmt::format(" {}:{}", reason, n);
   report_ = fmt::format(
@@ -1035,15 +1128,22 @@ void Campaign::Check() {
       "double_booked={} lost={} stuck={} duplicated={} republished={} out_of_order={} "
       "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
       "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
-      "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={}",
+      "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={} "
+      "drains={} placed_on_draining={} node_state_diff={} host_op_errors={}",
       faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
       no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
       out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
       exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
-      exposure_leaked_, pool_used_diff_, endpoint_shared_);
+      exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), placed_on_draining,
+      node_state_diff, host_op_errors_.load());
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
               projection_diff + crashed_.load() + create_errors_.load() +
-              endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_;
+              endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_ +
+              placed_on_draining + node_state_diff + host_op_errors_.load();
+  if (drains_.empty()) {
+    failures_++;
+    Say("no drain was answered during the churn");
+  }
   // The exposure checks must have seen exposures (with --expose-percent above 0).
   if (o_.expose_percent > 0 && endpoints_checked_ == 0) {
     failures_++;
@@ -1064,6 +1164,7 @@ int Campaign::Run() {
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(o_.workers));
   for (int w = 0; w < o_.workers; ++w) workers.emplace_back([this, w] { Churn(w); });
+  std::thread host_ops([&] { HostOps(); });
   std::this_thread::sleep_for(std::chrono::seconds(o_.duration_s));
   Say("churn over; waiting for the last fault to end");
   churning_ = false;
@@ -1071,6 +1172,7 @@ int Campaign::Run() {
   process_faults.join();
   faulting_ = false;
   for (auto& w : workers) w.join();
+  host_ops.join();
   SettleKept();
   Settle();
   Check();

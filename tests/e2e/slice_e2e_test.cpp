@@ -582,7 +582,28 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   EXPECT_NE(pub.out.find("e2e-slice-1\n"), std::string::npos) << pub.out;
   EXPECT_NE(pub.out.find(fmt::format("from {} ", w->client_ip)), std::string::npos) << pub.out;
 
-  Release(id);
+  // The node is drained for maintenance: the running VM is left alone (still reachable through
+  // its endpoint, listed as what holds the node) and nothing new lands. Past the drain's
+  // deadline the operator force-releases it: torn down with the wipe proof as any release.
+  ASSERT_EQ(Ctl({"node", "drain", "--id", kNode, "--reason", "e2e maintenance", "--deadline", "1s"})
+                .exit_code,
+            0);
+  auto holders = CtlJson({"node", "holders", "--id", kNode});
+  ASSERT_FALSE(holders.is_discarded());
+  const auto held = holders.value("holders", nlohmann::json::array());
+  ASSERT_EQ(held.size(), 1U) << holders.dump();
+  EXPECT_EQ(held[0].value("allocation_id", ""), id);
+  auto during = ClientSsh({"-p", std::to_string(port), "root@" + w->public_ip}, "hostname");
+  EXPECT_EQ(during.exit_code, 0) << during.err;
+  EXPECT_NE(during.out.find("e2e-slice-1\n"), std::string::npos) << during.out;
+  auto refused = Ctl({"alloc", "create", "--tenant", "acme", "--request-id", "e2e-while-draining",
+                      "--gpus", "1", "--region", "us-east-1", "--pool", "e2e"});
+  EXPECT_NE(refused.exit_code, 0) << "placed on a draining node: " << refused.out;
+  EXPECT_NE(refused.err.find("no_placement"), std::string::npos) << refused.err;
+  ASSERT_EQ(Ctl({"alloc", "release", "--id", id, "--force", "--reason", "drain deadline passed",
+                 "--watch", "--watch-timeout-s", "240"})
+                .exit_code,
+            0);
   // Released: the exposure is removed, its port back in the pool, the node's DNAT rule gone and
   // the public port closed to the client (refused at once, not a hang).
   auto removed = CtlJson({"ingress", "exposures", "--alloc", id, "--state", "removed"});
@@ -621,6 +642,17 @@ TEST_F(SliceE2eTest, ProvisionsAReachableSliceAndReleasesItWithAWipeProof) {
   EXPECT_FALSE(DomainExists(id));
   EXPECT_EQ(Signatures(), "") << "the wipe left a signature";
   EXPECT_FALSE(fs::exists("/var/lib/libvirt/qemu/nvram/gpuaas-" + id + "_VARS.fd"));
+  EXPECT_TRUE(TimelineHas(id, "force_released"));
+  // Nothing holds the node any more: drained; back in service for the next cases.
+  EXPECT_TRUE(testing::WaitFor(
+      [] {
+        auto show = CtlJson({"node", "show", "--id", kNode});
+        return show.value("node", nlohmann::json::object()).value("admin_state", "") ==
+               "NODE_ADMIN_STATE_DRAINED";
+      },
+      30s));
+  ASSERT_EQ(Ctl({"node", "undrain", "--id", kNode, "--reason", "e2e maintenance done"}).exit_code,
+            0);
   EXPECT_TRUE(testing::WaitFor([] { return SlotSchedulable(); }, 30s));
 }
 

@@ -1,8 +1,8 @@
 // Host operations through the real services: an operator drains a node holding a live slice
 // while creates run against its pool (none lands on it once the drain is answered, the slice
 // runs on), the node is drained when its last allocation is released and back in service on
-// undrain; maintenance of a drained node ends when its agent's checks pass; bad requests get a
-// structured error and change nothing.
+// undrain; maintenance of a drained node ends when its agent's checks pass; a decommissioned
+// node is retired for good; bad requests get a structured error and change nothing.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
@@ -246,6 +247,67 @@ TEST_F(HostOpsFlowTest, BadHostOperationsGetStructuredErrorsAndChangeNothing) {
   auto twice = Drain(node);
   ASSERT_TRUE(twice.ok()) << twice.error().ToString();
   EXPECT_FALSE(twice->changed());
+}
+
+TEST_F(HostOpsFlowTest, ADecommissionedNodeIsRetiredForGood) {
+  const std::string node = "retire-a";
+  p_.StartApprovedAgent(node, "retire", 2);
+  auto live = p_.CreateSlice("retire-live", "retire", 1);
+  ASSERT_TRUE(live.ok()) << live.error().ToString();
+
+  // Only a drained node, and only once nothing holds it.
+  auto active = Admin("gpuaas.v1.inventory.node.decommission", node);
+  ASSERT_FALSE(active.ok());
+  EXPECT_EQ(active.error().reason, "illegal_transition");
+  ASSERT_TRUE(Drain(node).ok());
+  auto held = Admin("gpuaas.v1.inventory.node.decommission", node);
+  ASSERT_FALSE(held.ok());
+  EXPECT_EQ(held.error().code, Code::kFailedPrecondition);
+  EXPECT_EQ(held.error().reason, "node_has_live_claims");
+  EXPECT_EQ(held.error().details.at("allocations"), live->allocation_id());
+  EXPECT_EQ(Node(node).admin_state(), v1::NODE_ADMIN_STATE_DRAINING);
+
+  p_.WaitSettled(live->allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
+  ASSERT_TRUE(p_.Release(live->allocation_id()).ok());
+  p_.WaitSettled(live->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  auto retired = Admin("gpuaas.v1.inventory.node.decommission", node, "chassis replaced");
+  ASSERT_TRUE(retired.ok()) << retired.error().ToString();
+  EXPECT_EQ(retired->node().admin_state(), v1::NODE_ADMIN_STATE_DECOMMISSIONED);
+
+  // Its slots are disabled with the reason, its desired set is empty, its task consumer gone.
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(shown.ok()) << shown.error().ToString();
+  ASSERT_EQ(shown->slots_size(), 2);
+  for (const auto& slot : shown->slots()) {
+    EXPECT_EQ(slot.admin_state(), v1::SLOT_ADMIN_STATE_DISABLED);
+    EXPECT_EQ(slot.disabled_reason(), "node decommissioned: chassis replaced");
+  }
+  v1::GetDesiredSlotsRequest want;
+  want.set_node_id(node);
+  auto desired =
+      Call<v1::GetDesiredSlotsResponse>("gpuaas.v1.inventory.node.{node_id}.desired.get", want);
+  ASSERT_TRUE(desired.ok()) << desired.error().ToString();
+  EXPECT_EQ(desired->desired().slots_size(), 0);
+  EXPECT_FALSE(
+      messaging::ConsumerBacklog(*p_.conn, messaging::NodeTasksStream().name, "node-" + node).ok());
+
+  // Final: no operation and no registration brings it back.
+  auto undrain = Admin("gpuaas.v1.inventory.node.undrain", node);
+  ASSERT_FALSE(undrain.ok());
+  EXPECT_EQ(undrain.error().reason, "illegal_transition");
+  v1::RegisterNodeRequest again;
+  again.set_node_id(node);
+  again.set_hostname(node);
+  again.set_region("us-east-1");
+  again.set_pool("retire");
+  again.set_capacity_profile(v1::CAPACITY_PROFILE_SLICE_VM);
+  auto reg = Call<v1::RegisterNodeResponse>("gpuaas.v1.inventory.node.{node_id}.register", again);
+  ASSERT_FALSE(reg.ok());
+  EXPECT_EQ(reg.error().reason, "node_decommissioned");
+  EXPECT_EQ(SchedulableSlots(node), 0);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// gpuaasctl node drain/undrain/maintenance/holders: host operations (inventory) and the
-// allocations holding a node (the scheduler).
+// gpuaasctl node drain/undrain/maintenance/decommission/holders: host operations (inventory) and
+// the allocations holding a node (the scheduler).
 #include <iostream>
 #include <memory>
 #include <tuple>
@@ -60,7 +60,9 @@ Action AddHostCommands(CLI::App& node) {
   auto* undrain = node.add_subcommand("undrain", "Return a draining or drained node to service");
   auto* maint = node.add_subcommand(
       "maintenance", "Put a drained node into maintenance (back when its agent's checks pass)");
-  for (auto* c : {drain, undrain, maint}) {
+  auto* retire = node.add_subcommand(
+      "decommission", "Retire a drained node for good (then revoke its key: node revoke)");
+  for (auto* c : {drain, undrain, maint, retire}) {
     c->add_option("--id", o->id, "Node id")->required();
     c->add_option("--reason", o->reason, "Why (kept with the node and its event)")->required();
   }
@@ -90,14 +92,23 @@ Action AddHostCommands(CLI::App& node) {
     }
     for (auto [cmd, subject, verb] :
          {std::tuple{undrain, "gpuaas.v1.inventory.node.undrain", "undrained"},
-          std::tuple{maint, "gpuaas.v1.inventory.node.maintenance", "in maintenance"}}) {
+          std::tuple{maint, "gpuaas.v1.inventory.node.maintenance", "in maintenance"},
+          std::tuple{retire, "gpuaas.v1.inventory.node.decommission", "decommissioned"}}) {
       if (!cmd->parsed()) continue;
       v1::NodeAdminRequest req;
       req.set_node_id(o->id);
       req.set_reason(o->reason);
       auto r = client.Call<v1::NodeAdminResponse>(subject, req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
-      return Print(g, *r, [&] { PrintAdmin(*r, verb); });
+      return Print(g, *r, [&] {
+        PrintAdmin(*r, verb);
+        if (cmd == retire) {
+          std::cout << fmt::format(
+              "now remove its NATS key: gpuaasctl node revoke {} --keys DIR --nats-config FILE "
+              "--reload-pid-file PIDFILE\n",
+              o->id);
+        }
+      });
     }
     if (holders->parsed()) {
       v1::ListNodeHoldersRequest req;

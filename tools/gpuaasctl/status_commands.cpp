@@ -4,8 +4,10 @@
 // may, then prints nodes by state, slots free/held/blocked/degraded, allocations by state, open
 // IPAM drift and dead letters, and for everything that needs an operator: why, and the command
 // that shows more. Exit 0 when nothing needs attention, 4 (kExitOutcome) when something does.
+#include <google/protobuf/util/time_util.h>
 #include <algorithm>
 #include <functional>
+
 #include <iostream>
 #include <map>
 #include <memory>
@@ -104,12 +106,30 @@ std::vector<v1::ShowNodeResponse> ShowNodes(rpc::Client& client, const Globals& 
 }
 
 // ready | blocked (node blockers) | waiting for its agent (no topology yet) | syncing (its agent
-// has not acked the latest desired slot set yet).
+// has not acked the latest desired slot set yet) | its admin state when an operator took it out
+// of service (draining, drained, maintenance, decommissioned; a drain past its deadline needs
+// attention).
 void AddNodes(const std::vector<v1::ShowNodeResponse>& shown, Summary& s) {
   for (const auto& n : shown) {
     const std::string& id = n.node().node_id();
     std::string state = "ready";
-    if (!n.node_blockers().empty()) {
+    const auto admin = n.node().admin_state();
+    if (admin != v1::NODE_ADMIN_STATE_ACTIVE && admin != v1::NODE_ADMIN_STATE_UNSPECIFIED) {
+      // Taken out of service by an operator: its admin state is its state.
+      state = Txt(admin);
+      const bool overdue =
+          admin == v1::NODE_ADMIN_STATE_DRAINING && n.node().has_drain_deadline() &&
+          google::protobuf::util::TimeUtil::GetCurrentTime() > n.node().drain_deadline();
+      if (overdue) {
+        s.attention.push_back(
+            {"node", id, "drain overdue",
+             "still held past its drain deadline (" + n.node().admin_reason() + ")",
+             "gpuaasctl node holders --id " + id});
+      } else {
+        s.notes.push_back(fmt::format("node {}: {} ({}, by {})", id, state, n.node().admin_reason(),
+                                      n.node().admin_actor()));
+      }
+    } else if (!n.node_blockers().empty()) {
       state = "blocked";
       s.attention.push_back(
           {"node", id, state,

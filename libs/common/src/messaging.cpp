@@ -914,14 +914,18 @@ void Consumer::Stop() {
   puller_.reset();
 }
 
-Result<void> Consumer::DeleteDurable() {
+Result<void> DeleteConsumer(Connection& conn, const std::string& stream,
+                            const std::string& durable) {
   jsErrCode jerr = static_cast<jsErrCode>(0);
-  natsStatus s =
-      js_DeleteConsumer(conn_->js(), spec_.stream.c_str(), spec_.durable.c_str(), nullptr, &jerr);
+  natsStatus s = js_DeleteConsumer(conn.js(), stream.c_str(), durable.c_str(), nullptr, &jerr);
   if (s != NATS_OK && jerr != JSConsumerNotFoundErr) {
-    return JsError(s, jerr, "delete consumer " + spec_.durable);
+    return JsError(s, jerr, "delete consumer " + durable);
   }
   return Ok();
+}
+
+Result<void> Consumer::DeleteDurable() {
+  return DeleteConsumer(*conn_, spec_.stream, spec_.durable);
 }
 
 Result<uint64_t> Consumer::Backlog() {

@@ -15,6 +15,7 @@ class ApiError extends Error {
     this.code = e.code || '';
     this.reason = e.reason || '';
     this.details = e.details || {};
+    this.serverMessage = e.message || '';
   }
 }
 
@@ -114,6 +115,9 @@ const ENUMS = {
   CHECK_STATUS: ['UNSPECIFIED', 'PASS', 'WARN', 'FAIL'],
   CONSOLE_SESSION_STATE: ['UNSPECIFIED', 'CREATED', 'CONNECTED', 'DISCONNECTED', 'FAILED',
     'EXPIRED', 'REVOKED'],
+  NODE_ADMIN_STATE: ['UNSPECIFIED', 'ACTIVE', 'DRAINING', 'DRAINED', 'MAINTENANCE',
+    'DECOMMISSIONED'],
+  CAPACITY_PROFILE: ['UNSPECIFIED', 'BAREMETAL', 'SLICE_VM'],
 };
 
 // "SLOT_ADMIN_STATE_AVAILABLE" (or 1) -> "available"; absent -> "unspecified".
@@ -135,6 +139,22 @@ const DISPLAY_PREFIXES = new RegExp('^(TASK_TYPE|TASK_STATUS|TASK_STAGE|TIMELINE
 function stripEnum(value) {
   if (value === undefined || value === null || value === '' || value === 0) return '';
   return String(value).replace(DISPLAY_PREFIXES, '').toLowerCase();
+}
+
+// A node's mode as the CLI spells it: "slice-vm" or "baremetal".
+function nodeMode(v) {
+  const t = enumText(v, 'CAPACITY_PROFILE');
+  return t === 'unspecified' ? '?' : t.replace(/_/g, '-');
+}
+
+// A node's admin state: "active", "draining", "drained", "maintenance", "decommissioned".
+function adminState(node) {
+  return enumText(node && node.admin_state, 'NODE_ADMIN_STATE');
+}
+
+function adminBadge(state, attrs = {}) {
+  return el('span', { class: `badge admin admin-${state}`, 'data-field': 'admin-state',
+    'data-admin-state': state, text: state, ...attrs });
 }
 
 function fmtTime(s) {
@@ -191,6 +211,7 @@ function showApp(who) {
   document.body.dataset.principal = who.principal || '';
   lastRendered.clear();
   loadNodes();
+  loadFleet();
 }
 
 async function login(ev) {
@@ -232,7 +253,10 @@ function showTab(name) {
   for (const p of document.querySelectorAll('[data-tab-panel]')) {
     p.hidden = p.dataset.tabPanel !== name;
   }
-  if (name === 'nodes') loadNodes();
+  if (name === 'nodes') {
+    loadNodes();
+    loadFleet();
+  }
   if (name === 'allocs') loadAllocations();
   if (name === 'sessions') loadSessions();
 }
@@ -287,6 +311,7 @@ async function loadNodes(more = false) {
           nodeShows.set(id, { error: e.message });
         }
         renderNodes();
+        renderFleet();
       }
     };
     await Promise.all([worker(), worker(), worker(), worker()]);
@@ -296,17 +321,21 @@ async function loadNodes(more = false) {
 }
 
 function renderNodes() {
-  const data = nodesList.map((n) => [n, nodeShows.get(n.node_id)]);
+  // The fleet picture reads node.list every refresh: its copy of a node is the fresher one.
+  const data = nodesList.map((n) => [fleetNodes.get(n.node_id) || n, nodeShows.get(n.node_id)]);
   if (!changed('nodes', data)) return;
   const rows = data.map(([n, show]) => {
     const st = show && show.error ? { state: 'error', cls: 'bad' } : nodeState(show);
     const blockers = (show && show.node_blockers) || [];
+    const admin = adminState(n);
     return el('tr', { 'data-testid': 'node-row', 'data-node-id': n.node_id,
-      'data-node-state': st.state },
+      'data-node-state': st.state, 'data-admin-state': admin },
     td(el('b', { text: n.node_id })),
     td(n.hostname || ''),
     td(`${n.region || ''} / ${n.pool || ''}`),
-    td(stripEnum(n.capacity_profile)),
+    td(nodeMode(n.capacity_profile)),
+    td(adminBadge(admin), n.admin_reason ? el('div', { class: 'small', text: n.admin_reason }) :
+      null),
     td(n.agent_version || ''),
     td(String(num(n.generation))),
     td(el('span', { class: `badge ${st.cls}`, 'data-field': 'state', text: st.state }), ' ',
@@ -318,11 +347,247 @@ function renderNodes() {
       el('button', { type: 'button', 'data-testid': 'node-open', onclick: () => openNode(n.node_id),
         text: 'Show' })));
   });
-  fill($('nodes-body'), rows, 'No nodes registered.', 7);
+  fill($('nodes-body'), rows, 'No nodes registered.', 8);
+}
+
+// ---------- fleet picture ----------
+
+// Every page of a list subject (bounded); `key` names the repeated field.
+async function listAll(subject, req, key, maxPages = 50) {
+  let all = [];
+  let token = '';
+  for (let i = 0; i < maxPages; i++) {
+    const r = await call(subject, token ? { ...req, page_token: token } : req);
+    all = all.concat(r[key] || []);
+    token = r.next_page_token || '';
+    if (!token) break;
+  }
+  return all;
+}
+
+const fleetNodes = new Map(); // node_id -> Node from node.list (the full record)
+let fleetData = { nodes: [], slots: [], nodesErr: '', slotsErr: '' };
+let fleetLoading = false;
+let fleetAgain = false;
+
+async function loadFleet() {
+  if (fleetLoading) {
+    fleetAgain = true;
+    return;
+  }
+  fleetLoading = true;
+  try {
+    const [nodes, slots] = await Promise.all([
+      listAll('gpuaas.v1.inventory.node.list', { page_size: 1000 }, 'nodes')
+        .then((v) => ({ ok: v }), (e) => ({ err: e.message })),
+      listAll('gpuaas.v1.scheduler.slot.list', { page_size: 1000 }, 'slots')
+        .then((v) => ({ ok: v }), (e) => ({ err: e.message })),
+    ]);
+    fleetData = {
+      // A failed read keeps what the last one showed, marked with its error.
+      nodes: nodes.ok || fleetData.nodes, nodesErr: nodes.err || '',
+      slots: slots.ok || fleetData.slots, slotsErr: slots.err || '',
+    };
+    if (nodes.ok) {
+      fleetNodes.clear();
+      for (const n of nodes.ok) fleetNodes.set(n.node_id, n);
+    }
+    renderFleet();
+    renderNodes();
+  } finally {
+    fleetLoading = false;
+  }
+  if (fleetAgain) {
+    fleetAgain = false;
+    loadFleet();
+  }
+}
+
+const HELD_LIFECYCLES = ['reserved', 'provisioning', 'active', 'releasing', 'cleanup'];
+const OUT_ADMIN_STATES = ['draining', 'drained', 'maintenance', 'decommissioned'];
+
+// One projected slot's cell state, first match wins: a claim (held) or a cleanup waiting for
+// its proof, then what keeps a free slot out of service.
+function cellState(p, nodeAdmin) {
+  const lifecycle = enumText(p.lifecycle, 'SLOT_LIFECYCLE_STATE');
+  const health = enumText(p.health, 'SLOT_HEALTH');
+  if (lifecycle === 'cleanup_blocked') return 'cleanup_blocked';
+  if (p.allocation_id || HELD_LIFECYCLES.includes(lifecycle)) return 'held';
+  if (health === 'degraded' || health === 'failed') return 'degraded';
+  if (lifecycle === 'disabled' || enumText(p.admin_state, 'SLOT_ADMIN_STATE') === 'disabled') {
+    return 'unschedulable';
+  }
+  // Inventory calls no slot of a node that is not active schedulable: the node's state says why.
+  if (OUT_ADMIN_STATES.includes(nodeAdmin)) return 'draining';
+  if (!p.schedulable) return 'unschedulable';
+  return 'free';
+}
+
+// Capacity bar segments: the cell states folded into four.
+const BAR_OF = { free: 'free', held: 'held', cleanup_blocked: 'blocked', degraded: 'blocked',
+  unschedulable: 'blocked', draining: 'draining' };
+const BAR_SEGMENTS = ['free', 'held', 'blocked', 'draining'];
+
+// The model the picture draws: plain data, so that an unchanged fleet is not redrawn.
+function fleetModel() {
+  const nodes = new Map();
+  // A slot whose node node.list did not return (yet) lends it only its region and pool.
+  const nodeOf = (id, slot) => {
+    if (!nodes.has(id)) {
+      const n = fleetNodes.get(id) || { node_id: id, region: slot && slot.region,
+        pool: slot && slot.pool };
+      nodes.set(id, { id, region: n.region || '', pool: n.pool || '',
+        mode: nodeMode(n.capacity_profile), admin: n.admin_state ? adminState(n) : 'unknown',
+        reason: n.admin_reason || '',
+        deadline: n.drain_deadline || '', hostname: n.hostname || '', blockers: [], cells: [],
+        skus: [] });
+    }
+    return nodes.get(id);
+  };
+  for (const n of fleetData.nodes) nodeOf(n.node_id);
+  const groups = new Map();
+  for (const p of fleetData.slots) {
+    const node = nodeOf(p.node_id, p);
+    const state = cellState(p, node.admin);
+    const lifecycle = enumText(p.lifecycle, 'SLOT_LIFECYCLE_STATE');
+    const health = enumText(p.health, 'SLOT_HEALTH');
+    node.cells.push({ key: p.slot_key, state, alloc: p.allocation_id || '',
+      title: `${p.slot_key}: ${state.replace('_', ' ')} · ${lifecycle} · ${health}` +
+        `${p.schedulable ? ' · schedulable' : ' · not schedulable'}` +
+        `${p.allocation_id ? ` · allocation ${p.allocation_id}` : ''}` +
+        `${p.sku ? ` · ${p.sku}` : ''}` });
+    for (const b of p.node_blockers || []) if (!node.blockers.includes(b)) node.blockers.push(b);
+    const sku = p.sku || 'unknown';
+    if (!node.skus.includes(sku)) node.skus.push(sku);
+    const gk = `${p.region || node.region}/${p.pool || node.pool}/${sku}`;
+    if (!groups.has(gk)) {
+      groups.set(gk, { key: gk, region: p.region || node.region, pool: p.pool || node.pool, sku,
+        free: 0, held: 0, blocked: 0, draining: 0, total: 0, nodes: [] });
+    }
+    const g = groups.get(gk);
+    g[BAR_OF[state]] += 1;
+    g.total += 1;
+    if (!g.nodes.includes(node.id)) g.nodes.push(node.id);
+  }
+  // Candidates of the latest snapshot not yet approved (node.show, loaded for the node list).
+  for (const node of nodes.values()) {
+    const show = nodeShows.get(node.id);
+    if (!show || show.error) continue;
+    const known = new Set([...node.cells.map((c) => c.key),
+      ...(show.slots || []).map((x) => x.slot_key)]);
+    for (const c of ((show.topology || {}).candidates) || []) {
+      if (!c.slot_key || known.has(c.slot_key)) continue;
+      node.cells.push({ key: c.slot_key, state: 'candidate', alloc: '',
+        title: `${c.slot_key}: candidate (not approved)` });
+    }
+    for (const b of show.node_blockers || []) if (!node.blockers.includes(b)) node.blockers.push(b);
+  }
+  return {
+    nodes: [...nodes.values()].sort((a, b) => (a.region + a.pool + a.id).localeCompare(
+      b.region + b.pool + b.id)),
+    groups: [...groups.values()].sort((a, b) => a.key.localeCompare(b.key)),
+    nodesErr: fleetData.nodesErr,
+    slotsErr: fleetData.slotsErr,
+  };
+}
+
+function renderFleet() {
+  const m = fleetModel();
+  if (!changed('fleet', m)) return;
+  const totals = { free: 0, held: 0, blocked: 0, draining: 0, total: 0 };
+  for (const g of m.groups) for (const k of Object.keys(totals)) totals[k] += g[k];
+  const candidates = m.nodes.reduce((n, x) => n + x.cells.filter((c) => c.state === 'candidate')
+    .length, 0);
+  const byAdmin = {};
+  for (const n of m.nodes) byAdmin[n.admin] = (byAdmin[n.admin] || 0) + 1;
+  const fleet = $('fleet');
+  Object.assign(fleet.dataset, { nodes: String(m.nodes.length), slots: String(totals.total),
+    free: String(totals.free), held: String(totals.held), loaded: 'true' });
+  $('fleet-summary').textContent = `${m.nodes.length} nodes (` +
+    Object.entries(byAdmin).map(([k, v]) => `${v} ${k}`).join(', ') + `), ${totals.total} slots: ` +
+    `${totals.free} free, ${totals.held} held, ${totals.blocked} blocked, ` +
+    `${totals.draining} draining` + (candidates ? `; ${candidates} candidates` : '') +
+    (m.nodesErr ? ` · node.list: ${m.nodesErr}` : '') +
+    (m.slotsErr ? ` · slot.list: ${m.slotsErr}` : '');
+  $('fleet-summary').className = m.nodesErr || m.slotsErr ? 'small bad' : 'small';
+
+  // Capacity: one stacked bar per region / pool / SKU, its length relative to the largest.
+  const max = Math.max(1, ...m.groups.map((g) => g.total));
+  const rows = m.groups.map((g) => {
+    const bar = el('div', { class: 'cap-bar' });
+    bar.style.width = `${(100 * g.total) / max}%`;
+    for (const seg of BAR_SEGMENTS) {
+      if (!g[seg]) continue;
+      const s = el('span', { class: `cap-seg cell-${seg}`,
+        'data-segment': seg, title: `${g[seg]} ${seg}`, text: String(g[seg]) });
+      s.style.width = `${(100 * g[seg]) / g.total}%`;
+      bar.append(s);
+    }
+    return el('div', { class: 'cap-row', 'data-testid': 'capacity-row', 'data-group': g.key,
+      'data-free': g.free, 'data-held': g.held, 'data-blocked': g.blocked,
+      'data-draining': g.draining, 'data-total': g.total },
+    el('div', { class: 'cap-label' }, el('b', { text: `${g.region} / ${g.pool}` }), ' · ',
+      el('code', { text: g.sku })),
+    el('div', { class: 'cap-track' }, bar),
+    el('div', { class: 'cap-count small', text: `${g.free} free of ${g.total} · ${g.held} held` +
+      (g.blocked ? ` · ${g.blocked} blocked` : '') + (g.draining ? ` · ${g.draining} draining` :
+      '') + ` · ${g.nodes.length} node${g.nodes.length === 1 ? '' : 's'}` }));
+  });
+  $('fleet-capacity').replaceChildren(...rows);
+  if (!rows.length) {
+    $('fleet-capacity').append(el('div', { class: 'small', text: m.slotsErr ?
+      `scheduler slot.list: ${m.slotsErr}` : 'No approved slots yet.' }));
+  }
+
+  // Nodes: a tile each, grouped by region / pool, its slots as a grid of cells.
+  const sections = [];
+  let group = null;
+  for (const n of m.nodes) {
+    const gk = `${n.region} / ${n.pool}`;
+    if (!group || group.key !== gk) {
+      group = { key: gk, grid: el('div', { class: 'tile-grid' }) };
+      sections.push(el('div', { class: 'tile-group', 'data-group': gk },
+        el('div', { class: 'tile-group-title small', text: gk }), group.grid));
+    }
+    const count = (st) => n.cells.filter((c) => c.state === st).length;
+    const cells = n.cells.map((c) => el('span', { class: `cell cell-${c.state}`,
+      'data-testid': 'slot-cell', 'data-slot-key': c.key, 'data-cell-state': c.state,
+      'data-allocation-id': c.alloc || undefined, title: c.title }));
+    const open = () => openNode(n.id);
+    group.grid.append(el('div', { class: `node-tile tile-${n.admin}`, role: 'button', tabindex: 0,
+      'data-testid': 'fleet-node', 'data-node-id': n.id, 'data-admin-state': n.admin,
+      'data-mode': n.mode, 'data-slots': n.cells.length, 'data-free': count('free'),
+      'data-held': count('held'), title: `${n.id} (${n.hostname}) — open the node's view` +
+        (n.reason ? `\n${n.admin}: ${n.reason}` : '') +
+        (n.deadline ? `\ndrain deadline ${fmtTime(n.deadline)}` : ''),
+      onclick: open, onkeydown: (e) => {
+        if (e.key === 'Enter' || e.key === ' ') {
+          e.preventDefault();
+          open();
+        }
+      } },
+    el('div', { class: 'tile-head' }, el('span', { class: 'tile-id', text: n.id }),
+      adminBadge(n.admin)),
+    el('div', { class: 'tile-sub small' },
+      el('span', { class: 'mode', 'data-field': 'mode', text: n.mode }),
+      ` · ${count('free')}/${n.cells.length} free`,
+      n.skus.length ? ` · ${n.skus.join(', ')}` : ''),
+    n.blockers.length ? el('div', { class: 'small bad', 'data-field': 'blockers',
+      text: `blocked: ${n.blockers.join(', ')}` }) : null,
+    el('div', { class: 'cells' }, cells.length ? cells :
+      el('span', { class: 'small', text: 'no slots' }))));
+  }
+  $('fleet-nodes').replaceChildren(...sections);
+  if (!sections.length) {
+    $('fleet-nodes').append(el('div', { class: 'small', text: m.nodesErr ?
+      `inventory node.list: ${m.nodesErr}` : 'No nodes registered.' }));
+  }
 }
 
 let openNodeId = '';
 let nodeLoading = false;
+let nodeAgain = false;
+const adminAnswers = new Map(); // node_id -> Node from the last host operation's answer
 
 function openNode(nodeId) {
   openNodeId = nodeId;
@@ -330,6 +595,8 @@ function openNode(nodeId) {
   $('node-detail').dataset.nodeId = nodeId;
   $('node-detail-id').textContent = nodeId;
   $('slot-action-result').textContent = '';
+  adminResult('', null);
+  delete $('node-detail').dataset.adminState;
   for (const k of [...lastRendered.keys()]) if (k.startsWith('node:')) lastRendered.delete(k);
   loadNode();
   $('node-detail').scrollIntoView({ block: 'start' });
@@ -341,7 +608,11 @@ let nodeView = {};
 
 async function loadNode() {
   const nodeId = openNodeId;
-  if (!nodeId || nodeLoading) return;
+  if (!nodeId) return;
+  if (nodeLoading) {
+    nodeAgain = true;
+    return;
+  }
   nodeLoading = true;
   const settle = async (subject, body) => {
     try {
@@ -351,26 +622,32 @@ async function loadNode() {
     }
   };
   try {
-    const [show, proj, net, drift, desired, expo] = await Promise.all([
+    const [show, proj, net, drift, desired, expo, holders] = await Promise.all([
       settle('gpuaas.v1.inventory.node.show', { node_id: nodeId }),
       settle('gpuaas.v1.scheduler.slot.list', { node_id: nodeId, page_size: 1000 }),
       settle(`gpuaas.v1.ipam.node.${nodeId}.network.get`, { node_id: nodeId }),
       settle('gpuaas.v1.ipam.drift.list', { node_id: nodeId }),
       settle(`gpuaas.v1.inventory.node.${nodeId}.desired.get`, { node_id: nodeId }),
       settle('gpuaas.v1.ingress.exposure.list', { node_id: nodeId }),
+      settle('gpuaas.v1.scheduler.node.holders', { node_id: nodeId }),
     ]);
     if (nodeId !== openNodeId) return;
-    nodeView = { show, proj, net, drift, desired, expo };
+    nodeView = { show, proj, net, drift, desired, expo, holders };
     if (show.ok) nodeShows.set(nodeId, show.ok);
     renderNode();
   } finally {
     nodeLoading = false;
   }
+  if (nodeAgain) {
+    nodeAgain = false;
+    loadNode();
+  }
 }
 
 function renderNode() {
-  const { show, proj, net, drift, desired, expo } = nodeView;
+  const { show, proj, net, drift, desired, expo, holders } = nodeView;
   const s = show.ok || {};
+  renderNodeAdmin(show, holders);
   if (changed('node:summary', show)) {
     const n = s.node || {};
     const st = show.err ? { state: `error: ${show.err}` } : nodeState(s);
@@ -379,7 +656,6 @@ function renderNode() {
       ['Host', n.hostname || ''],
       ['Region / pool', `${n.region || ''} / ${n.pool || ''}` +
         (s.region_enabled ? '' : ' (region disabled)')],
-      ['Profile', stripEnum(n.capacity_profile)],
       ['Evidence', show.ok ? evidenceSummary(s) : '', 'node-evidence'],
       ['Snapshot', `v${num(s.snapshot_version)} at ${fmtTime(s.snapshot_at)}`, 'node-snapshot'],
       ['Desired / applied slot set', `v${num(s.desired_version)} / v${num(s.applied_version)}`],
@@ -444,6 +720,150 @@ function renderNode() {
     fill($('node-ipam-drift'), rows, 'No open drift.', 6);
   }
   if (changed('node:expo', expo)) renderExposures($('node-exposures'), expo, true);
+}
+
+// Mode, admin state and the last host operation; the allocations holding a node that is not
+// active. node.show's node has no timestamps but admin_changed_at: node.list's record (or the
+// last host operation's answer) gives it when it is of the same generation.
+function renderNodeAdmin(show, holders) {
+  const id = openNodeId;
+  const full = [adminAnswers.get(id), fleetNodes.get(id)].filter(Boolean)
+    .sort((a, b) => num(b.generation) - num(a.generation))[0];
+  const n = show.ok ? (show.ok.node || {}) : full || {};
+  const known = (show.ok || full) && n.admin_state;
+  const state = known ? adminState(n) : 'unknown';
+  const changedAt = full && num(full.generation) >= num(n.generation) ? full.admin_changed_at : '';
+  const list = (holders && holders.ok && holders.ok.holders) || [];
+  $('node-detail').dataset.adminState = state;
+  $('node-detail').dataset.mode = nodeMode(n.capacity_profile);
+  // Only what the admin-state table allows is offered; an unknown state offers all three and
+  // inventory decides (its refusal is shown).
+  const allow = { drain: ['active'], undrain: ['draining', 'drained'], maintenance: ['drained'] };
+  for (const [op, states] of Object.entries(allow)) {
+    const b = $(`node-${op}`);
+    b.disabled = adminBusy || (state !== 'unknown' && !states.includes(state));
+    b.title = b.disabled && !adminBusy ? `not from ${state}` : '';
+  }
+  $('node-admin-hint').textContent = {
+    active: 'Drain: no new placement lands; it is drained once nothing holds it.',
+    draining: 'Draining until its last allocation is released; Undrain puts it back in service.',
+    drained: 'Nothing holds it. Maintenance takes it out; Undrain puts it back in service.',
+    maintenance: 'Returns to active by itself once its agent\'s checks pass.',
+    decommissioned: 'Retired for good.',
+  }[state] || '';
+  if (!changed('node:admin', [show.err, n, changedAt, holders])) return;
+  const deadline = n.drain_deadline || '';
+  const overdue = deadline && state === 'draining' && Date.parse(deadline) < Date.now();
+  kv($('node-admin'), [
+    ['Mode', nodeMode(n.capacity_profile), 'node-mode'],
+    ['Admin state', known ? adminBadge(state, { id: 'node-admin-state' }) :
+      `unknown${show.err ? ` (${show.err})` : ''}`],
+    ['Reason', n.admin_reason || '', 'node-admin-reason-text'],
+    ['By', n.admin_actor || '', 'node-admin-actor'],
+    ['Changed', fmtTime(changedAt)],
+    ['Drain deadline', deadline ? `${fmtTime(deadline)}${overdue ? ' (overdue)' : ''}` : 'none',
+      'node-drain-deadline'],
+  ]);
+  if (overdue) $('node-drain-deadline').className = 'v bad';
+  const block = $('node-holders-block');
+  block.hidden = state === 'active' || state === 'unknown' ||
+    (state !== 'draining' && !list.length && !(holders && holders.err));
+  block.dataset.count = String(list.length);
+  if (holders && holders.err) {
+    fill($('node-holders'), [el('tr', {}, el('td', { colspan: 6, class: 'error',
+      text: `scheduler node.holders: ${holders.err}` }))]);
+    return;
+  }
+  fill($('node-holders'), list.map((h) => el('tr', { 'data-testid': 'holder-row',
+    'data-allocation-id': h.allocation_id, 'data-state': enumText(h.state, 'ALLOCATION_STATE') },
+  td(el('code', { text: h.allocation_id }), ' ', el('button', { type: 'button',
+    'data-testid': 'holder-open', text: 'Details', onclick: () => {
+      showTab('allocs');
+      openAllocation(h.allocation_id);
+    } })),
+  td(h.tenant || ''), td(enumText(h.state, 'ALLOCATION_STATE')),
+  td(enumText(h.shape, 'CAPACITY_SHAPE')),
+  td((h.slot_keys || []).join(', ') || 'the whole node'), td(fmtTime(h.created_at)))),
+  state === 'draining' ? 'Nothing holds it any more: it becomes drained.' : 'None.', 6);
+}
+
+let adminBusy = false;
+
+// The answer of a host operation, or its refusal with the error's details.
+function adminResult(text, ok, extra = {}) {
+  const r = $('node-admin-result');
+  if (ok === null) {
+    r.replaceChildren();
+    r.className = 'result';
+    for (const k of Object.keys(r.dataset)) delete r.dataset[k];
+    return;
+  }
+  r.replaceChildren(...[text].flat().filter((x) => x !== null && x !== undefined && x !== ''));
+  r.className = `result ${ok ? 'good' : 'bad'}`;
+  for (const k of Object.keys(r.dataset)) delete r.dataset[k];
+  Object.assign(r.dataset, extra);
+  r.dataset.ok = String(!!ok);
+}
+
+function errorParts(e) {
+  if (!(e instanceof ApiError)) return [String(e && e.message ? e.message : e)];
+  const details = Object.entries(e.details || {});
+  return [el('b', { text: `${e.code || `HTTP ${e.status}`}${e.reason ? ` ${e.reason}` : ''}` }),
+    e.serverMessage ? `: ${e.serverMessage}` : '',
+    details.length ? el('ul', { class: 'details small' }, details.map(([k, v]) =>
+      el('li', {}, el('code', { text: k }), `: ${typeof v === 'string' ? v : JSON.stringify(v)}`)))
+      : null];
+}
+
+async function nodeAdmin(op) {
+  const nodeId = openNodeId;
+  const reason = $('node-admin-reason').value.trim();
+  if (!nodeId) return;
+  if (!reason) {
+    adminResult(`A reason is required to ${op} a node.`, false, { op });
+    return;
+  }
+  const req = { node_id: nodeId, reason };
+  if (op === 'drain') {
+    const h = $('node-drain-hours').value.trim();
+    if (h) {
+      const hours = Number(h);
+      if (!Number.isFinite(hours) || hours < 0) {
+        adminResult('The drain deadline is a number of hours (empty: none).', false, { op });
+        return;
+      }
+      req.deadline_s = Math.round(hours * 3600);
+    }
+  }
+  adminBusy = true;
+  for (const b of ['drain', 'undrain', 'maintenance']) $(`node-${b}`).disabled = true;
+  adminResult(`${op} ${nodeId}…`, true, { op, pending: 'true' });
+  try {
+    const r = await call(`gpuaas.v1.inventory.node.${op}`, req);
+    const node = r.node || {};
+    if (node.node_id) adminAnswers.set(node.node_id, node);
+    const state = adminState(node);
+    const holding = r.holding_allocations || [];
+    if (nodeId === openNodeId) {
+      adminResult([`${op}: ${nodeId} is `, adminBadge(state),
+        r.changed ? '' : ' (unchanged: it already was)',
+        op === 'drain' ? (holding.length ? ` · held by ${holding.length} allocation(s): ` +
+          `${holding.join(', ')}` : ' · nothing holds it') : '',
+        node.drain_deadline ? ` · deadline ${fmtTime(node.drain_deadline)}` : ''], true,
+      { op, adminState: state, changed: String(!!r.changed) });
+    }
+  } catch (e) {
+    // The answer belongs to the node it was asked for; another node's view may be open now.
+    if (nodeId === openNodeId) {
+      adminResult([`${op} ${nodeId} refused: `, ...errorParts(e)], false,
+        { op, code: e.code || '', reason: e.reason || '' });
+    }
+  } finally {
+    adminBusy = false;
+  }
+  lastRendered.delete('node:admin');
+  if (nodeId === openNodeId) loadNode();
+  loadFleet();
 }
 
 function renderExposures(tbody, expo, withAllocation) {
@@ -561,6 +981,7 @@ async function approveSlots(keys) {
     actionResult(`approve failed: ${e.message}`, false);
   }
   loadNode();
+  loadFleet();
 }
 
 async function disableSlot(key) {
@@ -573,6 +994,7 @@ async function disableSlot(key) {
     actionResult(`disable ${key} failed: ${e.message}`, false);
   }
   loadNode();
+  loadFleet();
 }
 
 async function repairSlot(key) {
@@ -586,6 +1008,7 @@ async function repairSlot(key) {
     actionResult(`repair ${key} failed: ${e.message}`, false);
   }
   loadNode();
+  loadFleet();
 }
 
 async function discoverNode() {
@@ -868,7 +1291,10 @@ async function revokeSession(id) {
 
 function refreshVisible() {
   if ($('app').hidden || !$('auto-refresh').checked || document.hidden) return;
-  if (currentTab === 'nodes' && openNodeId) loadNode();
+  if (currentTab === 'nodes') {
+    loadFleet();
+    if (openNodeId) loadNode();
+  }
   if (currentTab === 'allocs') {
     if (openAllocId) loadAllocation();
   }
@@ -885,6 +1311,10 @@ async function start() {
   $('nodes-more').addEventListener('click', () => loadNodes(true));
   $('node-refresh').addEventListener('click', () => loadNode());
   $('node-discover').addEventListener('click', discoverNode);
+  $('fleet-refresh').addEventListener('click', () => loadFleet());
+  for (const op of ['drain', 'undrain', 'maintenance']) {
+    $(`node-${op}`).addEventListener('click', () => nodeAdmin(op));
+  }
   $('node-close').addEventListener('click', () => {
     openNodeId = '';
     $('node-detail').hidden = true;

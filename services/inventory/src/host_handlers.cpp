@@ -1,12 +1,15 @@
-// Host operation handlers: drain, undrain and maintenance of a node (operators only). Each
+// Host operation handlers: drain, undrain, maintenance and decommission of a node (operators
+// only). Each
 // validates, moves the node by the admin-state table in one transaction (host_operations.hpp)
 // and answers with the node as stored; a drain answers only once the scheduler has it.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
 #include <map>
 
+#include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/inventory/inventory_reasons.hpp"
@@ -106,6 +109,43 @@ Result<v1::NodeAdminResponse> InventoryHandlers::NodeUndrain(const v1::NodeAdmin
                                                              rpc::Context& ctx) const {
   if (auto v = CheckAdminRequest(req.node_id(), req.reason(), 0); !v.ok()) return v.error();
   return Move(req.node_id(), node_lifecycle::Event::kUndrain, Cause(req.reason(), ctx), ctx);
+}
+
+Result<v1::NodeAdminResponse> InventoryHandlers::NodeDecommission(const v1::NodeAdminRequest& req,
+                                                                  rpc::Context& ctx) const {
+  if (auto v = CheckAdminRequest(req.node_id(), req.reason(), 0); !v.ok()) return v.error();
+  // Claims are the scheduler's; a drained node takes no new one, so its answer holds.
+  v1::ListNodeHoldersRequest ask;
+  ask.set_node_id(req.node_id());
+  auto held = rpc::Client(d_.nats).Call<v1::ListNodeHoldersResponse>(
+      "gpuaas.v1.scheduler.node.holders", ask, std::chrono::milliseconds(ctx.RemainingMs()),
+      ctx.traceparent);
+  // NOT_FOUND: the scheduler never projected the node, so nothing holds it.
+  if (!held.ok() && held.error().code != Code::kNotFound) return held.error();
+  AdminCause cause = Cause(req.reason(), ctx);
+  std::vector<std::string> holders;
+  if (held.ok()) {
+    for (const auto& h : held->holders()) holders.push_back(h.allocation_id());
+  }
+  cause.has_live_claims = !holders.empty();
+  auto resp = Move(req.node_id(), node_lifecycle::Event::kDecommission, cause, ctx);
+  if (!resp.ok()) {
+    Error err = resp.error();
+    if (err.Is(reason::kNodeHasLiveClaims))
+      err.details["allocations"] = fmt::format("{}", fmt::join(holders, ","));
+    return err;
+  }
+  if (resp->changed()) {
+    // Its task consumer goes with it (its key is revoked with gpuaasctl node revoke).
+    if (auto r =
+            messaging::DeleteConsumer(*d_.nats, messaging::NodeTasksStream().name,
+                                      messaging::NodeTaskConsumerSpec(req.node_id(), 0).durable);
+        !r.ok()) {
+      ctx.log.Warn("task consumer of a decommissioned node not deleted",
+                   {{"node_id", req.node_id()}, {"error", r.error().ToString()}});
+    }
+  }
+  return resp;
 }
 
 Result<v1::NodeAdminResponse> InventoryHandlers::NodeMaintenance(const v1::NodeAdminRequest& req,

@@ -9,6 +9,7 @@
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "node_store.hpp"
+#include "slot_store.hpp"
 #include "slots.hpp"
 
 namespace gpuaas::inventory {
@@ -16,6 +17,26 @@ namespace gpuaas::inventory {
 namespace {
 
 constexpr const char* kNodeUpdated = "gpuaas.v1.evt.inventory.node.updated";
+
+// Decommission: every slot disabled for good and the desired slot set emptied (the agent
+// stops every slice it would still run).
+Result<void> RetireSlots(pqxx::work& tx, const std::string& node_id, const AdminCause& cause,
+                         const std::string& source) {
+  auto node = LoadNode(tx, node_id, RowLock::kForUpdate);
+  if (!node.ok()) return node.error();
+  auto slots = LoadSlots(tx, node_id);
+  if (!slots.ok()) return slots.error();
+  for (auto [key, slot] : *slots) {
+    slot.set_admin_state(v1::SLOT_ADMIN_STATE_DISABLED);
+    slot.set_disabled_reason("node decommissioned: " + cause.why);
+    if (auto r = SaveSlot(tx, *node, slot, source, cause.traceparent, node_id); !r.ok()) {
+      return r.error();
+    }
+  }
+  auto desired = UpdateDesired(tx, node_id);
+  if (!desired.ok()) return desired.error();
+  return Ok();
+}
 
 }  // namespace
 
@@ -27,7 +48,7 @@ Result<AdminMove> MoveNode(pqxx::work& tx, const std::string& node_id, node_life
   node_lifecycle::Context ctx;
   // Inventory does not know claims (the scheduler does): a drain always goes to draining, and
   // the scheduler's node.emptied takes the node on to drained, at once when it holds none.
-  ctx.has_live_claims = true;
+  ctx.has_live_claims = cause.has_live_claims;
   ctx.mode = node->mode;
   auto next = node_lifecycle::Next(node->admin_state, e, ctx);
   if (!next.ok()) return next.error();
@@ -45,7 +66,9 @@ Result<AdminMove> MoveNode(pqxx::work& tx, const std::string& node_id, node_life
   out.node = WriteNodeAdmin(tx, node_id, w);
   out.changed = true;
   // Every slot snapshot carries the node's admin state, and its schedulability follows it.
-  if (auto r = ReemitNodeSlots(tx, node_id, source, cause.traceparent); !r.ok()) return r.error();
+  auto done = next->retire ? RetireSlots(tx, node_id, cause, source)
+                           : ReemitNodeSlots(tx, node_id, source, cause.traceparent);
+  if (!done.ok()) return done.error();
   v1::NodeSnapshot snap;
   *snap.mutable_node() = out.node;
   auto ev = outbox::Append(tx, {kNodeUpdated, "", source, node_id, out.node.generation(), node_id,

@@ -27,6 +27,9 @@ struct AdminCause {
   // A report about the node at this generation: the node stays when it has moved on since
   // (0 = any generation).
   int64_t seen_generation = 0;
+  // What the scheduler said about its live claims (decommission asks it first); unknown counts
+  // as live.
+  bool has_live_claims = true;
 };
 
 struct AdminMove {
@@ -34,8 +37,9 @@ struct AdminMove {
   bool changed = false;  // false: the table said the node stays (nothing written)
 };
 
-// Locks the node's row, asks the table and writes what it says. NOT_FOUND node_not_found for an
-// unknown node; the table's FAILED_PRECONDITION refusals as they are.
+// Locks the node's row, asks the table and writes what it says (a decommission also disables
+// every slot and empties the desired slot set). NOT_FOUND node_not_found for an unknown node;
+// the table's FAILED_PRECONDITION refusals as they are.
 Result<AdminMove> MoveNode(pqxx::work& tx, const std::string& node_id, node_lifecycle::Event e,
                            const AdminCause& cause, const std::string& source);
 

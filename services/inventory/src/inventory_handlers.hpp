@@ -2,8 +2,8 @@
 // Inventory's request handlers, one per subject of its route table (RegisterRoutes in
 // inventory_service.cpp). Each decodes and validates its request, runs the domain and store
 // code in one transaction and maps the result. Node handlers are in node_handlers.cpp, host
-// operations (drain, undrain, maintenance) in host_handlers.cpp, slot, region and availability
-// handlers in slot_handlers.cpp.
+// operations (drain, undrain, maintenance, decommission) in host_handlers.cpp, slot, region and
+// availability handlers in slot_handlers.cpp.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -79,6 +79,8 @@ class InventoryHandlers {
                                             rpc::Context& ctx) const;
   Result<v1::NodeAdminResponse> NodeMaintenance(const v1::NodeAdminRequest& req,
                                                 rpc::Context& ctx) const;
+  Result<v1::NodeAdminResponse> NodeDecommission(const v1::NodeAdminRequest& req,
+                                                 rpc::Context& ctx) const;
 
   // ---- slots, wipe proofs, availability and regions (slot_handlers.cpp) ----
   Result<v1::ApproveSlotsResponse> SlotApprove(const v1::ApproveSlotsRequest& req,

@@ -107,6 +107,16 @@ ApprovalDeps InventoryHandlers::Approval() const {
 Result<v1::RegisterNodeResponse> InventoryHandlers::NodeRegister(const v1::RegisterNodeRequest& req,
                                                                  rpc::Context& ctx) const {
   if (auto v = ValidateRegister(req); !v.ok()) return v.error();
+  // A decommissioned node stays retired: no registration and no task consumer again.
+  auto retired = store::WithTx(*d_.pool, [&](pqxx::work& tx) -> Result<bool> {
+    auto n = LoadNodePlacement(tx, req.node_id(), RowLock::kNone);
+    return n && n->admin_state == v1::NODE_ADMIN_STATE_DECOMMISSIONED;
+  });
+  if (!retired.ok()) return retired.error();
+  if (*retired) {
+    return Error::FailedPrecondition(reason::kNodeDecommissioned,
+                                     "node " + req.node_id() + " is decommissioned");
+  }
   // The node's task consumer: the node's own identity may only bind to it, so inventory
   // makes it (idempotent; an agent retries registration until this succeeds).
   if (auto c = messaging::EnsureConsumer(

@@ -100,7 +100,10 @@ Result<Effects> ModeOutcome(NodeAdminState s, Event e, const Context& ctx) {
 }
 
 Result<Effects> Decommission(NodeAdminState s, const Context& ctx) {
-  if (s != kDrained) return Illegal(s, Event::kDecommission);
+  // A draining node still held says so: what stands in the way is its allocations.
+  if (s != kDrained && !(s == kDraining && ctx.has_live_claims)) {
+    return Illegal(s, Event::kDecommission);
+  }
   if (ctx.has_live_claims) {
     return Refuse(reason::kNodeHasLiveClaims, s, Event::kDecommission,
                   "the node still holds live claims: release them first");

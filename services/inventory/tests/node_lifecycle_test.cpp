@@ -114,7 +114,7 @@ TEST(NodeLifecycleTest, ABusyNodeWithAnOpenModeChangeGoldenTable) {
                  "= active", ill}},
                {v1::NODE_ADMIN_STATE_DRAINING,
                 {"= draining", busy, "drained", ill, "= draining", "= draining", ill, "= draining",
-                 "= draining", ill}},
+                 "= draining", "node_has_live_claims"}},
                {v1::NODE_ADMIN_STATE_DRAINED,
                 {"= drained", busy, "= drained", busy, "= drained", "= drained", busy,
                  "drained mode slice-vm done approve", "drained done", "node_has_live_claims"}},

@@ -271,6 +271,9 @@ int64_t RetryDelayMs(const std::vector<int64_t>& backoff_ms, uint64_t num_delive
 
 // Creates the durable, or updates it to `spec` (it keeps its position).
 Result<void> EnsureConsumer(Connection& conn, const ConsumerSpec& spec);
+// Deletes a durable (a decommissioned node's task consumer); one that does not exist is fine.
+Result<void> DeleteConsumer(Connection& conn, const std::string& stream,
+                            const std::string& durable);
 // A node's task consumer: durable node-<id> on GPUAAS_NODE_TASKS, one task at a time, a long
 // redelivery budget (a VM task waits while adoption or the first network apply is pending). The
 // node's agent binds to it; inventory creates it when the node registers.

@@ -33,6 +33,8 @@ inline constexpr Reason kModeChangeInProgress{"mode_change_in_progress"};
 inline constexpr Reason kNodeHasLiveClaims{"node_has_live_claims"};
 // INVALID_ARGUMENT: a host operation without a reason, or with a bad deadline (details: fields).
 inline constexpr Reason kInvalidAdminRequest{"invalid_admin_request"};
+// FAILED_PRECONDITION: a registration of a decommissioned node (final).
+inline constexpr Reason kNodeDecommissioned{"node_decommissioned"};
 // UNAVAILABLE (retryable): the drain is recorded, but the scheduler has not confirmed it yet.
 inline constexpr Reason kDrainNotConfirmed{"drain_not_confirmed"};
 

@@ -67,7 +67,7 @@ struct Effects {
 
 // The transition, or FAILED_PRECONDITION `illegal_transition` {state, event} (a mode change or
 // maintenance while a mode change is open: `mode_change_in_progress`; a decommission with live
-// claims: `node_has_live_claims`).
+// claims, of a drained node or of a draining one still held: `node_has_live_claims`).
 Result<Effects> Next(v1::NodeAdminState state, Event event, const Context& ctx);
 
 }  // namespace gpuaas::inventory::node_lifecycle
