@@ -177,6 +177,7 @@ TEST(EnumChecksTest, InventoryColumnsMatchTheirEnums) {
   ExpectColumnsMatch("inventory", inventory::Migrations(),
                      {
                          {"nodes", "capacity_profile", v1::CapacityProfile_descriptor()},
+                         {"nodes", "mode_target", v1::CapacityProfile_descriptor()},
                          {"nodes", "admin_state", v1::NodeAdminState_descriptor()},
                          {"node_resource_slots", "admin_state", v1::SlotAdminState_descriptor()},
                          {"node_resource_slots", "health", v1::SlotHealth_descriptor()},

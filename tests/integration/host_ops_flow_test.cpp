@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +16,8 @@
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/rpc.hpp"
+#include "gpuaas/node_agent/discovery/fixture_host.hpp"
+#include "gpuaas/node_agent/host/host.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "platform.hpp"
@@ -308,6 +312,226 @@ TEST_F(HostOpsFlowTest, ADecommissionedNodeIsRetiredForGood) {
   ASSERT_FALSE(reg.ok());
   EXPECT_EQ(reg.error().reason, "node_decommissioned");
   EXPECT_EQ(SchedulableSlots(node), 0);
+}
+
+// A baremetal allocation of 8 GPUs for tenant acme in `pool`.
+Result<v1::Allocation> CreateBaremetal(testing::Platform& p, const std::string& request_id,
+                                       const std::string& pool) {
+  v1::CreateAllocationRequest r;
+  r.set_tenant("acme");
+  r.set_request_id(request_id);
+  r.set_sku("h200-sxm-baremetal");
+  r.set_gpu_count(8);
+  r.set_region("us-east-1");
+  r.set_pool(pool);
+  r.set_network_mode(v1::NETWORK_MODE_FABRIC_ONLY);
+  auto c = p.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r);
+  if (!c.ok()) return c.error();
+  return c->allocation();
+}
+
+TEST_F(HostOpsFlowTest, AModeChangeTakesADrainedNodeToBaremetalAndBack) {
+  const std::string node = "mode-a";
+  p_.StartApprovedAgent(node, "mode", 8);
+  auto mode = [&](v1::CapacityProfile m) {
+    v1::ChangeNodeModeRequest r;
+    r.set_node_id(node);
+    r.set_mode(m);
+    r.set_reason("rebalance");
+    return Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r);
+  };
+  auto early = mode(v1::CAPACITY_PROFILE_BAREMETAL);
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.error().reason, "illegal_transition");
+  // Slice-vm: no baremetal lands on it.
+  auto refused = CreateBaremetal(p_, "bm-on-slice", "mode");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().reason, "no_placement");
+
+  ASSERT_TRUE(Drain(node).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  auto started = mode(v1::CAPACITY_PROFILE_BAREMETAL);
+  ASSERT_TRUE(started.ok()) << started.error().ToString();
+  EXPECT_TRUE(started->changed());
+  EXPECT_EQ(started->node().mode_target(), v1::CAPACITY_PROFILE_BAREMETAL);
+  EXPECT_EQ(started->node().capacity_profile(), v1::CAPACITY_PROFILE_SLICE_VM);
+  // The agent verified its devices on their host drivers: the node is in baremetal mode.
+  ASSERT_TRUE(testing::WaitFor(
+      [&] {
+        const auto n = Node(node);
+        return n.capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL &&
+               n.mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED;
+      },
+      20s))
+      << Node(node).DebugString();
+  EXPECT_TRUE(Node(node).mode_blockers().empty());
+  ASSERT_TRUE(Admin("gpuaas.v1.inventory.node.undrain", node).ok());
+  ASSERT_TRUE(testing::WaitFor([&] {
+    v1::ListNodeHoldersRequest r;
+    r.set_node_id(node);
+    auto h = Call<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", r);
+    return h.ok() && h->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
+           h->node().capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL;
+  }));
+  EXPECT_EQ(SchedulableSlots(node), 0) << "slots are not sold in baremetal mode";
+  auto bm = CreateBaremetal(p_, "bm", "mode");
+  ASSERT_TRUE(bm.ok()) << bm.error().ToString();
+  EXPECT_EQ(bm->node_id(), node);
+  auto slice = p_.CreateSlice("slice-on-bm", "mode", 1);
+  ASSERT_FALSE(slice.ok());
+  EXPECT_EQ(slice.error().reason, "no_placement");
+  ASSERT_TRUE(p_.Release(bm->allocation_id()).ok());
+  p_.WaitSettled(bm->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
+
+  // Back to slice-vm: its slots are candidates until an operator approves them again.
+  ASSERT_TRUE(Drain(node).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  ASSERT_TRUE(mode(v1::CAPACITY_PROFILE_SLICE_VM).ok());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return Node(node).capacity_profile() == v1::CAPACITY_PROFILE_SLICE_VM; }, 20s));
+  ASSERT_TRUE(Admin("gpuaas.v1.inventory.node.undrain", node).ok());
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(shown.ok());
+  for (const auto& s : shown->slots()) {
+    EXPECT_EQ(s.admin_state(), v1::SLOT_ADMIN_STATE_DISABLED) << s.slot_key();
+    EXPECT_EQ(s.disabled_reason(), "mode changed to slice-vm: approve again");
+  }
+  auto unapproved = p_.CreateSlice("before-approval", "mode", 1);
+  ASSERT_FALSE(unapproved.ok());
+  EXPECT_EQ(unapproved.error().reason, "no_placement");
+  p_.ApproveAll(node);
+  ASSERT_TRUE(p_.WaitSchedulable(node, 8));
+  auto placed = p_.CreateSlice("after-approval", "mode", 1);
+  ASSERT_TRUE(placed.ok()) << placed.error().ToString();
+  EXPECT_EQ(placed->node_id(), node);
+}
+
+TEST_F(HostOpsFlowTest, AModeChangeTheHostCannotApplyFailsWithTheAgentsReasons) {
+  // A fixture host whose first GPU stays bound to vfio-pci (in use): baremetal cannot have it.
+  const std::string node = "mode-stuck";
+  const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
+  node_agent::FixtureOptions fo;
+  fo.gpus = 2;
+  fo.hostname = node;
+  ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
+  p_.StartApprovedAgent(node, "stuck", 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(shown.ok());
+  ASSERT_GT(shown->slots_size(), 0);
+  const std::string gpu = shown->slots(0).gpu_pci_address();
+  node_agent::HostRoot host(root);
+  std::ofstream(host.Real(*host.Resolve("/sys/bus/pci/devices/" + gpu) + "/fixture_stays_bound"))
+      << "1\n";
+
+  ASSERT_TRUE(Drain(node).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  v1::ChangeNodeModeRequest r;
+  r.set_node_id(node);
+  r.set_mode(v1::CAPACITY_PROFILE_BAREMETAL);
+  r.set_reason("rebalance");
+  ASSERT_TRUE(Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r).ok());
+  ASSERT_TRUE(testing::WaitFor(
+      [&] { return Node(node).mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED; }, 20s));
+  const auto n = Node(node);
+  EXPECT_EQ(n.capacity_profile(), v1::CAPACITY_PROFILE_SLICE_VM) << "nothing unverified is done";
+  std::string token = gpu;
+  for (char& ch : token) {
+    if (ch == ':' || ch == '.') ch = '_';
+  }
+  const std::set<std::string> blockers(n.mode_blockers().begin(), n.mode_blockers().end());
+  EXPECT_TRUE(blockers.count("reboot_required_" + token)) << n.DebugString();
+  EXPECT_TRUE(blockers.count("vfio_still_bound_" + token)) << n.DebugString();
+  EXPECT_EQ(n.admin_state(), v1::NODE_ADMIN_STATE_DRAINED);
+}
+
+TEST_F(HostOpsFlowTest, NothingElseStartsWhileAModeChangeIsOpen) {
+  // An agent that reads its desired set once a minute: the change stays open.
+  const std::string node = "mode-open";
+  p_.StartApprovedAgent(node, "open", 1, {{"GPUAAS_NODE_DESIRED_POLL_MS", "60000"}});
+  ASSERT_TRUE(Drain(node).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  v1::ChangeNodeModeRequest r;
+  r.set_node_id(node);
+  r.set_mode(v1::CAPACITY_PROFILE_BAREMETAL);
+  r.set_reason("rebalance");
+  ASSERT_TRUE(Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r).ok());
+  const int64_t generation = Node(node).generation();
+  r.set_mode(v1::CAPACITY_PROFILE_SLICE_VM);
+  auto second = Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().reason, "mode_change_in_progress");
+  for (const char* subject :
+       {"gpuaas.v1.inventory.node.undrain", "gpuaas.v1.inventory.node.maintenance",
+        "gpuaas.v1.inventory.node.decommission"}) {
+    auto refused = Admin(subject, node);
+    ASSERT_FALSE(refused.ok()) << subject;
+    EXPECT_EQ(refused.error().reason, "mode_change_in_progress") << subject;
+  }
+  v1::ChangeNodeModeRequest bad;
+  bad.set_node_id(node);
+  bad.set_reason("no mode");
+  auto no_mode = Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", bad);
+  ASSERT_FALSE(no_mode.ok());
+  EXPECT_EQ(no_mode.error().reason, "invalid_admin_request");
+  const auto n = Node(node);
+  EXPECT_EQ(n.generation(), generation) << "nothing changed";
+  EXPECT_EQ(n.mode_target(), v1::CAPACITY_PROFILE_BAREMETAL);
+  EXPECT_EQ(n.capacity_profile(), v1::CAPACITY_PROFILE_SLICE_VM);
+}
+
+TEST_F(HostOpsFlowTest, AGpuThatLeavesVfioDegradesItsSlotUntilRepairBindsItAgain) {
+  const std::string node = "bind-a";
+  const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
+  node_agent::FixtureOptions fo;
+  fo.gpus = 2;
+  fo.hostname = node;
+  ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
+  p_.StartApprovedAgent(node, "bind", 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(shown.ok());
+  ASSERT_EQ(shown->slots_size(), 2);
+  const v1::Slot lost = shown->slots(0);
+  // Something on the host (a driver load, a hand edit) takes the GPU from vfio-pci.
+  node_agent::HostRoot host(root);
+  const std::string dev = *host.Resolve("/sys/bus/pci/devices/" + lost.gpu_pci_address());
+  std::filesystem::remove(host.Real(dev + "/driver"));
+  std::filesystem::create_directories(host.Real("/sys/bus/pci/drivers/nvidia"));
+  std::filesystem::create_symlink(host.Real("/sys/bus/pci/drivers/nvidia"),
+                                  host.Real(dev + "/driver"));
+
+  auto slot = [&](const std::string& key) {
+    auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+    for (const auto& x : s.ok() ? s->slots() : decltype(s->slots()){}) {
+      if (x.slot_key() == key) return x;
+    }
+    return v1::Slot();
+  };
+  auto has_binding_drift = [](const v1::Slot& x) {
+    for (const auto& d : x.drift()) {
+      if (d.kind() == "vfio_binding_lost") return true;
+    }
+    return false;
+  };
+  ASSERT_TRUE(testing::WaitFor([&] { return has_binding_drift(slot(lost.slot_key())); }, 20s));
+  EXPECT_EQ(slot(lost.slot_key()).health(), v1::SLOT_HEALTH_DEGRADED);
+  EXPECT_FALSE(has_binding_drift(slot(shown->slots(1).slot_key()))) << "only that slot";
+  ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 1; }, 20s));
+
+  // Repair: the agent binds it again, and its clean check clears the drift.
+  v1::RepairSlotRequest repair;
+  repair.set_node_id(node);
+  repair.set_slot_key(lost.slot_key());
+  ASSERT_TRUE(Call<v1::RepairSlotResponse>("gpuaas.v1.inventory.slot.repair", repair).ok());
+  ASSERT_TRUE(testing::WaitFor([&] { return !has_binding_drift(slot(lost.slot_key())); }, 20s));
+  EXPECT_EQ(host.LinkBasename(dev + "/driver").value_or(""), "vfio-pci");
+  EXPECT_EQ(slot(lost.slot_key()).health(), v1::SLOT_HEALTH_HEALTHY);
+  EXPECT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 2; }, 20s));
 }
 
 }  // namespace

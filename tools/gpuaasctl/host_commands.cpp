@@ -1,5 +1,5 @@
-// gpuaasctl node drain/undrain/maintenance/decommission/holders: host operations (inventory) and
-// the allocations holding a node (the scheduler).
+// gpuaasctl node drain/undrain/maintenance/mode/decommission/holders: host operations (inventory)
+// and the allocations holding a node (the scheduler).
 #include <iostream>
 #include <memory>
 #include <tuple>
@@ -52,7 +52,7 @@ void PrintHolders(const v1::ListNodeHoldersResponse& r) {
 
 Action AddHostCommands(CLI::App& node) {
   struct Opts {
-    std::string id, reason, deadline;
+    std::string id, reason, deadline, mode;
   };
   auto o = std::make_shared<Opts>();
   auto* drain = node.add_subcommand(
@@ -62,7 +62,10 @@ Action AddHostCommands(CLI::App& node) {
       "maintenance", "Put a drained node into maintenance (back when its agent's checks pass)");
   auto* retire = node.add_subcommand(
       "decommission", "Retire a drained node for good (then revoke its key: node revoke)");
-  for (auto* c : {drain, undrain, maint, retire}) {
+  auto* mode = node.add_subcommand(
+      "mode", "Change a drained node's mode: slice-vm | baremetal (the agent rebinds its devices)");
+  OneOfEnum<v1::CapacityProfile>(mode->add_option("--mode", o->mode, "The new mode")->required());
+  for (auto* c : {drain, undrain, maint, retire, mode}) {
     c->add_option("--id", o->id, "Node id")->required();
     c->add_option("--reason", o->reason, "Why (kept with the node and its event)")->required();
   }
@@ -107,6 +110,23 @@ Action AddHostCommands(CLI::App& node) {
               "now remove its NATS key: gpuaasctl node revoke {} --keys DIR --nats-config FILE "
               "--reload-pid-file PIDFILE\n",
               o->id);
+        }
+      });
+    }
+    if (mode->parsed()) {
+      v1::ChangeNodeModeRequest req;
+      req.set_node_id(o->id);
+      req.set_mode(enums::FromColumn<v1::CapacityProfile>(o->mode));
+      req.set_reason(o->reason);
+      auto r =
+          client.Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", req, g.Timeout());
+      if (!r.ok()) return Fail(g, r.error());
+      return Print(g, *r, [&] {
+        PrintAdmin(*r, "mode change started");
+        if (r->node().mode_target() != v1::CAPACITY_PROFILE_UNSPECIFIED) {
+          std::cout << fmt::format(
+              "to {}: the agent rebinds the node's devices; see gpuaasctl node show --id {}\n",
+              Txt(r->node().mode_target()), o->id);
         }
       });
     }

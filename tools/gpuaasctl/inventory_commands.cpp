@@ -44,6 +44,15 @@ void PrintShow(const v1::ShowNodeResponse& r) {
                                ? ""
                                : fmt::format(" ({}, by {})", n.admin_reason(), n.admin_actor()),
                            n.has_drain_deadline() ? "  deadline " + Time(n.drain_deadline()) : "");
+  std::cout << fmt::format(
+      "mode: {}{}{}\n", Txt(n.capacity_profile()),
+      n.mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED
+          ? ""
+          : " (changing to " + Txt(n.mode_target()) + ")",
+      n.mode_blockers_size() == 0
+          ? ""
+          : "  last change failed: " +
+                Join({n.mode_blockers().begin(), n.mode_blockers().end()}, ", "));
   if (r.snapshot_version() == 0) {
     std::cout << "topology: none reported yet (gpuaasctl node discover --id " << n.node_id()
               << ")\n";

@@ -123,6 +123,8 @@ const std::vector<ApiRoute>& ApiRoutes() {
        v1::NodeAdminResponse::descriptor()},
       {"gpuaas.v1.inventory.node.decommission", v1::NodeAdminRequest::descriptor(),
        v1::NodeAdminResponse::descriptor()},
+      {"gpuaas.v1.inventory.node.mode", v1::ChangeNodeModeRequest::descriptor(),
+       v1::NodeAdminResponse::descriptor()},
       {"gpuaas.v1.scheduler.node.holders", v1::ListNodeHoldersRequest::descriptor(),
        v1::ListNodeHoldersResponse::descriptor()},
       {"gpuaas.v1.inventory.slot.approve", v1::ApproveSlotsRequest::descriptor(),

@@ -147,6 +147,36 @@ function nodeMode(v) {
   return t === 'unspecified' ? '?' : t.replace(/_/g, '-');
 }
 
+// The mode an open mode change is taking a node to ("baremetal"), or '' when none is open
+// (proto3 JSON leaves an UNSPECIFIED mode_target out).
+function modeTarget(node) {
+  const t = enumText(node && node.mode_target, 'CAPACITY_PROFILE');
+  return t === 'unspecified' ? '' : t.replace(/_/g, '-');
+}
+
+// Why a node's last mode change failed (the agent's blockers); [] after a clean change.
+function modeBlockers(node) {
+  return (node && node.mode_blockers) || [];
+}
+
+// A node's mode for a list or a tile: "slice-vm", or "slice-vm→baremetal" while it changes.
+function modeShort(node) {
+  const target = modeTarget(node);
+  const mode = nodeMode(node && node.capacity_profile);
+  return target ? `${mode}→${target}` : mode;
+}
+
+// The mode as an element (data-field="mode"), marked while a change is open or after one failed.
+function modeTag(node, attrs = {}) {
+  const target = modeTarget(node);
+  const failed = modeBlockers(node);
+  return el('span', { class: `mode${target ? ' mode-changing' : ''}${failed.length ? ' mode-failed' :
+    ''}`, 'data-field': 'mode', 'data-mode-target': target || undefined,
+  title: target ? `mode change open: ${nodeMode(node.capacity_profile)} → ${target}` :
+    failed.length ? `last mode change failed: ${failed.join(', ')}` : undefined,
+  text: modeShort(node) + (failed.length && !target ? ' (!)' : ''), ...attrs });
+}
+
 // A node's admin state: "active", "draining", "drained", "maintenance", "decommissioned".
 function adminState(node) {
   return enumText(node && node.admin_state, 'NODE_ADMIN_STATE');
@@ -328,12 +358,16 @@ function renderNodes() {
     const st = show && show.error ? { state: 'error', cls: 'bad' } : nodeState(show);
     const blockers = (show && show.node_blockers) || [];
     const admin = adminState(n);
+    const failed = modeBlockers(n);
     return el('tr', { 'data-testid': 'node-row', 'data-node-id': n.node_id,
-      'data-node-state': st.state, 'data-admin-state': admin },
+      'data-node-state': st.state, 'data-admin-state': admin,
+      'data-mode': nodeMode(n.capacity_profile), 'data-mode-target': modeTarget(n) || undefined },
     td(el('b', { text: n.node_id })),
     td(n.hostname || ''),
     td(`${n.region || ''} / ${n.pool || ''}`),
-    td(nodeMode(n.capacity_profile)),
+    td(modeTag(n), modeTarget(n) ? el('div', { class: 'small', text: 'changing' }) : null,
+      failed.length && !modeTarget(n) ? el('div', { class: 'small bad',
+        'data-field': 'mode-blockers', text: `last change failed: ${failed.join(', ')}` }) : null),
     td(adminBadge(admin), n.admin_reason ? el('div', { class: 'small', text: n.admin_reason }) :
       null),
     td(n.agent_version || ''),
@@ -437,7 +471,8 @@ function fleetModel() {
       const n = fleetNodes.get(id) || { node_id: id, region: slot && slot.region,
         pool: slot && slot.pool };
       nodes.set(id, { id, region: n.region || '', pool: n.pool || '',
-        mode: nodeMode(n.capacity_profile), admin: n.admin_state ? adminState(n) : 'unknown',
+        mode: nodeMode(n.capacity_profile), modeTarget: modeTarget(n),
+        modeBlockers: modeBlockers(n), admin: n.admin_state ? adminState(n) : 'unknown',
         reason: n.admin_reason || '',
         deadline: n.drain_deadline || '', hostname: n.hostname || '', blockers: [], cells: [],
         skus: [] });
@@ -554,12 +589,16 @@ function renderFleet() {
       'data-testid': 'slot-cell', 'data-slot-key': c.key, 'data-cell-state': c.state,
       'data-allocation-id': c.alloc || undefined, title: c.title }));
     const open = () => openNode(n.id);
-    group.grid.append(el('div', { class: `node-tile tile-${n.admin}`, role: 'button', tabindex: 0,
+    group.grid.append(el('div', { class: `node-tile tile-${n.admin}` +
+      `${n.modeTarget ? ' tile-mode-changing' : ''}`, role: 'button', tabindex: 0,
       'data-testid': 'fleet-node', 'data-node-id': n.id, 'data-admin-state': n.admin,
-      'data-mode': n.mode, 'data-slots': n.cells.length, 'data-free': count('free'),
+      'data-mode': n.mode, 'data-mode-target': n.modeTarget || undefined,
+      'data-slots': n.cells.length, 'data-free': count('free'),
       'data-held': count('held'), title: `${n.id} (${n.hostname}) — open the node's view` +
         (n.reason ? `\n${n.admin}: ${n.reason}` : '') +
-        (n.deadline ? `\ndrain deadline ${fmtTime(n.deadline)}` : ''),
+        (n.deadline ? `\ndrain deadline ${fmtTime(n.deadline)}` : '') +
+        (n.modeTarget ? `\nmode change open: ${n.mode} → ${n.modeTarget}` : '') +
+        (n.modeBlockers.length ? `\nlast mode change failed: ${n.modeBlockers.join(', ')}` : ''),
       onclick: open, onkeydown: (e) => {
         if (e.key === 'Enter' || e.key === ' ') {
           e.preventDefault();
@@ -569,11 +608,16 @@ function renderFleet() {
     el('div', { class: 'tile-head' }, el('span', { class: 'tile-id', text: n.id }),
       adminBadge(n.admin)),
     el('div', { class: 'tile-sub small' },
-      el('span', { class: 'mode', 'data-field': 'mode', text: n.mode }),
+      // The model keeps display texts; they read back through the same helpers.
+      modeTag({ capacity_profile: n.mode, mode_target: n.modeTarget,
+        mode_blockers: n.modeBlockers }),
       ` · ${count('free')}/${n.cells.length} free`,
       n.skus.length ? ` · ${n.skus.join(', ')}` : ''),
     n.blockers.length ? el('div', { class: 'small bad', 'data-field': 'blockers',
       text: `blocked: ${n.blockers.join(', ')}` }) : null,
+    n.modeBlockers.length && !n.modeTarget ? el('div', { class: 'small bad',
+      'data-field': 'mode-blockers', text: `mode change failed: ${n.modeBlockers.join(', ')}` }) :
+      null,
     el('div', { class: 'cells' }, cells.length ? cells :
       el('span', { class: 'small', text: 'no slots' }))));
   }
@@ -734,28 +778,54 @@ function renderNodeAdmin(show, holders) {
   const state = known ? adminState(n) : 'unknown';
   const changedAt = full && num(full.generation) >= num(n.generation) ? full.admin_changed_at : '';
   const list = (holders && holders.ok && holders.ok.holders) || [];
-  $('node-detail').dataset.adminState = state;
-  $('node-detail').dataset.mode = nodeMode(n.capacity_profile);
-  // Only what the admin-state table allows is offered; an unknown state offers all three and
-  // inventory decides (its refusal is shown).
-  const allow = { drain: ['active'], undrain: ['draining', 'drained'], maintenance: ['drained'] };
+  const mode = nodeMode(n.capacity_profile);
+  const target = modeTarget(n);
+  const failed = modeBlockers(n);
+  const detail = $('node-detail');
+  detail.dataset.adminState = state;
+  detail.dataset.mode = mode;
+  detail.dataset.modeTarget = target;
+  // Only what the admin-state table allows is offered; an unknown state offers every operation
+  // and inventory decides (its refusal is shown). While a mode change is open inventory refuses
+  // every move of the drained node (mode_change_in_progress): they wait for the agent's report.
+  const allow = { drain: ['active'], undrain: ['draining', 'drained'], maintenance: ['drained'],
+    mode: ['drained'], decommission: ['drained'] };
   for (const [op, states] of Object.entries(allow)) {
     const b = $(`node-${op}`);
-    b.disabled = adminBusy || (state !== 'unknown' && !states.includes(state));
-    b.title = b.disabled && !adminBusy ? `not from ${state}` : '';
+    const wrongState = state !== 'unknown' && !states.includes(state);
+    const modeOpen = !!target && op !== 'drain';
+    b.disabled = adminBusy || wrongState || modeOpen;
+    b.title = adminBusy ? '' : wrongState ? `not from ${state}${states.length === 1 ?
+      ` (only from ${states[0]})` : ''}` : modeOpen ? `a mode change to ${target} is open` : '';
+  }
+  $('node-mode-select').disabled = $('node-mode').disabled;
+  // Preselect the other mode, once per node and mode, so that a refresh keeps a choice.
+  const preselect = `${id}|${mode}`;
+  if (modeSelectFor !== preselect && (mode === 'slice-vm' || mode === 'baremetal')) {
+    modeSelectFor = preselect;
+    $('node-mode-select').value = mode === 'slice-vm' ? 'CAPACITY_PROFILE_BAREMETAL' :
+      'CAPACITY_PROFILE_SLICE_VM';
   }
   $('node-admin-hint').textContent = {
     active: 'Drain: no new placement lands; it is drained once nothing holds it.',
     draining: 'Draining until its last allocation is released; Undrain puts it back in service.',
-    drained: 'Nothing holds it. Maintenance takes it out; Undrain puts it back in service.',
+    drained: target ? `Nothing holds it. A mode change to ${target} is open: the agent is ` +
+      'rebinding its devices; every other operation waits for its report.' :
+      'Nothing holds it. Maintenance takes it out; Undrain puts it back in service; Change mode ' +
+      'or Decommission (final) below.',
     maintenance: 'Returns to active by itself once its agent\'s checks pass.',
-    decommissioned: 'Retired for good.',
+    decommissioned: 'Retired for good; revoke its NATS key: gpuaasctl node revoke ' +
+      `${id} --keys DIR.`,
   }[state] || '';
   if (!changed('node:admin', [show.err, n, changedAt, holders])) return;
   const deadline = n.drain_deadline || '';
   const overdue = deadline && state === 'draining' && Date.parse(deadline) < Date.now();
   kv($('node-admin'), [
-    ['Mode', nodeMode(n.capacity_profile), 'node-mode'],
+    ['Mode', [el('span', { id: 'node-mode-text', 'data-mode': mode,
+      'data-mode-target': target || undefined, class: target ? 'mode-changing' : undefined,
+      text: target ? `${mode} → ${target} (changing)` : mode }),
+    failed.length ? el('div', { id: 'node-mode-blockers', class: 'bad small',
+      'data-field': 'mode-blockers', text: `last change failed: ${failed.join(', ')}` }) : null]],
     ['Admin state', known ? adminBadge(state, { id: 'node-admin-state' }) :
       `unknown${show.err ? ` (${show.err})` : ''}`],
     ['Reason', n.admin_reason || '', 'node-admin-reason-text'],
@@ -788,6 +858,8 @@ function renderNodeAdmin(show, holders) {
 }
 
 let adminBusy = false;
+let modeSelectFor = ''; // "<node>|<mode>" the mode select was last preselected for
+const ADMIN_OPS = ['drain', 'undrain', 'maintenance', 'mode', 'decommission'];
 
 // The answer of a host operation, or its refusal with the error's details.
 function adminResult(text, ok, extra = {}) {
@@ -811,8 +883,23 @@ function errorParts(e) {
   return [el('b', { text: `${e.code || `HTTP ${e.status}`}${e.reason ? ` ${e.reason}` : ''}` }),
     e.serverMessage ? `: ${e.serverMessage}` : '',
     details.length ? el('ul', { class: 'details small' }, details.map(([k, v]) =>
-      el('li', {}, el('code', { text: k }), `: ${typeof v === 'string' ? v : JSON.stringify(v)}`)))
+      el('li', { 'data-detail': k }, el('code', { text: k }), ': ',
+        k === 'allocations' ? allocationLinks(v) :
+          typeof v === 'string' ? v : JSON.stringify(v))))
       : null];
+}
+
+// A details field naming allocations ("a,b" or a list): each id with a Details button.
+function allocationLinks(v) {
+  const ids = (Array.isArray(v) ? v : String(v).split(',')).map((x) => String(x).trim())
+    .filter(Boolean);
+  if (!ids.length) return 'none';
+  return ids.flatMap((id, i) => [i ? ', ' : '', el('code', { text: id }), ' ',
+    el('button', { type: 'button', 'data-testid': 'detail-alloc-open', 'data-allocation-id': id,
+      text: 'Details', onclick: () => {
+        showTab('allocs');
+        openAllocation(id);
+      } })]);
 }
 
 async function nodeAdmin(op) {
@@ -820,10 +907,30 @@ async function nodeAdmin(op) {
   const reason = $('node-admin-reason').value.trim();
   if (!nodeId) return;
   if (!reason) {
-    adminResult(`A reason is required to ${op} a node.`, false, { op });
+    adminResult(`A reason is required to ${op === 'mode' ? 'change the mode of' : op} a node.`,
+      false, { op });
     return;
   }
   const req = { node_id: nodeId, reason };
+  if (op === 'mode') {
+    req.mode = $('node-mode-select').value;
+    if (!['CAPACITY_PROFILE_SLICE_VM', 'CAPACITY_PROFILE_BAREMETAL'].includes(req.mode)) {
+      adminResult('Pick the mode to change to.', false, { op });
+      return;
+    }
+  }
+  if (op === 'decommission') {
+    // Final: asked once more, in words that say so.
+    const ok = window.confirm(`Decommission ${nodeId}?\n\nThis is final: the node is retired ` +
+      'for good, every slot disabled and its desired slot set emptied; it cannot be undrained ' +
+      'or brought back.\n\nAfterwards revoke its NATS key:\n' +
+      `  gpuaasctl node revoke ${nodeId} --keys DIR`);
+    if (!ok) {
+      adminResult(`decommission ${nodeId}: not confirmed, nothing sent.`, false,
+        { op, cancelled: 'true' });
+      return;
+    }
+  }
   if (op === 'drain') {
     const h = $('node-drain-hours').value.trim();
     if (h) {
@@ -836,15 +943,34 @@ async function nodeAdmin(op) {
     }
   }
   adminBusy = true;
-  for (const b of ['drain', 'undrain', 'maintenance']) $(`node-${b}`).disabled = true;
-  adminResult(`${op} ${nodeId}…`, true, { op, pending: 'true' });
+  for (const b of ADMIN_OPS) $(`node-${b}`).disabled = true;
+  $('node-mode-select').disabled = true;
+  const wanted = op === 'mode' ? nodeMode(req.mode) : '';
+  adminResult(`${op} ${nodeId}${wanted ? ` to ${wanted}` : ''}…`, true, { op, pending: 'true' });
   try {
     const r = await call(`gpuaas.v1.inventory.node.${op}`, req);
     const node = r.node || {};
     if (node.node_id) adminAnswers.set(node.node_id, node);
     const state = adminState(node);
     const holding = r.holding_allocations || [];
-    if (nodeId === openNodeId) {
+    const target = modeTarget(node);
+    if (nodeId === openNodeId && op === 'mode') {
+      const mode = nodeMode(node.capacity_profile);
+      adminResult([`mode: ${nodeId} `, target ? `is changing ${mode} → ${target}: its agent ` +
+        'rebinds the devices, then the mode applies (or the change fails with its blockers)' :
+        r.changed ? `is ${mode}` : `is ${mode} already (unchanged)`,
+      (target || wanted) === 'slice-vm' && (target || r.changed) ? ' · once it is slice-vm ' +
+        'again every slot is disabled: approve the slots again' : '',
+      ' · ', adminBadge(state)], true,
+      { op, adminState: state, changed: String(!!r.changed), mode, modeTarget: target });
+    } else if (nodeId === openNodeId && op === 'decommission') {
+      adminResult([`decommission: ${nodeId} is `, adminBadge(state),
+        r.changed ? '' : ' (unchanged: it already was)',
+        state === 'decommissioned' ? el('div', { class: 'small', 'data-field': 'revoke-hint' },
+          'Now revoke its NATS key: ', el('code', {
+            text: `gpuaasctl node revoke ${nodeId} --keys DIR` })) : null], true,
+      { op, adminState: state, changed: String(!!r.changed) });
+    } else if (nodeId === openNodeId) {
       adminResult([`${op}: ${nodeId} is `, adminBadge(state),
         r.changed ? '' : ' (unchanged: it already was)',
         op === 'drain' ? (holding.length ? ` · held by ${holding.length} allocation(s): ` +
@@ -1312,7 +1438,7 @@ async function start() {
   $('node-refresh').addEventListener('click', () => loadNode());
   $('node-discover').addEventListener('click', discoverNode);
   $('fleet-refresh').addEventListener('click', () => loadFleet());
-  for (const op of ['drain', 'undrain', 'maintenance']) {
+  for (const op of ADMIN_OPS) {
     $(`node-${op}`).addEventListener('click', () => nodeAdmin(op));
   }
   $('node-close').addEventListener('click', () => {

@@ -258,7 +258,7 @@ void MarkApproved(v1::Slot& slot, const v1::Slot* existing, ApprovalMode mode) {
   // Approval does not clear drift; repair re-validates the topology evidence and clears
   // its drift, but IPAM drift clears only with a clean lease report.
   for (const auto& dr : existing->drift()) {
-    if (!repair || IsIpamDrift(dr.kind())) *slot.add_drift() = dr;
+    if (!repair || IsReportedDrift(dr.kind())) *slot.add_drift() = dr;
   }
   if (slot.drift_size() > 0) {
     slot.set_health(v1::SLOT_HEALTH_DEGRADED);

@@ -1,5 +1,5 @@
-// Host operation handlers: drain, undrain, maintenance and decommission of a node (operators
-// only). Each
+// Host operation handlers: drain, undrain, maintenance, mode change and decommission of a node
+// (operators only). Each
 // validates, moves the node by the admin-state table in one transaction (host_operations.hpp)
 // and answers with the node as stored; a drain answers only once the scheduler has it.
 #include <fmt/format.h>
@@ -146,6 +146,19 @@ Result<v1::NodeAdminResponse> InventoryHandlers::NodeDecommission(const v1::Node
     }
   }
   return resp;
+}
+
+Result<v1::NodeAdminResponse> InventoryHandlers::NodeMode(const v1::ChangeNodeModeRequest& req,
+                                                          rpc::Context& ctx) const {
+  if (auto v = CheckAdminRequest(req.node_id(), req.reason(), 0); !v.ok()) return v.error();
+  if (req.mode() != v1::CAPACITY_PROFILE_SLICE_VM && req.mode() != v1::CAPACITY_PROFILE_BAREMETAL) {
+    return Error::InvalidArgument(reason::kInvalidAdminRequest,
+                                  "mode must be slice-vm or baremetal",
+                                  {{"mode", "slice-vm | baremetal"}});
+  }
+  AdminCause cause = Cause(req.reason(), ctx);
+  cause.target = req.mode();
+  return Move(req.node_id(), node_lifecycle::Event::kChangeMode, cause, ctx);
 }
 
 Result<v1::NodeAdminResponse> InventoryHandlers::NodeMaintenance(const v1::NodeAdminRequest& req,

@@ -7,6 +7,7 @@
 #include <pqxx/pqxx>
 
 #include <string>
+#include <vector>
 
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/inventory/node_lifecycle.hpp"
@@ -30,6 +31,10 @@ struct AdminCause {
   // What the scheduler said about its live claims (decommission asks it first); unknown counts
   // as live.
   bool has_live_claims = true;
+  // node.mode: the mode asked for.
+  v1::CapacityProfile target = v1::CAPACITY_PROFILE_UNSPECIFIED;
+  // The agent's ack that decides an open mode change: what did not hold (empty: applied).
+  std::vector<std::string> blockers;
 };
 
 struct AdminMove {
@@ -38,10 +43,19 @@ struct AdminMove {
 };
 
 // Locks the node's row, asks the table and writes what it says (a decommission also disables
-// every slot and empties the desired slot set). NOT_FOUND node_not_found for an unknown node;
+// every slot and empties the desired slot set; a mode change opens with a desired slot set of
+// the target mode and closes on the agent's ack: applied, or failed with its blockers; back in
+// slice-vm every slot needs a fresh approval). NOT_FOUND node_not_found for an unknown node;
 // the table's FAILED_PRECONDITION refusals as they are.
 Result<AdminMove> MoveNode(pqxx::work& tx, const std::string& node_id, node_lifecycle::Event e,
                            const AdminCause& cause, const std::string& source);
+
+// The agent's ack of `version` of the node's desired slot set, with its blockers: an open mode
+// change whose version it covers is applied (no blockers) or failed; in slice-vm, the slots
+// whose GPU or VF lost its vfio-pci binding are degraded (vfio_binding_lost) and cleared again
+// when the agent's ack no longer names them.
+Result<void> ApplyDesiredAck(pqxx::work& tx, const std::string& node_id, int64_t version,
+                             const std::vector<std::string>& blockers, const std::string& source);
 
 // The scheduler's gpuaas.v1.evt.scheduler.node.emptied: a draining node becomes drained.
 Result<void> ApplyNodeEmptiedEvent(pqxx::work& tx, const v1::Event& ev, const std::string& source);

@@ -2,8 +2,8 @@
 // Inventory's request handlers, one per subject of its route table (RegisterRoutes in
 // inventory_service.cpp). Each decodes and validates its request, runs the domain and store
 // code in one transaction and maps the result. Node handlers are in node_handlers.cpp, host
-// operations (drain, undrain, maintenance, decommission) in host_handlers.cpp, slot, region and
-// availability handlers in slot_handlers.cpp.
+// operations (drain, undrain, maintenance, mode, decommission) in host_handlers.cpp, slot, region
+// and availability handlers in slot_handlers.cpp.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,6 +17,7 @@ namespace gpuaas::v1 {
 class AckDesiredSlotsRequest;
 class AckDesiredSlotsResponse;
 class ApproveSlotsRequest;
+class ChangeNodeModeRequest;
 class ApproveSlotsResponse;
 class DisableSlotRequest;
 class DrainNodeRequest;
@@ -81,6 +82,8 @@ class InventoryHandlers {
                                                 rpc::Context& ctx) const;
   Result<v1::NodeAdminResponse> NodeDecommission(const v1::NodeAdminRequest& req,
                                                  rpc::Context& ctx) const;
+  Result<v1::NodeAdminResponse> NodeMode(const v1::ChangeNodeModeRequest& req,
+                                         rpc::Context& ctx) const;
 
   // ---- slots, wipe proofs, availability and regions (slot_handlers.cpp) ----
   Result<v1::ApproveSlotsResponse> SlotApprove(const v1::ApproveSlotsRequest& req,

@@ -33,6 +33,7 @@ void RegisterRoutes(rpc::Server& rpc, const std::shared_ptr<InventoryHandlers>& 
   rpc.Route("gpuaas.v1.inventory.node.drain", h, &InventoryHandlers::NodeDrain);
   rpc.Route("gpuaas.v1.inventory.node.undrain", h, &InventoryHandlers::NodeUndrain);
   rpc.Route("gpuaas.v1.inventory.node.maintenance", h, &InventoryHandlers::NodeMaintenance);
+  rpc.Route("gpuaas.v1.inventory.node.mode", h, &InventoryHandlers::NodeMode);
   rpc.Route("gpuaas.v1.inventory.node.decommission", h, &InventoryHandlers::NodeDecommission);
   rpc.Route("gpuaas.v1.inventory.slot.approve", h, &InventoryHandlers::SlotApprove);
   rpc.Route("gpuaas.v1.inventory.slot.repair", h, &InventoryHandlers::SlotRepair);

@@ -16,6 +16,7 @@
 #include "gpuaas/inventory/inventory_service.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/node.pb.h"
+#include "host_operations.hpp"
 #include "inventory_handlers.hpp"
 #include "node_store.hpp"
 #include "slot_store.hpp"
@@ -208,12 +209,17 @@ Result<v1::GetDesiredSlotsResponse> InventoryHandlers::DesiredGet(
 Result<v1::AckDesiredSlotsResponse> InventoryHandlers::DesiredAck(
     const v1::AckDesiredSlotsRequest& req, rpc::Context& ctx) const {
   if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
-  // The desired set's ack carries no blockers.
-  if (auto v = documents::ValidateAck(req.version(), {}); !v.ok()) return v.error();
+  const std::vector<std::string> blockers(req.blockers().begin(), req.blockers().end());
+  if (auto v = documents::ValidateAck(req.version(), blockers); !v.ok()) return v.error();
   return store::WithTx(*d_.pool, [&](pqxx::work& tx) -> Result<v1::AckDesiredSlotsResponse> {
     if (auto n = LoadNode(tx, req.node_id(), RowLock::kNone); !n.ok()) return n.error();
-    auto r = documents::RecordAck(tx, DesiredTables(), req.node_id(), req.version(), {});
+    auto r = documents::RecordAck(tx, DesiredTables(), req.node_id(), req.version(), blockers);
     if (!r.ok()) return r.error();
+    // What the agent found on the host decides an open mode change, or marks binding drift.
+    if (auto a = ApplyDesiredAck(tx, req.node_id(), r->applied_version, r->blockers, d_.source);
+        !a.ok()) {
+      return a.error();
+    }
     v1::AckDesiredSlotsResponse resp;
     resp.set_applied_version(r->applied_version);
     ctx.log.Debug("desired set acked",

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 
 namespace gpuaas::inventory {
@@ -23,7 +24,7 @@ constexpr const char* kNodeColumns =
     "node_id, hostname, region, pool, capacity_profile, labels::text, agent_version, generation, "
     "extract(epoch from registered_at)::float8, extract(epoch from updated_at)::float8, "
     "admin_state, admin_reason, admin_actor, extract(epoch from admin_changed_at)::float8, "
-    "extract(epoch from drain_deadline)::float8";
+    "extract(epoch from drain_deadline)::float8, COALESCE(mode_target, ''), mode_blockers";
 
 v1::Node NodeFromRow(const pqxx::row& r) {
   v1::Node n;
@@ -45,6 +46,8 @@ v1::Node NodeFromRow(const pqxx::row& r) {
   n.set_admin_actor(r[12].as<std::string>());
   *n.mutable_admin_changed_at() = Ts(r[13]);
   if (!r[14].is_null()) *n.mutable_drain_deadline() = Ts(r[14]);
+  n.set_mode_target(enums::FromColumn<v1::CapacityProfile>(r[15].as<std::string>()));
+  for (auto& b : store::TextArray(r[16])) n.add_mode_blockers(std::move(b));
   return n;
 }
 
@@ -74,15 +77,15 @@ std::optional<v1::Node> InsertNode(pqxx::work& tx, const v1::RegisterNodeRequest
 }
 
 std::optional<v1::Node> UpdateNodeIfChanged(pqxx::work& tx, const v1::RegisterNodeRequest& req) {
-  auto rows = tx.exec_params(
-      fmt::format("UPDATE nodes SET hostname=$2, region=$3, pool=$4, "
-                  "capacity_profile=$5, labels=$6::jsonb, agent_version=$7, "
-                  "generation=generation+1, updated_at=now() WHERE node_id=$1 AND "
-                  "(hostname, region, pool, capacity_profile, labels, agent_version) "
-                  "IS DISTINCT FROM ($2, $3, $4, $5, $6::jsonb, $7) RETURNING {}",
-                  kNodeColumns),
-      req.node_id(), req.hostname(), req.region(), req.pool(), enums::Text(req.capacity_profile()),
-      LabelsJson(req), req.agent_version());
+  auto rows =
+      tx.exec_params(fmt::format("UPDATE nodes SET hostname=$2, region=$3, pool=$4, "
+                                 "labels=$5::jsonb, agent_version=$6, "
+                                 "generation=generation+1, updated_at=now() WHERE node_id=$1 AND "
+                                 "(hostname, region, pool, labels, agent_version) "
+                                 "IS DISTINCT FROM ($2, $3, $4, $5::jsonb, $6) RETURNING {}",
+                                 kNodeColumns),
+                     req.node_id(), req.hostname(), req.region(), req.pool(), LabelsJson(req),
+                     req.agent_version());
   if (rows.empty()) return std::nullopt;
   return NodeFromRow(rows[0]);
 }
@@ -97,7 +100,8 @@ v1::Node ReadNodeSummary(pqxx::work& tx, const std::string& node_id) {
   auto n = tx.exec_params(
       "SELECT node_id, hostname, region, pool, capacity_profile, agent_version, "
       "generation, labels::text, admin_state, admin_reason, admin_actor, "
-      "extract(epoch from drain_deadline)::float8 FROM nodes WHERE node_id = $1",
+      "extract(epoch from drain_deadline)::float8, COALESCE(mode_target, ''), mode_blockers "
+      "FROM nodes WHERE node_id = $1",
       node_id);
   v1::Node out;
   out.set_node_id(n[0][0].as<std::string>());
@@ -111,6 +115,8 @@ v1::Node ReadNodeSummary(pqxx::work& tx, const std::string& node_id) {
   out.set_admin_reason(n[0][9].as<std::string>());
   out.set_admin_actor(n[0][10].as<std::string>());
   if (!n[0][11].is_null()) *out.mutable_drain_deadline() = Ts(n[0][11]);
+  out.set_mode_target(enums::FromColumn<v1::CapacityProfile>(n[0][12].as<std::string>()));
+  for (auto& b : store::TextArray(n[0][13])) out.add_mode_blockers(std::move(b));
   return out;
 }
 
@@ -131,7 +137,10 @@ std::vector<v1::Node> ListNodesAfter(pqxx::work& tx, const std::string& region,
 std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string& node_id,
                                                RowLock lock) {
   auto rows = tx.exec_params(std::string("SELECT n.region, n.pool, COALESCE(r.enabled, true), "
-                                         "n.admin_state, n.capacity_profile, n.generation "
+                                         "n.admin_state, n.capacity_profile, n.generation, "
+                                         "COALESCE(n.mode_target, ''), "
+                                         "COALESCE(n.mode_change_version, 0), "
+                                         "n.rebind_generation "
                                          "FROM nodes n LEFT JOIN regions r ON r.name = n.region "
                                          "WHERE n.node_id = $1") +
                                  (lock == RowLock::kForUpdate ? " FOR UPDATE OF n" : ""),
@@ -144,6 +153,9 @@ std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string
   p.admin_state = enums::FromColumn<v1::NodeAdminState>(rows[0][3].as<std::string>());
   p.mode = enums::FromColumn<v1::CapacityProfile>(rows[0][4].as<std::string>());
   p.generation = rows[0][5].as<int64_t>();
+  p.mode_target = enums::FromColumn<v1::CapacityProfile>(rows[0][6].as<std::string>());
+  p.mode_change_version = rows[0][7].as<int64_t>();
+  p.rebind_generation = rows[0][8].as<int64_t>();
   return p;
 }
 
@@ -158,6 +170,35 @@ v1::Node WriteNodeAdmin(pqxx::work& tx, const std::string& node_id, const NodeAd
                   kNodeColumns),
       node_id, enums::Text(w.state), w.reason, w.actor, w.deadline_s > 0, w.deadline_s);
   return NodeFromRow(rows.at(0));
+}
+
+void OpenModeChange(pqxx::work& tx, const std::string& node_id, v1::CapacityProfile target) {
+  tx.exec_params(
+      "UPDATE nodes SET mode_target = $2, mode_blockers = '{}', mode_change_version = NULL "
+      "WHERE node_id = $1",
+      node_id, enums::Text(target));
+}
+
+void SetModeChangeVersion(pqxx::work& tx, const std::string& node_id, int64_t version) {
+  tx.exec_params("UPDATE nodes SET mode_change_version = $2 WHERE node_id = $1", node_id, version);
+}
+
+void CloseModeChange(pqxx::work& tx, const std::string& node_id, v1::CapacityProfile mode,
+                     const std::vector<std::string>& blockers) {
+  tx.exec_params(
+      "UPDATE nodes SET capacity_profile = $2, mode_target = NULL, mode_change_version = NULL, "
+      "mode_blockers = $3::text[] WHERE node_id = $1",
+      node_id, enums::Text(mode), store::TextArrayLiteral(blockers));
+}
+
+int64_t BumpRebindGeneration(pqxx::work& tx, const std::string& node_id) {
+  return tx
+      .exec_params(
+          "UPDATE nodes SET rebind_generation = rebind_generation + 1 WHERE node_id = $1 "
+          "RETURNING rebind_generation",
+          node_id)
+      .at(0)[0]
+      .as<int64_t>();
 }
 
 std::vector<NodeCount> CountNodesByAdminState(pqxx::work& tx) {

@@ -30,7 +30,8 @@ google::protobuf::Timestamp TimestampFromEpoch(double epoch_s);
 // The registration as a new node at generation 1; nullopt when the node exists.
 std::optional<v1::Node> InsertNode(pqxx::work& tx, const v1::RegisterNodeRequest& req);
 // The registration over an existing node, with the next generation, only when a field differs;
-// nullopt when nothing changed.
+// nullopt when nothing changed. capacity_profile is not among the fields: it is the node's mode,
+// set by its first registration and changed only by node.mode.
 std::optional<v1::Node> UpdateNodeIfChanged(pqxx::work& tx, const v1::RegisterNodeRequest& req);
 // The node with labels and timestamps (throws when it does not exist).
 v1::Node ReadNode(pqxx::work& tx, const std::string& node_id);
@@ -52,6 +53,10 @@ struct NodePlacement {
   v1::NodeAdminState admin_state = v1::NODE_ADMIN_STATE_ACTIVE;
   v1::CapacityProfile mode = v1::CAPACITY_PROFILE_UNSPECIFIED;
   int64_t generation = 0;
+  // An open mode change: its target (UNSPECIFIED: none) and the desired version carrying it.
+  v1::CapacityProfile mode_target = v1::CAPACITY_PROFILE_UNSPECIFIED;
+  int64_t mode_change_version = 0;
+  int64_t rebind_generation = 0;
 };
 // nullopt for an unknown node. kForUpdate locks the node's row (not the region's).
 std::optional<NodePlacement> LoadNodePlacement(pqxx::work& tx, const std::string& node_id,
@@ -64,6 +69,15 @@ struct NodeAdminWrite {
   int64_t deadline_s = 0;  // > 0: a drain's deadline from now (else: kept while drained)
 };
 v1::Node WriteNodeAdmin(pqxx::work& tx, const std::string& node_id, const NodeAdminWrite& w);
+
+// A mode change opened (target set, earlier blockers cleared), its desired version recorded,
+// and closed: the node in `mode` (its old one when the change failed) with the agent's blockers.
+void OpenModeChange(pqxx::work& tx, const std::string& node_id, v1::CapacityProfile target);
+void SetModeChangeVersion(pqxx::work& tx, const std::string& node_id, int64_t version);
+void CloseModeChange(pqxx::work& tx, const std::string& node_id, v1::CapacityProfile mode,
+                     const std::vector<std::string>& blockers);
+// The node's rebind generation, bumped (slot.repair of a slot whose binding was lost).
+int64_t BumpRebindGeneration(pqxx::work& tx, const std::string& node_id);
 
 // Nodes per (mode, admin state), with those draining past their deadline.
 struct NodeCount {

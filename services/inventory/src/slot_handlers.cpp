@@ -100,15 +100,31 @@ Result<v1::ApproveSlotsResponse> InventoryHandlers::SlotApprove(const v1::Approv
 Result<v1::RepairSlotResponse> InventoryHandlers::SlotRepair(const v1::RepairSlotRequest& req,
                                                              rpc::Context& ctx) const {
   if (req.slot_key().empty()) return SlotKeyRequired();
-  auto exists = store::WithTx(*d_.pool, [&](pqxx::work& tx) -> Result<void> {
+  // Whether its devices lost their vfio-pci binding (the agent's drift): repair has them bound
+  // again (the agent clears that drift once its check is clean).
+  auto binding_lost = store::WithTx(*d_.pool, [&](pqxx::work& tx) -> Result<bool> {
     if (auto v = CheckNodeId(req.node_id()); !v.ok()) return v.error();
     if (auto n = LoadNode(tx, req.node_id(), RowLock::kNone); !n.ok()) return n.error();
-    if (!SlotExists(tx, req.node_id(), req.slot_key())) {
-      return SlotNotFound(req.node_id(), req.slot_key());
+    auto slots = LoadSlots(tx, req.node_id());
+    if (!slots.ok()) return slots.error();
+    auto it = slots->find(req.slot_key());
+    if (it == slots->end()) return SlotNotFound(req.node_id(), req.slot_key());
+    for (const auto& d : it->second.drift()) {
+      if (d.kind() == reason::kVfioBindingLost) return true;
     }
-    return Ok();
+    return false;
   });
-  if (!exists.ok()) return exists.error();
+  if (!binding_lost.ok()) return binding_lost.error();
+  if (*binding_lost) {
+    auto rebind = store::WithTx(*d_.pool, [&](pqxx::work& tx) -> Result<void> {
+      if (auto n = LoadNode(tx, req.node_id(), RowLock::kForUpdate); !n.ok()) return n.error();
+      BumpRebindGeneration(tx, req.node_id());
+      auto v = UpdateDesired(tx, req.node_id());
+      if (!v.ok()) return v.error();
+      return Ok();
+    });
+    if (!rebind.ok()) return rebind.error();
+  }
   v1::ApproveSlotsRequest a;
   a.set_node_id(req.node_id());
   a.add_slot_keys(req.slot_key());

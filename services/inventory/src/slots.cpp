@@ -38,7 +38,8 @@ bool Complete(const v1::Slot& s) {
 bool Schedulable(const v1::Slot& s, const NodeCtx& c) {
   return s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE &&
          s.health() == v1::SLOT_HEALTH_HEALTHY && Complete(s) && c.region_enabled &&
-         c.blockers.empty() && c.admin_state == v1::NODE_ADMIN_STATE_ACTIVE;
+         c.blockers.empty() && c.admin_state == v1::NODE_ADMIN_STATE_ACTIVE &&
+         c.mode == v1::CAPACITY_PROFILE_SLICE_VM;
 }
 
 // The slot with the topology drift of `report` when its kinds differ from what the slot
@@ -49,7 +50,7 @@ v1::Slot WithTopologyDrift(const v1::Slot& slot, const v1::TopologyReport& repor
   if (drift.empty()) return next;
   std::set<std::string> had, now;
   for (const auto& x : slot.drift()) {
-    if (!IsIpamDrift(x.kind())) had.insert(x.kind());
+    if (!IsReportedDrift(x.kind())) had.insert(x.kind());
   }
   for (const auto& x : drift) now.insert(x.kind());
   if (had == now) return next;
@@ -59,7 +60,7 @@ v1::Slot WithTopologyDrift(const v1::Slot& slot, const v1::TopologyReport& repor
     *next.add_drift() = x;
   }
   for (const auto& x : slot.drift()) {
-    if (IsIpamDrift(x.kind())) *next.add_drift() = x;
+    if (IsReportedDrift(x.kind())) *next.add_drift() = x;
   }
   next.set_health(v1::SLOT_HEALTH_DEGRADED);
   next.set_health_detail(DriftDetail(next));
@@ -113,6 +114,8 @@ Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock loc
   c.admin_state = placement->admin_state;
   c.mode = placement->mode;
   c.generation = placement->generation;
+  c.mode_target = placement->mode_target;
+  c.mode_change_version = placement->mode_change_version;
   if (auto latest = LoadLatestSnapshotBlockers(tx, node_id)) {
     c.snapshot_version = latest->version;
     c.blockers = std::move(latest->blockers);
@@ -170,6 +173,10 @@ bool IsIpamDrift(const std::string& kind) {
          kind == reason::kIpamLeaseUnexpected || kind == reason::kIpamVnicDrift;
 }
 
+bool IsReportedDrift(const std::string& kind) {
+  return IsIpamDrift(kind) || kind == reason::kVfioBindingLost;
+}
+
 std::string DriftDetail(const v1::Slot& s) {
   std::string out;
   for (const auto& x : s.drift()) out += (out.empty() ? "" : "; ") + x.kind() + ": " + x.detail();
@@ -184,10 +191,25 @@ const documents::Tables& DesiredTables() {
 Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
   auto slots = LoadSlots(tx, node_id);
   if (!slots.ok()) return slots.error();
+  const auto node = LoadNodePlacement(tx, node_id, RowLock::kNone);
   v1::DesiredSlotSet want;
   want.set_node_id(node_id);
+  if (node) {
+    want.set_mode(node->mode_target != v1::CAPACITY_PROFILE_UNSPECIFIED ? node->mode_target
+                                                                        : node->mode);
+    want.set_rebind_generation(node->rebind_generation);
+  }
+  const bool slice = want.mode() != v1::CAPACITY_PROFILE_BAREMETAL;
+  std::set<std::string> devices;
   for (const auto& [key, s] : *slots) {
-    if (s.admin_state() != v1::SLOT_ADMIN_STATE_AVAILABLE) continue;
+    const bool available = s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE;
+    // Slice-vm binds what it sells; baremetal gives back whatever a slot ever named.
+    if (available || !slice) {
+      for (const auto* pci : {&s.gpu_pci_address(), &s.fabric_vf_pci_address()}) {
+        if (!pci->empty()) devices.insert(*pci);
+      }
+    }
+    if (!available || !slice) continue;
     v1::Slot d = s;
     d.clear_health();
     d.clear_health_detail();
@@ -199,7 +221,10 @@ Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id) {
     d.clear_approved_snapshot();
     *want.add_slots() = d;
   }
-  return documents::Publish(tx, DesiredTables(), node_id, want, want.slots_size() == 0);
+  for (const auto& d : devices) want.add_passthrough_devices(d);
+  return documents::Publish(tx, DesiredTables(), node_id, want,
+                            want.slots_size() == 0 && want.passthrough_devices_size() == 0 &&
+                                want.mode() != v1::CAPACITY_PROFILE_BAREMETAL);
 }
 
 Result<void> ReemitNodeSlots(pqxx::work& tx, const std::string& node_id, const std::string& source,

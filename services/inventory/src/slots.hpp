@@ -54,8 +54,11 @@ struct NodeCtx {
   int64_t snapshot_version = 0;
   // Only an active node's slots are schedulable (a drain re-announces them all).
   v1::NodeAdminState admin_state = v1::NODE_ADMIN_STATE_ACTIVE;
-  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_UNSPECIFIED;
-  int64_t generation = 0;  // the node record's
+  v1::CapacityProfile mode = v1::CAPACITY_PROFILE_UNSPECIFIED;  // only slice-vm sells slots
+  int64_t generation = 0;                                       // the node record's
+  // An open mode change (UNSPECIFIED: none) and the desired version that carries it.
+  v1::CapacityProfile mode_target = v1::CAPACITY_PROFILE_UNSPECIFIED;
+  int64_t mode_change_version = 0;
 };
 // NOT_FOUND node_not_found for a node inventory does not know.
 Result<NodeCtx> LoadNode(pqxx::work& tx, const std::string& node_id, RowLock lock);
@@ -74,12 +77,18 @@ bool SameSlot(v1::Slot a, v1::Slot b);
 // topology drift inventory detects itself: each source sets and clears only its own. True for
 // exactly the four ipam kinds of the registry (ipam.proto IpamDrift.kind).
 bool IsIpamDrift(const std::string& kind);
+// Drift only the party that reports it clears (ipam's kinds; the agent's vfio_binding_lost):
+// inventory's topology drift detection and repair keep it as it is.
+bool IsReportedDrift(const std::string& kind);
 // "kind: detail; ..." of every drift record of the slot (its health_detail while degraded).
 std::string DriftDetail(const v1::Slot& s);
 
 // The desired slot set is a versioned per-node document (libs/common documents.hpp).
 const documents::Tables& DesiredTables();
-// A new desired-set version when the node's available slots differ from the latest version.
+// A new desired-set version when the node's desired state differs from the latest version:
+// its mode (an open change's target), in slice-vm its available slots and their GPUs and VFs to
+// bind to vfio-pci, in baremetal no slots and every slot's GPU and VF to give back, and the
+// rebind generation.
 Result<int64_t> UpdateDesired(pqxx::work& tx, const std::string& node_id);
 
 }  // namespace gpuaas::inventory

@@ -262,16 +262,16 @@ bool SlotsClaimed(pqxx::work& tx, const std::string& node_id, const std::string&
 
 std::vector<std::string> BaremetalCandidates(pqxx::work& tx, const std::string& region,
                                              const std::string& pool, int limit) {
-  // No live claim of any kind; baremetal-profile nodes first, then nodes with fewer approved
-  // slots (sliceable capacity stays for slices).
+  // An active node in baremetal mode (its devices given back to their host drivers: node.mode)
+  // with no live claim of any kind; fewer approved slots first.
   auto rows = tx.exec_params(
       "SELECT n.node_id FROM projected_nodes n WHERE n.region = $1 AND ($2 = '' OR n.pool = $2) "
-      "AND n.admin_state = 'active' "
+      "AND n.admin_state = 'active' AND n.capacity_profile = 'baremetal' "
       "AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS NULL "
       "AND c.node_id = n.node_id) AND NOT EXISTS (SELECT 1 FROM projected_slots s WHERE "
       "s.node_id = n.node_id AND NOT s.region_enabled) "
-      "ORDER BY (n.capacity_profile = 'baremetal') DESC, (SELECT count(*) FROM projected_slots s "
-      "WHERE s.node_id = n.node_id), n.node_id LIMIT $3",
+      "ORDER BY (SELECT count(*) FROM projected_slots s WHERE s.node_id = n.node_id), n.node_id "
+      "LIMIT $3",
       region, pool, limit);
   std::vector<std::string> out;
   out.reserve(rows.size());
@@ -298,8 +298,9 @@ bool NodeClaimed(pqxx::work& tx, const std::string& node_id) {
 
 std::vector<RegionCapacity> ReadRegionCapacity(pqxx::work& tx) {
   // A free slot: schedulable, complete, in an enabled region, no live claim on it nor on its
-  // whole node (CountFree's rule). A clean node: no live claim of any kind (where baremetal can
-  // go: BaremetalCandidates).
+  // whole node (CountFree's rule). Baremetal: the GPUs (slots) of active baremetal-mode nodes in
+  // an enabled region with no live claim of any kind (where baremetal can go:
+  // BaremetalCandidates).
   auto r = store::Prepared(
       tx,
       std::string("WITH slots AS (SELECT p.region, p.sku, p.node_id, p.region_enabled, "
@@ -307,14 +308,15 @@ std::vector<RegionCapacity> ReadRegionCapacity(pqxx::work& tx) {
           kSlotCompleteSql +
           " AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c WHERE c.released_at IS "
           "NULL AND c.node_id = p.node_id AND (c.slot_key = p.slot_key OR c.kind = "
-          "'node_exclusive'))) AS free, NOT EXISTS (SELECT 1 FROM allocation_resource_claims c "
-          "WHERE c.released_at IS NULL AND c.node_id = p.node_id) AS clean FROM projected_slots "
+          "'node_exclusive'))) AS free, (p.region_enabled AND EXISTS (SELECT 1 FROM "
+          "projected_nodes n WHERE n.node_id = p.node_id AND n.capacity_profile = 'baremetal' AND "
+          "n.admin_state = 'active') AND NOT EXISTS (SELECT 1 FROM allocation_resource_claims c "
+          "WHERE c.released_at IS NULL AND c.node_id = p.node_id)) AS whole FROM projected_slots "
           "p), per_node AS (SELECT region, sku, node_id, bool_or(region_enabled) AS enabled, "
-          "count(*) FILTER (WHERE free) AS n, bool_and(clean) AS clean FROM slots GROUP BY 1, 2, "
-          "3) SELECT region, sku, bool_or(enabled), COALESCE(sum(n), 0)::bigint, "
-          "COALESCE(max(n), 0)::bigint, COALESCE(sum(n) FILTER (WHERE clean), 0)::bigint, "
-          "COALESCE(max(n) FILTER (WHERE clean), 0)::bigint FROM per_node GROUP BY 1, 2 "
-          "ORDER BY 1, 2");
+          "count(*) FILTER (WHERE free) AS n, count(*) FILTER (WHERE whole) AS w FROM slots "
+          "GROUP BY 1, 2, 3) SELECT region, sku, bool_or(enabled), COALESCE(sum(n), 0)::bigint, "
+          "COALESCE(max(n), 0)::bigint, COALESCE(sum(w), 0)::bigint, COALESCE(max(w), 0)::bigint "
+          "FROM per_node GROUP BY 1, 2 ORDER BY 1, 2");
   std::vector<RegionCapacity> out;
   out.reserve(r.size());
   for (const auto& row : r) {

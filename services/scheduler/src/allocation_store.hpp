@@ -64,7 +64,8 @@ struct RegionCapacity {
   bool region_enabled = false;
   int64_t free_gpus = 0;        // free slots
   int64_t max_on_one_node = 0;  // the most free slots on one node
-  // The same on nodes no allocation holds anything of (where baremetal can be placed).
+  // The GPUs (slots) of active baremetal-mode nodes no allocation holds anything of (where
+  // baremetal can be placed), in all and on the largest such node.
   int64_t free_on_clean_nodes = 0;
   int64_t max_on_one_clean_node = 0;
 };

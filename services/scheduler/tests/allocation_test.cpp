@@ -166,10 +166,12 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
 }
 
 // catalog.list says where each SKU can be ordered: per region, the free GPUs and the largest
-// allocation that fits now, for slices (free slots) and baremetal (nodes nothing holds).
+// allocation that fits now, for slices (free slots of slice-vm nodes) and baremetal (baremetal
+// nodes nothing holds).
 TEST_F(AllocationTest, TheCatalogSaysWhereEachSkuCanBeOrdered) {
   AddNode("gpu-01", 8);
   AddNode("gpu-02", 8);
+  AddNode("bm-01", 8, "us-east-1", /*baremetal_profile=*/true);
   AddNode("eu-01", 4, "eu-west-1", false, /*region_enabled=*/false);
   WaitProjected();
   auto availability = [&](const std::string& sku) {
@@ -190,17 +192,19 @@ TEST_F(AllocationTest, TheCatalogSaysWhereEachSkuCanBeOrdered) {
   auto slice = availability("h200-sxm-slice");
   EXPECT_EQ(slice["us-east-1"], T(true, 16, 8));
   EXPECT_EQ(slice["eu-west-1"], T(false, 0, 0)) << "a disabled region offers nothing";
-  EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 16, 8));
+  EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 8, 8))
+      << "baremetal only on the baremetal node";
 
   auto a = Create("req-cat", 4);
   ASSERT_TRUE(a.ok()) << a.error().ToString();
   slice = availability("h200-sxm-slice");
   EXPECT_EQ(slice["us-east-1"], T(true, 12, 8)) << "4 taken on one node, the other still whole";
   EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 8, 8))
-      << "baremetal only on the node nothing holds";
-  auto b = Create("req-cat-2", 8);
+      << "slices never take the baremetal node";
+  auto b = Create("req-cat-2", 8, "h200-sxm-baremetal");
   ASSERT_TRUE(b.ok()) << b.error().ToString();
-  EXPECT_EQ(availability("h200-sxm-slice")["us-east-1"], T(true, 4, 4));
+  EXPECT_EQ(b->allocation().node_id(), "bm-01");
+  EXPECT_EQ(availability("h200-sxm-slice")["us-east-1"], T(true, 12, 8));
   EXPECT_EQ(availability("h200-sxm-baremetal")["us-east-1"], T(true, 0, 0));
 }
 
@@ -606,7 +610,9 @@ TEST_F(AllocationTest, BaremetalAndSlicesNeverShareANode) {
   auto f = Release(bm->allocation().allocation_id(), true);
   ASSERT_TRUE(f.ok());
   EXPECT_EQ(f->allocation().state(), v1::ALLOCATION_STATE_RELEASED);
-  EXPECT_TRUE(Create("s1-again", 1).ok());
+  // Freed for baremetal again; slices are sold only on slice-vm nodes.
+  EXPECT_EQ(Create("s1-again", 1).error().reason, "no_placement");
+  EXPECT_TRUE(Create("bm-again", 8, "h200-sxm-baremetal").ok());
   EXPECT_TRUE(Invariants().empty());
 }
 

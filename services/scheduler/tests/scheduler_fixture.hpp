@@ -96,7 +96,8 @@ class AllocationTest : public ::testing::Test {
       s.set_region(region);
       s.set_pool("h200");
       s.set_region_enabled(region_enabled);
-      s.set_schedulable(region_enabled);
+      // As inventory says: slots are sold only on slice-vm nodes in enabled regions.
+      s.set_schedulable(region_enabled && !baremetal_profile);
       Publish("gpuaas.v1.evt.inventory.slot.updated", s, id + "/" + sl->slot_key(), 1);
       ++slots_published_;
     }

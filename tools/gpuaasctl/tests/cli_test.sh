@@ -43,6 +43,7 @@ declare -A ARGS=(
   ['node maintenance']='--id n1 --reason r'
   ['node decommission']='--id n1 --reason r'
   ['node holders']='--id n1'
+  ['node mode']='--id n1 --mode baremetal --reason r'
   ['scheduler nodes']=''
   ['scheduler rebuild-projection']=''
   ['scheduler slots']='--node n1'

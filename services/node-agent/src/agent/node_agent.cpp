@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <set>
 
 #include <google/protobuf/util/time_util.h>
 
@@ -20,6 +21,7 @@
 #include "gpuaas/common/rpc.hpp"
 #include "gpuaas/node_agent/console/console_relay.hpp"
 #include "gpuaas/node_agent/discovery/discovery.hpp"
+#include "gpuaas/node_agent/host/pci_binding.hpp"
 #include "gpuaas/node_agent/network/lease_report.hpp"
 #include "gpuaas/node_agent/node_agent_reasons.hpp"
 #include "gpuaas/node_agent/runtime/libvirt_runtime.hpp"
@@ -866,9 +868,38 @@ void NodeAgent::TryAdopt() {
   if (registered_) svc_.SetReady(true);
 }
 
+void NodeAgent::BindPassthrough(const v1::DesiredSlotSet& want) {
+  bind_blockers_.clear();
+  if (want.mode() == v1::CAPACITY_PROFILE_UNSPECIFIED) return;  // a set from before modes
+  const HostRoot host(cfg_.host_root);
+  auto kernel = KernelFor(host);
+  const auto r =
+      ApplyBinding(host, *kernel, want.mode(),
+                   {want.passthrough_devices().begin(), want.passthrough_devices().end()});
+  for (const auto& e : r.errors) {
+    svc_.log().Warn("binding write refused", {{"error", e.ToString()}});
+  }
+  // Only what the writes themselves report; the links are read again by the check.
+  for (const auto& b : r.blockers) {
+    if (b.rfind(reason::kBindFailed.str(), 0) == 0 ||
+        b.rfind(reason::kRebootRequired.str(), 0) == 0) {
+      bind_blockers_.push_back(b);
+    }
+  }
+  if (r.changed || !r.blockers.empty()) {
+    svc_.log().Info("passthrough devices bound",
+                    {{"mode", enums::Text(want.mode())},
+                     {"devices", std::to_string(want.passthrough_devices_size())},
+                     {"blockers", fmt::format("{}", fmt::join(r.blockers, ","))}});
+  }
+}
+
 void NodeAgent::MakeFollowers() {
   const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
-  // "Apply" for the desired set today means: persist the set the VM runtime will follow.
+  // "Apply" for the desired set: bind the passthrough devices as its mode wants (slice-vm:
+  // vfio-pci, kept across reboots; baremetal: their host drivers), then persist the set the VM
+  // runtime will follow. Check only reads the bindings: what is wrong goes to inventory in the
+  // ack (a lost binding is repaired by the next version, slot.repair's rebind generation).
   DocumentFollower<v1::DesiredSlotSet>::Hooks desired;
   desired.fetch = [this, timeout]() -> Result<v1::DesiredSlotSet> {
     v1::GetDesiredSlotsRequest req;
@@ -880,14 +911,27 @@ void NodeAgent::MakeFollowers() {
     return r->desired();
   };
   desired.apply = [this](const v1::DesiredSlotSet& want) -> Result<void> {
+    BindPassthrough(want);
     nlohmann::json doc = {{"version", want.version()},
                           {"set", nlohmann::json::parse(protojson::ToJson(want))}};
     return store_->Put("desired", doc);
   };
-  desired.ack = [this, timeout](int64_t version, const std::vector<std::string>&) -> Result<void> {
+  desired.check = [this](const v1::DesiredSlotSet& doc) -> Result<std::vector<std::string>> {
+    if (doc.mode() == v1::CAPACITY_PROFILE_UNSPECIFIED) return std::vector<std::string>();
+    std::set<std::string> out(bind_blockers_.begin(), bind_blockers_.end());
+    for (auto& b :
+         CheckBinding(HostRoot(cfg_.host_root), doc.mode(),
+                      {doc.passthrough_devices().begin(), doc.passthrough_devices().end()})) {
+      out.insert(std::move(b));
+    }
+    return std::vector<std::string>(out.begin(), out.end());
+  };
+  desired.ack = [this, timeout](int64_t version,
+                                const std::vector<std::string>& blockers) -> Result<void> {
     v1::AckDesiredSlotsRequest ack;
     ack.set_node_id(cfg_.node_id);
     ack.set_version(version);
+    for (const auto& b : blockers) ack.add_blockers(b);
     auto a = rpc::Client(svc_.nats())
                  .Call<v1::AckDesiredSlotsResponse>(
                      "gpuaas.v1.inventory.node.{node_id}.desired.ack", ack, timeout);

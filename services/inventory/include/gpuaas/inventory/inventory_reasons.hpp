@@ -62,6 +62,7 @@ inline constexpr Reason kNotInSnapshot{"not_in_snapshot"};  // rejection: key no
 inline constexpr Reason kGpuMissing{"gpu_missing"};    // drift: the GPU left the report
 inline constexpr Reason kNvmeMissing{"nvme_missing"};  // drift: the NVMe left the report
 inline constexpr Reason kNodeBlocker{"node_blocker"};  // drift (node.show): one per node blocker
+inline constexpr Reason kVfioBindingLost{"vfio_binding_lost"};  // drift: GPU/VF not on vfio-pci
 // IPAM drift kinds, recorded as ipam reports them (ipam.proto IpamDrift.kind).
 inline constexpr Reason kIpamLeaseMismatch{"ipam_lease_mismatch"};      // drift: leased IP differs
 inline constexpr Reason kIpamLeaseMissing{"ipam_lease_missing"};        // drift: no lease in time

@@ -198,6 +198,13 @@ inline constexpr Reason kCreditExceeded{"credit_exceeded"};  // close: the gw se
 inline constexpr Reason kClientClosed{"client_closed"};  // close: the gw closed without a reason
 inline constexpr Reason kMaxDuration{"max_duration"};  // close: the session reached its max duration
 inline constexpr Reason kVmClosed{"vm_closed"};  // close: the VM's VNC socket closed
+// Driver binding of passthrough devices (host/pci_binding.hpp; blockers are <kind>_<pci address>).
+inline constexpr Reason kSysfsWriteFailed{"sysfs_write_failed"};  // FAILED_PRECONDITION: the kernel refused a sysfs write
+inline constexpr Reason kSysfsDeviceBusy{"sysfs_device_busy"};  // FAILED_PRECONDITION: EBUSY: the device cannot leave its driver now
+inline constexpr Reason kVfioBindingLost{"vfio_binding_lost"};  // blocker: slice-vm, a passthrough device not on vfio-pci
+inline constexpr Reason kVfioStillBound{"vfio_still_bound"};  // blocker: baremetal, a device still on vfio-pci
+inline constexpr Reason kBindFailed{"bind_failed"};  // blocker: a binding write was refused
+inline constexpr Reason kRebootRequired{"reboot_required"};  // blocker: the device cannot be released without a reboot
 // clang-format on
 
 }  // namespace gpuaas::node_agent::reason

@@ -172,6 +172,9 @@ class NodeAgent {
   // plane's RPCs and the changes to this host. The desired set kept in the local store is
   // restored as applied and acked.
   void MakeFollowers();
+  // The desired set's passthrough devices bound as its mode wants (host/pci_binding.hpp); what
+  // the writes refused is kept in bind_blockers_ for the set's checks.
+  void BindPassthrough(const v1::DesiredSlotSet& want);
   // One round of the desired slot set: stored in the local store, then acked. Inventory not
   // knowing the node isolates the agent.
   void PollDesired();
@@ -232,6 +235,8 @@ class NodeAgent {
   std::atomic<bool> rejected_{false};
   std::atomic<int64_t> applied_version_{0};
   std::unique_ptr<DocumentFollower<v1::DesiredSlotSet>> desired_;
+  // bind_failed / reboot_required of the last apply (the control thread alone touches it).
+  std::vector<std::string> bind_blockers_;
   std::atomic<uint64_t> tasks_run_{0};
   std::atomic<int64_t> net_version_{0};
   std::vector<SlotDrift> net_slot_drift_;  // of the last network check; under net_mu_
