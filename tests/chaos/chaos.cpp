@@ -14,9 +14,12 @@
 //   projection     the scheduler's projection equals a rebuild by replay
 //   crashed        no process died on its own by a signal
 //   placed_on_draining  no claim was made on a node between its drain's answer and its undrain
-//                  (an operator drains and undrains one node after another during the churn)
-//   node_state_diff  at the end every node is active in inventory and in the scheduler's
-//                  projection; host_op_errors: drains or undrains never answered
+//                  (an operator drains and undrains one node after another during the churn;
+//                  a node that drained empty in time goes to baremetal mode and back, its
+//                  slots approved again, while the agent and inventory are killed like the rest)
+//   node_state_diff  at the end every node is active and in slice-vm mode with no mode change
+//                  open, in inventory and in the scheduler's projection; host_op_errors:
+//                  drains, undrains or mode changes never answered or never closed
 // and the exposures (ingress: a share of the slices are created with endpoints, each node has a
 // port_range pool, the agents ack exposure documents as `simulate`), checked once with the
 // allocations kept at the end of the churn settled and again after the final release:
@@ -132,6 +135,12 @@ class Campaign {
   // The operator's stream: drain a node (insisting until answered), keep it drained a while,
   // undrain it; the next node; until the churn ends.
   void HostOps();
+  // A drained node to baremetal mode and back, its slots approved again (counted in
+  // mode_changes_, failures in host_op_errors_).
+  void RoundTripMode(const std::string& node);
+  // Asks for `mode` (insisting) and waits until the change closed in it.
+  bool ChangeMode(const std::string& node, v1::CapacityProfile mode);
+  std::optional<v1::Node> InventoryNode(const std::string& node);
   void SettleKept();
   void Settle();
   void Check();
@@ -214,6 +223,7 @@ class Campaign {
   };
   std::vector<DrainWindow> drains_;  // written by HostOps only, read after it joined
   std::atomic<int> host_op_errors_{0};
+  int mode_changes_ = 0;  // completed (applied) mode changes; HostOps only
   std::mutex allocs_mu_;
   std::set<std::string> acknowledged_;  // allocation ids a create answered with
   std::map<std::string, int> failed_by_reason_;
@@ -450,6 +460,7 @@ void Campaign::HostOps() {
     }
     const auto until = Clock::now() + std::chrono::milliseconds(pick(2000, 6000));
     while (churning_ && Clock::now() < until) std::this_thread::sleep_for(100ms);
+    if (d.ok() && churning_) RoundTripMode(node);
     w.to = UnixNow();
     v1::NodeAdminRequest undrain;
     undrain.set_node_id(node);
@@ -461,6 +472,65 @@ void Campaign::HostOps() {
     }
     if (d.ok()) drains_.push_back(w);
   }
+}
+
+std::optional<v1::Node> Campaign::InventoryNode(const std::string& node) {
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto s = Insist<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show, 60s);
+  if (!s.ok()) return std::nullopt;
+  return s->node();
+}
+
+bool Campaign::ChangeMode(const std::string& node, v1::CapacityProfile mode) {
+  v1::ChangeNodeModeRequest r;
+  r.set_node_id(node);
+  r.set_mode(mode);
+  r.set_reason("chaos");
+  auto asked = Insist<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r, 120s);
+  // Asked again after an answer that was lost: the change is already open.
+  if (!asked.ok() && asked.error().reason != "mode_change_in_progress") {
+    Say(fmt::format("HOST OP mode {} of {} not answered: {}", enums::Text(mode), node,
+                    asked.error().ToString()));
+    return false;
+  }
+  // Closed once the agent (killed or not) acked the desired set that carries it.
+  std::optional<v1::Node> n;
+  WaitFor(
+      [&] {
+        n = InventoryNode(node);
+        return n && n->mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED;
+      },
+      180s, 200ms);
+  if (!n || n->mode_target() != v1::CAPACITY_PROFILE_UNSPECIFIED || n->capacity_profile() != mode) {
+    Say(fmt::format("HOST OP mode {} of {} did not close: {}", enums::Text(mode), node,
+                    n ? n->ShortDebugString() : "no answer"));
+    return false;
+  }
+  return true;
+}
+
+void Campaign::RoundTripMode(const std::string& node) {
+  // Only a drained node changes mode: one its slices have left within the drain's window.
+  auto n = InventoryNode(node);
+  if (!n || n->admin_state() != v1::NODE_ADMIN_STATE_DRAINED) return;
+  if (!ChangeMode(node, v1::CAPACITY_PROFILE_BAREMETAL) ||
+      !ChangeMode(node, v1::CAPACITY_PROFILE_SLICE_VM)) {
+    host_op_errors_++;
+    return;
+  }
+  mode_changes_ += 2;
+  // Back in slice-vm its slots need an operator's approval again.
+  v1::ApproveSlotsRequest approve;
+  approve.set_node_id(node);
+  auto a = Insist<v1::ApproveSlotsResponse>("gpuaas.v1.inventory.slot.approve", approve, 120s);
+  if (!a.ok()) {
+    host_op_errors_++;
+    Say(fmt::format("HOST OP approval of {} after its mode changes: {}", node,
+                    a.error().ToString()));
+    return;
+  }
+  Say(fmt::format("host op: {} went to baremetal and back, slots approved", node));
 }
 
 void Campaign::Churn(int worker) {
@@ -889,7 +959,10 @@ std::pair<int, int> Campaign::CheckHostOps() {
     auto sched = Insist<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", ask, 60s);
     const bool ok = inv.ok() && sched.ok() &&
                     inv->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
-                    sched->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE;
+                    sched->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
+                    inv->node().capacity_profile() == v1::CAPACITY_PROFILE_SLICE_VM &&
+                    inv->node().mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED &&
+                    sched->node().capacity_profile() == v1::CAPACITY_PROFILE_SLICE_VM;
     if (!ok) {
       diff++;
       Say(fmt::format("NODE STATE {}: inventory {} / scheduler {}", node,
@@ -1129,13 +1202,13 @@ void Campaign::Check() {
       "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
       "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
       "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={} "
-      "drains={} placed_on_draining={} node_state_diff={} host_op_errors={}",
+      "drains={} mode_changes={} placed_on_draining={} node_state_diff={} host_op_errors={}",
       faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
       no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
       out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
       exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
-      exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), placed_on_draining,
-      node_state_diff, host_op_errors_.load());
+      exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), mode_changes_,
+      placed_on_draining, node_state_diff, host_op_errors_.load());
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
               projection_diff + crashed_.load() + create_errors_.load() +
               endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_ +
