@@ -115,6 +115,7 @@ TEST_F(HostOpsFlowTest, DrainKeepsNewPlacementsOffTheNodeWhileItsSliceRunsOn) {
     }
   };
   std::vector<std::thread> clients;
+  clients.reserve(4);
   for (int t = 0; t < 4; ++t) clients.emplace_back(client);
   ASSERT_TRUE(testing::WaitFor([&] { return next.load() >= 20; }, 30s));
   const auto asked = Clock::now();

@@ -2,7 +2,6 @@
 // and the allocations holding a node (the scheduler).
 #include <iostream>
 #include <memory>
-#include <tuple>
 
 #include <fmt/format.h>
 
@@ -93,19 +92,24 @@ Action AddHostCommands(CLI::App& node) {
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] { PrintAdmin(*r, "drain accepted"); });
     }
-    for (auto [cmd, subject, verb] :
-         {std::tuple{undrain, "gpuaas.v1.inventory.node.undrain", "undrained"},
-          std::tuple{maint, "gpuaas.v1.inventory.node.maintenance", "in maintenance"},
-          std::tuple{retire, "gpuaas.v1.inventory.node.decommission", "decommissioned"}}) {
-      if (!cmd->parsed()) continue;
+    struct Simple {
+      CLI::App* cmd;
+      const char* subject;
+      const char* verb;
+    };
+    for (const Simple& op :
+         {Simple{undrain, "gpuaas.v1.inventory.node.undrain", "undrained"},
+          Simple{maint, "gpuaas.v1.inventory.node.maintenance", "in maintenance"},
+          Simple{retire, "gpuaas.v1.inventory.node.decommission", "decommissioned"}}) {
+      if (!op.cmd->parsed()) continue;
       v1::NodeAdminRequest req;
       req.set_node_id(o->id);
       req.set_reason(o->reason);
-      auto r = client.Call<v1::NodeAdminResponse>(subject, req, g.Timeout());
+      auto r = client.Call<v1::NodeAdminResponse>(op.subject, req, g.Timeout());
       if (!r.ok()) return Fail(g, r.error());
       return Print(g, *r, [&] {
-        PrintAdmin(*r, verb);
-        if (cmd == retire) {
+        PrintAdmin(*r, op.verb);
+        if (op.cmd == retire) {
           std::cout << fmt::format(
               "now remove its NATS key: gpuaasctl node revoke {} --keys DIR --nats-config FILE "
               "--reload-pid-file PIDFILE\n",

@@ -131,8 +131,9 @@ Result<v1::NodeAdminResponse> InventoryHandlers::NodeDecommission(const v1::Node
   auto resp = Move(req.node_id(), node_lifecycle::Event::kDecommission, cause, ctx);
   if (!resp.ok()) {
     Error err = resp.error();
-    if (err.Is(reason::kNodeHasLiveClaims))
+    if (err.Is(reason::kNodeHasLiveClaims)) {
       err.details["allocations"] = fmt::format("{}", fmt::join(holders, ","));
+    }
     return err;
   }
   if (resp->changed()) {

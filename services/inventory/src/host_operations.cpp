@@ -132,8 +132,9 @@ std::string BlockerToken(const std::string& pci) {
 std::optional<v1::Slot> WithBindingDrift(const v1::Slot& slot, const std::set<std::string>& lost) {
   std::string named;
   for (const auto* pci : {&slot.gpu_pci_address(), &slot.fabric_vf_pci_address()}) {
-    if (!pci->empty() && lost.count(BlockerToken(*pci)))
+    if (!pci->empty() && lost.count(BlockerToken(*pci))) {
       named += (named.empty() ? "" : ", ") + *pci;
+    }
   }
   bool had = false;
   v1::Slot next = slot;
