@@ -68,6 +68,23 @@ class HostOpsFlowTest : public ::testing::Test {
     EXPECT_TRUE(h.ok()) << h.error().ToString();
     return h.ok() ? *h : v1::ListNodeHoldersResponse();
   }
+  // An approved agent with 2 GPUs on a fixture host the test can reach into (markers, driver
+  // links); returns the host and the node's slots.
+  node_agent::HostRoot StartOwnHostAgent(const std::string& node, const std::string& pool,
+                                         std::vector<v1::Slot>* slots) {
+    const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
+    node_agent::FixtureOptions fo;
+    fo.gpus = 2;
+    fo.hostname = node;
+    EXPECT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
+    p_.StartApprovedAgent(node, pool, 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
+    v1::ShowNodeRequest show;
+    show.set_node_id(node);
+    auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+    EXPECT_TRUE(shown.ok());
+    if (shown.ok()) slots->assign(shown->slots().begin(), shown->slots().end());
+    return node_agent::HostRoot(root);
+  }
   int SchedulableSlots(const std::string& node) {
     int n = 0;
     for (const auto& s : p_.Slots(node)) n += s.schedulable() ? 1 : 0;
@@ -412,19 +429,10 @@ TEST_F(HostOpsFlowTest, AModeChangeTakesADrainedNodeToBaremetalAndBack) {
 TEST_F(HostOpsFlowTest, AModeChangeTheHostCannotApplyFailsWithTheAgentsReasons) {
   // A fixture host whose first GPU stays bound to vfio-pci (in use): baremetal cannot have it.
   const std::string node = "mode-stuck";
-  const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
-  node_agent::FixtureOptions fo;
-  fo.gpus = 2;
-  fo.hostname = node;
-  ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
-  p_.StartApprovedAgent(node, "stuck", 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
-  v1::ShowNodeRequest show;
-  show.set_node_id(node);
-  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
-  ASSERT_TRUE(shown.ok());
-  ASSERT_GT(shown->slots_size(), 0);
-  const std::string gpu = shown->slots(0).gpu_pci_address();
-  node_agent::HostRoot host(root);
+  std::vector<v1::Slot> slots;
+  const node_agent::HostRoot host = StartOwnHostAgent(node, "stuck", &slots);
+  ASSERT_FALSE(slots.empty());
+  const std::string gpu = slots[0].gpu_pci_address();
   std::ofstream(host.Real(*host.Resolve("/sys/bus/pci/devices/" + gpu) + "/fixture_stays_bound"))
       << "1\n";
 
@@ -486,26 +494,19 @@ TEST_F(HostOpsFlowTest, NothingElseStartsWhileAModeChangeIsOpen) {
 
 TEST_F(HostOpsFlowTest, AGpuThatLeavesVfioDegradesItsSlotUntilRepairBindsItAgain) {
   const std::string node = "bind-a";
-  const std::string root = testing::MakeTempDir("gpuaas-host") + "/root";
-  node_agent::FixtureOptions fo;
-  fo.gpus = 2;
-  fo.hostname = node;
-  ASSERT_TRUE(node_agent::BuildFixtureHost(root, fo).ok());
-  p_.StartApprovedAgent(node, "bind", 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
-  v1::ShowNodeRequest show;
-  show.set_node_id(node);
-  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
-  ASSERT_TRUE(shown.ok());
-  ASSERT_EQ(shown->slots_size(), 2);
-  const v1::Slot lost = shown->slots(0);
+  std::vector<v1::Slot> slots;
+  const node_agent::HostRoot host = StartOwnHostAgent(node, "bind", &slots);
+  ASSERT_EQ(slots.size(), 2U);
+  const v1::Slot lost = slots[0];
   // Something on the host (a driver load, a hand edit) takes the GPU from vfio-pci.
-  node_agent::HostRoot host(root);
   const std::string dev = *host.Resolve("/sys/bus/pci/devices/" + lost.gpu_pci_address());
   std::filesystem::remove(host.Real(dev + "/driver"));
   std::filesystem::create_directories(host.Real("/sys/bus/pci/drivers/nvidia"));
   std::filesystem::create_symlink(host.Real("/sys/bus/pci/drivers/nvidia"),
                                   host.Real(dev + "/driver"));
 
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
   auto slot = [&](const std::string& key) {
     auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
     for (const auto& x : s.ok() ? s->slots() : decltype(s->slots()){}) {
@@ -521,7 +522,7 @@ TEST_F(HostOpsFlowTest, AGpuThatLeavesVfioDegradesItsSlotUntilRepairBindsItAgain
   };
   ASSERT_TRUE(testing::WaitFor([&] { return has_binding_drift(slot(lost.slot_key())); }, 20s));
   EXPECT_EQ(slot(lost.slot_key()).health(), v1::SLOT_HEALTH_DEGRADED);
-  EXPECT_FALSE(has_binding_drift(slot(shown->slots(1).slot_key()))) << "only that slot";
+  EXPECT_FALSE(has_binding_drift(slot(slots[1].slot_key()))) << "only that slot";
   ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 1; }, 20s));
 
   // Repair: the agent binds it again, and its clean check clears the drift.

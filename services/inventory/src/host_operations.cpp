@@ -155,17 +155,7 @@ std::optional<v1::Slot> WithBindingDrift(const v1::Slot& slot, const std::set<st
     d->set_detail(named + " not bound to vfio-pci (the agent's check)");
     *d->mutable_detected_at() = google::protobuf::util::TimeUtil::GetCurrentTime();
   }
-  if (next.drift_size() > 0) {
-    if (next.health() != v1::SLOT_HEALTH_FAILED) next.set_health(v1::SLOT_HEALTH_DEGRADED);
-    next.set_health_detail(DriftDetail(next));
-  } else {
-    if (next.health() == v1::SLOT_HEALTH_DEGRADED) {
-      next.set_health(next.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE
-                          ? v1::SLOT_HEALTH_HEALTHY
-                          : v1::SLOT_HEALTH_UNKNOWN);
-    }
-    next.clear_health_detail();
-  }
+  HealthFollowsDrift(next);
   return next;
 }
 

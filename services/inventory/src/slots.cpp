@@ -84,17 +84,7 @@ std::optional<v1::Slot> WithIpamDrift(const v1::Slot& slot, const v1::IpamDrift&
     *x->mutable_detected_at() = d.detected_at();
   }
   if (SameSlot(slot, next)) return std::nullopt;
-  if (next.drift_size() > 0) {
-    if (next.health() != v1::SLOT_HEALTH_FAILED) next.set_health(v1::SLOT_HEALTH_DEGRADED);
-    next.set_health_detail(DriftDetail(next));
-  } else {
-    if (next.health() == v1::SLOT_HEALTH_DEGRADED) {
-      next.set_health(next.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE
-                          ? v1::SLOT_HEALTH_HEALTHY
-                          : v1::SLOT_HEALTH_UNKNOWN);
-    }
-    next.clear_health_detail();
-  }
+  HealthFollowsDrift(next);
   return next;
 }
 
@@ -175,6 +165,19 @@ bool IsIpamDrift(const std::string& kind) {
 
 bool IsReportedDrift(const std::string& kind) {
   return IsIpamDrift(kind) || kind == reason::kVfioBindingLost;
+}
+
+void HealthFollowsDrift(v1::Slot& s) {
+  if (s.drift_size() > 0) {
+    if (s.health() != v1::SLOT_HEALTH_FAILED) s.set_health(v1::SLOT_HEALTH_DEGRADED);
+    s.set_health_detail(DriftDetail(s));
+    return;
+  }
+  if (s.health() == v1::SLOT_HEALTH_DEGRADED) {
+    s.set_health(s.admin_state() == v1::SLOT_ADMIN_STATE_AVAILABLE ? v1::SLOT_HEALTH_HEALTHY
+                                                                   : v1::SLOT_HEALTH_UNKNOWN);
+  }
+  s.clear_health_detail();
 }
 
 std::string DriftDetail(const v1::Slot& s) {

@@ -82,6 +82,9 @@ bool IsIpamDrift(const std::string& kind);
 bool IsReportedDrift(const std::string& kind);
 // "kind: detail; ..." of every drift record of the slot (its health_detail while degraded).
 std::string DriftDetail(const v1::Slot& s);
+// The slot's health after its drift changed: degraded with the drift as its detail while any is
+// left (failed stays failed); with none, degraded turns healthy (available) or unknown.
+void HealthFollowsDrift(v1::Slot& s);
 
 // The desired slot set is a versioned per-node document (libs/common documents.hpp).
 const documents::Tables& DesiredTables();

@@ -205,8 +205,8 @@ std::vector<v1::NodeHolder> ReadNodeHolders(pqxx::work& tx, const std::string& n
   std::vector<v1::NodeHolder> out;
   for (const auto& r : tx.exec_params(
            "SELECT a.allocation_id::text, a.tenant, a.state, a.shape, "
-           "COALESCE(array_to_string(array_agg(c.slot_key ORDER BY c.slot_key) FILTER (WHERE "
-           "c.kind = 'slot'), ','), ''), extract(epoch from a.created_at)::float8 "
+           "COALESCE(array_agg(c.slot_key ORDER BY c.slot_key) FILTER (WHERE c.kind = 'slot'), "
+           "'{}'), extract(epoch from a.created_at)::float8 "
            "FROM allocation_resource_claims c JOIN allocations a USING (allocation_id) "
            "WHERE c.node_id = $1 AND c.released_at IS NULL GROUP BY a.allocation_id "
            "ORDER BY a.created_at, a.allocation_id",
@@ -216,12 +216,7 @@ std::vector<v1::NodeHolder> ReadNodeHolders(pqxx::work& tx, const std::string& n
     h.set_tenant(r[1].as<std::string>());
     h.set_state(enums::FromColumn<v1::AllocationState>(r[2].as<std::string>()));
     h.set_shape(enums::FromColumn<v1::CapacityShape>(r[3].as<std::string>()));
-    const auto keys = r[4].as<std::string>();
-    for (size_t start = 0; start < keys.size();) {
-      const size_t comma = std::min(keys.find(',', start), keys.size());
-      h.add_slot_keys(keys.substr(start, comma - start));
-      start = comma + 1;
-    }
+    for (auto& key : store::TextArray(r[4])) h.add_slot_keys(std::move(key));
     *h.mutable_created_at() = google::protobuf::util::TimeUtil::MillisecondsToTimestamp(
         static_cast<int64_t>(r[5].as<double>() * 1000));
     out.push_back(std::move(h));
