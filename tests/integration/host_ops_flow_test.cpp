@@ -85,6 +85,14 @@ class HostOpsFlowTest : public ::testing::Test {
     if (shown.ok()) slots->assign(shown->slots().begin(), shown->slots().end());
     return node_agent::HostRoot(root);
   }
+  // Once `node` has `slots` schedulable slots, a slice of `gpus` lands on it.
+  void ExpectSliceLands(const std::string& node, const std::string& pool, int slots,
+                        const std::string& request_id, int gpus = 1) {
+    ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == slots; }, 20s));
+    auto placed = p_.CreateSlice(request_id, pool, gpus);
+    ASSERT_TRUE(placed.ok()) << placed.error().ToString();
+    EXPECT_EQ(placed->node_id(), node);
+  }
   int SchedulableSlots(const std::string& node) {
     int n = 0;
     for (const auto& s : p_.Slots(node)) n += s.schedulable() ? 1 : 0;
@@ -194,10 +202,7 @@ TEST_F(HostOpsFlowTest, DrainKeepsNewPlacementsOffTheNodeWhileItsSliceRunsOn) {
   ASSERT_TRUE(back.ok()) << back.error().ToString();
   EXPECT_EQ(back->node().admin_state(), v1::NODE_ADMIN_STATE_ACTIVE);
   EXPECT_EQ(back->node().admin_reason(), "kernel updated");
-  ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 4; }, 20s));
-  auto again = p_.CreateSlice("after-undrain", "drain", 1);
-  ASSERT_TRUE(again.ok()) << again.error().ToString();
-  EXPECT_EQ(again->node_id(), node);
+  ExpectSliceLands(node, "drain", 4, "after-undrain");
 }
 
 TEST_F(HostOpsFlowTest, MaintenanceEndsWhenTheAgentsChecksPass) {
@@ -224,10 +229,7 @@ TEST_F(HostOpsFlowTest, MaintenanceEndsWhenTheAgentsChecksPass) {
   ASSERT_TRUE(Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", d).ok());
   ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_ACTIVE));
   EXPECT_EQ(Node(node).admin_actor().rfind("inventory/", 0), 0u);
-  ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 2; }, 20s));
-  auto placed = p_.CreateSlice("after-maintenance", "maint", 2);
-  ASSERT_TRUE(placed.ok()) << placed.error().ToString();
-  EXPECT_EQ(placed->node_id(), node);
+  ExpectSliceLands(node, "maint", 2, "after-maintenance", 2);
 }
 
 TEST_F(HostOpsFlowTest, BadHostOperationsGetStructuredErrorsAndChangeNothing) {
@@ -420,10 +422,7 @@ TEST_F(HostOpsFlowTest, AModeChangeTakesADrainedNodeToBaremetalAndBack) {
   ASSERT_FALSE(unapproved.ok());
   EXPECT_EQ(unapproved.error().reason, "no_placement");
   p_.ApproveAll(node);
-  ASSERT_TRUE(p_.WaitSchedulable(node, 8));
-  auto placed = p_.CreateSlice("after-approval", "mode", 1);
-  ASSERT_TRUE(placed.ok()) << placed.error().ToString();
-  EXPECT_EQ(placed->node_id(), node);
+  ExpectSliceLands(node, "mode", 8, "after-approval");
 }
 
 TEST_F(HostOpsFlowTest, AModeChangeTheHostCannotApplyFailsWithTheAgentsReasons) {
