@@ -47,23 +47,35 @@ Result<void> DisableSlots(pqxx::work& tx, const std::string& node_id, const std:
   return Ok();
 }
 
-// A mode change opened (the desired slot set of the target mode for the agent) or closed.
+// A mode change opened (the desired slot set of the target mode for the agent) or closed (the
+// node in its new mode, or its old one with the agent's blockers).
 Result<void> ModeEffects(pqxx::work& tx, const std::string& node_id,
                          const node_lifecycle::Effects& fx, const node_lifecycle::Context& ctx,
-                         const AdminCause& cause, const std::string& source) {
+                         const AdminCause& cause) {
   if (fx.start_mode_change) {
     OpenModeChange(tx, node_id, ctx.target);
     auto version = UpdateDesired(tx, node_id);
     if (!version.ok()) return version.error();
     SetModeChangeVersion(tx, node_id, *version);
   }
+  if (fx.mode_change_done) CloseModeChange(tx, node_id, fx.mode, cause.blockers);
+  return Ok();
+}
+
+// The node's slots after a move, each written once: disabled (decommission; back in slice-vm
+// mode, until approved again) or re-announced with the node's new state; the desired set follows
+// a closed mode change (a failed one: back to the old mode).
+Result<void> SlotEffects(pqxx::work& tx, const std::string& node_id,
+                         const node_lifecycle::Effects& fx, const AdminCause& cause,
+                         const std::string& source) {
+  if (fx.retire) {
+    return DisableSlots(tx, node_id, "node decommissioned: " + cause.why, cause, source);
+  }
+  if (fx.slots_need_approval) {
+    return DisableSlots(tx, node_id, "mode changed to slice-vm: approve again", cause, source);
+  }
+  if (auto r = ReemitNodeSlots(tx, node_id, source, cause.traceparent); !r.ok()) return r;
   if (fx.mode_change_done) {
-    CloseModeChange(tx, node_id, fx.mode, cause.blockers);
-    if (fx.slots_need_approval) {
-      auto r = DisableSlots(tx, node_id, "mode changed to slice-vm: approve again", cause, source);
-      if (!r.ok()) return r;
-    }
-    // The desired set follows the mode the node is in now (a failed change: back to the old).
     auto version = UpdateDesired(tx, node_id);
     if (!version.ok()) return version.error();
   }
@@ -99,12 +111,9 @@ Result<AdminMove> MoveNode(pqxx::work& tx, const std::string& node_id, node_life
   w.deadline_s = e == node_lifecycle::Event::kDrain ? cause.deadline_s : 0;
   WriteNodeAdmin(tx, node_id, w);
   out.changed = true;
-  if (auto r = ModeEffects(tx, node_id, *next, ctx, cause, source); !r.ok()) return r.error();
+  if (auto r = ModeEffects(tx, node_id, *next, ctx, cause); !r.ok()) return r.error();
   // Every slot snapshot carries the node's admin state, and its schedulability follows it.
-  auto done = next->retire
-                  ? DisableSlots(tx, node_id, "node decommissioned: " + cause.why, cause, source)
-                  : ReemitNodeSlots(tx, node_id, source, cause.traceparent);
-  if (!done.ok()) return done.error();
+  if (auto r = SlotEffects(tx, node_id, *next, cause, source); !r.ok()) return r.error();
   out.node = ReadNode(tx, node_id);
   v1::NodeSnapshot snap;
   *snap.mutable_node() = out.node;
