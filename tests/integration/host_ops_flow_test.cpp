@@ -232,6 +232,63 @@ TEST_F(HostOpsFlowTest, MaintenanceEndsWhenTheAgentsChecksPass) {
   ExpectSliceLands(node, "maint", 2, "after-maintenance", 2);
 }
 
+TEST_F(HostOpsFlowTest, ADiskSwappedDuringMaintenanceMakesItsSlotACandidateAgain) {
+  const std::string node = "maint-swap";
+  std::vector<v1::Slot> slots;
+  const node_agent::HostRoot host = StartOwnHostAgent(node, "swap", &slots);
+  ASSERT_EQ(slots.size(), 2U);
+  ASSERT_TRUE(Drain(node).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_DRAINED));
+  ASSERT_TRUE(Admin("gpuaas.v1.inventory.node.maintenance", node, "replace a disk").ok());
+  // The first slot's disk is replaced: the new one has another stable name (its EUI).
+  const v1::Slot swapped = slots[0];
+  const std::string old_id = swapped.nvme_by_id();
+  const std::string new_id = old_id.substr(0, old_id.size() - 2) + "ff";
+  ASSERT_NE(old_id, new_id);
+  const auto target = std::filesystem::read_symlink(host.Real(old_id));
+  std::filesystem::remove(host.Real(old_id));
+  std::filesystem::create_symlink(target, host.Real(new_id));
+
+  v1::DiscoverNodeRequest d;
+  d.set_node_id(node);
+  ASSERT_TRUE(Call<v1::DiscoverNodeResponse>("gpuaas.v1.inventory.node.discover", d).ok());
+  ASSERT_TRUE(WaitAdminState(node, v1::NODE_ADMIN_STATE_ACTIVE));
+  v1::ShowNodeRequest show;
+  show.set_node_id(node);
+  auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(shown.ok());
+  for (const auto& s : shown->slots()) {
+    if (s.slot_key() == swapped.slot_key()) {
+      // Not the slot an operator approved: out of service, no drift to repair.
+      EXPECT_EQ(s.admin_state(), v1::SLOT_ADMIN_STATE_DISABLED);
+      EXPECT_EQ(s.disabled_reason().rfind("topology changed during maintenance: approve again", 0),
+                0u)
+          << s.disabled_reason();
+      EXPECT_NE(s.disabled_reason().find(old_id), std::string::npos) << s.disabled_reason();
+      EXPECT_EQ(s.drift_size(), 0);
+    } else {
+      EXPECT_EQ(s.admin_state(), v1::SLOT_ADMIN_STATE_AVAILABLE) << "an unchanged slot is back";
+      EXPECT_EQ(s.health(), v1::SLOT_HEALTH_HEALTHY);
+    }
+  }
+  // The report offers it again with the new disk; until approved, only the other slot sells.
+  bool offered = false;
+  for (const auto& c : shown->topology().candidates()) {
+    offered = offered || (c.slot_key() == swapped.slot_key() && c.nvme_by_id() == new_id);
+  }
+  EXPECT_TRUE(offered) << shown->topology().DebugString();
+  ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == 1; }, 20s));
+  p_.ApproveAll(node);
+  ExpectSliceLands(node, "swap", 2, "after-swap", 2);
+  auto after = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+  ASSERT_TRUE(after.ok());
+  for (const auto& s : after->slots()) {
+    if (s.slot_key() == swapped.slot_key()) {
+      EXPECT_EQ(s.nvme_by_id(), new_id);
+    }
+  }
+}
+
 TEST_F(HostOpsFlowTest, BadHostOperationsGetStructuredErrorsAndChangeNothing) {
   const std::string node = "bad-a";
   p_.StartApprovedAgent(node, "bad", 1);

@@ -8,6 +8,7 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -249,6 +250,83 @@ TEST_F(NetFlowTest, AgentAppliesIpamsDocumentAndLeasesDriftAndRepairAreSeen) {
       },
       20s))
       << "the agent repaired NAT";
+}
+
+// A mode change takes the slice network off the host and a return to slice-vm puts it back:
+// ipam's document follows the node's mode and the agent acks each version only once it checked
+// the host (nothing of the network left; everything back).
+TEST_F(NetFlowTest, TheSliceNetworkLeavesWithBaremetalModeAndComesBackWithSliceVm) {
+  p_.ApproveAll("net-node");
+  ASSERT_TRUE(p_.WaitSchedulable("net-node", 2));
+  auto applied = [&](bool removed) {
+    return testing::WaitFor(
+        [&] {
+          auto n = Network();
+          return n.document().version() > 0 && n.document().removed() == removed &&
+                 n.applied_version() == n.latest_version() && n.blockers().empty();
+        },
+        30s);
+  };
+  ASSERT_TRUE(applied(false));
+  bridge_ = Network().document().bridge();
+  auto bridge_there = [&] {
+    return lab_.InNs(lab_.host(), {"ip", "link", "show", "dev", bridge_}).exit_code == 0;
+  };
+  auto masquerade_there = [&] {
+    auto nat = lab_.InNs(lab_.host(), {"iptables", "-t", "nat", "-S", "POSTROUTING"});
+    return nat.out.find("MASQUERADE") != std::string::npos;
+  };
+  ASSERT_TRUE(bridge_there());
+  ASSERT_TRUE(masquerade_there());
+
+  auto admin = [&](const std::string& op) {
+    v1::NodeAdminRequest r;
+    r.set_node_id("net-node");
+    r.set_reason("rebalance");
+    return Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node." + op, r);
+  };
+  auto mode = [&](v1::CapacityProfile m) {
+    v1::ChangeNodeModeRequest r;
+    r.set_node_id("net-node");
+    r.set_mode(m);
+    r.set_reason("rebalance");
+    return Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.mode", r);
+  };
+  auto node_is = [&](v1::NodeAdminState state, v1::CapacityProfile profile) {
+    return testing::WaitFor(
+        [&] {
+          v1::ShowNodeRequest r;
+          r.set_node_id("net-node");
+          auto n = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", r);
+          return n.ok() && n->node().admin_state() == state &&
+                 n->node().capacity_profile() == profile &&
+                 n->node().mode_target() == v1::CAPACITY_PROFILE_UNSPECIFIED;
+        },
+        30s);
+  };
+  v1::DrainNodeRequest drain;
+  drain.set_node_id("net-node");
+  drain.set_reason("rebalance");
+  ASSERT_TRUE(Call<v1::NodeAdminResponse>("gpuaas.v1.inventory.node.drain", drain).ok());
+  ASSERT_TRUE(node_is(v1::NODE_ADMIN_STATE_DRAINED, v1::CAPACITY_PROFILE_SLICE_VM));
+  ASSERT_TRUE(mode(v1::CAPACITY_PROFILE_BAREMETAL).ok());
+  // Removed and verified: no bridge, no dnsmasq, no NAT rule of ours.
+  ASSERT_TRUE(applied(true)) << Network().DebugString();
+  EXPECT_FALSE(bridge_there());
+  EXPECT_FALSE(masquerade_there());
+  EXPECT_FALSE(std::filesystem::exists(net_dir_ + "/dnsmasq.pid"));
+  ASSERT_TRUE(node_is(v1::NODE_ADMIN_STATE_DRAINED, v1::CAPACITY_PROFILE_BAREMETAL));
+
+  // Back to slice-vm: the network is put back (its slots wait for approval).
+  ASSERT_TRUE(mode(v1::CAPACITY_PROFILE_SLICE_VM).ok());
+  ASSERT_TRUE(applied(false)) << Network().DebugString();
+  EXPECT_TRUE(bridge_there());
+  EXPECT_TRUE(masquerade_there());
+  EXPECT_EQ(Network().document().reservations_size(), 2) << "the slots kept their addresses";
+  ASSERT_TRUE(node_is(v1::NODE_ADMIN_STATE_DRAINED, v1::CAPACITY_PROFILE_SLICE_VM));
+  ASSERT_TRUE(admin("undrain").ok());
+  p_.ApproveAll("net-node");
+  EXPECT_TRUE(p_.WaitSchedulable("net-node", 2));
 }
 
 }  // namespace

@@ -27,6 +27,10 @@ void PrintDocument(const v1::GetNodeNetworkResponse& r) {
                                : (r.has_acked_at() ? " at " + Time(r.acked_at()) : ""),
       Txt(d.datapath()), d.bridge(), d.subnet(), d.gateway(), d.nat().masquerade() ? "on" : "off",
       d.nat().ip_forward() ? "on" : "off", d.isolation().deny_cross_slice() ? "on" : "off");
+  if (d.removed()) {
+    std::cout << "removed: true (the node is in bare-metal mode or on its way there: no slice "
+                 "network on the host)\n";
+  }
   if (r.blockers_size() > 0) {
     std::cout << "blockers: "
               << Join(std::vector<std::string>(r.blockers().begin(), r.blockers().end())) << "\n";

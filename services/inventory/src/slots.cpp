@@ -28,6 +28,7 @@ namespace {
 using google::protobuf::util::TimeUtil;
 
 constexpr const char* kSlotEvent = "gpuaas.v1.evt.inventory.slot.updated";
+constexpr const char* kChangedInMaintenance = "topology changed during maintenance: approve again";
 
 bool Complete(const v1::Slot& s) {
   return !s.gpu_pci_address().empty() && !s.nvme_by_id().empty() &&
@@ -64,6 +65,28 @@ v1::Slot WithTopologyDrift(const v1::Slot& slot, const v1::TopologyReport& repor
   }
   next.set_health(v1::SLOT_HEALTH_DEGRADED);
   next.set_health_detail(DriftDetail(next));
+  return next;
+}
+
+// Back from maintenance, an approved slot whose devices changed (a disk or GPU swapped, a VF
+// gone) is no longer the slot an operator approved: it is taken out of service (disabled,
+// approve again) and the report's candidate for it is what an operator approves, as on a new
+// host. Slots that did not change come back as they were.
+v1::Slot AfterMaintenance(const v1::Slot& slot, const v1::TopologyReport& report) {
+  if (slot.admin_state() != v1::SLOT_ADMIN_STATE_AVAILABLE) return WithTopologyDrift(slot, report);
+  const auto drift = DetectDrift(slot, report);
+  if (drift.empty()) return slot;
+  v1::Slot next = slot;
+  std::string changes;
+  for (const auto& x : drift) changes += (changes.empty() ? "" : "; ") + x.detail();
+  next.set_admin_state(v1::SLOT_ADMIN_STATE_DISABLED);
+  next.set_health(v1::SLOT_HEALTH_UNKNOWN);
+  next.clear_health_detail();
+  next.set_disabled_reason(std::string(kChangedInMaintenance) + ": " + changes);
+  next.clear_drift();
+  for (const auto& x : slot.drift()) {
+    if (IsReportedDrift(x.kind())) *next.add_drift() = x;
+  }
   return next;
 }
 
@@ -270,19 +293,24 @@ Result<void> ApplyTopologyEvent(pqxx::work& tx, const v1::Event& ev, const std::
   const bool blockers_changed = before->blockers != after.blockers;
   auto slots = LoadSlots(tx, report.node_id());
   if (!slots.ok()) return slots.error();
+  const bool maintenance = before->admin_state == v1::NODE_ADMIN_STATE_MAINTENANCE;
+  bool taken_out = false;
   for (const auto& [key, slot] : *slots) {
-    const v1::Slot next = WithTopologyDrift(slot, report);
+    const v1::Slot next =
+        maintenance ? AfterMaintenance(slot, report) : WithTopologyDrift(slot, report);
+    taken_out = taken_out || next.admin_state() != slot.admin_state();
     if (blockers_changed || !SameSlot(slot, next)) {
       if (auto r = SaveSlot(tx, after, next, source, "", ev.correlation_id()); !r.ok()) {
         return r.error();
       }
     }
   }
-  // Back from maintenance: the agent's discovery after the host's return is the check.
-  if (before->admin_state == v1::NODE_ADMIN_STATE_MAINTENANCE) {
-    return ApplyMaintenanceChecks(tx, report.node_id(), after.blockers.empty(), source);
+  if (!maintenance) return Ok();
+  if (taken_out) {
+    if (auto r = UpdateDesired(tx, report.node_id()); !r.ok()) return r.error();
   }
-  return Ok();
+  // Back from maintenance: the agent's discovery after the host's return is the check.
+  return ApplyMaintenanceChecks(tx, report.node_id(), after.blockers.empty(), source);
 }
 
 Result<void> ApplyTaskEvent(pqxx::work& tx, const v1::Event& ev) {

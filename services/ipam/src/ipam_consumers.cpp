@@ -96,7 +96,7 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
   return Ok();
 }
 
-Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
+Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg) {
   v1::NodeSnapshot snap;
   if (!ev.data().UnpackTo(&snap)) {
     return Error::InvalidArgument(reason::kMalformedEvent,
@@ -105,8 +105,15 @@ Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev) {
   if (!ids::IsNodeId(snap.node().node_id())) {
     return Error::InvalidArgument(reason::kMalformedEvent, "node event without a valid node id");
   }
-  const int64_t generation = ev.generation() > 0 ? ev.generation() : snap.node().generation();
-  UpsertInventoryNode(tx, snap.node().node_id(), generation);
+  const auto& n = snap.node();
+  const int64_t generation = ev.generation() > 0 ? ev.generation() : n.generation();
+  const v1::CapacityProfile mode =
+      n.mode_target() != v1::CAPACITY_PROFILE_UNSPECIFIED ? n.mode_target() : n.capacity_profile();
+  const bool removed = mode == v1::CAPACITY_PROFILE_BAREMETAL;
+  UpsertInventoryNode(tx, n.node_id(), generation, removed);
+  // The node's network follows its mode: a new version only when that changed it (none for a
+  // node ipam never reserved on).
+  if (auto d = UpdateDocument(tx, n.node_id(), cfg); !d.ok()) return d.error();
   return Ok();
 }
 

@@ -141,7 +141,7 @@ Result<void> IpamService::Start() {
   auto nodes = svc_.StartProjection(
       messaging::InventoryEventsStream().name, kInventoryNodeConsumer,
       "gpuaas.v1.evt.inventory.node.>",
-      [](pqxx::work& tx, const v1::Event& ev) { return ApplyInventoryNodeEvent(tx, ev); });
+      [cfg](pqxx::work& tx, const v1::Event& ev) { return ApplyInventoryNodeEvent(tx, ev, cfg); });
   if (!nodes.ok()) return nodes.error();
   inv.nodes = *nodes;
   auto slots = svc_.StartProjection(

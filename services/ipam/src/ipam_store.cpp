@@ -195,6 +195,7 @@ Result<int64_t> UpdateDocument(pqxx::work& tx, const std::string& node_id, const
   const auto slots = LoadReservedSlots(tx, node_id);
   auto want =
       BuildDocument(node_id, node->subnet, node->gateway, node->datapath, cfg.Network(), slots);
+  want.set_removed(SliceNetworkRemoved(tx, node_id));
   return documents::Publish(tx, NetworkDocumentTables(), node_id, want, slots.empty());
 }
 
@@ -571,12 +572,22 @@ std::vector<std::string> ListNodesOfAllocation(pqxx::work& tx, const std::string
   return out;
 }
 
-void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation) {
+void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation,
+                         bool slice_network_removed) {
+  // An older generation (a redelivery) moves nothing back.
   tx.exec_params(
-      "INSERT INTO inventory_nodes (node_id, generation) VALUES ($1, $2) ON CONFLICT (node_id) "
-      "DO UPDATE SET generation = GREATEST(inventory_nodes.generation, EXCLUDED.generation), "
-      "updated_at = now()",
-      node_id, generation);
+      "INSERT INTO inventory_nodes AS n (node_id, generation, slice_network_removed) "
+      "VALUES ($1, $2, $3) ON CONFLICT (node_id) DO UPDATE SET "
+      "slice_network_removed = CASE WHEN EXCLUDED.generation >= n.generation "
+      "THEN EXCLUDED.slice_network_removed ELSE n.slice_network_removed END, "
+      "generation = GREATEST(n.generation, EXCLUDED.generation), updated_at = now()",
+      node_id, generation, slice_network_removed);
+}
+
+bool SliceNetworkRemoved(pqxx::work& tx, const std::string& node_id) {
+  const auto r = tx.exec_params(
+      "SELECT slice_network_removed FROM inventory_nodes WHERE node_id = $1", node_id);
+  return !r.empty() && r[0][0].as<bool>();
 }
 
 void UpsertInventorySlot(pqxx::work& tx, const std::string& node_id, const std::string& slot_key,

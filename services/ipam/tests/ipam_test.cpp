@@ -696,6 +696,43 @@ TEST_F(IpamTest, NetworkDocumentIsVersionedAndAppliedOnlyOnAck) {
   EXPECT_EQ(bad.error().reason, "invalid_node_id");
 }
 
+TEST_F(IpamTest, TheSliceNetworkFollowsTheNodesModeInTheDocument) {
+  ASSERT_TRUE(Reserve("gpu-01", "gpu-a").ok());
+  ASSERT_EQ(Network("gpu-01")->document().version(), 1);
+  EXPECT_FALSE(Network("gpu-01")->document().removed());
+  // Inventory's node event at each step of a mode change (generation, mode, open target).
+  auto node_event = [&](int64_t gen, v1::CapacityProfile mode, v1::CapacityProfile target) {
+    v1::NodeSnapshot snap;
+    snap.mutable_node()->set_node_id("gpu-01");
+    snap.mutable_node()->set_generation(gen);
+    snap.mutable_node()->set_capacity_profile(mode);
+    snap.mutable_node()->set_mode_target(target);
+    const std::string subject = "gpuaas.v1.evt.inventory.node.updated";
+    auto ev =
+        outbox::MakeEvent({subject, "", "inventory/test", "gpu-01", gen, "gpu-01", "", &snap});
+    Republish(subject, ev, ev.id());
+  };
+  auto latest = [&] { return Network("gpu-01")->document(); };
+  // A mode change to baremetal opens: the slice network is to come off the host.
+  node_event(5, v1::CAPACITY_PROFILE_SLICE_VM, v1::CAPACITY_PROFILE_BAREMETAL);
+  ASSERT_TRUE(testing::WaitFor([&] { return latest().version() == 2; }));
+  EXPECT_TRUE(latest().removed());
+  EXPECT_EQ(latest().reservations_size(), 1) << "the slot keeps its MAC and IP";
+  // It closes (baremetal, no target): nothing new to apply.
+  node_event(6, v1::CAPACITY_PROFILE_BAREMETAL, v1::CAPACITY_PROFILE_UNSPECIFIED);
+  // An older event (a redelivery of slice-vm) moves nothing back.
+  node_event(4, v1::CAPACITY_PROFILE_SLICE_VM, v1::CAPACITY_PROFILE_UNSPECIFIED);
+  // Back to slice-vm: the network is put back. Until then the version stays 2 (both events
+  // above are consumed in order before this one).
+  node_event(7, v1::CAPACITY_PROFILE_BAREMETAL, v1::CAPACITY_PROFILE_SLICE_VM);
+  ASSERT_TRUE(testing::WaitFor([&] { return latest().version() >= 3; }));
+  EXPECT_EQ(latest().version(), 3) << "the events of generations 6 and 4 wrote no version";
+  EXPECT_FALSE(latest().removed());
+  auto two = Network("gpu-01", 2);
+  ASSERT_TRUE(two.ok());
+  EXPECT_TRUE(two->document().removed()) << "versions are immutable";
+}
+
 TEST_F(IpamTest, AllocationEventsBindReservationsIdempotentlyAndInOrder) {
   for (const char* s : {"gpu-a", "gpu-b", "gpu-c", "gpu-d"}) ASSERT_TRUE(Reserve("gpu-01", s).ok());
   const auto before = Network("gpu-01")->document().version();

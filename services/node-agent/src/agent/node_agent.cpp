@@ -36,6 +36,12 @@
 
 namespace gpuaas::node_agent {
 
+namespace {
+// MAAS's operating-mode tags (gpuaas-profile-slice-vm, gpuaas-profile-baremetal) are the
+// profile's text behind this prefix.
+constexpr const char* kMaasTagPrefix = "gpuaas-profile-";
+}  // namespace
+
 void NodeAgentConfig::Register(config::Schema& s) {
   common.Register(s, false);
   s.Add("node.id", &node_id, "This host's node id (lowercase DNS label)", "",
@@ -48,8 +54,13 @@ void NodeAgentConfig::Register(config::Schema& s) {
   s.Add("node.hostname", &hostname, "Hostname reported to inventory (empty: gethostname)", "");
   s.Add("node.region", &region, "Region the host belongs to", "", config::NonEmpty());
   s.Add("node.pool", &pool, "Pool the host belongs to", "default", config::NonEmpty());
-  s.Add("node.capacity_profile", &capacity_profile, "baremetal | slice-vm", "slice-vm",
-        config::OneOf(enums::Texts<v1::CapacityProfile>()));
+  // MAAS's operating-mode tags name the same intent: deploy userdata may pass the tag as it is.
+  std::vector<std::string> profiles = enums::Texts<v1::CapacityProfile>();
+  for (const auto& t : enums::Texts<v1::CapacityProfile>()) profiles.push_back(kMaasTagPrefix + t);
+  s.Add("node.capacity_profile", &capacity_profile,
+        "baremetal | slice-vm (or MAAS's tag gpuaas-profile-baremetal | gpuaas-profile-slice-vm): "
+        "the mode the host registers in",
+        "slice-vm", config::OneOf(profiles));
   s.Add("node.state_dir", &state_dir, "Directory of the crash-safe local store",
         "/var/lib/gpuaas-node-agent", config::NonEmpty());
   s.Add("node.register_retry_ms", &register_retry_ms,
@@ -303,9 +314,10 @@ LibvirtOptions NodeAgent::MakeLibvirtOptions(NetworkCleanupFn network_cleanup,
   if (cfg_.net_apply != "off") {
     lo.applied_bridge = [this]() -> std::optional<LibvirtOptions::AppliedBridge> {
       std::lock_guard lock(net_mu_);
-      if (!net_->applied()) return std::nullopt;
-      const bool ovs = net_->applied()->datapath() == v1::NETWORK_DATAPATH_OVS;
-      LibvirtOptions::AppliedBridge applied{net_->applied()->bridge(), ovs, false};
+      const auto* net = SliceNetwork();
+      if (net == nullptr) return std::nullopt;
+      const bool ovs = net->datapath() == v1::NETWORK_DATAPATH_OVS;
+      LibvirtOptions::AppliedBridge applied{net->bridge(), ovs, false};
       if (ovs) {
         // The bridge's own datapath (an adopted one keeps its own), else the configured one.
         const NetContext ctx = NetCtx();
@@ -319,8 +331,9 @@ LibvirtOptions NodeAgent::MakeLibvirtOptions(NetworkCleanupFn network_cleanup,
     lo.network_cleanup = std::move(network_cleanup);
     lo.vnic_attached = [this]() -> Result<void> {
       std::lock_guard lock(net_mu_);
-      if (!net_->applied()) return Ok();
-      auto applied = ApplyNetwork(SpecFrom(*net_->applied(), cfg_), NetCtx());
+      const auto* net = SliceNetwork();
+      if (net == nullptr) return Ok();
+      auto applied = ApplyNetwork(SpecFrom(*net, cfg_), NetCtx());
       if (!applied.ok()) return applied.error();
       return Ok();
     };
@@ -408,7 +421,9 @@ bool NodeAgent::TryRegister() {
   req.set_hostname(cfg_.hostname);
   req.set_region(cfg_.region);
   req.set_pool(cfg_.pool);
-  req.set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(cfg_.capacity_profile));
+  std::string profile = cfg_.capacity_profile;
+  if (profile.rfind(kMaasTagPrefix, 0) == 0) profile.erase(0, std::string(kMaasTagPrefix).size());
+  req.set_capacity_profile(enums::FromColumn<v1::CapacityProfile>(profile));
   req.set_agent_version(GPUAAS_VERSION);
   const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
   auto r = client.Call<v1::RegisterNodeResponse>(
@@ -808,13 +823,57 @@ Result<void> RefuseProjectNetworks(const v1::NodeNetworkDocument& doc) {
   return Ok();
 }
 
+// A `removed` document (the node in bare-metal mode): the slice network comes off the host.
+Result<void> RemoveSliceNetwork(const v1::NodeNetworkDocument& doc, const NodeAgentConfig& cfg,
+                                const NetContext& ctx, const log::Logger& log) {
+  auto down = TeardownNetwork(SpecFrom(doc, cfg), ctx);
+  if (!down.ok()) {
+    log.Error("slice network not removed",
+              {{"version", std::to_string(doc.version())}, {"error", down.error().ToString()}});
+    return down.error();
+  }
+  log.Info("slice network removed: the node is in bare-metal mode",
+           {{"version", std::to_string(doc.version())}, {"bridge", doc.bridge()}});
+  return Ok();
+}
+
+// What is left of a removed slice network is removed again; what still is left after that is
+// the ack's blocker slice_network_present.
+Result<std::vector<std::string>> CheckSliceNetworkGone(const v1::NodeNetworkDocument& doc,
+                                                       const NodeAgentConfig& cfg,
+                                                       const NetContext& ctx,
+                                                       const log::Logger& log) {
+  const NetworkSpec spec = SpecFrom(doc, cfg);
+  auto left = CheckTeardown(spec, ctx);
+  if (left.ok() && !left->empty()) {
+    log.Warn("slice network still present on a bare-metal node; removing it again",
+             {{"left", fmt::format("{}", fmt::join(*left, ","))}});
+    (void)TeardownNetwork(spec, ctx);
+    left = CheckTeardown(spec, ctx);
+  }
+  if (!left.ok()) {
+    log.Warn("slice network removal not checked", {{"error", left.error().ToString()}});
+    return std::vector<std::string>{reason::kNetworkCheckFailed.str()};
+  }
+  if (left->empty()) return std::vector<std::string>();
+  return std::vector<std::string>{reason::kSliceNetworkPresent.str()};
+}
+
 }  // namespace
+
+const v1::NodeNetworkDocument* NodeAgent::SliceNetwork() const {
+  const auto& applied = net_->applied();
+  if (!applied || applied->removed()) return nullptr;
+  return &*applied;
+}
 
 std::string NodeAgent::CleanNetworkState(const v1::CleanupParams& params) {
   std::lock_guard lock(net_mu_);
-  if (!net_->applied()) return "";  // no network applied yet: no DHCP state on this host
+  // No network applied yet, or removed (bare-metal mode): no DHCP state on this host.
+  const auto* net = SliceNetwork();
+  if (net == nullptr) return "";
   const NetContext ctx = NetCtx();
-  const NetworkSpec spec = SpecFrom(*net_->applied(), cfg_);
+  const NetworkSpec spec = SpecFrom(*net, cfg_);
   std::vector<std::string> problems;
   for (const auto& slot : params.slots()) {
     if (slot.mac().empty()) continue;
@@ -964,6 +1023,7 @@ void NodeAgent::MakeFollowers() {
     return doc->document();
   };
   net.apply = [ctx, cfg, log](const v1::NodeNetworkDocument& doc) -> Result<void> {
+    if (doc.removed()) return RemoveSliceNetwork(doc, cfg, ctx, log);
     if (auto refused = RefuseProjectNetworks(doc); !refused.ok()) return refused.error();
     const NetworkSpec spec = SpecFrom(doc, cfg);
     auto applied = ApplyNetwork(spec, ctx);
@@ -985,6 +1045,7 @@ void NodeAgent::MakeFollowers() {
     const NetworkSpec spec = SpecFrom(doc, cfg);
     std::vector<std::string> blockers;
     net_slot_drift_.clear();
+    if (doc.removed()) return CheckSliceNetworkGone(doc, cfg, ctx, log);
     if (auto check = CheckNetwork(spec, ctx); !check.ok()) {
       blockers.push_back(reason::kNetworkCheckFailed.str());
       log.Warn("network check failed", {{"error", check.error().ToString()}});
@@ -1036,8 +1097,9 @@ void NodeAgent::MakeFollowers() {
   eo.check_interval = std::chrono::milliseconds(cfg_.net_report_ms);
   eo.network = [this]() -> std::optional<v1::NodeNetworkDocument> {
     std::lock_guard lock(net_mu_);
-    if (!net_ || !net_->applied()) return std::nullopt;
-    return *net_->applied();
+    const auto* slice = net_ ? SliceNetwork() : nullptr;
+    if (slice == nullptr) return std::nullopt;
+    return *slice;
   };
   exposures_ = std::make_unique<ExposureAgent>([this] { return svc_.nats(); }, std::move(eo),
                                                log.With({{"document", "exposures"}}));
@@ -1056,8 +1118,8 @@ void NodeAgent::ReconcileNetwork() {
     log.Warn("network ack failed; will ack again", {{"error", round.ack_error->ToString()}});
   }
   net_version_ = net_->acked_version();
-  // Leases are reported after each check whose blockers ipam has.
-  if (!net_->applied() || !round.checked || round.ack_error) return;
+  // Leases are reported after each check whose blockers ipam has (none without a dnsmasq).
+  if (SliceNetwork() == nullptr || !round.checked || round.ack_error) return;
   const NetworkSpec spec = SpecFrom(*net_->applied(), cfg_);
   const bool applied_now = round.applied_now;
   const std::vector<std::string>& blockers = round.blockers;

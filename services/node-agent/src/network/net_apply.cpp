@@ -1805,4 +1805,30 @@ Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx) {
   return Ok();
 }
 
+Result<std::vector<std::string>> CheckTeardown(const NetworkSpec& spec, const NetContext& ctx) {
+  auto plan = MakePlan(spec, ctx);
+  if (!plan.ok()) return plan.error();
+  const Plan& p = *plan;
+  NetHost h(ctx);
+  if (auto r = h.Preflight(); !r.ok()) return r.error();
+  std::vector<std::string> left;
+  if (RunningDnsmasq(p)) left.emplace_back("dnsmasq");
+  auto tagged = TaggedNatRules(h, p);
+  if (!tagged.ok()) return tagged.error();
+  if (!tagged->empty()) left.emplace_back("nat_rules");
+  auto count = ChainRuleCount(h, "filter", p.fwd_chain);
+  if (!count.ok()) return count.error();
+  if (*count >= 0) left.emplace_back("forward_chain");
+  auto br = ProbeBridge(h, spec, p);
+  if (!br.ok()) return br.error();
+  bool bridge = br->exists;
+  if (spec.datapath == Datapath::kOvs) {
+    auto ovs = Ovs(h, ctx.ovs_rundir).Bridge(spec.bridge);
+    if (!ovs.ok()) return ovs.error();
+    bridge = bridge || ovs->exists;
+  }
+  if (bridge) left.emplace_back("bridge");
+  return left;
+}
+
 }  // namespace gpuaas::node_agent

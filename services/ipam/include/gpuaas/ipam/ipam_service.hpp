@@ -61,8 +61,10 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Ipa
 Result<void> ApplyLeaseEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg,
                              const std::string& source);
 // Inventory's NodeSnapshot / SlotSnapshot events: the nodes and slots inventory knows (ipam's
-// projection; nothing is ever removed from it, inventory deletes neither).
-Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev);
+// projection; nothing is ever removed from it, inventory deletes neither). A node's event also
+// says whether its slice network is removed (bare-metal mode or a mode change to it): a change
+// writes the node's next document version.
+Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev, const IpamConfig& cfg);
 Result<void> ApplyInventorySlotEvent(pqxx::work& tx, const v1::Event& ev);
 
 class IpamService {

@@ -19,6 +19,7 @@ inline constexpr Reason kDiscoveryFailed{"discovery_failed"};  // INTERNAL: disc
 inline constexpr Reason kProjectNetworksUnsupported{"project_networks_unsupported"};  // INVALID_ARGUMENT: VLAN/project networks set
 inline constexpr Reason kNetworkCleanupFailed{"network_cleanup_failed"};  // UNAVAILABLE: a slot's network state not removed
 inline constexpr Reason kNetworkCheckFailed{"network_check_failed"};  // blocker: CheckNetwork itself failed
+inline constexpr Reason kSliceNetworkPresent{"slice_network_present"};  // blocker: a removed slice network is still on the host
 // Local store.
 inline constexpr Reason kLocalStoreIo{"local_store_io"};  // INTERNAL: the local store could not be read or written
 inline constexpr Reason kInvalidKey{"invalid_key"};  // INVALID_ARGUMENT: a local store key that is not a safe file name

@@ -246,6 +246,9 @@ class NodeAgent {
   // (under net_mu_: the control loop and the task thread's cleanup both use them).
   std::mutex net_mu_;
   std::unique_ptr<DocumentFollower<v1::NodeNetworkDocument>> net_;
+  // The applied document while it asks for a slice network; nullptr before one is applied and
+  // while it is `removed` (bare-metal mode). Under net_mu_.
+  const v1::NodeNetworkDocument* SliceNetwork() const;
   // Ingress's exposure document (exposure.apply != off); thread-safe on its own.
   std::unique_ptr<ExposureAgent> exposures_;
   // The console relay (console.enabled); stopped before the connection drains.

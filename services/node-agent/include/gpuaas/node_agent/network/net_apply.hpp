@@ -209,4 +209,9 @@ Result<void> RemoveReservation(const NetworkSpec& spec, const std::string& mac,
 // jump, the bridge and the files in state_dir. ip_forward is left as it is.
 Result<void> TeardownNetwork(const NetworkSpec& spec, const NetContext& ctx);
 
+// Read-only: what TeardownNetwork removes that is still there ("dnsmasq", "nat_rules",
+// "forward_chain", "bridge"); empty once the slice network is gone. For a document with
+// `removed` (the node in bare-metal mode).
+Result<std::vector<std::string>> CheckTeardown(const NetworkSpec& spec, const NetContext& ctx);
+
 }  // namespace gpuaas::node_agent
