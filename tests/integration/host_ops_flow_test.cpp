@@ -242,7 +242,7 @@ TEST_F(HostOpsFlowTest, ADiskSwappedDuringMaintenanceMakesItsSlotACandidateAgain
   ASSERT_TRUE(Admin("gpuaas.v1.inventory.node.maintenance", node, "replace a disk").ok());
   // The first slot's disk is replaced: the new one has another stable name (its EUI).
   const v1::Slot swapped = slots[0];
-  const std::string old_id = swapped.nvme_by_id();
+  const std::string& old_id = swapped.nvme_by_id();
   const std::string new_id = old_id.substr(0, old_id.size() - 2) + "ff";
   ASSERT_NE(old_id, new_id);
   const auto target = std::filesystem::read_symlink(host.Real(old_id));

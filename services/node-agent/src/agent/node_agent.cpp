@@ -1084,8 +1084,14 @@ void NodeAgent::MakeFollowers() {
     net_ = std::make_unique<DocumentFollower<v1::NodeNetworkDocument>>(
         std::move(net), std::chrono::milliseconds(cfg_.net_report_ms));
   }
+  MakeExposureAgent();
+}
 
+void NodeAgent::MakeExposureAgent() {
   if (cfg_.exposure_apply == "off") return;
+  const auto timeout = std::chrono::milliseconds(cfg_.common.nats_request_timeout_ms);
+  const NetContext ctx = NetCtx();
+  const auto log = svc_.log().With({{"node_id", cfg_.node_id}});
   ExposureAgentOptions eo;
   eo.node_id = cfg_.node_id;
   eo.mode = cfg_.exposure_apply;

@@ -172,6 +172,9 @@ class NodeAgent {
   // plane's RPCs and the changes to this host. The desired set kept in the local store is
   // restored as applied and acked.
   void MakeFollowers();
+  // The follower of ingress's exposure document (exposure.apply != off), on the slice network
+  // the network follower applied.
+  void MakeExposureAgent();
   // The desired set's passthrough devices bound as its mode wants (host/pci_binding.hpp); what
   // the writes refused is kept in bind_blockers_ for the set's checks.
   void BindPassthrough(const v1::DesiredSlotSet& want);
