@@ -38,6 +38,7 @@ const std::vector<Area>& Areas() {
       {"ipam", "services/ipam", "services/ipam/README.md"},
       {"ingress", "services/ingress", "services/ingress/README.md"},
       {"console-gw", "services/console-gw", "services/console-gw/README.md"},
+      {"usage", "services/usage", "services/usage/README.md"},
       {"node-agent", "services/node-agent", "services/node-agent/README.md"},
       {"gpuaasctl", "tools/gpuaasctl", "tools/gpuaasctl/README.md"},
   };

@@ -154,6 +154,7 @@ Action AddCatalogCommands(CLI::App& app);
 Action AddAppCommands(CLI::App& app);
 // ingress pool set|list|delete, expose, unexpose, exposures, node (ingress_commands.cpp).
 Action AddIngressCommands(CLI::App& app);
+Action AddUsageCommands(CLI::App& app);
 // console open|list|revoke (console_commands.cpp).
 Action AddConsoleCommands(CLI::App& app);
 

@@ -72,7 +72,8 @@ int main(int argc, char** argv) {
   const std::vector<Action> actions = {AddNodeCommands(app),    AddInventoryCommands(app),
                                        AddAllocCommands(app),   AddIpamCommands(app),
                                        AddCatalogCommands(app), AddAppCommands(app),
-                                       AddIngressCommands(app), AddConsoleCommands(app)};
+                                       AddIngressCommands(app), AddConsoleCommands(app),
+                                       AddUsageCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto streams_action = AddStreamsCommands(app);
   const auto dlq_action = AddDlqCommands(app);

@@ -414,7 +414,7 @@ std::vector<StreamSpec> PlatformStreams() {
   return {InventoryEventsStream(), IpamEventsStream(),    SchedulerEventsStream(),
           IngressEventsStream(),   ConsoleEventsStream(), NodeEventsStream(),
           NodeTasksStream(),       DeadLetterStream(),    TenantFeedStream(),
-          AuthEventsStream()};
+          AuthEventsStream(),      UsageEventsStream()};
 }
 
 Result<void> ApplyStreams(Connection& conn, int replicas) {
@@ -520,6 +520,7 @@ StreamSpec TenantFeedStream() {
 StreamSpec AuthEventsStream() {
   return {"GPUAAS_EVT_AUTH", {"gpuaas.v1.evt.auth.>"}, int64_t{25} * 3600, 600};
 }
+StreamSpec UsageEventsStream() { return {"GPUAAS_EVT_USAGE", {"gpuaas.v1.evt.usage.>"}, 0, 600}; }
 StreamSpec DeadLetterStream() { return {"GPUAAS_DLQ", {"gpuaas.v1.dlq.>"}, 0, 600}; }
 
 Result<uint64_t> StreamLastSequence(Connection& conn, const std::string& stream) {

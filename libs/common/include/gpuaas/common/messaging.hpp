@@ -195,6 +195,8 @@ StreamSpec TenantFeedStream();
 // Token revocations (gpuaas.v1.evt.auth.>): kept 25 hours, longer than any token lives
 // (auth::kMaxTokenTtl), so what a service reads at start is every revocation still in force.
 StreamSpec AuthEventsStream();
+// The usage ledger's records (services/usage), for an outside billing system. Kept forever.
+StreamSpec UsageEventsStream();
 
 // The durable consumers on a stream, by name.
 Result<std::vector<std::string>> ConsumerNames(Connection& conn, const std::string& stream);
