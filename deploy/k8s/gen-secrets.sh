@@ -32,10 +32,10 @@
 #
 # KEYS holds every private key of the platform (role seeds, token-signing.pem): keep it off the
 # cluster and out of images (the default, OUT/keys, is git- and docker-ignored), e.g. on the
-# operator's machine or in a vault. Only the seeds of the five services, the deployer's (for the
+# operator's machine or in a vault. Only the seeds of the six services, the deployer's (for the
 # streams Job, `gpuaasctl streams apply`: it may create, update and look up the platform streams,
-# nothing else) and the public parts go into the cluster. The operator, tenant-api and auditor
-# seeds stay in KEYS for whoever runs those clients; token-signing.pem is only for
+# nothing else) and the public parts go into the cluster. The operator, tenant-api, auditor and
+# billing seeds stay in KEYS for whoever runs those clients; token-signing.pem is only for
 # `gpuaasctl auth login`.
 #
 # Options:
@@ -49,7 +49,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 
-SERVICES=(inventory scheduler ipam ingress console-gw)
+SERVICES=(inventory scheduler ipam ingress console-gw usage)
 out="$here/generated"
 keys=""
 contract="$repo/asyncapi"

@@ -264,11 +264,9 @@ bool Done(const std::vector<Recorded>& recorded, const Operation& op) {
 std::string Collect(testing::Platform& p, ingress::IngressService& ingress,
                     console_gw::ConsoleGwService& console, std::vector<Recorded>& out) {
   std::vector<std::pair<std::string, runtime::Service*>> services = {
-      {"ipam", &p.ipam->runtime()},
-      {"inventory", &p.inventory->runtime()},
-      {"scheduler", &p.scheduler->runtime()},
-      {"ingress", &ingress.runtime()},
-      {"console-gw", &console.runtime()}};
+      {"ipam", &p.ipam->runtime()},           {"inventory", &p.inventory->runtime()},
+      {"scheduler", &p.scheduler->runtime()}, {"ingress", &ingress.runtime()},
+      {"console-gw", &console.runtime()},     {"usage", &p.usage->runtime()}};
   for (auto& a : p.agents) services.emplace_back("node-agent", &a->runtime());
   std::vector<Recorded> all;
   for (const auto& [name, svc] : services) {
@@ -286,7 +284,7 @@ std::string Collect(testing::Platform& p, ingress::IngressService& ingress,
 void ExpectEveryServiceRecorded(const std::vector<Recorded>& recorded) {
   std::map<std::string, std::map<Role, int>> by_service;
   for (const auto& r : recorded) by_service[r.service][r.entry.role]++;
-  for (const char* s : {"ipam", "inventory", "scheduler", "ingress", "console-gw"}) {
+  for (const char* s : {"ipam", "inventory", "scheduler", "ingress", "console-gw", "usage"}) {
     EXPECT_GT(by_service[s][Role::kServe], 0) << s << " recorded no served subject";
     EXPECT_GT(by_service[s][Role::kConsume], 0) << s << " recorded no consumer";
     EXPECT_GT(by_service[s][Role::kPublish], 0) << s << " recorded no publish";
@@ -512,6 +510,7 @@ class ContractTest : public ::testing::Test {
     if (HasFatalFailure()) return;
     p_.StartIngress();
     p_.StartConsole();
+    p_.StartUsage();
     if (HasFatalFailure()) return;
     const std::string consoles = testing::MakeTempDir("contract-consoles");
     const std::string node = "contract-node";

@@ -1,9 +1,9 @@
 // Every metric the alert rules (deploy/prometheus/alerts.yaml) and the dashboard
 // (deploy/grafana/gpuaas-dashboard.json) name is exported by some service of a running platform:
-// ipam, inventory, the scheduler, ingress and a node-agent go through a slice's lifecycle (with
-// one public endpoint, applied and removed by the agent) and one create that finds no capacity,
-// console-gw refuses a console connect, then each one's /metrics is scraped. A renamed or dropped
-// metric fails here instead of leaving an alert that can never fire.
+// ipam, inventory, the scheduler, ingress, usage and a node-agent go through a slice's lifecycle
+// (with one public endpoint, applied and removed by the agent) and one create that finds no
+// capacity, console-gw refuses a console connect, then each one's /metrics is scraped. A renamed or
+// dropped metric fails here instead of leaving an alert that can never fire.
 #include <gtest/gtest.h>
 
 #include <arpa/inet.h>
@@ -124,6 +124,7 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
   p.Start();
   ASSERT_FALSE(HasFatalFailure());
   p.StartIngress();
+  p.StartUsage();
   ASSERT_FALSE(HasFatalFailure());
   // The agent acks ingress's exposure documents without touching the kernel (simulate).
   p.StartApprovedAgent(
@@ -196,9 +197,9 @@ TEST(MetricsContractTest, EveryMetricTheAlertsAndDashboardUseIsExported) {
   ASSERT_TRUE(gw_started.ok()) << gw_started.error().ToString();
   EXPECT_EQ(CrossOriginUpgrade(gw->gateway_port()), "HTTP/1.1 403 Forbidden");
 
-  std::vector<runtime::Service*> services = {&p.ipam->runtime(), &p.inventory->runtime(),
+  std::vector<runtime::Service*> services = {&p.ipam->runtime(),      &p.inventory->runtime(),
                                              &p.scheduler->runtime(), &p.ingress->runtime(),
-                                             &gw->runtime()};
+                                             &gw->runtime(),          &p.usage->runtime()};
   for (auto& a : p.agents) services.push_back(&a->runtime());
   std::set<std::string> exported;
   auto scrape = [&] {

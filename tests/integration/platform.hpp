@@ -1,7 +1,7 @@
 #pragma once
 // The control plane in one test process for the cross-service tests: real NATS and PostgreSQL
-// (one database per service), ipam, inventory and the scheduler (ingress and console-gw on
-// request), a client connection, and node-agents on fixture hosts. Tests add what they need on
+// (one database per service), ipam, inventory and the scheduler (ingress, console-gw and usage
+// on request), a client connection, and node-agents on fixture hosts. Tests add what they need on
 // top.
 #include <gtest/gtest.h>
 
@@ -20,6 +20,7 @@
 #include "gpuaas/node_agent/agent/node_agent.hpp"
 #include "gpuaas/node_agent/discovery/fixture_host.hpp"
 #include "gpuaas/scheduler/scheduler_service.hpp"
+#include "gpuaas/usage/usage_service.hpp"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "load_config.hpp"
@@ -67,6 +68,13 @@ class Platform {
     auto r = console->Start();
     ASSERT_TRUE(r.ok()) << r.error().ToString();
   }
+  // The usage ledger (billing records from the scheduler's allocation events).
+  void StartUsage() {
+    usage = std::make_unique<usage::UsageService>(
+        LoadConfig<usage::UsageConfig>(Env(SharedPostgres().CreateDatabase("usage"), "usage")));
+    auto r = usage->Start();
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
   void StartInventory(const std::string& dsn) {
     auto env = Env(dsn, "inventory");
     for (const auto& [k, v] : inventory_env) env[k] = v;
@@ -78,6 +86,7 @@ class Platform {
   void Stop() {
     for (auto& a : agents) a->Shutdown();
     agents.clear();
+    if (usage) usage->Shutdown();
     if (console) console->Shutdown();
     if (ingress) ingress->Shutdown();
     if (scheduler) scheduler->Shutdown();
@@ -289,6 +298,7 @@ class Platform {
   std::unique_ptr<scheduler::SchedulerService> scheduler;
   std::unique_ptr<ingress::IngressService> ingress;
   std::unique_ptr<console_gw::ConsoleGwService> console;
+  std::unique_ptr<usage::UsageService> usage;
   std::vector<std::unique_ptr<node_agent::NodeAgent>> agents;
   std::shared_ptr<messaging::Connection> conn;
 };

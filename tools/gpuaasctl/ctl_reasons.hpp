@@ -16,7 +16,7 @@ inline constexpr Reason kInvalidLabel{"invalid_label"};  // INVALID_ARGUMENT: la
 inline constexpr Reason kConfirmRequired{"confirm_required"};  // INVALID_ARGUMENT: needs --yes
 inline constexpr Reason kTokenFile{"token_file"};  // INVALID_ARGUMENT: --token-file unreadable
 inline constexpr Reason kDeadlineInvalid{"deadline_invalid"};  // INVALID_ARGUMENT: bad --deadline
-inline constexpr Reason kTimeInvalid{"time_invalid"};  // INVALID_ARGUMENT: bad --from/--to
+inline constexpr Reason kTimeInvalid{"time_invalid"};          // INVALID_ARGUMENT: bad --from/--to
 
 // Errors of the commands that read JetStream or work locally (exit 1).
 inline constexpr Reason kNoEvents{"no_events"};  // NOT_FOUND: audit found no events

@@ -69,11 +69,10 @@ int main(int argc, char** argv) {
   app.add_option("--token-file", token_file,
                  "File holding the request token (env GPUAAS_TOKEN_FILE)");
 
-  const std::vector<Action> actions = {AddNodeCommands(app),    AddInventoryCommands(app),
-                                       AddAllocCommands(app),   AddIpamCommands(app),
-                                       AddCatalogCommands(app), AddAppCommands(app),
-                                       AddIngressCommands(app), AddConsoleCommands(app),
-                                       AddUsageCommands(app)};
+  const std::vector<Action> actions = {
+      AddNodeCommands(app),    AddInventoryCommands(app), AddAllocCommands(app),
+      AddIpamCommands(app),    AddCatalogCommands(app),   AddAppCommands(app),
+      AddIngressCommands(app), AddConsoleCommands(app),   AddUsageCommands(app)};
   const auto audit_action = AddAuditCommands(app);
   const auto streams_action = AddStreamsCommands(app);
   const auto dlq_action = AddDlqCommands(app);

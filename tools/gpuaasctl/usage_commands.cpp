@@ -41,10 +41,10 @@ std::optional<int> SetPeriod(const Globals& g, const PeriodOpts& o, Req& req) {
   for (const auto& [name, text] : {std::pair{"from", o.from}, std::pair{"to", o.to}}) {
     auto t = ParseWhen(text);
     if (!t) {
-      return Usage(g, Error::InvalidArgument(reason::kTimeInvalid,
-                                             "--" + std::string(name) +
-                                                 " is not YYYY-MM-DD or an RFC 3339 time",
-                                             {{name, text}}));
+      return Usage(g, Error::InvalidArgument(
+                          reason::kTimeInvalid,
+                          "--" + std::string(name) + " is not YYYY-MM-DD or an RFC 3339 time",
+                          {{name, text}}));
     }
     *(std::string(name) == "from" ? req.mutable_from() : req.mutable_to()) = *t;
   }

@@ -32,8 +32,7 @@ void UsageMetrics::Recorded(const v1::UsageRecord& r) {
 }
 
 std::shared_ptr<metrics::Sampler> StartLedgerLag(std::function<Result<uint64_t>()> backlog,
-                                                 prometheus::Registry& registry,
-                                                 log::Logger logger,
+                                                 prometheus::Registry& registry, log::Logger logger,
                                                  std::chrono::milliseconds interval) {
   auto* pending = &prometheus::BuildGauge()
                        .Name("gpuaas_usage_ledger_backlog")
@@ -42,12 +41,13 @@ std::shared_ptr<metrics::Sampler> StartLedgerLag(std::function<Result<uint64_t>(
                        .Add({});
   auto* lag = &prometheus::BuildGauge()
                    .Name("gpuaas_usage_ledger_lag_seconds")
-                   .Help("How long the usage ledger has been behind the scheduler's stream "
-                         "(0 while its consumer has no backlog)")
+                   .Help(
+                       "How long the usage ledger has been behind the scheduler's stream "
+                       "(0 while its consumer has no backlog)")
                    .Register(registry)
                    .Add({});
-  auto caught_up = std::make_shared<std::chrono::steady_clock::time_point>(
-      std::chrono::steady_clock::now());
+  auto caught_up =
+      std::make_shared<std::chrono::steady_clock::time_point>(std::chrono::steady_clock::now());
   return std::make_shared<metrics::Sampler>(interval, [=]() {
     auto n = backlog();
     if (!n.ok()) {

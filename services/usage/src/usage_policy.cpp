@@ -258,12 +258,30 @@ int64_t CloseHorizon(int64_t newest_event_us, int64_t close_lag_us) {
   return DayStart(newest_event_us - close_lag_us);
 }
 
-const std::vector<std::string> kExportColumns = {
-    "policy_version", "record_id", "kind",          "tenant",     "allocation_id",
-    "sku",            "shape",     "gpu_count",     "region",     "pool",
-    "node_id",        "slot_keys", "gpu_pci_addresses", "network_mode", "endpoints",
-    "day",            "start",     "end",           "duration_s", "billable_unit",
-    "units",          "stop",      "corrects",      "event_ids"};
+const std::vector<std::string> kExportColumns = {"policy_version",
+                                                 "record_id",
+                                                 "kind",
+                                                 "tenant",
+                                                 "allocation_id",
+                                                 "sku",
+                                                 "shape",
+                                                 "gpu_count",
+                                                 "region",
+                                                 "pool",
+                                                 "node_id",
+                                                 "slot_keys",
+                                                 "gpu_pci_addresses",
+                                                 "network_mode",
+                                                 "endpoints",
+                                                 "day",
+                                                 "start",
+                                                 "end",
+                                                 "duration_s",
+                                                 "billable_unit",
+                                                 "units",
+                                                 "stop",
+                                                 "corrects",
+                                                 "event_ids"};
 
 std::string CsvHeader() { return CsvRow(kExportColumns); }
 

@@ -151,10 +151,9 @@ class UsageHandlers {
   explicit UsageHandlers(std::shared_ptr<store::Pool> pool) : pool_(std::move(pool)) {}
 
   Result<v1::ListUsageResponse> List(const v1::ListUsageRequest& req, rpc::Context& rc) const;
-  Result<v1::ExportUsageResponse> Export(const v1::ExportUsageRequest& req,
-                                         rpc::Context& rc) const;
+  Result<v1::ExportUsageResponse> Export(const v1::ExportUsageRequest& req, rpc::Context& rc) const;
   Result<v1::UsageSummaryResponse> Summary(const v1::UsageSummaryRequest& req,
-                                          rpc::Context& rc) const;
+                                           rpc::Context& rc) const;
 
  private:
   std::shared_ptr<store::Pool> pool_;
@@ -221,7 +220,8 @@ Result<v1::UsageSummaryResponse> UsageHandlers::Summary(const v1::UsageSummaryRe
         v1::UsageSummaryResponse resp;
         for (auto& t : Summarize(tx, *period)) *resp.add_totals() = std::move(t);
         const Clock clock = ReadClock(tx);
-        if (clock.newest_event_us > 0) *resp.mutable_applied_through() = Stamp(clock.newest_event_us);
+        if (clock.newest_event_us > 0)
+          *resp.mutable_applied_through() = Stamp(clock.newest_event_us);
         return resp;
       },
       store::ReadSnapshot());
@@ -244,8 +244,7 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
   std::vector<v1::UsageRecord> records = Apply(meter, s);
   // The horizon moves with the scheduler database's times, in stream order.
   clock.newest_event_us = std::max(clock.newest_event_us, Micros(a.updated_at()));
-  const int64_t horizon =
-      CloseHorizon(clock.newest_event_us, c.cfg.close_lag_s * int64_t{1000000});
+  const int64_t horizon = CloseHorizon(clock.newest_event_us, c.cfg.close_lag_s * int64_t{1000000});
   if (horizon > clock.closed_before_us) {
     for (auto& open : LockOpenMeters(tx)) {
       Meter& m = open.allocation_id == meter.allocation_id ? meter : open;
@@ -287,6 +286,17 @@ Result<void> UsageService::Start() {
   ctx->source = svc_.source();
   ctx->metrics = metrics_.get();
   RegisterRoutes(svc_.Rpc(), std::make_shared<UsageHandlers>(svc_.pg()));
+  // An empty ledger (a new install, or its database dropped to rebuild it) reads the stream
+  // from its first event: a durable left from an earlier database would start where that one was.
+  auto empty =
+      store::WithTx(*svc_.pg(), [](pqxx::work& tx) -> Result<bool> { return LedgerEmpty(tx); });
+  if (!empty.ok()) return empty.error();
+  if (*empty) {
+    auto gone = messaging::DeleteConsumer(*svc_.nats(), messaging::SchedulerEventsStream().name,
+                                          kAllocationConsumer);
+    if (!gone.ok()) return gone.error();
+    svc_.log().Info("empty ledger: consuming the scheduler's allocation events from the start");
+  }
   auto consumer = svc_.StartProjection(
       messaging::SchedulerEventsStream().name, kAllocationConsumer,
       "gpuaas.v1.evt.scheduler.allocation.>",

@@ -51,6 +51,14 @@ Clock ReadClock(pqxx::work& tx) {
   return {r[0][0].as<int64_t>(), r[0][1].as<int64_t>()};
 }
 
+bool LedgerEmpty(pqxx::work& tx) {
+  return tx
+      .exec(
+          "SELECT NOT EXISTS (SELECT 1 FROM meters) AND (SELECT newest_event_us = 0 FROM "
+          "ledger_clock WHERE id = 1)")[0][0]
+      .as<bool>();
+}
+
 void SaveClock(pqxx::work& tx, const Clock& c) {
   tx.exec_params("UPDATE ledger_clock SET newest_event_us = $1, closed_before_us = $2 WHERE id = 1",
                  c.newest_event_us, c.closed_before_us);
@@ -92,8 +100,7 @@ void SaveMeter(pqxx::work& tx, const Meter& m) {
       "open = EXCLUDED.open",
       m.allocation_id, m.generation, m.billable.since_us, m.billable.until_us, m.billable.done,
       m.billable.start_event_id, bill_base, m.stranded.since_us, m.stranded.until_us,
-      m.stranded.done, m.stranded.start_event_id, lost_base,
-      Open(m.billable) || Open(m.stranded));
+      m.stranded.done, m.stranded.start_event_id, lost_base, Open(m.billable) || Open(m.stranded));
 }
 
 bool InsertRecord(pqxx::work& tx, const v1::UsageRecord& r) {

@@ -25,6 +25,8 @@ Clock LockClock(pqxx::work& tx);
 void SaveClock(pqxx::work& tx, const Clock& c);
 // Read without a lock.
 Clock ReadClock(pqxx::work& tx);
+// Nothing applied yet: no meter, the clock at zero.
+bool LedgerEmpty(pqxx::work& tx);
 
 // One allocation's meter, locked FOR UPDATE; nullopt before its first event.
 std::optional<Meter> LockMeter(pqxx::work& tx, const std::string& allocation_id);

@@ -68,8 +68,8 @@ TEST(UsagePolicyTest, ActiveUntilTheReleaseRequestIsBilledInGpuSeconds) {
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_RESERVED, t, v1::CLAIM_PHASE_RESERVED).empty());
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_PROVISIONING, t + kSec).empty());
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_ACTIVE, t + 10 * kSec, v1::CLAIM_PHASE_ACTIVE).empty());
-  auto out = s.To(v1::ALLOCATION_STATE_RELEASING, t + 100 * kSec, v1::CLAIM_PHASE_RELEASING,
-                  "tenant");
+  auto out =
+      s.To(v1::ALLOCATION_STATE_RELEASING, t + 100 * kSec, v1::CLAIM_PHASE_RELEASING, "tenant");
   ASSERT_EQ(out.size(), 1U);
   const auto& r = out[0];
   EXPECT_EQ(r.record_id(), "a1/billable/2026-11-27");
@@ -85,17 +85,17 @@ TEST(UsagePolicyTest, ActiveUntilTheReleaseRequestIsBilledInGpuSeconds) {
   EXPECT_EQ(r.event_ids(0), "ev-3");
   EXPECT_EQ(r.event_ids(1), "ev-4");
   // The rest of the release bills nothing more.
-  EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_RELEASED, t + 110 * kSec, v1::CLAIM_PHASE_RELEASED).empty());
+  EXPECT_TRUE(
+      s.To(v1::ALLOCATION_STATE_RELEASED, t + 110 * kSec, v1::CLAIM_PHASE_RELEASED).empty());
 }
 
 TEST(UsagePolicyTest, NeverActiveIsNeverBilledAndBlockedClaimsAreStrandedNotBilled) {
   Story failed("a2", 1);
   const int64_t t = kDay0 + 3600 * kSec;
   EXPECT_TRUE(failed.To(v1::ALLOCATION_STATE_PROVISIONING, t).empty());
-  EXPECT_TRUE(
-      failed.To(v1::ALLOCATION_STATE_FAILED, t + 5 * kSec, v1::CLAIM_PHASE_CLEANUP_BLOCKED).empty());
-  auto freed =
-      failed.To(v1::ALLOCATION_STATE_FAILED, t + 3605 * kSec, v1::CLAIM_PHASE_RELEASED);
+  EXPECT_TRUE(failed.To(v1::ALLOCATION_STATE_FAILED, t + 5 * kSec, v1::CLAIM_PHASE_CLEANUP_BLOCKED)
+                  .empty());
+  auto freed = failed.To(v1::ALLOCATION_STATE_FAILED, t + 3605 * kSec, v1::CLAIM_PHASE_RELEASED);
   ASSERT_EQ(freed.size(), 1U);
   EXPECT_EQ(freed[0].kind(), v1::USAGE_KIND_STRANDED);
   EXPECT_EQ(freed[0].record_id(), "a2/stranded/2026-11-27");
@@ -156,8 +156,8 @@ TEST(UsagePolicyTest, DaysCloseOnlyOnceTheHorizonIsPastThemByTheLag) {
   ASSERT_EQ(second.size(), 1U);
   EXPECT_EQ(second[0].day(), "2026-11-28");
   EXPECT_EQ(second[0].duration_us(), kDayUs);
-  auto last = s.To(v1::ALLOCATION_STATE_RELEASING, kDay0 + 2 * kDayUs + 5 * 3600 * kSec, {},
-                   "tenant");
+  auto last =
+      s.To(v1::ALLOCATION_STATE_RELEASING, kDay0 + 2 * kDayUs + 5 * 3600 * kSec, {}, "tenant");
   ASSERT_EQ(last.size(), 1U);
   EXPECT_EQ(last[0].day(), "2026-11-29");
   EXPECT_EQ(last[0].duration_us(), 5 * 3600 * kSec);
@@ -207,8 +207,7 @@ TEST(UsagePolicyTest, ExportLinesHaveAStableColumnOrder) {
             "private-nat,,2026-11-27,2026-11-27T01:00:00.000000Z,2026-11-27T01:01:30.250000Z,"
             "90.250000,gpu_second,180.500000,release_requested,,ev-1;ev-2\r\n");
   EXPECT_EQ(JsonHeader().rfind("{\"policy_version\":\"usage-policy/1\",\"columns\":[", 0), 0U);
-  EXPECT_EQ(JsonLine(out[0]).rfind("{\"policy_version\":\"usage-policy/1\",\"record_id\":", 0),
-            0U);
+  EXPECT_EQ(JsonLine(out[0]).rfind("{\"policy_version\":\"usage-policy/1\",\"record_id\":", 0), 0U);
 }
 
 }  // namespace

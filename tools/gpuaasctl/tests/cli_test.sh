@@ -271,7 +271,7 @@ case $CASE in
     expect_rc 1 node enroll n1 --keys "$keys/k"
     [[ $ERR == *ALREADY_EXISTS* ]] || fail "a second enroll: $ERR"
     expect_rc 0 auth nats-config --keys "$keys/k" --out "$keys/auth.conf"
-    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 10 ]] || fail "not 9 roles + 1 node in auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 12 ]] || fail "not 11 roles + 1 node in auth.conf"
     grep -q '"\$JS.API.CONSUMER.MSG.NEXT.GPUAAS_NODE_TASKS.node-n1"' "$keys/auth.conf" ||
       fail "node n1 cannot fetch its own tasks"
     printf 'listen: 127.0.0.1:-1\njetstream { store_dir: "%s/js" }\ninclude ./auth.conf\n' \
@@ -280,7 +280,7 @@ case $CASE in
       nats-server -c "$keys/nats.conf" -t >/dev/null 2>&1 || fail "nats-server refuses the config"
     fi
     expect_rc 0 node revoke n1 --keys "$keys/k" --nats-config "$keys/auth.conf"
-    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 9 ]] || fail "revoked node still in auth.conf"
+    [[ $(grep -c 'nkey:' "$keys/auth.conf") == 11 ]] || fail "revoked node still in auth.conf"
     expect_rc 1 node revoke n1 --keys "$keys/k"
     expect_rc 1 node enroll Bad_Id --keys "$keys/k"
     [[ $ERR == *node_id_invalid* ]] || fail "a bad node id: $ERR"

@@ -1,0 +1,95 @@
+// The usage ledger behind the real scheduler: a slice released by its tenant and one
+// force-released by an operator are each billed from the moment the scheduler made them active
+// to the moment their release was asked for (the scheduler database's times: the transactions
+// that wrote those steps of its timeline), with the claim snapshot of the allocation; the summary
+// adds them up.
+#include <gtest/gtest.h>
+
+#include "gpuaas/usage/usage_policy.hpp"
+#include "gpuaas/v1/usage.pb.h"
+#include "platform.hpp"
+
+namespace gpuaas {
+namespace {
+
+using namespace std::chrono_literals;
+
+// When the allocation first entered `state`, as the scheduler's timeline says.
+int64_t EnteredAt(testing::Platform& p, const std::string& id, v1::AllocationState state) {
+  const auto timeline = p.Timeline(id);
+  for (const auto& e : timeline.entries()) {
+    if (e.state() == state) return usage::Micros(e.at());
+  }
+  return 0;
+}
+
+TEST(UsageFlowTest, ReleasedSlicesAreBilledFromActiveToTheReleaseRequest) {
+  testing::Platform p;
+  p.Start();
+  p.StartUsage();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  p.StartApprovedAgent("usage-node", "usage", 2);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+
+  auto tenant = p.CreateSlice("usage-1", "usage", 1);
+  ASSERT_TRUE(tenant.ok()) << tenant.error().ToString();
+  auto forced = p.CreateSlice("usage-2", "usage", 1);
+  ASSERT_TRUE(forced.ok()) << forced.error().ToString();
+  for (const auto* a : {&*tenant, &*forced}) {
+    p.WaitSettled(a->allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
+  }
+  ASSERT_TRUE(p.Release(tenant->allocation_id(), "done").ok());
+  ASSERT_TRUE(p.Release(forced->allocation_id(), "hung guest", true).ok());
+  const auto released = p.WaitSettled(tenant->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
+  p.WaitSettled(forced->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
+
+  // The period around now (the records' days).
+  const int64_t now = usage::Micros(released.updated_at());
+  v1::ListUsageRequest list;
+  *list.mutable_from() = usage::Stamp(usage::DayStart(now) - usage::kDayUs);
+  *list.mutable_to() = usage::Stamp(usage::DayStart(now) + 2 * usage::kDayUs);
+  v1::ListUsageResponse got;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto l = p.Call<v1::ListUsageResponse>("gpuaas.v1.usage.record.list", list);
+    if (l.ok()) got = *l;
+    return l.ok() && l->records_size() >= 2;
+  })) << got.DebugString();
+  ASSERT_EQ(got.records_size(), 2) << got.DebugString();
+  int64_t total = 0;
+  for (const auto& r : got.records()) {
+    const bool is_forced = r.allocation_id() == forced->allocation_id();
+    const auto& a = is_forced ? *forced : *tenant;
+    SCOPED_TRACE(r.DebugString());
+    EXPECT_EQ(r.kind(), v1::USAGE_KIND_BILLABLE);
+    EXPECT_EQ(r.tenant(), "acme");
+    EXPECT_EQ(r.sku(), "h200-sxm-slice");
+    EXPECT_EQ(r.gpu_count(), 1);
+    EXPECT_EQ(r.node_id(), "usage-node");
+    ASSERT_EQ(r.slot_keys_size(), 1);
+    EXPECT_EQ(r.slot_keys(0), a.slot_keys(0));
+    // The snapshot's time is its transaction's start (now(), in milliseconds); the timeline
+    // row of that step is written inside the same transaction (clock_timestamp()).
+    const int64_t active = EnteredAt(p, a.allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
+    const int64_t releasing = EnteredAt(p, a.allocation_id(), v1::ALLOCATION_STATE_RELEASING);
+    EXPECT_LE(usage::Micros(r.start()), active);
+    EXPECT_GT(usage::Micros(r.start()), active - 1000000);
+    EXPECT_LE(usage::Micros(r.end()), releasing);
+    EXPECT_GT(usage::Micros(r.end()), releasing - 1000000);
+    EXPECT_GT(r.duration_us(), 0);
+    if (is_forced) {
+      EXPECT_EQ(r.stop(), v1::USAGE_STOP_OPERATOR_RELEASE);
+    }
+    total += r.units_micro();
+  }
+  v1::UsageSummaryRequest sum;
+  *sum.mutable_from() = list.from();
+  *sum.mutable_to() = list.to();
+  auto s = p.Call<v1::UsageSummaryResponse>("gpuaas.v1.usage.summary", sum);
+  ASSERT_TRUE(s.ok()) << s.error().ToString();
+  ASSERT_EQ(s->totals_size(), 1);
+  EXPECT_EQ(s->totals(0).billable_units_micro(), total);
+  EXPECT_EQ(s->totals(0).allocations(), 2);
+}
+
+}  // namespace
+}  // namespace gpuaas
