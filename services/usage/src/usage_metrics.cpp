@@ -31,8 +31,9 @@ void UsageMetrics::Recorded(const v1::UsageRecord& r) {
       .Increment(static_cast<double>(r.units_micro()) / 1e6);
 }
 
-std::shared_ptr<metrics::Sampler> StartLedgerLag(std::function<Result<uint64_t>()> backlog,
-                                                 prometheus::Registry& registry, log::Logger logger,
+std::shared_ptr<metrics::Sampler> StartLedgerLag(const std::function<Result<uint64_t>()>& backlog,
+                                                 prometheus::Registry& registry,
+                                                 const log::Logger& logger,
                                                  std::chrono::milliseconds interval) {
   auto* pending = &prometheus::BuildGauge()
                        .Name("gpuaas_usage_ledger_backlog")

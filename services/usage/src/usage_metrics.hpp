@@ -30,8 +30,9 @@ class UsageMetrics {
 
 // gpuaas_usage_ledger_backlog and gpuaas_usage_ledger_lag_seconds from `backlog` (the
 // consumer's), every `interval`.
-std::shared_ptr<metrics::Sampler> StartLedgerLag(std::function<Result<uint64_t>()> backlog,
-                                                 prometheus::Registry& registry, log::Logger logger,
+std::shared_ptr<metrics::Sampler> StartLedgerLag(const std::function<Result<uint64_t>()>& backlog,
+                                                 prometheus::Registry& registry,
+                                                 const log::Logger& logger,
                                                  std::chrono::milliseconds interval);
 
 }  // namespace gpuaas::usage

@@ -220,8 +220,9 @@ Result<v1::UsageSummaryResponse> UsageHandlers::Summary(const v1::UsageSummaryRe
         v1::UsageSummaryResponse resp;
         for (auto& t : Summarize(tx, *period)) *resp.add_totals() = std::move(t);
         const Clock clock = ReadClock(tx);
-        if (clock.newest_event_us > 0)
+        if (clock.newest_event_us > 0) {
           *resp.mutable_applied_through() = Stamp(clock.newest_event_us);
+        }
         return resp;
       },
       store::ReadSnapshot());

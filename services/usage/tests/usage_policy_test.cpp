@@ -15,6 +15,7 @@ using google::protobuf::util::TimeUtil;
 // 2026-11-27T00:00:00Z
 constexpr int64_t kDay0 = int64_t{1795737600} * 1000000;
 constexpr int64_t kSec = 1000000;
+constexpr int64_t kHour = 3600 * kSec;
 
 // The allocation's story, one snapshot at a time (generation counts up).
 class Story {
@@ -64,7 +65,7 @@ class Story {
 
 TEST(UsagePolicyTest, ActiveUntilTheReleaseRequestIsBilledInGpuSeconds) {
   Story s("a1");
-  const int64_t t = kDay0 + 10 * 3600 * kSec;
+  const int64_t t = kDay0 + 10 * kHour;
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_RESERVED, t, v1::CLAIM_PHASE_RESERVED).empty());
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_PROVISIONING, t + kSec).empty());
   EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_ACTIVE, t + 10 * kSec, v1::CLAIM_PHASE_ACTIVE).empty());
@@ -143,29 +144,28 @@ TEST(UsagePolicyTest, AnIntervalAcrossMidnightIsOneRecordPerDay) {
 
 TEST(UsagePolicyTest, DaysCloseOnlyOnceTheHorizonIsPastThemByTheLag) {
   Story s("a6");
-  s.To(v1::ALLOCATION_STATE_ACTIVE, kDay0 + 10 * 3600 * kSec, v1::CLAIM_PHASE_ACTIVE);
+  s.To(v1::ALLOCATION_STATE_ACTIVE, kDay0 + 10 * kHour, v1::CLAIM_PHASE_ACTIVE);
   const int64_t lag = 60 * kSec;
   // 30 s past the second midnight: within the lag, only the first day closes.
   auto first = CloseDays(s.meter(), CloseHorizon(kDay0 + 2 * kDayUs + 30 * kSec, lag));
   ASSERT_EQ(first.size(), 1U);
   EXPECT_EQ(first[0].day(), "2026-11-27");
-  EXPECT_EQ(first[0].duration_us(), 14 * 3600 * kSec);
+  EXPECT_EQ(first[0].duration_us(), 14 * kHour);
   EXPECT_EQ(first[0].stop(), v1::USAGE_STOP_DAY_END);
   EXPECT_TRUE(CloseDays(s.meter(), CloseHorizon(kDay0 + 2 * kDayUs + 30 * kSec, lag)).empty());
   auto second = CloseDays(s.meter(), CloseHorizon(kDay0 + 2 * kDayUs + 90 * kSec, lag));
   ASSERT_EQ(second.size(), 1U);
   EXPECT_EQ(second[0].day(), "2026-11-28");
   EXPECT_EQ(second[0].duration_us(), kDayUs);
-  auto last =
-      s.To(v1::ALLOCATION_STATE_RELEASING, kDay0 + 2 * kDayUs + 5 * 3600 * kSec, {}, "tenant");
+  auto last = s.To(v1::ALLOCATION_STATE_RELEASING, kDay0 + 2 * kDayUs + 5 * kHour, {}, "tenant");
   ASSERT_EQ(last.size(), 1U);
   EXPECT_EQ(last[0].day(), "2026-11-29");
-  EXPECT_EQ(last[0].duration_us(), 5 * 3600 * kSec);
+  EXPECT_EQ(last[0].duration_us(), 5 * kHour);
 }
 
 TEST(UsagePolicyTest, AStopBeforeAClosedDayIsACorrectionNamingTheRecord) {
   Story s("a7", 1);
-  s.To(v1::ALLOCATION_STATE_ACTIVE, kDay0 + 10 * 3600 * kSec, v1::CLAIM_PHASE_ACTIVE);
+  s.To(v1::ALLOCATION_STATE_ACTIVE, kDay0 + 10 * kHour, v1::CLAIM_PHASE_ACTIVE);
   ASSERT_EQ(CloseDays(s.meter(), kDay0 + 2 * kDayUs).size(), 2U);
   // The release's transaction started before midnight and its event came after the close.
   auto out = s.To(v1::ALLOCATION_STATE_RELEASING, kDay0 + kDayUs - 10 * kSec, {}, "tenant");
@@ -173,7 +173,7 @@ TEST(UsagePolicyTest, AStopBeforeAClosedDayIsACorrectionNamingTheRecord) {
   EXPECT_EQ(out[0].kind(), v1::USAGE_KIND_CORRECTION);
   EXPECT_EQ(out[0].corrects(), "a7/billable/2026-11-27");
   EXPECT_EQ(out[0].record_id(), "a7/billable/2026-11-27/c1");
-  EXPECT_EQ(out[0].duration_us(), (14 * 3600 - 10) * kSec);
+  EXPECT_EQ(out[0].duration_us(), 14 * kHour - 10 * kSec);
   EXPECT_EQ(out[1].corrects(), "a7/billable/2026-11-28");
   EXPECT_EQ(out[1].duration_us(), 0) << "the next day is corrected to nothing";
 }

@@ -28,6 +28,7 @@ using namespace std::chrono_literals;
 // 2026-11-27T00:00:00Z
 constexpr int64_t kDay0 = int64_t{1795737600} * 1000000;
 constexpr int64_t kSec = 1000000;
+constexpr int64_t kHour = 3600 * kSec;
 
 class UsageTest : public ::testing::Test {
  protected:
@@ -126,7 +127,7 @@ class UsageTest : public ::testing::Test {
 
   // The golden story: six allocations, two tenants.
   void PublishStory() {
-    const int64_t t = kDay0 + 10 * 3600 * kSec;
+    const int64_t t = kDay0 + 10 * kHour;
     using S = v1::AllocationState;
     // active for 90 s
     Publish(a90_, "acme", S::ALLOCATION_STATE_PROVISIONING, 1, t, v1::CLAIM_PHASE_PROVISIONING);
@@ -200,7 +201,7 @@ TEST_F(UsageTest, AScriptedDayGivesExactlyTheExpectedRecordsAndLines) {
     lines.push_back(at == 0 ? line : line.substr(0, line.rfind(',') + 1) + "\r\n");
   }
   const std::string d0 = "2026-11-27", d1 = "2026-11-28";
-  auto no_events = [](std::string l) { return l.substr(0, l.rfind(',') + 1) + "\r\n"; };
+  auto no_events = [](const std::string& l) { return l.substr(0, l.rfind(',') + 1) + "\r\n"; };
   const std::vector<std::string> want = {
       CsvHeader(),
       no_events(Line(a90_, "acme", "billable", d0, "10:00:10.000000", d0 + "T10:01:40.000000",
@@ -219,7 +220,7 @@ TEST_F(UsageTest, AScriptedDayGivesExactlyTheExpectedRecordsAndLines) {
   ASSERT_EQ(lines.size(), want.size()) << csv;
   for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(lines[i], want[i]) << "line " << i;
   // Each billable record names the events it came from (start, stop).
-  EXPECT_NE(csv.find(";"), std::string::npos);
+  EXPECT_NE(csv.find(';'), std::string::npos);
 
   // Paged, the export is the same bytes.
   EXPECT_EQ(ExportAll(from, to, 2), csv);
