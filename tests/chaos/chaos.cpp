@@ -20,6 +20,10 @@
 //   node_state_diff  at the end every node is active and in slice-vm mode with no mode change
 //                  open, in inventory and in the scheduler's projection; host_op_errors:
 //                  drains, undrains or mode changes never answered or never closed
+//   usage_diff     the usage ledger (killed like every service) bills each allocation the
+//                  GPU-seconds of its active interval in the scheduler's timeline (active to
+//                  the release request or failure), within one event's timing (--usage-slack-ms
+//                  per boundary); none billed twice, none missing, none never active billed
 // and the exposures (ingress: a share of the slices are created with endpoints, each node has a
 // port_range pool, the agents ack exposure documents as `simulate`), checked once with the
 // allocations kept at the end of the churn settled and again after the final release:
@@ -82,6 +86,9 @@ struct Options {
   int workers = 4;
   int fault_gap_ms = 2000;
   int max_outage_s = 10;
+  // How far a usage record's boundary may be from the scheduler's timeline row of that step
+  // (the transaction's start against the row's clock_timestamp(), in milliseconds as announced).
+  int64_t usage_slack_ms = 2000;
   int max_pg_outage_s = 15;
   int min_faults = 0;
   int expose_percent = 50;
@@ -146,6 +153,9 @@ class Campaign {
   void Check();
   // placed_on_draining and node_state_diff (see the header).
   std::pair<int, int> CheckHostOps();
+  // usage_diff (see the header): allocations whose billed GPU-seconds differ from their active
+  // interval in the scheduler's timeline; waits for the ledger to catch up.
+  int CheckUsage();
   // The exposure checks (see the header); `phase` names the moment in the lines they print.
   void CheckExposures(const std::string& phase);
   // An active allocation's endpoints (its read model) against ingress's exposures of it;
@@ -228,6 +238,8 @@ class Campaign {
   std::set<std::string> acknowledged_;  // allocation ids a create answered with
   std::map<std::string, int> failed_by_reason_;
   int failures_ = 0;
+  int usage_records_ = 0;           // billable records the ledger wrote
+  int64_t usage_max_slack_us_ = 0;  // the largest per-allocation difference seen, in GPU-us
   std::string report_;
 };
 
@@ -240,8 +252,8 @@ void Campaign::StartPlatform() {
   nats_ = std::make_unique<testing::TestNats>();
   pg_ = std::make_unique<testing::TestPostgres>(/*fsync=*/true);
   const std::string svc_bin = o_.bin_dir + "/services";
-  const std::vector<std::string> services = {"inventory", "scheduler", "ipam", "ingress",
-                                             "console-gw"};
+  const std::vector<std::string> services = {"inventory", "scheduler",  "ipam",
+                                             "ingress",   "console-gw", "usage"};
   for (const auto& s : services) {
     dsn_[s] = pg_->CreateDatabase(s == "console-gw" ? "console_gw" : s);
     auto env = nats_->Env(s);
@@ -884,7 +896,7 @@ void Campaign::Settle() {
   // Quiet: every outbox published, every consumer caught up.
   WaitFor(
       [&] {
-        for (const auto& s : {"inventory", "scheduler", "ipam", "ingress"}) {
+        for (const auto& s : {"inventory", "scheduler", "ipam", "ingress", "usage"}) {
           pqxx::connection c(Dsn(s));
           pqxx::nontransaction tx(c);
           if (tx.exec1("SELECT count(*) FROM outbox WHERE published_at IS NULL")[0].as<int>() > 0) {
@@ -973,6 +985,69 @@ std::pair<int, int> Campaign::CheckHostOps() {
   return {placed, diff};
 }
 
+int Campaign::CheckUsage() {
+  // Expected: per allocation, GPUs x (first timeline row in state active .. first row after it
+  // in releasing, released or failed), from the scheduler's own database.
+  std::map<std::string, std::pair<int64_t, int64_t>> want;  // id -> {expected GPU-us, gpus}
+  {
+    pqxx::connection db(Dsn("scheduler"));
+    pqxx::nontransaction tx(db);
+    for (const auto& row : tx.exec(
+             "SELECT a.allocation_id::text, a.gpu_count, "
+             "(extract(epoch from s.stop_at - s.active_at) * 1000000)::bigint FROM allocations a "
+             "JOIN LATERAL (SELECT min(at) FILTER (WHERE state = 'active') AS active_at, "
+             "min(at) FILTER (WHERE state IN ('releasing', 'released', 'failed') AND at > "
+             "(SELECT min(at) FROM allocation_timeline x WHERE x.allocation_id = a.allocation_id "
+             "AND x.state = 'active')) AS stop_at FROM allocation_timeline t WHERE "
+             "t.allocation_id = a.allocation_id) s ON true WHERE s.active_at IS NOT NULL")) {
+      const int64_t gpus = row[1].as<int64_t>();
+      want[row[0].as<std::string>()] = {gpus * (row[2].is_null() ? 0 : row[2].as<int64_t>()), gpus};
+    }
+  }
+  const int64_t slack_us = o_.usage_slack_ms * 1000;
+  int diff = 0;
+  std::vector<std::string> lines;
+  // The ledger may still be applying the last events: judge again until it agrees or 60 s.
+  WaitFor(
+      [&] {
+        std::map<std::string, int64_t> got;
+        pqxx::connection db(Dsn("usage"));
+        pqxx::nontransaction tx(db);
+        usage_records_ = 0;
+        for (const auto& row : tx.exec(
+                 "SELECT allocation_id, COALESCE(SUM(units_micro) FILTER (WHERE NOT EXISTS "
+                 "(SELECT 1 FROM usage_records c WHERE c.corrects = r.record_id)), 0), count(*) "
+                 "FROM usage_records r WHERE counts_as = 'billable' GROUP BY allocation_id")) {
+          got[row[0].as<std::string>()] = row[1].as<int64_t>();
+          usage_records_ += row[2].as<int>();
+        }
+        diff = 0;
+        usage_max_slack_us_ = 0;
+        lines.clear();
+        for (const auto& [id, w] : want) {
+          const auto it = got.find(id);
+          const int64_t billed = it == got.end() ? -1 : it->second;
+          const int64_t off = billed < 0 ? w.first : std::abs(billed - w.first);
+          usage_max_slack_us_ = std::max(usage_max_slack_us_, off / std::max<int64_t>(w.second, 1));
+          if (billed < 0 || off > 2 * slack_us * w.second) {
+            diff++;
+            lines.push_back(
+                fmt::format("USAGE {}: billed {} GPU-us, timeline {}", id, billed, w.first));
+          }
+        }
+        for (const auto& [id, billed] : got) {
+          if (!want.count(id)) {
+            diff++;
+            lines.push_back(fmt::format("USAGE {}: billed {} GPU-us, never active", id, billed));
+          }
+        }
+        return diff == 0;
+      },
+      60s, 2s);
+  for (const auto& l : lines) Say(l);
+  return diff;
+}
+
 void Campaign::Check() {
   CheckExposures("final");
   int double_booked = 0;
@@ -1028,7 +1103,7 @@ void Campaign::Check() {
     bool old = false;  // unpublished for more than a minute
   };
   std::vector<OutboxRow> outbox_rows;
-  for (const std::string service : {"inventory", "scheduler", "ipam", "ingress"}) {
+  for (const std::string service : {"inventory", "scheduler", "ipam", "ingress", "usage"}) {
     pqxx::connection db(Dsn(service));
     pqxx::nontransaction tx(db);
     for (const auto& row : tx.exec("SELECT event_id::text, subject, published_at IS NOT NULL, "
@@ -1047,7 +1122,7 @@ void Campaign::Check() {
   const auto scheduler_subjects = StreamEvents("GPUAAS_EVT_SCHEDULER", &scheduler_events);
   for (const std::string stream :
        {"GPUAAS_EVT_INVENTORY", "GPUAAS_EVT_SCHEDULER", "GPUAAS_EVT_IPAM", "GPUAAS_EVT_INGRESS",
-        "GPUAAS_NODE_TASKS", "GPUAAS_EVT_NODE"}) {
+        "GPUAAS_NODE_TASKS", "GPUAAS_EVT_NODE", "GPUAAS_EVT_USAGE"}) {
     std::vector<v1::Event> events;
     if (stream == "GPUAAS_EVT_NODE") {
       events = node_events;
@@ -1194,6 +1269,7 @@ void Campaign::Check() {
     }
   }
   const auto [placed_on_draining, node_state_diff] = CheckHostOps();
+  const int usage_diff = CheckUsage();
   std::string failed;
   for (const auto& [reason, n] : failed_by_reason_) failed += fmt::format(" {}:{}", reason, n);
   report_ = fmt::format(
@@ -1202,17 +1278,23 @@ void Campaign::Check() {
       "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
       "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
       "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={} "
-      "drains={} mode_changes={} placed_on_draining={} node_state_diff={} host_op_errors={}",
+      "drains={} mode_changes={} placed_on_draining={} node_state_diff={} host_op_errors={} "
+      "usage_records={} usage_diff={} usage_max_slack_ms={}",
       faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
       no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
       out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
       exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
       exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), mode_changes_,
-      placed_on_draining, node_state_diff, host_op_errors_.load());
+      placed_on_draining, node_state_diff, host_op_errors_.load(), usage_records_, usage_diff,
+      usage_max_slack_us_ / 1000);
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
               projection_diff + crashed_.load() + create_errors_.load() +
               endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_ +
-              placed_on_draining + node_state_diff + host_op_errors_.load();
+              placed_on_draining + node_state_diff + host_op_errors_.load() + usage_diff;
+  if (usage_records_ == 0) {
+    failures_++;
+    Say("the usage ledger wrote no record");
+  }
   if (drains_.empty()) {
     failures_++;
     Say("no drain was answered during the churn");
@@ -1279,6 +1361,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-pg-outage-s", o.max_pg_outage_s, "Longest PostgreSQL outage")
       ->capture_default_str();
+  app.add_option("--usage-slack-ms", o.usage_slack_ms,
+                 "Allowed distance of a usage boundary from the timeline's row of that step");
   app.add_option("--min-faults", o.min_faults, "Keep injecting faults until this many")
       ->capture_default_str();
   app.add_option("--expose-percent", o.expose_percent,

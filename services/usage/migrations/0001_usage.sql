@@ -48,3 +48,14 @@ CREATE TABLE ledger_clock (
   closed_before_us bigint NOT NULL
 );
 INSERT INTO ledger_clock VALUES (1, 0, 0);
+
+-- Snapshots that arrived ahead of their allocation's next generation (a redelivery overtaken by
+-- later events): kept until the one between is applied, then applied in order and deleted.
+CREATE TABLE pending_snapshots (
+  allocation_id text NOT NULL,
+  generation    bigint NOT NULL,
+  event_id      text NOT NULL,
+  snapshot      bytea NOT NULL,  -- the gpuaas.v1.Allocation
+  received_at   timestamptz NOT NULL DEFAULT now(),
+  PRIMARY KEY (allocation_id, generation)
+);

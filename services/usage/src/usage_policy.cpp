@@ -224,9 +224,14 @@ std::string DayText(int64_t us) {
   return fmt::format("{:04d}-{:02d}-{:02d}", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday);
 }
 
+Order OrderOf(const Meter& m, const Snapshot& s) {
+  if (s.generation <= m.generation) return Order::kSeen;
+  return s.generation == m.generation + 1 ? Order::kNext : Order::kAhead;
+}
+
 std::vector<v1::UsageRecord> Apply(Meter& m, const Snapshot& s) {
   std::vector<v1::UsageRecord> out;
-  if (s.generation <= m.generation) return out;  // a duplicate, a redelivery or older news
+  if (OrderOf(m, s) != Order::kNext) return out;  // seen already, or one is missing before it
   m.generation = s.generation;
   const v1::Allocation& a = s.allocation;
   const int64_t at = Micros(a.updated_at());

@@ -18,6 +18,8 @@ namespace gpuaas::usage {
 namespace {
 
 constexpr const char* kRecordCreated = "gpuaas.v1.evt.usage.record.created";
+// The most text an export page carries (its last line may go past it).
+constexpr size_t kMaxExportBytes = size_t{512} * 1024;
 
 // Writes the records (a replayed one is already there) and announces each new one.
 Result<void> Write(pqxx::work& tx, const Context& c, const std::vector<v1::UsageRecord>& records) {
@@ -201,10 +203,19 @@ Result<v1::ExportUsageResponse> UsageHandlers::Export(const v1::ExportUsageReque
   v1::ExportUsageResponse resp;
   std::string out;
   if (req.page_token().empty()) out = json ? JsonHeader() : CsvHeader();
-  for (const auto& r : page->records) out += json ? JsonLine(r) : CsvLine(r);
+  int32_t n = 0;
+  for (const auto& r : page->records) {
+    // A reply is one NATS message (1 MiB at most): the page ends early rather than not arrive.
+    if (n > 0 && out.size() >= kMaxExportBytes) {
+      resp.set_next_page_token(PageToken(page->records[n - 1]));
+      break;
+    }
+    out += json ? JsonLine(r) : CsvLine(r);
+    ++n;
+  }
+  if (n == static_cast<int32_t>(page->records.size())) resp.set_next_page_token(page->next);
   resp.set_content(std::move(out));
-  resp.set_records(static_cast<int32_t>(page->records.size()));
-  resp.set_next_page_token(page->next);
+  resp.set_records(n);
   return resp;
 }
 
@@ -242,9 +253,28 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
   meter.allocation_id = a.allocation_id();
   if (auto kept = LockMeter(tx, a.allocation_id())) meter = std::move(*kept);
   Snapshot s{ev.id(), ev.generation() > 0 ? ev.generation() : a.generation(), a};
-  std::vector<v1::UsageRecord> records = Apply(meter, s);
+  std::vector<v1::UsageRecord> records;
+  int64_t newest = clock.newest_event_us;
+  switch (OrderOf(meter, s)) {
+    case Order::kSeen:
+      return Ok();  // a duplicate or older news
+    case Order::kAhead:
+      // The one between is still on its way (a redelivery overtaken by later events): this one
+      // waits for it, so a stop is never taken from a later state's time.
+      KeepPending(tx, s);
+      return Ok();
+    case Order::kNext:
+      break;
+  }
+  // This one, then whatever was waiting for it, in generation order.
+  for (std::optional<Snapshot> next = std::move(s); next;
+       next = TakePending(tx, meter.allocation_id, meter.generation + 1)) {
+    auto done = Apply(meter, *next);
+    records.insert(records.end(), done.begin(), done.end());
+    newest = std::max(newest, Micros(next->allocation.updated_at()));
+  }
   // The horizon moves with the scheduler database's times, in stream order.
-  clock.newest_event_us = std::max(clock.newest_event_us, Micros(a.updated_at()));
+  clock.newest_event_us = newest;
   const int64_t horizon = CloseHorizon(clock.newest_event_us, c.cfg.close_lag_s * int64_t{1000000});
   if (horizon > clock.closed_before_us) {
     for (auto& open : LockOpenMeters(tx)) {

@@ -103,6 +103,30 @@ void SaveMeter(pqxx::work& tx, const Meter& m) {
       m.stranded.done, m.stranded.start_event_id, lost_base, Open(m.billable) || Open(m.stranded));
 }
 
+void KeepPending(pqxx::work& tx, const Snapshot& s) {
+  const std::string bytes = Bytes(s.allocation);
+  tx.exec_params(
+      "INSERT INTO pending_snapshots (allocation_id, generation, event_id, snapshot) VALUES ($1, "
+      "$2, $3, $4) ON CONFLICT DO NOTHING",
+      s.allocation.allocation_id(), s.generation, s.event_id,
+      pqxx::binarystring(bytes.data(), bytes.size()));
+}
+
+std::optional<Snapshot> TakePending(pqxx::work& tx, const std::string& allocation_id,
+                                    int64_t generation) {
+  const auto r = tx.exec_params(
+      "DELETE FROM pending_snapshots WHERE allocation_id = $1 AND generation = $2 "
+      "RETURNING event_id, snapshot",
+      allocation_id, generation);
+  if (r.empty()) return std::nullopt;
+  Snapshot s;
+  s.event_id = r[0][0].as<std::string>();
+  s.generation = generation;
+  const pqxx::binarystring raw(r[0][1]);
+  s.allocation.ParseFromArray(raw.data(), static_cast<int>(raw.size()));
+  return s;
+}
+
 bool InsertRecord(pqxx::work& tx, const v1::UsageRecord& r) {
   // A correction counts as the record it corrects (written before it, by this ledger).
   const std::string bytes = Bytes(r);

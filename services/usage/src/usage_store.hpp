@@ -34,6 +34,12 @@ std::optional<Meter> LockMeter(pqxx::work& tx, const std::string& allocation_id)
 std::vector<Meter> LockOpenMeters(pqxx::work& tx);
 void SaveMeter(pqxx::work& tx, const Meter& m);
 
+// A snapshot ahead of its allocation's next generation, kept (a second copy changes nothing);
+// and the one that is next now, taken out (nullopt when it has not arrived).
+void KeepPending(pqxx::work& tx, const Snapshot& s);
+std::optional<Snapshot> TakePending(pqxx::work& tx, const std::string& allocation_id,
+                                    int64_t generation);
+
 // Appends the record; false when its id exists already (a replayed event).
 bool InsertRecord(pqxx::work& tx, const v1::UsageRecord& r);
 

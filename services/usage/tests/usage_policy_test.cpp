@@ -189,6 +189,11 @@ TEST(UsagePolicyTest, ADuplicateOrOlderSnapshotCountsNothing) {
   EXPECT_TRUE(Apply(s.meter(), Snapshot{"ev-2", 2, stop}).empty()) << "redelivered";
   stop.set_generation(1);
   EXPECT_TRUE(Apply(s.meter(), Snapshot{"ev-1", 1, stop}).empty()) << "older";
+  EXPECT_EQ(OrderOf(s.meter(), Snapshot{"ev-1", 1, stop}), Order::kSeen);
+  EXPECT_EQ(OrderOf(s.meter(), Snapshot{"ev-3", 3, stop}), Order::kNext);
+  EXPECT_EQ(OrderOf(s.meter(), Snapshot{"ev-4", 4, stop}), Order::kAhead);
+  EXPECT_TRUE(Apply(s.meter(), Snapshot{"ev-4", 4, stop}).empty()) << "ahead: applied later";
+  EXPECT_EQ(s.meter().generation, 2);
 }
 
 TEST(UsagePolicyTest, ExportLinesHaveAStableColumnOrder) {

@@ -35,9 +35,10 @@ class UsageTest : public ::testing::Test {
   void SetUp() override { Start(); }
   void Start() {
     if (dsn_.empty()) dsn_ = testing::SharedPostgres().CreateDatabase("usage");
-    std::map<std::string, std::string> env = {{"GPUAAS_NATS_URL", nats_.url()},
-                                              {"GPUAAS_POSTGRES_DSN", dsn_},
-                                              {"GPUAAS_LOG_LEVEL", "error"}};
+    std::map<std::string, std::string> env = {
+        {"GPUAAS_NATS_URL", nats_.url()},
+        {"GPUAAS_POSTGRES_DSN", dsn_},
+        {"GPUAAS_LOG_LEVEL", std::getenv("USAGE_TEST_LOG") ? "debug" : "error"}};
     for (const auto& [k, v] : nats_.Env("usage")) env[k] = v;
     svc_ = std::make_unique<UsageService>(LoadConfig<UsageConfig>(env));
     auto r = svc_->Start();
@@ -238,6 +239,22 @@ TEST_F(UsageTest, AScriptedDayGivesExactlyTheExpectedRecordsAndLines) {
   EXPECT_EQ(sum->totals(1).tenant(), "globex");
   EXPECT_EQ(sum->totals(1).billable_units_micro(), 150 * kSec);
   EXPECT_EQ(sum->applied_through().seconds(), (kDay0 + kDayUs + 60 * kSec) / kSec);
+}
+
+// The chaos campaign's finding: the release request's event came back (redelivered) after the
+// allocation's later events. The later ones are kept until it is applied: the stop is the
+// release request's time, not the release's.
+TEST_F(UsageTest, AnEventOvertakenByLaterOnesIsWaitedFor) {
+  const int64_t t = kDay0 + 10 * kHour;
+  using S = v1::AllocationState;
+  Publish(a90_, "acme", S::ALLOCATION_STATE_ACTIVE, 1, t, v1::CLAIM_PHASE_ACTIVE);
+  Publish(a90_, "acme", S::ALLOCATION_STATE_RELEASED, 3, t + 600 * kSec, v1::CLAIM_PHASE_RELEASED);
+  Publish(a90_, "acme", S::ALLOCATION_STATE_RELEASING, 2, t + 90 * kSec, v1::CLAIM_PHASE_RELEASING,
+          "tenant");
+  ASSERT_TRUE(testing::WaitFor([&] { return Records(kDay0, kDay0 + kDayUs) == 1; }, 20s));
+  const std::string csv = ExportAll(kDay0, kDay0 + kDayUs, 0);
+  EXPECT_NE(csv.find(",90.000000,gpu_second,90.000000,release_requested,"), std::string::npos)
+      << csv;
 }
 
 TEST_F(UsageTest, ATenantSeesOnlyItsOwnAndBadRequestsAreStructured) {

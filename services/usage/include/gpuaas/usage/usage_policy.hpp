@@ -47,9 +47,17 @@ google::protobuf::Timestamp Stamp(int64_t us);
 int64_t DayStart(int64_t us);
 std::string DayText(int64_t us);
 
-// Applies one snapshot: nothing for an older or equal generation (a duplicate or a redelivery);
-// otherwise the records it completes (billable pieces up to a stop; stranded pieces when the
-// claims are freed; corrections when the stop lies before days already closed).
+// Where a snapshot stands against the meter. The scheduler announces every generation of an
+// allocation, from 1, one event each: a snapshot more than one ahead means the one between is
+// still on its way (a redelivery overtaken by later events) and must be applied first, or a
+// stop would be taken from a later state's time (the ledger keeps it until then).
+enum class Order { kNext, kSeen, kAhead };
+Order OrderOf(const Meter& m, const Snapshot& s);
+
+// Applies one snapshot: nothing for an older or equal generation (a duplicate or a redelivery)
+// or one ahead of the next (kAhead: the caller keeps it for later); otherwise the records it
+// completes (billable pieces up to a stop; stranded pieces when the claims are freed; corrections
+// when the stop lies before days already closed).
 std::vector<v1::UsageRecord> Apply(Meter& m, const Snapshot& s);
 
 // Closes the whole UTC days before `close_before_us` (a midnight) of the open intervals: a
