@@ -412,17 +412,29 @@ void TestPostgres::Start() {
       argv.push_back(o);
     }
   }
-  proc_.Spawn(argv, dir_ + "/postgres.log", {}, geteuid() == 0 ? "postgres" : "");
-  bool up = WaitFor(
-      [&] {
-        try {
-          pqxx::connection c(Dsn("postgres"));
-          return true;
-        } catch (...) {
-          return false;
-        }
-      },
-      std::chrono::seconds(30), std::chrono::milliseconds(50));
+  // Right after a kill -9, a backend of the old postmaster may not have exited yet: the new one
+  // refuses to start ("pre-existing shared memory block is still in use") and exits. It is
+  // started again until it stays up, within 30 s.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  bool up = false;
+  while (!up && std::chrono::steady_clock::now() < deadline) {
+    proc_.Spawn(argv, dir_ + "/postgres.log", {}, geteuid() == 0 ? "postgres" : "");
+    bool exited = false;
+    WaitFor(
+        [&] {
+          if (!proc_.Running()) return exited = true;
+          try {
+            pqxx::connection c(Dsn("postgres"));
+            return up = true;
+          } catch (...) {
+            return false;
+          }
+        },
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                              std::chrono::steady_clock::now()),
+        std::chrono::milliseconds(50));
+    if (exited) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
   if (!up) throw std::runtime_error("postgres did not start; see " + dir_ + "/postgres.log");
 }
 
