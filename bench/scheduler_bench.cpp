@@ -421,31 +421,8 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
               std::chrono::duration<double>(Clock::now() - t_pub).count());
 
   // Raw: an ephemeral pull consumer over the slot events, batches of 1,000, no acks.
-  double raw_per_s = 0;
-  {
-    jsSubOptions so;
-    jsSubOptions_Init(&so);
-    so.Config.AckPolicy = js_AckNone;
-    so.Config.DeliverPolicy = js_DeliverAll;
-    natsSubscription* sub = nullptr;
-    jsErrCode jerr{};
-    if (js_PullSubscribe(&sub, js, "gpuaas.v1.evt.inventory.slot.>", nullptr, nullptr, &so,
-                         &jerr) != NATS_OK) {
-      std::fprintf(stderr, "p8: pull subscribe failed (%d)\n", static_cast<int>(jerr));
-      return 1;
-    }
-    int64_t got = 0;
-    const auto t = Clock::now();
-    while (got < slots) {
-      natsMsgList list{};
-      if (natsSubscription_Fetch(&list, sub, 1000, 5000, &jerr) != NATS_OK) break;
-      got += list.Count;
-      natsMsgList_Destroy(&list);
-    }
-    raw_per_s = static_cast<double>(got) / std::chrono::duration<double>(Clock::now() - t).count();
-    natsSubscription_Unsubscribe(sub);
-    natsSubscription_Destroy(sub);
-  }
+  const double raw_per_s = bench::RawPullPerSecond(js, "gpuaas.v1.evt.inventory.slot.>", slots);
+  if (raw_per_s == 0) return 1;
 
   // What the server alone costs a consumer like the scheduler's: a durable pull consumer with
   // explicit acks over the same slot events, fetched as the service fetches (messaging::Puller,

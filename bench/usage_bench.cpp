@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/messaging.hpp"
 #include "gpuaas/common/outbox.hpp"
@@ -109,36 +110,13 @@ int64_t PublishAllocations(messaging::Connection& conn, int allocations) {
   return js_PublishAsyncComplete(js, &done) == NATS_OK ? n : -1;
 }
 
-double RawConsume(messaging::Connection& conn, int64_t events) {
-  jsSubOptions so;
-  jsSubOptions_Init(&so);
-  so.Config.AckPolicy = js_AckNone;
-  so.Config.DeliverPolicy = js_DeliverAll;
-  natsSubscription* sub = nullptr;
-  jsErrCode jerr{};
-  if (js_PullSubscribe(&sub, conn.js(), "gpuaas.v1.evt.scheduler.allocation.>", nullptr, nullptr,
-                       &so, &jerr) != NATS_OK) {
-    return 0;
-  }
-  int64_t got = 0;
-  const auto t = Clock::now();
-  while (got < events) {
-    natsMsgList list{};
-    if (natsSubscription_Fetch(&list, sub, 1000, 5000, &jerr) != NATS_OK) break;
-    got += list.Count;
-    natsMsgList_Destroy(&list);
-  }
-  const double per_s = static_cast<double>(got) / Seconds(t);
-  natsSubscription_Unsubscribe(sub);
-  natsSubscription_Destroy(sub);
-  return per_s;
-}
-
 int RunRebuild(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connection& conn,
                int allocations) {
   const int64_t events = PublishAllocations(conn, allocations);
   if (events < 0) return 1;
-  const double raw_per_s = RawConsume(conn, events);
+  const double raw_per_s =
+      bench::RawPullPerSecond(conn.js(), "gpuaas.v1.evt.scheduler.allocation.>", events);
+  if (raw_per_s == 0) return 1;
   const std::string dsn = pg.CreateDatabase("p9");
   const auto t = Clock::now();
   auto svc = StartLedger(nats, dsn);
