@@ -110,9 +110,9 @@ Result<void> ApplyInventoryNodeEvent(pqxx::work& tx, const v1::Event& ev, const 
   const v1::CapacityProfile mode =
       n.mode_target() != v1::CAPACITY_PROFILE_UNSPECIFIED ? n.mode_target() : n.capacity_profile();
   const bool removed = mode == v1::CAPACITY_PROFILE_BAREMETAL;
-  UpsertInventoryNode(tx, n.node_id(), generation, removed);
-  // The node's network follows its mode: a new version only when that changed it (none for a
+  // The node's network follows its mode: a new document version when that changed (none for a
   // node ipam never reserved on).
+  if (!UpsertInventoryNode(tx, n.node_id(), generation, removed)) return Ok();
   if (auto d = UpdateDocument(tx, n.node_id(), cfg); !d.ok()) return d.error();
   return Ok();
 }

@@ -572,16 +572,22 @@ std::vector<std::string> ListNodesOfAllocation(pqxx::work& tx, const std::string
   return out;
 }
 
-void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation,
+bool UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation,
                          bool slice_network_removed) {
+  const auto r = tx.exec_params(
+      "SELECT generation, slice_network_removed FROM inventory_nodes WHERE node_id = $1 FOR UPDATE",
+      node_id);
+  const bool was = !r.empty() && r[0][1].as<bool>();
   // An older generation (a redelivery) moves nothing back.
+  const bool newer = r.empty() || generation >= r[0][0].as<int64_t>();
+  const bool now = newer ? slice_network_removed : was;
   tx.exec_params(
-      "INSERT INTO inventory_nodes AS n (node_id, generation, slice_network_removed) "
-      "VALUES ($1, $2, $3) ON CONFLICT (node_id) DO UPDATE SET "
-      "slice_network_removed = CASE WHEN EXCLUDED.generation >= n.generation "
-      "THEN EXCLUDED.slice_network_removed ELSE n.slice_network_removed END, "
-      "generation = GREATEST(n.generation, EXCLUDED.generation), updated_at = now()",
-      node_id, generation, slice_network_removed);
+      "INSERT INTO inventory_nodes (node_id, generation, slice_network_removed) VALUES ($1, $2, "
+      "$3) ON CONFLICT (node_id) DO UPDATE SET generation = GREATEST(inventory_nodes.generation, "
+      "EXCLUDED.generation), slice_network_removed = EXCLUDED.slice_network_removed, "
+      "updated_at = now()",
+      node_id, generation, now);
+  return now != was;
 }
 
 bool SliceNetworkRemoved(pqxx::work& tx, const std::string& node_id) {

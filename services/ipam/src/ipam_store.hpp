@@ -193,8 +193,8 @@ std::vector<std::string> ListNodesOfAllocation(pqxx::work& tx, const std::string
 // ---- Projection of inventory ----
 
 // Records the node and whether its slice network is removed (generation only moves forward;
-// an older event changes nothing).
-void UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation,
+// an older event changes nothing); true when that flag changed. Locks the node's row.
+bool UpsertInventoryNode(pqxx::work& tx, const std::string& node_id, int64_t generation,
                          bool slice_network_removed);
 // Whether the node's latest event has it in bare-metal mode or on its way there.
 bool SliceNetworkRemoved(pqxx::work& tx, const std::string& node_id);

@@ -277,14 +277,14 @@ Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Con
   clock.newest_event_us = newest;
   const int64_t horizon = CloseHorizon(clock.newest_event_us, c.cfg.close_lag_s * int64_t{1000000});
   if (horizon > clock.closed_before_us) {
-    for (auto& open : LockOpenMeters(tx)) {
-      Meter& m = open.allocation_id == meter.allocation_id ? meter : open;
-      auto closed = CloseDays(m, horizon);
-      records.insert(records.end(), closed.begin(), closed.end());
-      if (&m == &open) SaveMeter(tx, m);
-    }
-    auto closed = CloseDays(meter, horizon);  // a meter this event opened
+    auto closed = CloseDays(meter, horizon);
     records.insert(records.end(), closed.begin(), closed.end());
+    for (auto& other : LockOpenMeters(tx)) {
+      if (other.allocation_id == meter.allocation_id) continue;  // the one in hand, just closed
+      auto more = CloseDays(other, horizon);
+      records.insert(records.end(), more.begin(), more.end());
+      SaveMeter(tx, other);
+    }
     clock.closed_before_us = horizon;
   }
   SaveMeter(tx, meter);
