@@ -80,9 +80,19 @@ class HostOpsFlowTest : public ::testing::Test {
     p_.StartApprovedAgent(node, pool, 2, {{"GPUAAS_NODE_HOST_ROOT", root}});
     v1::ShowNodeRequest show;
     show.set_node_id(node);
-    auto shown = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
-    EXPECT_TRUE(shown.ok());
-    if (shown.ok()) slots->assign(shown->slots().begin(), shown->slots().end());
+    // Schedulable comes before the agent applies the approval's desired set, and applying it
+    // binds the devices: a test that changes the host waits until the agent has acked it.
+    v1::ShowNodeResponse shown;
+    EXPECT_TRUE(testing::WaitFor(
+        [&] {
+          auto s = Call<v1::ShowNodeResponse>("gpuaas.v1.inventory.node.show", show);
+          if (!s.ok()) return false;
+          shown = *s;
+          return shown.desired_version() > 0 && shown.applied_version() == shown.desired_version();
+        },
+        20s))
+        << node << " never applied its desired slot set";
+    slots->assign(shown.slots().begin(), shown.slots().end());
     return node_agent::HostRoot(root);
   }
   // Once `node` has `slots` schedulable slots, a slice of `gpus` lands on it.
