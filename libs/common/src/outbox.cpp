@@ -74,7 +74,9 @@ std::string DefaultType(const std::string& nats_subject) {
 
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec) { return Append(tx, spec, ""); }
 
-Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id) {
+namespace {
+
+Result<void> CheckSubject(const EventSpec& spec) {
   if (spec.nats_subject.rfind("gpuaas.v1.evt.", 0) != 0 &&
       spec.nats_subject.rfind("gpuaas.v1.node.", 0) != 0) {
     return Error::Internal(reason::kBadEventSubject,
@@ -82,6 +84,13 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::str
                            "(gpuaas.v1.node.>), not " +
                                spec.nats_subject);
   }
+  return Ok();
+}
+
+}  // namespace
+
+Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id) {
+  if (auto ok = CheckSubject(spec); !ok.ok()) return ok.error();
   const v1::Event ev = MakeEvent(spec);
   const std::string payload = ev.SerializeAsString();
   pqxx::binarystring blob(payload.data(), payload.size());
@@ -94,6 +103,31 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::str
   // Delivered at commit; several NOTIFYs in one transaction fold into one.
   tx.exec0(fmt::format("NOTIFY {}", kNotifyChannel));
   return ev.id();
+}
+
+Result<std::vector<std::string>> AppendMany(pqxx::work& tx, const std::vector<EventSpec>& specs) {
+  std::vector<std::string> ids;
+  if (specs.empty()) return ids;
+  std::vector<std::string> subjects;
+  std::vector<std::string> payloads;
+  std::vector<std::string> traceparents;
+  for (const auto& spec : specs) {
+    if (auto ok = CheckSubject(spec); !ok.ok()) return ok.error();
+    const v1::Event ev = MakeEvent(spec);
+    ids.push_back(ev.id());
+    subjects.push_back(spec.nats_subject);
+    payloads.push_back(ev.SerializeAsString());
+    traceparents.push_back(spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent);
+  }
+  // WITH ORDINALITY: the rows get their seq in the order given.
+  tx.exec_params(
+      "INSERT INTO outbox (event_id, subject, payload, traceparent) SELECT e::uuid, s, p, t "
+      "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY "
+      "AS x(e, s, p, t, n) ORDER BY n",
+      store::TextArrayLiteral(ids), store::TextArrayLiteral(subjects),
+      store::ByteaArrayLiteral(payloads), store::TextArrayLiteral(traceparents));
+  tx.exec0(fmt::format("NOTIFY {}", kNotifyChannel));
+  return ids;
 }
 
 struct Relay::Metrics {

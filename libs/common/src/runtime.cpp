@@ -292,6 +292,21 @@ Result<messaging::Consumer*> Service::StartProjection(
   return StartConsumer(spec, std::move(one), std::move(batch));
 }
 
+Result<messaging::Consumer*> Service::StartBatchProjection(
+    const std::string& stream, const std::string& durable, const std::string& filter,
+    inbox::ApplyFn apply, inbox::BatchApplyFn apply_many, int batch) {
+  messaging::ConsumerSpec spec;
+  spec.stream = stream;
+  spec.durable = durable;
+  spec.filter_subject = filter;
+  spec.batch = batch;
+  spec.prefetch = true;
+  auto one = inbox::ProjectionHandler(pool_, durable, apply, log_);
+  auto many =
+      inbox::ProjectionBatchHandler(pool_, durable, std::move(apply), std::move(apply_many), log_);
+  return StartConsumer(spec, std::move(one), std::move(many));
+}
+
 void Service::AddReadinessCheck(std::string name, std::function<Result<void>()> check) {
   checks_.emplace_back(std::move(name), std::move(check));
 }

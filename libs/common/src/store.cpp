@@ -228,6 +228,25 @@ std::string TextArrayLiteral(const std::vector<std::string>& items) {
   return out + "}";
 }
 
+std::string ByteaArrayLiteral(const std::vector<std::string>& items) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  size_t size = 2;
+  for (const auto& item : items) size += 2 * item.size() + 6;
+  std::string out;
+  out.reserve(size);
+  out += '{';
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ',';
+    out += "\"\\\\x";  // "\\x: an escaped backslash, then the hex digits
+    for (unsigned char ch : items[i]) {
+      out += kHex[ch >> 4];
+      out += kHex[ch & 15];
+    }
+    out += '"';
+  }
+  return out + "}";
+}
+
 std::vector<std::string> TextArray(const pqxx::field& field) {
   std::vector<std::string> out;
   auto parser = field.as_array();

@@ -327,6 +327,56 @@ TEST_F(OutboxTest, EventsCommittedWhileRelayIsDownArriveOnceInOrder) {
   relay.Stop();
 }
 
+// AppendMany: one statement for a batch's events; they are published in the order given, each
+// with its binary payload intact (quotes, backslashes, braces and NUL bytes included).
+TEST_F(OutboxTest, EventsAppendedTogetherArriveInTheGivenOrderWithTheirBytes) {
+  // Valid UTF-8 (a string field), with every ASCII byte; the serialized events carry the rest
+  // (tags, lengths, the ids' bytes).
+  std::string bytes;
+  for (int b = 0; b < 128; ++b) bytes += static_cast<char>(b);
+  bytes += "\"\\{},é中";
+  std::vector<v1::NodeSnapshot> data(5);
+  std::vector<outbox::EventSpec> specs;
+  for (int i = 0; i < 5; ++i) {
+    data[i].mutable_node()->set_node_id("n" + std::to_string(i));
+    data[i].mutable_node()->set_hostname(bytes.substr(0, size_t{50} * (i + 1)));
+    specs.push_back(
+        {"gpuaas.v1.evt.test.node.registered", "", "test/t1", "n", i, "", "", &data[i]});
+  }
+  std::vector<std::string> ids;
+  auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+    auto many = outbox::AppendMany(tx, specs);
+    if (!many.ok()) return many.error();
+    ids = *many;
+    return Ok();
+  });
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(ids.size(), 5U);
+  outbox::Relay relay(dsn_, conn_, log_, nullptr);
+  relay.Start();
+  ASSERT_TRUE(testing::WaitFor([&] { return Unpublished() == 0; }));
+  const auto published = testing::ReadStream(*conn_, "TEST_OUT");
+  ASSERT_EQ(published.size(), 5U);
+  for (size_t i = 0; i < published.size(); ++i) {
+    const v1::Event& ev = published[i].event;
+    EXPECT_EQ(ev.id(), ids[i]);
+    EXPECT_EQ(ev.generation(), static_cast<int64_t>(i));
+    v1::NodeSnapshot got;
+    ASSERT_TRUE(ev.data().UnpackTo(&got));
+    EXPECT_EQ(got.node().hostname(), data[i].node().hostname()) << i;
+  }
+  relay.Stop();
+  // A subject outside the outbox's: nothing written.
+  specs[2].nats_subject = "gpuaas.v1.test.other";
+  auto bad = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+    auto many = outbox::AppendMany(tx, specs);
+    if (!many.ok()) return many.error();
+    return Ok();
+  });
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().reason, "bad_event_subject");
+}
+
 TEST_F(OutboxTest, CrashBetweenPublishAndMarkStillDeliversExactlyOnce) {
   Append(1);
   {

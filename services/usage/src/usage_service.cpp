@@ -17,23 +17,8 @@ namespace gpuaas::usage {
 
 namespace {
 
-constexpr const char* kRecordCreated = "gpuaas.v1.evt.usage.record.created";
 // The most text an export page carries (its last line may go past it).
 constexpr size_t kMaxExportBytes = size_t{512} * 1024;
-
-// Writes the records (a replayed one is already there) and announces each new one.
-Result<void> Write(pqxx::work& tx, const Context& c, const std::vector<v1::UsageRecord>& records) {
-  for (const auto& r : records) {
-    if (!InsertRecord(tx, r)) continue;
-    v1::UsageRecordCreated data;
-    *data.mutable_record() = r;
-    auto ev = outbox::Append(
-        tx, {kRecordCreated, "", c.source, r.record_id(), 1, r.allocation_id(), "", &data});
-    if (!ev.ok()) return ev.error();
-    if (c.metrics != nullptr) c.metrics->Recorded(r);
-  }
-  return Ok();
-}
 
 // ---- requests ----
 
@@ -92,8 +77,11 @@ std::optional<std::string> HexDecode(const std::string& s) {
 }
 
 // A page token is the last record's key, hex-encoded (day, tenant, allocation, record id).
-std::string PageToken(const v1::UsageRecord& r) {
-  return HexEncode(r.day() + '\n' + r.tenant() + '\n' + r.allocation_id() + '\n' + r.record_id());
+PageKey KeyOf(const v1::UsageRecord& r) {
+  return {r.day(), r.tenant(), r.allocation_id(), r.record_id()};
+}
+std::string PageToken(const PageKey& k) {
+  return HexEncode(k.day + '\n' + k.tenant + '\n' + k.allocation_id + '\n' + k.record_id);
 }
 
 Result<PageKey> ParsePageToken(const std::string& token) {
@@ -140,11 +128,36 @@ Result<Page> ReadPage(store::Pool& pool, const Period& p, const std::string& tok
         page.records = ListRecords(tx, p, *after, size + 1);
         if (static_cast<int>(page.records.size()) > size) {
           page.records.pop_back();
-          page.next = PageToken(page.records.back());
+          page.next = PageToken(KeyOf(page.records.back()));
         }
         return page;
       },
       store::ReadSnapshot());
+}
+
+// Up to `size` records of the period after `after` as export lines appended to `out`, read in
+// chunks of what the page can still carry: a reply is one NATS message (1 MiB at most), so the
+// page ends at kMaxExportBytes rather than not arrive. Returns the lines written; `next` is the
+// token of the next page ("" after the last record).
+int32_t ExportLines(pqxx::work& tx, const Period& p, PageKey after, int size, bool json,
+                    std::string& out, std::string& next) {
+  constexpr int kChunk = 1000;
+  int32_t n = 0;
+  while (true) {
+    // One more than the page takes: it says whether a next page exists.
+    const int want = std::min(kChunk, size - n + 1);
+    const auto rows = ListRecords(tx, p, after, want);
+    for (const auto& r : rows) {
+      if (n == size || (n > 0 && out.size() >= kMaxExportBytes)) {
+        next = PageToken(after);
+        return n;
+      }
+      out += json ? JsonLine(r) : CsvLine(r);
+      ++n;
+      after = KeyOf(r);
+    }
+    if (static_cast<int>(rows.size()) < want) return n;
+  }
 }
 
 // usage's request handlers, one per subject of RegisterRoutes.
@@ -198,25 +211,20 @@ Result<v1::ExportUsageResponse> UsageHandlers::Export(const v1::ExportUsageReque
   if (!period.ok()) return period.error();
   auto size = PageSize(req.page_size(), 5000, 10000);
   if (!size.ok()) return size.error();
-  auto page = ReadPage(*pool_, *period, req.page_token(), *size);
-  if (!page.ok()) return page.error();
-  v1::ExportUsageResponse resp;
-  std::string out;
-  if (req.page_token().empty()) out = json ? JsonHeader() : CsvHeader();
-  int32_t n = 0;
-  for (const auto& r : page->records) {
-    // A reply is one NATS message (1 MiB at most): the page ends early rather than not arrive.
-    if (n > 0 && out.size() >= kMaxExportBytes) {
-      resp.set_next_page_token(PageToken(page->records[n - 1]));
-      break;
-    }
-    out += json ? JsonLine(r) : CsvLine(r);
-    ++n;
-  }
-  if (n == static_cast<int32_t>(page->records.size())) resp.set_next_page_token(page->next);
-  resp.set_content(std::move(out));
-  resp.set_records(n);
-  return resp;
+  auto after = ParsePageToken(req.page_token());
+  if (!after.ok()) return after.error();
+  return store::WithTx(
+      *pool_,
+      [&](pqxx::work& tx) -> Result<v1::ExportUsageResponse> {
+        v1::ExportUsageResponse resp;
+        std::string out;
+        if (req.page_token().empty()) out = json ? JsonHeader() : CsvHeader();
+        resp.set_records(
+            ExportLines(tx, *period, *after, *size, json, out, *resp.mutable_next_page_token()));
+        resp.set_content(std::move(out));
+        return resp;
+      },
+      store::ReadSnapshot());
 }
 
 Result<v1::UsageSummaryResponse> UsageHandlers::Summary(const v1::UsageSummaryRequest& req,
@@ -240,57 +248,6 @@ Result<v1::UsageSummaryResponse> UsageHandlers::Summary(const v1::UsageSummaryRe
 }
 
 }  // namespace
-
-Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Context& c) {
-  v1::AllocationSnapshot snap;
-  if (!ev.data().UnpackTo(&snap) || !ids::IsUuid(snap.allocation().allocation_id())) {
-    return Error::InvalidArgument(reason::kMalformedEvent,
-                                  "event data is not a gpuaas.v1.AllocationSnapshot with an id");
-  }
-  const v1::Allocation& a = snap.allocation();
-  Clock clock = LockClock(tx);
-  Meter meter;
-  meter.allocation_id = a.allocation_id();
-  if (auto kept = LockMeter(tx, a.allocation_id())) meter = std::move(*kept);
-  Snapshot s{ev.id(), ev.generation() > 0 ? ev.generation() : a.generation(), a};
-  std::vector<v1::UsageRecord> records;
-  int64_t newest = clock.newest_event_us;
-  switch (OrderOf(meter, s)) {
-    case Order::kSeen:
-      return Ok();  // a duplicate or older news
-    case Order::kAhead:
-      // The one between is still on its way (a redelivery overtaken by later events): this one
-      // waits for it, so a stop is never taken from a later state's time.
-      KeepPending(tx, s);
-      return Ok();
-    case Order::kNext:
-      break;
-  }
-  // This one, then whatever was waiting for it, in generation order.
-  for (std::optional<Snapshot> next = std::move(s); next;
-       next = TakePending(tx, meter.allocation_id, meter.generation + 1)) {
-    auto done = Apply(meter, *next);
-    records.insert(records.end(), done.begin(), done.end());
-    newest = std::max(newest, Micros(next->allocation.updated_at()));
-  }
-  // The horizon moves with the scheduler database's times, in stream order.
-  clock.newest_event_us = newest;
-  const int64_t horizon = CloseHorizon(clock.newest_event_us, c.cfg.close_lag_s * int64_t{1000000});
-  if (horizon > clock.closed_before_us) {
-    auto closed = CloseDays(meter, horizon);
-    records.insert(records.end(), closed.begin(), closed.end());
-    for (auto& other : LockOpenMeters(tx)) {
-      if (other.allocation_id == meter.allocation_id) continue;  // the one in hand, just closed
-      auto more = CloseDays(other, horizon);
-      records.insert(records.end(), more.begin(), more.end());
-      SaveMeter(tx, other);
-    }
-    clock.closed_before_us = horizon;
-  }
-  SaveMeter(tx, meter);
-  SaveClock(tx, clock);
-  return Write(tx, c, records);
-}
 
 void UsageConfig::Register(config::Schema& s) {
   common.Register(s, true);
@@ -328,10 +285,14 @@ Result<void> UsageService::Start() {
     if (!gone.ok()) return gone.error();
     svc_.log().Info("empty ledger: consuming the scheduler's allocation events from the start");
   }
-  auto consumer = svc_.StartProjection(
+  auto consumer = svc_.StartBatchProjection(
       messaging::SchedulerEventsStream().name, kAllocationConsumer,
       "gpuaas.v1.evt.scheduler.allocation.>",
-      [ctx](pqxx::work& tx, const v1::Event& ev) { return ApplyAllocationEvent(tx, ev, *ctx); });
+      [ctx](pqxx::work& tx, const v1::Event& ev) { return ApplyAllocationEvent(tx, ev, *ctx); },
+      [ctx](pqxx::work& tx, const std::vector<const v1::Event*>& events) {
+        return ApplyAllocationEvents(tx, events, *ctx);
+      },
+      kAllocationBatch);
   if (!consumer.ok()) return consumer.error();
   messaging::Consumer* c = *consumer;
   lag_ = StartLedgerLag([c] { return c->Backlog(); }, svc_.metrics(), svc_.log(),

@@ -1,6 +1,7 @@
 #include "usage_store.hpp"
 
 #include "gpuaas/common/enums.hpp"
+#include "gpuaas/common/store.hpp"
 
 namespace gpuaas::usage {
 
@@ -64,12 +65,17 @@ void SaveClock(pqxx::work& tx, const Clock& c) {
                  c.newest_event_us, c.closed_before_us);
 }
 
-std::optional<Meter> LockMeter(pqxx::work& tx, const std::string& allocation_id) {
-  const auto r = tx.exec_params(
-      std::string("SELECT ") + kMeterColumns + " FROM meters WHERE allocation_id = $1 FOR UPDATE",
-      allocation_id);
-  if (r.empty()) return std::nullopt;
-  return ReadMeter(r[0]);
+std::map<std::string, Meter> LockMeters(pqxx::work& tx, const std::vector<std::string>& ids) {
+  std::map<std::string, Meter> out;
+  if (ids.empty()) return out;
+  for (const auto& row : tx.exec_params(std::string("SELECT ") + kMeterColumns +
+                                            " FROM meters WHERE allocation_id = ANY($1::text[]) "
+                                            "ORDER BY allocation_id FOR UPDATE",
+                                        store::TextArrayLiteral(ids))) {
+    Meter m = ReadMeter(row);
+    out.emplace(m.allocation_id, std::move(m));
+  }
+  return out;
 }
 
 std::vector<Meter> LockOpenMeters(pqxx::work& tx) {
@@ -81,16 +87,31 @@ std::vector<Meter> LockOpenMeters(pqxx::work& tx) {
   return out;
 }
 
-void SaveMeter(pqxx::work& tx, const Meter& m) {
-  // An interval not started has no snapshot: empty bytes.
-  const std::string bill = m.billable.since_us == 0 ? "" : Bytes(m.billable.base);
-  const std::string lost = m.stranded.since_us == 0 ? "" : Bytes(m.stranded.base);
-  const pqxx::binarystring bill_base(bill.data(), bill.size());
-  const pqxx::binarystring lost_base(lost.data(), lost.size());
+void SaveMeters(pqxx::work& tx, const std::vector<const Meter*>& meters) {
+  if (meters.empty()) return;
+  // Column by column, as arrays; an interval not started has no snapshot: empty bytes.
+  std::vector<std::vector<std::string>> col(13);
+  auto flag = [](bool b) { return std::string(b ? "t" : "f"); };
+  for (const Meter* m : meters) {
+    const Interval* ivs[] = {&m->billable, &m->stranded};
+    col[0].push_back(m->allocation_id);
+    col[1].push_back(std::to_string(m->generation));
+    for (int i = 0; i < 2; ++i) {
+      const Interval& iv = *ivs[i];
+      col[2 + 5 * i].push_back(std::to_string(iv.since_us));
+      col[3 + 5 * i].push_back(std::to_string(iv.until_us));
+      col[4 + 5 * i].push_back(flag(iv.done));
+      col[5 + 5 * i].push_back(iv.start_event_id);
+      col[6 + 5 * i].push_back(iv.since_us == 0 ? "" : Bytes(iv.base));
+    }
+    col[12].push_back(flag(Open(m->billable) || Open(m->stranded)));
+  }
   tx.exec_params(
       "INSERT INTO meters (allocation_id, generation, bill_since_us, bill_until_us, bill_done, "
       "bill_start_event, bill_base, lost_since_us, lost_until_us, lost_done, lost_start_event, "
-      "lost_base, open) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
+      "lost_base, open) SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], "
+      "$4::bigint[], $5::boolean[], $6::text[], $7::bytea[], $8::bigint[], $9::bigint[], "
+      "$10::boolean[], $11::text[], $12::bytea[], $13::boolean[]) "
       "ON CONFLICT (allocation_id) DO UPDATE SET generation = EXCLUDED.generation, "
       "bill_since_us = EXCLUDED.bill_since_us, bill_until_us = EXCLUDED.bill_until_us, "
       "bill_done = EXCLUDED.bill_done, bill_start_event = EXCLUDED.bill_start_event, "
@@ -98,9 +119,30 @@ void SaveMeter(pqxx::work& tx, const Meter& m) {
       "lost_until_us = EXCLUDED.lost_until_us, lost_done = EXCLUDED.lost_done, "
       "lost_start_event = EXCLUDED.lost_start_event, lost_base = EXCLUDED.lost_base, "
       "open = EXCLUDED.open",
-      m.allocation_id, m.generation, m.billable.since_us, m.billable.until_us, m.billable.done,
-      m.billable.start_event_id, bill_base, m.stranded.since_us, m.stranded.until_us,
-      m.stranded.done, m.stranded.start_event_id, lost_base, Open(m.billable) || Open(m.stranded));
+      store::TextArrayLiteral(col[0]), store::TextArrayLiteral(col[1]),
+      store::TextArrayLiteral(col[2]), store::TextArrayLiteral(col[3]),
+      store::TextArrayLiteral(col[4]), store::TextArrayLiteral(col[5]),
+      store::ByteaArrayLiteral(col[6]), store::TextArrayLiteral(col[7]),
+      store::TextArrayLiteral(col[8]), store::TextArrayLiteral(col[9]),
+      store::TextArrayLiteral(col[10]), store::ByteaArrayLiteral(col[11]),
+      store::TextArrayLiteral(col[12]));
+}
+
+std::vector<Snapshot> LoadPending(pqxx::work& tx, const std::vector<std::string>& ids) {
+  std::vector<Snapshot> out;
+  if (ids.empty()) return out;
+  for (const auto& row : tx.exec_params(
+           "SELECT allocation_id, generation, event_id, snapshot FROM pending_snapshots WHERE "
+           "allocation_id = ANY($1::text[]) ORDER BY allocation_id, generation",
+           store::TextArrayLiteral(ids))) {
+    Snapshot s;
+    s.generation = row[1].as<int64_t>();
+    s.event_id = row[2].as<std::string>();
+    const pqxx::binarystring raw(row[3]);
+    s.allocation.ParseFromArray(raw.data(), static_cast<int>(raw.size()));
+    out.push_back(std::move(s));
+  }
+  return out;
 }
 
 void KeepPending(pqxx::work& tx, const Snapshot& s) {
@@ -112,33 +154,44 @@ void KeepPending(pqxx::work& tx, const Snapshot& s) {
       pqxx::binarystring(bytes.data(), bytes.size()));
 }
 
-std::optional<Snapshot> TakePending(pqxx::work& tx, const std::string& allocation_id,
-                                    int64_t generation) {
-  const auto r = tx.exec_params(
-      "DELETE FROM pending_snapshots WHERE allocation_id = $1 AND generation = $2 "
-      "RETURNING event_id, snapshot",
-      allocation_id, generation);
-  if (r.empty()) return std::nullopt;
-  Snapshot s;
-  s.event_id = r[0][0].as<std::string>();
-  s.generation = generation;
-  const pqxx::binarystring raw(r[0][1]);
-  s.allocation.ParseFromArray(raw.data(), static_cast<int>(raw.size()));
-  return s;
+void DropPending(pqxx::work& tx, const std::string& allocation_id, int64_t generation) {
+  tx.exec_params("DELETE FROM pending_snapshots WHERE allocation_id = $1 AND generation = $2",
+                 allocation_id, generation);
 }
 
-bool InsertRecord(pqxx::work& tx, const v1::UsageRecord& r) {
-  // A correction counts as the record it corrects (written before it, by this ledger).
-  const std::string bytes = Bytes(r);
-  const auto r2 = tx.exec_params(
+std::set<std::string> InsertRecords(pqxx::work& tx, const std::vector<NewRecord>& records) {
+  std::set<std::string> written;
+  if (records.empty()) return written;
+  std::vector<std::vector<std::string>> col(10);
+  for (const auto& [r, counts_as] : records) {
+    col[0].push_back(r.record_id());
+    col[1].push_back(r.day());
+    col[2].push_back(r.tenant());
+    col[3].push_back(r.allocation_id());
+    col[4].push_back(r.sku());
+    col[5].push_back(std::string(enums::Text(r.kind())));
+    col[6].push_back(r.corrects());
+    col[7].push_back(counts_as);
+    col[8].push_back(std::to_string(r.units_micro()));
+    col[9].push_back(Bytes(r));
+  }
+  // A correction of a record written earlier counts as that record; WITH ORDINALITY keeps the
+  // order given (seq).
+  const auto rows = tx.exec_params(
       "INSERT INTO usage_records (record_id, day, tenant, allocation_id, sku, kind, corrects, "
-      "counts_as, units_micro, record) VALUES ($1, $2::date, $3, $4, $5, $6, $7, "
-      "COALESCE((SELECT counts_as FROM usage_records WHERE record_id = $7), $8), $9, $10) "
-      "ON CONFLICT (record_id) DO NOTHING",
-      r.record_id(), r.day(), r.tenant(), r.allocation_id(), r.sku(), enums::Text(r.kind()),
-      r.corrects(), r.kind() == v1::USAGE_KIND_STRANDED ? "stranded" : "billable", r.units_micro(),
-      pqxx::binarystring(bytes.data(), bytes.size()));
-  return r2.affected_rows() == 1;
+      "counts_as, units_micro, record) SELECT id, day, tenant, alloc, sku, kind, corrects, "
+      "COALESCE(NULLIF(counts_as, ''), (SELECT u.counts_as FROM usage_records u WHERE "
+      "u.record_id = x.corrects), 'billable'), units, record FROM unnest($1::text[], $2::date[], "
+      "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], "
+      "$10::bytea[]) WITH ORDINALITY AS x(id, day, tenant, alloc, sku, kind, corrects, counts_as, "
+      "units, record, n) ORDER BY n ON CONFLICT (record_id) DO NOTHING RETURNING record_id",
+      store::TextArrayLiteral(col[0]), store::TextArrayLiteral(col[1]),
+      store::TextArrayLiteral(col[2]), store::TextArrayLiteral(col[3]),
+      store::TextArrayLiteral(col[4]), store::TextArrayLiteral(col[5]),
+      store::TextArrayLiteral(col[6]), store::TextArrayLiteral(col[7]),
+      store::TextArrayLiteral(col[8]), store::ByteaArrayLiteral(col[9]));
+  for (const auto& row : rows) written.insert(row[0].as<std::string>());
+  return written;
 }
 
 std::vector<v1::UsageRecord> ListRecords(pqxx::work& tx, const Period& p, const PageKey& after,

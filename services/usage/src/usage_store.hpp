@@ -5,7 +5,9 @@
 #include <pqxx/pqxx>
 
 #include <cstdint>
+#include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -28,20 +30,28 @@ Clock ReadClock(pqxx::work& tx);
 // Nothing applied yet: no meter, the clock at zero.
 bool LedgerEmpty(pqxx::work& tx);
 
-// One allocation's meter, locked FOR UPDATE; nullopt before its first event.
-std::optional<Meter> LockMeter(pqxx::work& tx, const std::string& allocation_id);
+// The meters of these allocations (those that have one), locked FOR UPDATE, by allocation id.
+std::map<std::string, Meter> LockMeters(pqxx::work& tx, const std::vector<std::string>& ids);
 // Every meter with an open interval, locked FOR UPDATE, by allocation id.
 std::vector<Meter> LockOpenMeters(pqxx::work& tx);
-void SaveMeter(pqxx::work& tx, const Meter& m);
+// Inserts or updates the meters, in one statement.
+void SaveMeters(pqxx::work& tx, const std::vector<const Meter*>& meters);
 
-// A snapshot ahead of its allocation's next generation, kept (a second copy changes nothing);
-// and the one that is next now, taken out (nullopt when it has not arrived).
+// Snapshots kept ahead of their allocation's next generation: those of these allocations; one
+// kept (a second copy changes nothing); one applied, dropped.
+std::vector<Snapshot> LoadPending(pqxx::work& tx, const std::vector<std::string>& ids);
 void KeepPending(pqxx::work& tx, const Snapshot& s);
-std::optional<Snapshot> TakePending(pqxx::work& tx, const std::string& allocation_id,
-                                    int64_t generation);
+void DropPending(pqxx::work& tx, const std::string& allocation_id, int64_t generation);
 
-// Appends the record; false when its id exists already (a replayed event).
-bool InsertRecord(pqxx::work& tx, const v1::UsageRecord& r);
+// A record and what it counts towards ("billable" or "stranded"; "" for a correction whose
+// corrected record was written earlier: that record's).
+struct NewRecord {
+  v1::UsageRecord record;
+  std::string counts_as;
+};
+// Appends the records in one statement; returns the ids it wrote (a replayed record exists
+// already and is not written again).
+std::set<std::string> InsertRecords(pqxx::work& tx, const std::vector<NewRecord>& records);
 
 // A period of whole UTC days [from_day_us, to_day_us), optionally one tenant's.
 struct Period {

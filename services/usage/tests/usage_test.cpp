@@ -59,6 +59,19 @@ class UsageTest : public ::testing::Test {
   void Publish(const std::string& id, const std::string& tenant, v1::AllocationState state,
                int64_t generation, int64_t at, v1::ClaimPhase phase,
                const std::string& releaser_role = "", const std::string& msg_id = "") {
+    const v1::Event ev = Event(id, tenant, state, generation, at, phase, releaser_role);
+    captured_.push_back(ev);
+    if (capture_) return;
+    auto r = messaging::JsPublish(*conn_, Subject(state), ev.SerializeAsString(),
+                                  msg_id.empty() ? ev.id() : msg_id);
+    ASSERT_TRUE(r.ok()) << r.error().ToString();
+  }
+  static std::string Subject(v1::AllocationState state) {
+    return fmt::format("gpuaas.v1.evt.scheduler.allocation.{}", enums::Text(state));
+  }
+  static v1::Event Event(const std::string& id, const std::string& tenant,
+                         v1::AllocationState state, int64_t generation, int64_t at,
+                         v1::ClaimPhase phase, const std::string& releaser_role) {
     v1::AllocationSnapshot snap;
     auto* a = snap.mutable_allocation();
     a->set_allocation_id(id);
@@ -80,12 +93,7 @@ class UsageTest : public ::testing::Test {
       c->set_phase(phase);
     }
     if (!releaser_role.empty()) a->mutable_release_requested_by()->add_roles(releaser_role);
-    const std::string subject =
-        fmt::format("gpuaas.v1.evt.scheduler.allocation.{}", enums::Text(state));
-    auto ev = outbox::MakeEvent({subject, "", "scheduler/test", id, generation, id, "", &snap});
-    auto r = messaging::JsPublish(*conn_, subject, ev.SerializeAsString(),
-                                  msg_id.empty() ? ev.id() : msg_id);
-    ASSERT_TRUE(r.ok()) << r.error().ToString();
+    return outbox::MakeEvent({Subject(state), "", "scheduler/test", id, generation, id, "", &snap});
   }
 
   Result<v1::ExportUsageResponse> Export(rpc::Client c, const std::string& tenant, int64_t from,
@@ -170,6 +178,8 @@ class UsageTest : public ::testing::Test {
   }
 
   testing::TestNats nats_;
+  bool capture_ = false;             // Publish only keeps the events (captured_), in order
+  std::vector<v1::Event> captured_;  // what Publish made, in order
   std::string dsn_;
   std::unique_ptr<UsageService> svc_;
   std::shared_ptr<messaging::Connection> conn_, operator_, tenant_api_;
@@ -311,6 +321,72 @@ TEST_F(UsageTest, ALedgerRebuiltFromTheStreamExportsTheSameBytes) {
   Start();
   ASSERT_TRUE(testing::WaitFor([&] { return Records(from, to) == 6; }, 20s));
   EXPECT_EQ(ExportAll(from, to, 0), before);
+}
+
+// The consumer applies a fetched batch set-based; how the stream was cut into batches changes
+// no row: the story applied one event per transaction, three at a time and all at once gives
+// the same records, meters and clock.
+TEST_F(UsageTest, BatchedOrOneByOneTheLedgerIsTheSame) {
+  capture_ = true;
+  // An allocation running across midnight: its first day is closed when a later event's time
+  // (the story's midnight release) moves the horizon past midnight, in the middle of a batch.
+  using S = v1::AllocationState;
+  const std::string running = "0193a6f0-0000-7000-8000-000000000006";
+  Publish(running, "acme", S::ALLOCATION_STATE_ACTIVE, 1, kDay0 + 23 * kHour,
+          v1::CLAIM_PHASE_ACTIVE);
+  PublishStory();
+  // And a release request overtaken by the release (kept until it arrives).
+  const std::string overtaken = "0193a6f0-0000-7000-8000-000000000007";
+  const int64_t t = kDay0 + 12 * kHour;
+  Publish(overtaken, "acme", S::ALLOCATION_STATE_ACTIVE, 1, t, v1::CLAIM_PHASE_ACTIVE);
+  Publish(overtaken, "acme", S::ALLOCATION_STATE_RELEASED, 3, t + 600 * kSec,
+          v1::CLAIM_PHASE_RELEASED);
+  Publish(overtaken, "acme", S::ALLOCATION_STATE_RELEASING, 2, t + 90 * kSec,
+          v1::CLAIM_PHASE_RELEASING, "tenant");
+  ASSERT_GT(captured_.size(), 10U);
+  Context c;
+  c.source = "usage/test";
+  auto rows = [&](size_t batch) {
+    const std::string dsn = testing::SharedPostgres().CreateDatabase("usage");
+    store::Pool pool({dsn}, log::Logger("test", "t"));
+    EXPECT_TRUE(store::Migrate(pool, "common", store::CommonMigrations()).ok());
+    EXPECT_TRUE(store::Migrate(pool, "usage", Migrations()).ok());
+    for (size_t at = 0; at < captured_.size(); at += batch) {
+      std::vector<const v1::Event*> events;
+      for (size_t i = at; i < std::min(captured_.size(), at + batch); ++i) {
+        events.push_back(&captured_[i]);
+      }
+      auto r =
+          store::WithTx(pool, [&](pqxx::work& tx) { return ApplyAllocationEvents(tx, events, c); });
+      EXPECT_TRUE(r.ok()) << r.error().ToString();
+    }
+    std::string out;
+    auto r = store::WithTx(pool, [&](pqxx::work& tx) -> Result<void> {
+      for (const char* q :
+           {"SELECT record_id, day, kind, corrects, counts_as, units_micro, encode(record, 'hex') "
+            "FROM usage_records ORDER BY record_id",
+            "SELECT allocation_id, generation, bill_since_us, bill_until_us, bill_done, "
+            "lost_since_us, lost_until_us, lost_done, open FROM meters ORDER BY allocation_id",
+            "SELECT newest_event_us, closed_before_us FROM ledger_clock",
+            "SELECT count(*) FROM pending_snapshots", "SELECT count(*) FROM outbox"}) {
+        for (const auto& row : tx.exec(q)) {
+          for (const auto& f : row) out += std::string(f.c_str()) + "|";
+          out += "\n";
+        }
+      }
+      return Ok();
+    });
+    EXPECT_TRUE(r.ok()) << r.error().ToString();
+    return out;
+  };
+  const std::string one = rows(1);
+  EXPECT_NE(one.find(running + "/billable/2026-11-27|"), std::string::npos)
+      << "no day was closed:\n"
+      << one;
+  EXPECT_NE(one.find(overtaken + "/billable/2026-11-27|"), std::string::npos) << one;
+  EXPECT_EQ(rows(2), one);
+  EXPECT_EQ(rows(3), one);
+  EXPECT_EQ(rows(captured_.size()), one);
 }
 
 }  // namespace

@@ -77,6 +77,9 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec);
 // that JetStream must de-duplicate whatever event id each send gets (a node task's
 // "<allocation id>.<type>.<attempt>").
 Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::string& msg_id);
+// Several events at once (a projection's batch): one INSERT for all of them, in the given order
+// (the relay publishes them in that order), and one NOTIFY. Returns their ids, in order.
+Result<std::vector<std::string>> AppendMany(pqxx::work& tx, const std::vector<EventSpec>& specs);
 
 struct RelayOptions {
   int batch = 256;

@@ -107,6 +107,12 @@ class Service {
                                                const std::string& durable,
                                                const std::string& filter, inbox::ApplyFn apply,
                                                std::shared_ptr<inbox::ProjectionStats> stats = {});
+  // The same for a projection that applies a batch set-based: `apply_many` gets each fetched
+  // batch's new events (up to `batch`) in one transaction; `apply` the one-by-one path's event.
+  Result<messaging::Consumer*> StartBatchProjection(const std::string& stream,
+                                                    const std::string& durable,
+                                                    const std::string& filter, inbox::ApplyFn apply,
+                                                    inbox::BatchApplyFn apply_many, int batch);
 
   // A readiness check; /readyz is 200 only while all pass and the service is not draining.
   void AddReadinessCheck(std::string name, std::function<Result<void>()> check);

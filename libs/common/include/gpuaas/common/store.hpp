@@ -156,6 +156,8 @@ pqxx::result Prepared(pqxx::transaction_base& tx, const std::string& sql, Args&&
 
 // A PostgreSQL text[] literal ({"a","b\"c"}) to pass as a parameter cast with ::text[].
 std::string TextArrayLiteral(const std::vector<std::string>& items);
+// A PostgreSQL bytea[] literal of binary strings (hex form), to pass cast with ::bytea[].
+std::string ByteaArrayLiteral(const std::vector<std::string>& items);
 // The non-NULL strings of a text[] column, in order.
 std::vector<std::string> TextArray(const pqxx::field& field);
 

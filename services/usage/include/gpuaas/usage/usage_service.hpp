@@ -21,6 +21,8 @@ namespace gpuaas::usage {
 const std::vector<store::Migration>& Migrations();
 
 inline constexpr const char* kAllocationConsumer = "usage-scheduler-allocations";
+// Events per fetch (and per transaction) of that consumer.
+inline constexpr int kAllocationBatch = 1024;
 
 struct UsageConfig {
   runtime::CommonConfig common;
@@ -40,9 +42,14 @@ struct Context {
   UsageMetrics* metrics = nullptr;  // may be null (tests)
 };
 
-// An AllocationSnapshot event (public for tests): the allocation's meter moves, days the
-// ledger's horizon passed are closed for every open meter, and each new record is written and
-// appended to the outbox. A malformed event: INVALID_ARGUMENT malformed_event (dead-lettered).
+// AllocationSnapshot events, in stream order (public for tests): each allocation's meter moves,
+// days the ledger's horizon passed are closed for every open meter, and each new record is
+// written and appended to the outbox. Set-based (usage_ledger.cpp): one statement per table for
+// the whole batch, and the same records however the events were batched. A malformed event:
+// INVALID_ARGUMENT malformed_event (the one-by-one path dead-letters it).
+Result<void> ApplyAllocationEvents(pqxx::work& tx, const std::vector<const v1::Event*>& events,
+                                   const Context& c);
+// One event: ApplyAllocationEvents of it alone.
 Result<void> ApplyAllocationEvent(pqxx::work& tx, const v1::Event& ev, const Context& c);
 
 class UsageService {
