@@ -108,24 +108,19 @@ Result<std::string> Append(pqxx::work& tx, const EventSpec& spec, const std::str
 Result<std::vector<std::string>> AppendMany(pqxx::work& tx, const std::vector<EventSpec>& specs) {
   std::vector<std::string> ids;
   if (specs.empty()) return ids;
-  std::vector<std::string> subjects;
-  std::vector<std::string> payloads;
-  std::vector<std::string> traceparents;
+  store::ArrayColumns rows(4, {2});
   for (const auto& spec : specs) {
     if (auto ok = CheckSubject(spec); !ok.ok()) return ok.error();
     const v1::Event ev = MakeEvent(spec);
     ids.push_back(ev.id());
-    subjects.push_back(spec.nats_subject);
-    payloads.push_back(ev.SerializeAsString());
-    traceparents.push_back(spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent);
+    rows.Add({ev.id(), spec.nats_subject, ev.SerializeAsString(),
+              spec.traceparent.empty() ? ids::NewTraceparent() : spec.traceparent});
   }
   // WITH ORDINALITY: the rows get their seq in the order given.
-  tx.exec_params(
-      "INSERT INTO outbox (event_id, subject, payload, traceparent) SELECT e::uuid, s, p, t "
-      "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY "
-      "AS x(e, s, p, t, n) ORDER BY n",
-      store::TextArrayLiteral(ids), store::TextArrayLiteral(subjects),
-      store::ByteaArrayLiteral(payloads), store::TextArrayLiteral(traceparents));
+  rows.Exec(tx,
+            "INSERT INTO outbox (event_id, subject, payload, traceparent) SELECT e::uuid, s, p, t "
+            "FROM unnest($1::text[], $2::text[], $3::bytea[], $4::text[]) WITH ORDINALITY "
+            "AS x(e, s, p, t, n) ORDER BY n");
   tx.exec0(fmt::format("NOTIFY {}", kNotifyChannel));
   return ids;
 }

@@ -1,6 +1,7 @@
 #include "gpuaas/common/store.hpp"
 
 #include <random>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -245,6 +246,29 @@ std::string ByteaArrayLiteral(const std::vector<std::string>& items) {
     out += '"';
   }
   return out + "}";
+}
+
+ArrayColumns::ArrayColumns(size_t columns, const std::vector<size_t>& binary)
+    : cols_(columns), binary_(columns, false) {
+  for (size_t c : binary) binary_.at(c) = true;
+}
+
+void ArrayColumns::Add(std::vector<std::string> row) {
+  if (row.size() != cols_.size()) {
+    throw std::invalid_argument(
+        fmt::format("ArrayColumns: a row of {} values for {} columns", row.size(), cols_.size()));
+  }
+  for (size_t c = 0; c < row.size(); ++c) cols_[c].push_back(std::move(row[c]));
+  ++rows_;
+}
+
+pqxx::result ArrayColumns::Exec(pqxx::work& tx, const std::string& sql) const {
+  std::vector<std::string> params;
+  params.reserve(cols_.size());
+  for (size_t c = 0; c < cols_.size(); ++c) {
+    params.push_back(binary_[c] ? ByteaArrayLiteral(cols_[c]) : TextArrayLiteral(cols_[c]));
+  }
+  return tx.exec_params(sql, pqxx::prepare::make_dynamic_params(params));
 }
 
 std::vector<std::string> TextArray(const pqxx::field& field) {

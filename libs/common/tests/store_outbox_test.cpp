@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/inbox.hpp"
@@ -241,6 +244,35 @@ TEST_F(StoreTest, ReadSnapshotSeesOneMomentAndWritesNothing) {
       },
       store::ReadSnapshot());
   EXPECT_FALSE(write.ok());
+}
+
+// ArrayColumns: any number of rows in one statement, text cast server-side, bytes intact.
+TEST_F(StoreTest, RowsTravelAsArrayColumnsInOneStatement) {
+  std::string bytes;
+  for (int b = 0; b < 256; ++b) bytes += static_cast<char>(b);
+  store::ArrayColumns rows(4, {3});
+  rows.Add({"a \"quoted\" \\ {value}", "1", "t", bytes});
+  rows.Add({"", "-9000000000", "f", ""});
+  rows.Add({"c,d", "3", "t", std::string("\0\0", 2)});
+  EXPECT_EQ(rows.rows(), 3U);
+  EXPECT_THROW(rows.Add({"only one"}), std::invalid_argument);
+  auto r = store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<std::vector<std::string>> {
+    std::vector<std::string> out;
+    for (const auto& row :
+         rows.Exec(tx,
+                   "SELECT s, n + 1, NOT b, length(p), encode(p, 'hex') FROM unnest($1::text[], "
+                   "$2::bigint[], $3::boolean[], $4::bytea[]) WITH ORDINALITY AS x(s, n, b, p, i) "
+                   "ORDER BY i")) {
+      out.push_back(fmt::format("{}|{}|{}|{}|{}", row[0].c_str(), row[1].c_str(), row[2].c_str(),
+                                row[3].c_str(), std::string(row[4].c_str()).substr(0, 8)));
+    }
+    return out;
+  });
+  ASSERT_TRUE(r.ok()) << r.error().ToString();
+  ASSERT_EQ(r->size(), 3U);
+  EXPECT_EQ((*r)[0], "a \"quoted\" \\ {value}|2|f|256|00010203");
+  EXPECT_EQ((*r)[1], "|-8999999999|t|0|");
+  EXPECT_EQ((*r)[2], "c,d|4|f|2|0000");
 }
 
 TEST_F(StoreTest, UnreachableDatabaseIsUnavailableNotACrash) {

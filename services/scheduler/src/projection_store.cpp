@@ -32,7 +32,7 @@ constexpr size_t kNodeColumns = 8;
 constexpr size_t kSlotColumns = 26;
 
 // The columns of UpsertProjectedSlots' statement for one slot, in its order.
-std::array<std::string, kSlotColumns> SlotColumns(const SlotUpsert& u) {
+std::vector<std::string> SlotColumns(const SlotUpsert& u) {
   const v1::SlotSnapshot& snap = *u.snapshot;
   const auto& s = snap.slot();
   return {s.node_id(),
@@ -73,43 +73,30 @@ std::string AdminStateText(v1::NodeAdminState s) {
 // --- inventory's events -> projection rows -----------------------------------------------------
 
 void UpsertProjectedNodes(pqxx::work& tx, const std::vector<NodeUpsert>& rows) {
-  std::vector<std::vector<std::string>> cols(kNodeColumns);
+  store::ArrayColumns cols(kNodeColumns);
   for (const auto& u : rows) {
     const auto& n = u.snapshot->node();
-    const std::string row[kNodeColumns] = {n.node_id(),
-                                           n.hostname(),
-                                           n.region(),
-                                           n.pool(),
-                                           enums::Text(n.capacity_profile()),
-                                           std::to_string(n.generation()),
-                                           u.event->id(),
-                                           AdminStateText(n.admin_state())};
-    for (size_t c = 0; c < kNodeColumns; ++c) cols[c].push_back(row[c]);
+    cols.Add({n.node_id(), n.hostname(), n.region(), n.pool(), enums::Text(n.capacity_profile()),
+              std::to_string(n.generation()), u.event->id(), AdminStateText(n.admin_state())});
   }
-  tx.exec_params(
-      "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
-      "generation, last_event_id, admin_state) SELECT * FROM unnest($1::text[], $2::text[], "
-      "$3::text[], $4::text[], $5::text[], $6::bigint[], $7::uuid[], $8::text[]) "
-      "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
-      "region = EXCLUDED.region, pool = EXCLUDED.pool, "
-      "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
-      "last_event_id = EXCLUDED.last_event_id, admin_state = EXCLUDED.admin_state, "
-      "projected_at = now() WHERE projected_nodes.generation < EXCLUDED.generation",
-      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
-      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
-      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
-      store::TextArrayLiteral(cols[6]), store::TextArrayLiteral(cols[7]));
+  cols.Exec(tx,
+            "INSERT INTO projected_nodes (node_id, hostname, region, pool, capacity_profile, "
+            "generation, last_event_id, admin_state) SELECT * FROM unnest($1::text[], $2::text[], "
+            "$3::text[], $4::text[], $5::text[], $6::bigint[], $7::uuid[], $8::text[]) "
+            "ON CONFLICT (node_id) DO UPDATE SET hostname = EXCLUDED.hostname, "
+            "region = EXCLUDED.region, pool = EXCLUDED.pool, "
+            "capacity_profile = EXCLUDED.capacity_profile, generation = EXCLUDED.generation, "
+            "last_event_id = EXCLUDED.last_event_id, admin_state = EXCLUDED.admin_state, "
+            "projected_at = now() WHERE projected_nodes.generation < EXCLUDED.generation");
 }
 
 void UpsertProjectedSlots(pqxx::work& tx, const std::vector<SlotUpsert>& rows) {
-  std::vector<std::vector<std::string>> cols(kSlotColumns);
-  for (const auto& u : rows) {
-    const auto row = SlotColumns(u);
-    for (size_t c = 0; c < kSlotColumns; ++c) cols[c].push_back(row[c]);
-  }
+  store::ArrayColumns cols(kSlotColumns);
+  for (const auto& u : rows) cols.Add(SlotColumns(u));
   // One statement for the batch: each column an array, unnested into rows. node_blockers
   // travels as an array of array literals.
-  tx.exec_params(
+  cols.Exec(
+      tx,
       "INSERT INTO projected_slots (node_id, slot_key, region, pool, sku, admin_state, health, "
       "schedulable, node_blockers, gpu_pci_address, locality_group, generation, last_event_id, "
       "fabric_type, numa, pcie_switch, region_enabled, nvme_by_id, fabric_claim_mode, "
@@ -136,20 +123,7 @@ void UpsertProjectedSlots(pqxx::work& tx, const std::vector<SlotUpsert>& rows) {
       "private_ip = EXCLUDED.private_ip, profile_name = EXCLUDED.profile_name, "
       "vcpus_per_gpu = EXCLUDED.vcpus_per_gpu, memory_mib_per_gpu = EXCLUDED.memory_mib_per_gpu, "
       "hugepages_1g_per_gpu = EXCLUDED.hugepages_1g_per_gpu, projected_at = now() "
-      "WHERE projected_slots.generation < EXCLUDED.generation",
-      store::TextArrayLiteral(cols[0]), store::TextArrayLiteral(cols[1]),
-      store::TextArrayLiteral(cols[2]), store::TextArrayLiteral(cols[3]),
-      store::TextArrayLiteral(cols[4]), store::TextArrayLiteral(cols[5]),
-      store::TextArrayLiteral(cols[6]), store::TextArrayLiteral(cols[7]),
-      store::TextArrayLiteral(cols[8]), store::TextArrayLiteral(cols[9]),
-      store::TextArrayLiteral(cols[10]), store::TextArrayLiteral(cols[11]),
-      store::TextArrayLiteral(cols[12]), store::TextArrayLiteral(cols[13]),
-      store::TextArrayLiteral(cols[14]), store::TextArrayLiteral(cols[15]),
-      store::TextArrayLiteral(cols[16]), store::TextArrayLiteral(cols[17]),
-      store::TextArrayLiteral(cols[18]), store::TextArrayLiteral(cols[19]),
-      store::TextArrayLiteral(cols[20]), store::TextArrayLiteral(cols[21]),
-      store::TextArrayLiteral(cols[22]), store::TextArrayLiteral(cols[23]),
-      store::TextArrayLiteral(cols[24]), store::TextArrayLiteral(cols[25]));
+      "WHERE projected_slots.generation < EXCLUDED.generation");
 }
 
 // --- rebuild ---------------------------------------------------------------------------------

@@ -89,43 +89,31 @@ std::vector<Meter> LockOpenMeters(pqxx::work& tx) {
 
 void SaveMeters(pqxx::work& tx, const std::vector<const Meter*>& meters) {
   if (meters.empty()) return;
-  // Column by column, as arrays; an interval not started has no snapshot: empty bytes.
-  std::vector<std::vector<std::string>> col(13);
+  // An interval not started has no snapshot: empty bytes.
   auto flag = [](bool b) { return std::string(b ? "t" : "f"); };
+  auto base = [](const Interval& iv) { return iv.since_us == 0 ? "" : Bytes(iv.base); };
+  store::ArrayColumns rows(13, {6, 11});
   for (const Meter* m : meters) {
-    const Interval* ivs[] = {&m->billable, &m->stranded};
-    col[0].push_back(m->allocation_id);
-    col[1].push_back(std::to_string(m->generation));
-    for (int i = 0; i < 2; ++i) {
-      const Interval& iv = *ivs[i];
-      col[2 + 5 * i].push_back(std::to_string(iv.since_us));
-      col[3 + 5 * i].push_back(std::to_string(iv.until_us));
-      col[4 + 5 * i].push_back(flag(iv.done));
-      col[5 + 5 * i].push_back(iv.start_event_id);
-      col[6 + 5 * i].push_back(iv.since_us == 0 ? "" : Bytes(iv.base));
-    }
-    col[12].push_back(flag(Open(m->billable) || Open(m->stranded)));
+    const Interval& bill = m->billable;
+    const Interval& lost = m->stranded;
+    rows.Add({m->allocation_id, std::to_string(m->generation), std::to_string(bill.since_us),
+              std::to_string(bill.until_us), flag(bill.done), bill.start_event_id, base(bill),
+              std::to_string(lost.since_us), std::to_string(lost.until_us), flag(lost.done),
+              lost.start_event_id, base(lost), flag(Open(bill) || Open(lost))});
   }
-  tx.exec_params(
-      "INSERT INTO meters (allocation_id, generation, bill_since_us, bill_until_us, bill_done, "
-      "bill_start_event, bill_base, lost_since_us, lost_until_us, lost_done, lost_start_event, "
-      "lost_base, open) SELECT * FROM unnest($1::text[], $2::bigint[], $3::bigint[], "
-      "$4::bigint[], $5::boolean[], $6::text[], $7::bytea[], $8::bigint[], $9::bigint[], "
-      "$10::boolean[], $11::text[], $12::bytea[], $13::boolean[]) "
-      "ON CONFLICT (allocation_id) DO UPDATE SET generation = EXCLUDED.generation, "
-      "bill_since_us = EXCLUDED.bill_since_us, bill_until_us = EXCLUDED.bill_until_us, "
-      "bill_done = EXCLUDED.bill_done, bill_start_event = EXCLUDED.bill_start_event, "
-      "bill_base = EXCLUDED.bill_base, lost_since_us = EXCLUDED.lost_since_us, "
-      "lost_until_us = EXCLUDED.lost_until_us, lost_done = EXCLUDED.lost_done, "
-      "lost_start_event = EXCLUDED.lost_start_event, lost_base = EXCLUDED.lost_base, "
-      "open = EXCLUDED.open",
-      store::TextArrayLiteral(col[0]), store::TextArrayLiteral(col[1]),
-      store::TextArrayLiteral(col[2]), store::TextArrayLiteral(col[3]),
-      store::TextArrayLiteral(col[4]), store::TextArrayLiteral(col[5]),
-      store::ByteaArrayLiteral(col[6]), store::TextArrayLiteral(col[7]),
-      store::TextArrayLiteral(col[8]), store::TextArrayLiteral(col[9]),
-      store::TextArrayLiteral(col[10]), store::ByteaArrayLiteral(col[11]),
-      store::TextArrayLiteral(col[12]));
+  rows.Exec(tx,
+            "INSERT INTO meters (allocation_id, generation, bill_since_us, bill_until_us, "
+            "bill_done, bill_start_event, bill_base, lost_since_us, lost_until_us, lost_done, "
+            "lost_start_event, lost_base, open) SELECT * FROM unnest($1::text[], $2::bigint[], "
+            "$3::bigint[], $4::bigint[], $5::boolean[], $6::text[], $7::bytea[], $8::bigint[], "
+            "$9::bigint[], $10::boolean[], $11::text[], $12::bytea[], $13::boolean[]) "
+            "ON CONFLICT (allocation_id) DO UPDATE SET generation = EXCLUDED.generation, "
+            "bill_since_us = EXCLUDED.bill_since_us, bill_until_us = EXCLUDED.bill_until_us, "
+            "bill_done = EXCLUDED.bill_done, bill_start_event = EXCLUDED.bill_start_event, "
+            "bill_base = EXCLUDED.bill_base, lost_since_us = EXCLUDED.lost_since_us, "
+            "lost_until_us = EXCLUDED.lost_until_us, lost_done = EXCLUDED.lost_done, "
+            "lost_start_event = EXCLUDED.lost_start_event, lost_base = EXCLUDED.lost_base, "
+            "open = EXCLUDED.open");
 }
 
 std::vector<Snapshot> LoadPending(pqxx::work& tx, const std::vector<std::string>& ids) {
@@ -162,35 +150,24 @@ void DropPending(pqxx::work& tx, const std::string& allocation_id, int64_t gener
 std::set<std::string> InsertRecords(pqxx::work& tx, const std::vector<NewRecord>& records) {
   std::set<std::string> written;
   if (records.empty()) return written;
-  std::vector<std::vector<std::string>> col(10);
+  store::ArrayColumns rows(10, {9});
   for (const auto& [r, counts_as] : records) {
-    col[0].push_back(r.record_id());
-    col[1].push_back(r.day());
-    col[2].push_back(r.tenant());
-    col[3].push_back(r.allocation_id());
-    col[4].push_back(r.sku());
-    col[5].push_back(std::string(enums::Text(r.kind())));
-    col[6].push_back(r.corrects());
-    col[7].push_back(counts_as);
-    col[8].push_back(std::to_string(r.units_micro()));
-    col[9].push_back(Bytes(r));
+    rows.Add({r.record_id(), r.day(), r.tenant(), r.allocation_id(), r.sku(),
+              std::string(enums::Text(r.kind())), r.corrects(), counts_as,
+              std::to_string(r.units_micro()), Bytes(r)});
   }
   // A correction of a record written earlier counts as that record; WITH ORDINALITY keeps the
   // order given (seq).
-  const auto rows = tx.exec_params(
+  const auto inserted = rows.Exec(
+      tx,
       "INSERT INTO usage_records (record_id, day, tenant, allocation_id, sku, kind, corrects, "
       "counts_as, units_micro, record) SELECT id, day, tenant, alloc, sku, kind, corrects, "
       "COALESCE(NULLIF(counts_as, ''), (SELECT u.counts_as FROM usage_records u WHERE "
       "u.record_id = x.corrects), 'billable'), units, record FROM unnest($1::text[], $2::date[], "
       "$3::text[], $4::text[], $5::text[], $6::text[], $7::text[], $8::text[], $9::bigint[], "
       "$10::bytea[]) WITH ORDINALITY AS x(id, day, tenant, alloc, sku, kind, corrects, counts_as, "
-      "units, record, n) ORDER BY n ON CONFLICT (record_id) DO NOTHING RETURNING record_id",
-      store::TextArrayLiteral(col[0]), store::TextArrayLiteral(col[1]),
-      store::TextArrayLiteral(col[2]), store::TextArrayLiteral(col[3]),
-      store::TextArrayLiteral(col[4]), store::TextArrayLiteral(col[5]),
-      store::TextArrayLiteral(col[6]), store::TextArrayLiteral(col[7]),
-      store::TextArrayLiteral(col[8]), store::ByteaArrayLiteral(col[9]));
-  for (const auto& row : rows) written.insert(row[0].as<std::string>());
+      "units, record, n) ORDER BY n ON CONFLICT (record_id) DO NOTHING RETURNING record_id");
+  for (const auto& row : inserted) written.insert(row[0].as<std::string>());
   return written;
 }
 

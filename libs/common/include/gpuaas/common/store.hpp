@@ -158,6 +158,26 @@ pqxx::result Prepared(pqxx::transaction_base& tx, const std::string& sql, Args&&
 std::string TextArrayLiteral(const std::vector<std::string>& items);
 // A PostgreSQL bytea[] literal of binary strings (hex form), to pass cast with ::bytea[].
 std::string ByteaArrayLiteral(const std::vector<std::string>& items);
+
+// Rows written (or matched) with one statement, column by column: column i travels as array
+// parameter $<i+1>, which the statement unnests (`unnest($1::text[], $2::bigint[], ...)`), so
+// any number of rows is one round trip. Values are text (the statement casts the array:
+// ::bigint[], ::boolean[] with "t"/"f", ::uuid[], ::date[]), except the columns named binary,
+// whose values are raw bytes (passed as ::bytea[]).
+class ArrayColumns {
+ public:
+  explicit ArrayColumns(size_t columns, const std::vector<size_t>& binary = {});
+  // One row: a value per column, in order.
+  void Add(std::vector<std::string> row);
+  size_t rows() const { return rows_; }
+  // Runs `sql` with the columns as its parameters $1..$n.
+  pqxx::result Exec(pqxx::work& tx, const std::string& sql) const;
+
+ private:
+  std::vector<std::vector<std::string>> cols_;
+  std::vector<bool> binary_;
+  size_t rows_ = 0;
+};
 // The non-NULL strings of a text[] column, in order.
 std::vector<std::string> TextArray(const pqxx::field& field);
 
