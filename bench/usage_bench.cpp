@@ -160,7 +160,7 @@ bool FillRecords(const std::string& dsn, int n) {
     *r.mutable_start() = usage::Stamp(day + 3600000000);
     *r.mutable_end() = usage::Stamp(day + 7200000000);
     r.set_duration_us(3600000000);
-    r.set_billable_unit(usage::kBillableUnit);
+    r.set_billable_unit("gpu_second");
     r.set_units_micro(r.gpu_count() * r.duration_us());
     r.set_stop(v1::USAGE_STOP_RELEASE_REQUESTED);
     r.add_event_ids("ev-a");

@@ -148,6 +148,7 @@ TEST(EnumChecksTest, SchedulerColumnsMatchTheirEnums) {
            false,
            {"baremetal", "gpu_slice"}},
           {"allocations", "network_mode", v1::NetworkMode_descriptor()},
+          {"allocations", "billable_unit", v1::BillableUnit_descriptor()},
           {"allocations", "failure_stage", v1::LifecycleStage_descriptor(), true},
           {"allocations", "net_lease_state", v1::LeaseState_descriptor(), true},
           {"allocation_endpoints", "protocol", v1::TransportProtocol_descriptor()},

@@ -5,6 +5,8 @@
 // adds them up.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include "gpuaas/usage/usage_policy.hpp"
 #include "gpuaas/v1/usage.pb.h"
 #include "platform.hpp"
@@ -64,6 +66,8 @@ TEST(UsageFlowTest, ReleasedSlicesAreBilledFromActiveToTheReleaseRequest) {
     EXPECT_EQ(r.tenant(), "acme");
     EXPECT_EQ(r.sku(), "h200-sxm-slice");
     EXPECT_EQ(r.gpu_count(), 1);
+    EXPECT_EQ(r.billable_unit(), "gpu_second");
+    EXPECT_EQ(r.units_micro(), r.duration_us()) << "1 GPU";
     EXPECT_EQ(r.node_id(), "usage-node");
     ASSERT_EQ(r.slot_keys_size(), 1);
     EXPECT_EQ(r.slot_keys(0), a.slot_keys(0));
@@ -89,6 +93,53 @@ TEST(UsageFlowTest, ReleasedSlicesAreBilledFromActiveToTheReleaseRequest) {
   ASSERT_EQ(s->totals_size(), 1);
   EXPECT_EQ(s->totals(0).billable_units_micro(), total);
   EXPECT_EQ(s->totals(0).allocations(), 2);
+}
+
+// A SKU the catalog bills per node: the scheduler keeps the unit with the allocation and the
+// ledger counts the allocation's seconds, not its GPUs'.
+TEST(UsageFlowTest, ASkuBilledPerNodeIsBilledInNodeSeconds) {
+  const std::string catalog = testing::MakeTempDir("gpuaas-catalog") + "/catalog.yaml";
+  std::ofstream(catalog) << R"(skus:
+  h200-sxm-slice:
+    shape: gpu_slice
+    gpu_sku: h200-sxm
+    allowed_gpu_counts: [1, 2]
+    network_modes: [private-nat]
+    billable_unit: node_second
+images:
+  tiny-guest:
+    url: file:///var/lib/gpuaas/images/tiny-guest.qcow2
+    sha256: 0000000000000000000000000000000000000000000000000000000000000000
+default_image: tiny-guest
+)";
+  testing::Platform p;
+  p.Start({{"GPUAAS_SCHEDULER_CATALOG_FILE", catalog}});
+  p.StartUsage();
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  p.StartApprovedAgent("node-billed", "per-node", 2);
+  ASSERT_FALSE(::testing::Test::HasFatalFailure());
+  auto a = p.CreateSlice("per-node-1", "per-node", 2);
+  ASSERT_TRUE(a.ok()) << a.error().ToString();
+  EXPECT_EQ(a->billable_unit(), v1::BILLABLE_UNIT_NODE_SECOND);
+  p.WaitSettled(a->allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
+  ASSERT_TRUE(p.Release(a->allocation_id(), "done").ok());
+  const auto released = p.WaitSettled(a->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
+  const int64_t now = usage::Micros(released.updated_at());
+  v1::ListUsageRequest list;
+  *list.mutable_from() = usage::Stamp(usage::DayStart(now) - usage::kDayUs);
+  *list.mutable_to() = usage::Stamp(usage::DayStart(now) + 2 * usage::kDayUs);
+  v1::ListUsageResponse got;
+  ASSERT_TRUE(testing::WaitFor([&] {
+    auto l = p.Call<v1::ListUsageResponse>("gpuaas.v1.usage.record.list", list);
+    if (l.ok()) got = *l;
+    return l.ok() && l->records_size() >= 1;
+  })) << got.DebugString();
+  ASSERT_EQ(got.records_size(), 1) << got.DebugString();
+  const auto& r = got.records(0);
+  EXPECT_EQ(r.gpu_count(), 2);
+  EXPECT_EQ(r.billable_unit(), "node_second");
+  EXPECT_GT(r.duration_us(), 0);
+  EXPECT_EQ(r.units_micro(), r.duration_us()) << "the allocation's seconds, not 2 x";
 }
 
 }  // namespace

@@ -34,9 +34,11 @@ void PrintCatalog(const v1::ListCatalogResponse& c) {
     std::string orderable = s.orderable() ? "yes" : "no";
     if (!s.sharing_mechanism().empty()) orderable += " (" + s.sharing_mechanism() + ")";
     skus.push_back({s.name(), Txt(s.shape()), Or(s.gpu_sku()), counts.empty() ? "-" : Join(counts),
-                    Txt(s.fabric_type(), "any"), NetworkModes(s), Runtime(s), orderable});
+                    Txt(s.fabric_type(), "any"), NetworkModes(s), Runtime(s),
+                    Txt(s.billable_unit(), "gpu_second"), orderable});
   }
-  PrintTable({"SKU", "SHAPE", "GPU SKU", "GPUS", "FABRIC", "NETWORK MODES", "RUNTIME", "ORDERABLE"},
+  PrintTable({"SKU", "SHAPE", "GPU SKU", "GPUS", "FABRIC", "NETWORK MODES", "RUNTIME", "BILLED BY",
+              "ORDERABLE"},
              skus);
   std::vector<std::vector<std::string>> images;
   for (const auto& i : c.images()) {

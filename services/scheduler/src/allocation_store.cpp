@@ -30,7 +30,8 @@ constexpr const char* kAllocColumns =
     "state, node_id, failure_stage, failure_code, failure_detail, generation, "
     "extract(epoch from created_at)::float8, extract(epoch from updated_at)::float8, attempt, "
     "image, net_domain, net_mac, net_expected_ip, net_actual_ip, net_lease_state, release_actor, "
-    "release_actor_tenant, release_reason, vm_ready, app, release_actor_roles, release_token_id";
+    "release_actor_tenant, release_reason, vm_ready, app, release_actor_roles, release_token_id, "
+    "billable_unit";
 
 void AddEndpoints(pqxx::work& tx, v1::Allocation& a) {
   for (const auto& e : store::Prepared(
@@ -112,6 +113,7 @@ v1::Allocation FromRow(pqxx::work& tx, const pqxx::row& r) {
   }
   a.set_vm_ready(r[27].as<bool>());
   a.set_app(r[28].as<std::string>());
+  a.set_billable_unit(enums::FromColumn<v1::BillableUnit>(r[31].as<std::string>()));
   AddEndpoints(tx, a);
   AddClaims(tx, a);
   return a;
@@ -370,11 +372,11 @@ PlacementCache::FreeCounts CountFree(pqxx::work& tx, const std::string& region,
 void InsertAllocation(pqxx::work& tx, const NewAllocation& a) {
   store::Prepared(tx,
                   "INSERT INTO allocations (allocation_id, tenant, request_id, sku, shape, "
-                  "gpu_count, "
-                  "region, pool, network_mode, state, node_id, generation) VALUES ($1, $2, $3, $4, "
-                  "$5, $6, $7, $8, $9, 'reserved', $10, 1)",
+                  "gpu_count, region, pool, network_mode, state, node_id, generation, "
+                  "billable_unit) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'reserved', $10, 1, "
+                  "$11)",
                   a.id, a.tenant, a.request_id, a.sku, enums::Text(a.shape), a.gpu_count, a.region,
-                  a.pool, enums::Text(a.network_mode), a.node_id);
+                  a.pool, enums::Text(a.network_mode), a.node_id, enums::Text(a.billable_unit));
 }
 
 void SetAllocationApp(pqxx::work& tx, const std::string& allocation_id, const std::string& app) {

@@ -89,6 +89,7 @@ struct NewAllocation {
   std::string pool;
   v1::NetworkMode network_mode = v1::NETWORK_MODE_UNSPECIFIED;
   std::string node_id;
+  v1::BillableUnit billable_unit = v1::BILLABLE_UNIT_GPU_SECOND;
 };
 // The allocation row, `reserved`, generation 1.
 void InsertAllocation(pqxx::work& tx, const NewAllocation& a);

@@ -452,8 +452,9 @@ class CreateTransaction {
   // timeline, and its lifecycle started.
   Result<v1::Allocation> Record(pqxx::work& tx, const Placed& p) {
     const std::string id = ids::NewUuidV7();
-    InsertAllocation(tx, {id, req_.tenant(), req_.request_id(), req_.sku(), o_.sku->shape, o_.gpus,
-                          req_.region(), req_.pool(), o_.network_mode, p.node_id});
+    InsertAllocation(
+        tx, {id, req_.tenant(), req_.request_id(), req_.sku(), o_.sku->shape, o_.gpus,
+             req_.region(), req_.pool(), o_.network_mode, p.node_id, o_.sku->billable_unit});
     if (!req_.app().empty()) SetAllocationApp(tx, id, req_.app());
     for (const auto& e : o_.expose) InsertEndpoint(tx, id, e);
     if (o_.baremetal) {

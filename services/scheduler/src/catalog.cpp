@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <functional>
 #include <optional>
 #include <set>
 
@@ -25,7 +26,8 @@ const std::set<v1::NetworkMode> kModes = {v1::NETWORK_MODE_PRIVATE_NAT,
                                           v1::NETWORK_MODE_FABRIC_ONLY};
 const std::set<std::string> kKeys = {
     "shape",         "sharing_mechanism",  "gpu_sku",     "allowed_gpu_counts",
-    "vcpus_per_gpu", "memory_mib_per_gpu", "fabric_type", "network_modes"};
+    "vcpus_per_gpu", "memory_mib_per_gpu", "fabric_type", "network_modes",
+    "billable_unit"};
 
 // A scalar's text ("" for null); nullopt for a map or a sequence, where as<std::string>() throws.
 std::optional<std::string> ScalarText(const YAML::Node& n) {
@@ -44,6 +46,79 @@ std::vector<std::string> ModeTexts(const Sku& s) {
   out.reserve(s.network_modes.size());
   for (auto m : s.network_modes) out.push_back(enums::Text(m));
   return out;
+}
+
+// One SKU's entry (`name`: `n`): what is wrong goes to `bad(key, why)`; nullopt when it cannot
+// be read at all.
+std::optional<Sku> ParseSku(
+    const std::string& name, const YAML::Node& n,
+    const std::function<void(const std::string&, const std::string&)>& bad) {
+  if (!n.IsMap()) {
+    bad("", "must be a map");
+    return std::nullopt;
+  }
+  Sku s;
+  s.name = name;
+  std::string shape, fabric_type, unit;
+  std::vector<std::string> modes;
+  try {
+    for (const auto& kv : n) {
+      if (!kKeys.count(kv.first.as<std::string>())) {
+        bad(kv.first.as<std::string>(), "unknown key");
+      }
+    }
+    shape = n["shape"] ? n["shape"].as<std::string>() : "";
+    s.sharing_mechanism = n["sharing_mechanism"] ? n["sharing_mechanism"].as<std::string>() : "";
+    s.gpu_sku = n["gpu_sku"] ? n["gpu_sku"].as<std::string>() : "";
+    if (n["allowed_gpu_counts"]) {
+      s.allowed_gpu_counts = n["allowed_gpu_counts"].as<std::vector<int>>();
+    }
+    s.vcpus_per_gpu = n["vcpus_per_gpu"] ? n["vcpus_per_gpu"].as<int>() : 0;
+    s.memory_mib_per_gpu = n["memory_mib_per_gpu"] ? n["memory_mib_per_gpu"].as<int64_t>() : 0;
+    fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
+    if (n["network_modes"]) modes = n["network_modes"].as<std::vector<std::string>>();
+    unit = n["billable_unit"] ? n["billable_unit"].as<std::string>() : "gpu_second";
+  } catch (const std::exception& e) {
+    bad("", std::string("wrong type: ") + e.what());
+    return std::nullopt;
+  }
+  if (auto f = enums::Parse<v1::FabricType>(fabric_type)) {
+    s.fabric_type = *f;
+  } else if (!fabric_type.empty()) {
+    bad("fabric_type", "one of " + enums::JoinTexts(v1::FabricType_descriptor()));
+  }
+  if (auto u = enums::Parse<v1::BillableUnit>(unit)) {
+    s.billable_unit = *u;
+  } else {
+    bad("billable_unit", "one of " + enums::JoinTexts(v1::BillableUnit_descriptor()));
+  }
+  if (auto sh = enums::Parse<v1::CapacityShape>(shape); sh && kShapes.count(*sh)) {
+    s.shape = *sh;
+  } else {
+    bad("shape", "one of baremetal, gpu_slice, gpu_partition, gpu_shared");
+  }
+  if ((s.shape == v1::CAPACITY_SHAPE_GPU_PARTITION || s.shape == v1::CAPACITY_SHAPE_GPU_SHARED) &&
+      s.sharing_mechanism.empty()) {
+    bad("sharing_mechanism", "required for reserved shapes");
+  }
+  if (s.gpu_sku.empty()) bad("gpu_sku", "required");
+  if (s.allowed_gpu_counts.empty()) bad("allowed_gpu_counts", "at least one count");
+  for (int g : s.allowed_gpu_counts) {
+    if (g < 1 || g > 16) bad("allowed_gpu_counts", "counts are 1..16");
+  }
+  if (modes.empty()) bad("network_modes", "at least one mode");
+  for (const auto& text : modes) {
+    if (auto m = enums::Parse<v1::NetworkMode>(text); m && kModes.count(*m)) {
+      s.network_modes.push_back(*m);
+    } else {
+      bad("network_modes", "modes are private-nat, fabric-only");
+    }
+  }
+  if (s.shape == v1::CAPACITY_SHAPE_GPU_SLICE &&
+      std::count(s.network_modes.begin(), s.network_modes.end(), v1::NETWORK_MODE_FABRIC_ONLY)) {
+    bad("network_modes", "fabric-only is not offered for slices (they need the NAT vNIC)");
+  }
+  return s;
 }
 
 }  // namespace
@@ -77,66 +152,7 @@ Result<Catalog> Catalog::Parse(const std::string& yaml) {
     auto bad = [&](const std::string& key, const std::string& why) {
       problems[fmt::format("skus.{}.{}", name, key)] = why;
     };
-    if (!n.IsMap()) {
-      bad("", "must be a map");
-      continue;
-    }
-    Sku s;
-    s.name = name;
-    std::string shape, fabric_type;
-    std::vector<std::string> modes;
-    try {
-      for (const auto& kv : n) {
-        if (!kKeys.count(kv.first.as<std::string>())) {
-          bad(kv.first.as<std::string>(), "unknown key");
-        }
-      }
-      shape = n["shape"] ? n["shape"].as<std::string>() : "";
-      s.sharing_mechanism = n["sharing_mechanism"] ? n["sharing_mechanism"].as<std::string>() : "";
-      s.gpu_sku = n["gpu_sku"] ? n["gpu_sku"].as<std::string>() : "";
-      if (n["allowed_gpu_counts"]) {
-        s.allowed_gpu_counts = n["allowed_gpu_counts"].as<std::vector<int>>();
-      }
-      s.vcpus_per_gpu = n["vcpus_per_gpu"] ? n["vcpus_per_gpu"].as<int>() : 0;
-      s.memory_mib_per_gpu = n["memory_mib_per_gpu"] ? n["memory_mib_per_gpu"].as<int64_t>() : 0;
-      fabric_type = n["fabric_type"] ? n["fabric_type"].as<std::string>() : "";
-      if (n["network_modes"]) modes = n["network_modes"].as<std::vector<std::string>>();
-    } catch (const std::exception& e) {
-      bad("", std::string("wrong type: ") + e.what());
-      continue;
-    }
-    if (auto f = enums::Parse<v1::FabricType>(fabric_type)) {
-      s.fabric_type = *f;
-    } else if (!fabric_type.empty()) {
-      bad("fabric_type", "one of " + enums::JoinTexts(v1::FabricType_descriptor()));
-    }
-    if (auto sh = enums::Parse<v1::CapacityShape>(shape); sh && kShapes.count(*sh)) {
-      s.shape = *sh;
-    } else {
-      bad("shape", "one of baremetal, gpu_slice, gpu_partition, gpu_shared");
-    }
-    if ((s.shape == v1::CAPACITY_SHAPE_GPU_PARTITION || s.shape == v1::CAPACITY_SHAPE_GPU_SHARED) &&
-        s.sharing_mechanism.empty()) {
-      bad("sharing_mechanism", "required for reserved shapes");
-    }
-    if (s.gpu_sku.empty()) bad("gpu_sku", "required");
-    if (s.allowed_gpu_counts.empty()) bad("allowed_gpu_counts", "at least one count");
-    for (int g : s.allowed_gpu_counts) {
-      if (g < 1 || g > 16) bad("allowed_gpu_counts", "counts are 1..16");
-    }
-    if (modes.empty()) bad("network_modes", "at least one mode");
-    for (const auto& text : modes) {
-      if (auto m = enums::Parse<v1::NetworkMode>(text); m && kModes.count(*m)) {
-        s.network_modes.push_back(*m);
-      } else {
-        bad("network_modes", "modes are private-nat, fabric-only");
-      }
-    }
-    if (s.shape == v1::CAPACITY_SHAPE_GPU_SLICE &&
-        std::count(s.network_modes.begin(), s.network_modes.end(), v1::NETWORK_MODE_FABRIC_ONLY)) {
-      bad("network_modes", "fabric-only is not offered for slices (they need the NAT vNIC)");
-    }
-    c.skus_[name] = std::move(s);
+    if (auto sku = ParseSku(name, n, bad)) c.skus_[name] = std::move(*sku);
   }
   if (root["images"] && !root["images"].IsMap()) {
     problems["images"] = "must be a map of name -> {url, sha256}";
@@ -287,6 +303,7 @@ v1::ListCatalogResponse Catalog::ToProto() const {
     }
     p->set_sharing_mechanism(s.sharing_mechanism);
     p->set_orderable(Orderable(s));
+    p->set_billable_unit(s.billable_unit);
   }
   for (const auto& [name, img] : images_) {
     auto* p = out.add_images();

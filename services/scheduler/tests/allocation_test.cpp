@@ -57,6 +57,31 @@ TEST(CatalogTest, DefaultCatalogParsesAndValidatesOrders) {
             "network_mode_invalid");
 }
 
+// A SKU bills by its billable_unit; GPU-seconds unless it says otherwise.
+TEST(CatalogTest, ASkuNamesTheUnitItsUsageIsBilledBy) {
+  auto c = Catalog::Parse(R"(
+skus:
+  per-gpu:
+    shape: gpu_slice
+    gpu_sku: h200-sxm
+    allowed_gpu_counts: [1]
+    network_modes: [private-nat]
+  per-node:
+    shape: baremetal
+    gpu_sku: h200-sxm
+    allowed_gpu_counts: [8]
+    network_modes: [private-nat]
+    billable_unit: node_second
+)");
+  ASSERT_TRUE(c.ok()) << c.error().ToString();
+  EXPECT_EQ(c->Find("per-gpu")->billable_unit, v1::BILLABLE_UNIT_GPU_SECOND);
+  EXPECT_EQ(c->Find("per-node")->billable_unit, v1::BILLABLE_UNIT_NODE_SECOND);
+  const auto listed = c->ToProto();
+  ASSERT_EQ(listed.skus_size(), 2);
+  EXPECT_EQ(listed.skus(1).name(), "per-node");
+  EXPECT_EQ(listed.skus(1).billable_unit(), v1::BILLABLE_UNIT_NODE_SECOND);
+}
+
 TEST(CatalogTest, EveryProblemOfABadCatalogIsReported) {
   auto c = Catalog::Parse(R"(
 skus:
@@ -66,6 +91,7 @@ skus:
     allowed_gpu_counts: [0, 2]
     network_modes: [fabric-only]
     colour: blue
+    billable_unit: gpu_minute
   b:
     shape: gpu_shared
     gpu_sku: h200-sxm
@@ -77,6 +103,7 @@ skus:
   EXPECT_TRUE(d.count("skus.a.allowed_gpu_counts"));
   EXPECT_TRUE(d.count("skus.a.network_modes"));
   EXPECT_TRUE(d.count("skus.a.colour"));
+  EXPECT_TRUE(d.count("skus.a.billable_unit"));
   EXPECT_TRUE(d.count("skus.b.sharing_mechanism"));
   EXPECT_FALSE(Catalog::Parse("skus: {}").ok());
   EXPECT_FALSE(Catalog::Parse(": : :").ok());
@@ -127,6 +154,7 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
   EXPECT_EQ(al.state(), v1::ALLOCATION_STATE_PROVISIONING)
       << "placed, and vm.provision is on its way";
   EXPECT_EQ(al.shape(), v1::CAPACITY_SHAPE_GPU_SLICE);
+  EXPECT_EQ(al.billable_unit(), v1::BILLABLE_UNIT_GPU_SECOND) << "the catalog's, kept with it";
   ASSERT_EQ(al.claims_size(), 4);
   std::set<std::string> slots;
   for (const auto& c : al.claims()) {
@@ -154,6 +182,7 @@ TEST_F(AllocationTest, SliceIsPlacedOnOneNodeAndAnnounced) {
       "gpuaas.v1.scheduler.allocation.get", g, 5000ms);
   ASSERT_TRUE(got.ok());
   EXPECT_EQ(got->allocation().slot_keys_size(), 4);
+  EXPECT_EQ(got->allocation().billable_unit(), v1::BILLABLE_UNIT_GPU_SECOND) << "read back";
   v1::ListAllocationsRequest l;
   l.set_tenant("acme");
   l.set_page_size(1);

@@ -28,7 +28,7 @@ void UsageMetrics::Recorded(const v1::UsageRecord& r) {
   const std::string kind = enums::Text(r.kind());
   records_->Add({{"kind", kind}}).Increment();
   gpu_seconds_->Add({{"sku", r.sku()}, {"kind", kind}})
-      .Increment(static_cast<double>(r.units_micro()) / 1e6);
+      .Increment(static_cast<double>(r.gpu_count()) * static_cast<double>(r.duration_us()) / 1e6);
 }
 
 std::shared_ptr<metrics::Sampler> StartLedgerLag(const std::function<Result<uint64_t>()>& backlog,

@@ -1,7 +1,8 @@
 #pragma once
 // usage's domain metrics (docs/operations.md has the table):
-//   gpuaas_usage_gpu_seconds_total{sku,kind} GPU-seconds of the records written (kind billable
-//                                            or stranded; a correction counts its own units)
+//   gpuaas_usage_gpu_seconds_total{sku,kind} GPU-seconds of the records written (gpu_count x
+//                                            duration, whatever the SKU bills by; a correction
+//                                            counts its own piece)
 //   gpuaas_usage_records_total{kind}         records written
 //   gpuaas_usage_ledger_lag_seconds          how long the ledger has been behind the scheduler's
 //                                            stream (0 while its consumer has no backlog)

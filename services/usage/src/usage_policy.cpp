@@ -44,6 +44,12 @@ v1::UsageStop StopOf(const v1::Allocation& a) {
   return v1::USAGE_STOP_RELEASE_REQUESTED;
 }
 
+// An allocation from before SKUs named a unit bills GPU-seconds.
+v1::BillableUnit UnitOf(const v1::Allocation& a) {
+  return a.billable_unit() == v1::BILLABLE_UNIT_UNSPECIFIED ? v1::BILLABLE_UNIT_GPU_SECOND
+                                                            : a.billable_unit();
+}
+
 // The claim snapshot every record of an interval copies.
 v1::UsageRecord Base(const v1::Allocation& a, v1::UsageKind kind) {
   v1::UsageRecord r;
@@ -66,7 +72,8 @@ v1::UsageRecord Base(const v1::Allocation& a, v1::UsageKind kind) {
     if (e.public_ip().empty()) continue;
     r.add_endpoints(fmt::format("{} {}:{}", e.name(), e.public_ip(), e.public_port()));
   }
-  r.set_billable_unit(kBillableUnit);
+  // The SKU's unit, as the allocation carries it from its creation.
+  r.set_billable_unit(enums::Text(UnitOf(a)));
   return r;
 }
 
@@ -86,7 +93,8 @@ v1::UsageRecord Piece(const Interval& iv, int64_t from, int64_t to, v1::UsageSto
   *r.mutable_start() = Stamp(from);
   *r.mutable_end() = Stamp(to);
   r.set_duration_us(to - from);
-  r.set_units_micro(static_cast<int64_t>(r.gpu_count()) * (to - from));
+  const bool per_node = r.billable_unit() == enums::Text(v1::BILLABLE_UNIT_NODE_SECOND);
+  r.set_units_micro((per_node ? 1 : static_cast<int64_t>(r.gpu_count())) * (to - from));
   r.set_stop(stop);
   r.add_event_ids(iv.start_event_id);
   if (!stop_event.empty()) r.add_event_ids(stop_event);

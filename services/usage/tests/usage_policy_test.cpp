@@ -56,6 +56,7 @@ class Story {
   }
   Meter& meter() { return m_; }
   const v1::Allocation& allocation() const { return a_; }
+  void BillBy(v1::BillableUnit unit) { a_.set_billable_unit(unit); }
 
  private:
   v1::Allocation a_;
@@ -88,6 +89,22 @@ TEST(UsagePolicyTest, ActiveUntilTheReleaseRequestIsBilledInGpuSeconds) {
   // The rest of the release bills nothing more.
   EXPECT_TRUE(
       s.To(v1::ALLOCATION_STATE_RELEASED, t + 110 * kSec, v1::CLAIM_PHASE_RELEASED).empty());
+}
+
+// A SKU billed per node (the catalog's node_second, carried by the allocation): the whole
+// allocation's seconds, whatever its GPU count.
+TEST(UsagePolicyTest, ASkuBilledPerNodeCountsTheAllocationsSecondsNotItsGpus) {
+  Story s("a8", 8);
+  s.BillBy(v1::BILLABLE_UNIT_NODE_SECOND);
+  const int64_t t = kDay0 + 10 * kHour;
+  EXPECT_TRUE(s.To(v1::ALLOCATION_STATE_ACTIVE, t, v1::CLAIM_PHASE_ACTIVE).empty());
+  auto out =
+      s.To(v1::ALLOCATION_STATE_RELEASING, t + 90 * kSec, v1::CLAIM_PHASE_RELEASING, "tenant");
+  ASSERT_EQ(out.size(), 1U);
+  EXPECT_EQ(out[0].billable_unit(), "node_second");
+  EXPECT_EQ(out[0].gpu_count(), 8);
+  EXPECT_EQ(out[0].units_micro(), 90 * kSec) << "one node x 90 s";
+  EXPECT_NE(CsvLine(out[0]).find(",node_second,90.000000,"), std::string::npos) << CsvLine(out[0]);
 }
 
 TEST(UsagePolicyTest, NeverActiveIsNeverBilledAndBlockedClaimsAreStrandedNotBilled) {

@@ -23,6 +23,8 @@ struct Sku {
   v1::FabricType fabric_type =
       v1::FABRIC_TYPE_UNSPECIFIED;             // required slot fabric (UNSPECIFIED = any)
   std::vector<v1::NetworkMode> network_modes;  // the first is the default
+  // What its usage is billed by (YAML billable_unit: gpu_second, the default, or node_second).
+  v1::BillableUnit billable_unit = v1::BILLABLE_UNIT_GPU_SECOND;
 };
 
 // A VM image tenants may boot on a slice: where the node fetches it and its digest.

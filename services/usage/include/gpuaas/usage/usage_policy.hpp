@@ -13,7 +13,6 @@
 namespace gpuaas::usage {
 
 inline constexpr const char* kPolicyVersion = "usage-policy/1";
-inline constexpr const char* kBillableUnit = "gpu_second";
 inline constexpr int64_t kDayUs = int64_t{86400} * 1000000;
 
 // One of the two intervals an allocation can have: billable (active until a release, failure
