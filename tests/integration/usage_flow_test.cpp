@@ -25,6 +25,26 @@ int64_t EnteredAt(testing::Platform& p, const std::string& id, v1::AllocationSta
   return 0;
 }
 
+// The days around the allocation's last change (the records' days).
+v1::ListUsageRequest PeriodAround(const v1::Allocation& a) {
+  const int64_t now = usage::Micros(a.updated_at());
+  v1::ListUsageRequest list;
+  *list.mutable_from() = usage::Stamp(usage::DayStart(now) - usage::kDayUs);
+  *list.mutable_to() = usage::Stamp(usage::DayStart(now) + 2 * usage::kDayUs);
+  return list;
+}
+
+// The records of `list` once there are at least `n` (a failure, and what there was, if never).
+v1::ListUsageResponse WaitRecords(testing::Platform& p, const v1::ListUsageRequest& list, int n) {
+  v1::ListUsageResponse got;
+  EXPECT_TRUE(testing::WaitFor([&] {
+    auto l = p.Call<v1::ListUsageResponse>("gpuaas.v1.usage.record.list", list);
+    if (l.ok()) got = *l;
+    return l.ok() && l->records_size() >= n;
+  })) << got.DebugString();
+  return got;
+}
+
 TEST(UsageFlowTest, ReleasedSlicesAreBilledFromActiveToTheReleaseRequest) {
   testing::Platform p;
   p.Start();
@@ -45,17 +65,8 @@ TEST(UsageFlowTest, ReleasedSlicesAreBilledFromActiveToTheReleaseRequest) {
   const auto released = p.WaitSettled(tenant->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
   p.WaitSettled(forced->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
 
-  // The period around now (the records' days).
-  const int64_t now = usage::Micros(released.updated_at());
-  v1::ListUsageRequest list;
-  *list.mutable_from() = usage::Stamp(usage::DayStart(now) - usage::kDayUs);
-  *list.mutable_to() = usage::Stamp(usage::DayStart(now) + 2 * usage::kDayUs);
-  v1::ListUsageResponse got;
-  ASSERT_TRUE(testing::WaitFor([&] {
-    auto l = p.Call<v1::ListUsageResponse>("gpuaas.v1.usage.record.list", list);
-    if (l.ok()) got = *l;
-    return l.ok() && l->records_size() >= 2;
-  })) << got.DebugString();
+  const v1::ListUsageRequest list = PeriodAround(released);
+  const v1::ListUsageResponse got = WaitRecords(p, list, 2);
   ASSERT_EQ(got.records_size(), 2) << got.DebugString();
   int64_t total = 0;
   for (const auto& r : got.records()) {
@@ -124,16 +135,7 @@ default_image: tiny-guest
   p.WaitSettled(a->allocation_id(), v1::ALLOCATION_STATE_ACTIVE);
   ASSERT_TRUE(p.Release(a->allocation_id(), "done").ok());
   const auto released = p.WaitSettled(a->allocation_id(), v1::ALLOCATION_STATE_RELEASED);
-  const int64_t now = usage::Micros(released.updated_at());
-  v1::ListUsageRequest list;
-  *list.mutable_from() = usage::Stamp(usage::DayStart(now) - usage::kDayUs);
-  *list.mutable_to() = usage::Stamp(usage::DayStart(now) + 2 * usage::kDayUs);
-  v1::ListUsageResponse got;
-  ASSERT_TRUE(testing::WaitFor([&] {
-    auto l = p.Call<v1::ListUsageResponse>("gpuaas.v1.usage.record.list", list);
-    if (l.ok()) got = *l;
-    return l.ok() && l->records_size() >= 1;
-  })) << got.DebugString();
+  const v1::ListUsageResponse got = WaitRecords(p, PeriodAround(released), 1);
   ASSERT_EQ(got.records_size(), 1) << got.DebugString();
   const auto& r = got.records(0);
   EXPECT_EQ(r.gpu_count(), 2);
