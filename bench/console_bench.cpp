@@ -369,17 +369,13 @@ int Run(int rounds, int seconds) {
       });
   if (auto r = scheduler.Start(); !r.ok()) throw Failure(r.error().ToString());
 
-  console_gw::ConsoleGwConfig cfg;
-  {
-    config::Schema schema;
-    cfg.Register(schema);
-    auto env = nats.Env("console-gw");
-    env["GPUAAS_POSTGRES_DSN"] = dsn;
-    env["GPUAAS_LOG_LEVEL"] = "error";
-    if (window != nullptr && *window != '\0') env["GPUAAS_CONSOLE_WINDOW_BYTES"] = window;
-    if (auto r = schema.LoadFromString("", env); !r.ok()) throw Failure(r.error().ToString());
-  }
-  console_gw::ConsoleGwService gw(cfg);
+  auto env = nats.Env("console-gw");
+  env["GPUAAS_POSTGRES_DSN"] = dsn;
+  env["GPUAAS_LOG_LEVEL"] = "error";
+  if (window != nullptr && *window != '\0') env["GPUAAS_CONSOLE_WINDOW_BYTES"] = window;
+  auto cfg = bench::LoadConfig<console_gw::ConsoleGwConfig>(env);
+  if (!cfg.ok()) throw Failure(cfg.error().ToString());
+  console_gw::ConsoleGwService gw(*cfg);
   if (auto r = gw.Start(); !r.ok()) throw Failure("console-gw: " + r.error().ToString());
   const uint16_t gw_port = gw.gateway_port();
 

@@ -328,9 +328,6 @@ void PrintChoices(const char* phase, const std::map<std::string, double>& before
 std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& nats,
                                                             const std::string& dsn, int clients,
                                                             bool index, bool group = true) {
-  scheduler::SchedulerConfig cfg;
-  config::Schema schema;
-  cfg.Register(schema);
   auto env = nats.Env("scheduler");
   env["GPUAAS_POSTGRES_DSN"] = dsn;
   env["GPUAAS_LOG_LEVEL"] =
@@ -339,11 +336,12 @@ std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& n
   env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
   env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
   env["GPUAAS_SCHEDULER_GROUP_COMMIT"] = group ? "true" : "false";
-  if (auto r = schema.LoadFromString("", env); !r.ok()) {
-    std::fprintf(stderr, "scheduler config: %s\n", r.error().ToString().c_str());
+  auto cfg = bench::LoadConfig<scheduler::SchedulerConfig>(env);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "scheduler config: %s\n", cfg.error().ToString().c_str());
     return nullptr;
   }
-  auto svc = std::make_unique<scheduler::SchedulerService>(cfg);
+  auto svc = std::make_unique<scheduler::SchedulerService>(*cfg);
   if (auto r = svc->Start(); !r.ok()) {
     std::fprintf(stderr, "scheduler: %s\n", r.error().ToString().c_str());
     return nullptr;
@@ -355,10 +353,11 @@ std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& n
 // node events and 8 slot events each are published first; then a raw JetStream pull consumer
 // reads the slot events (no ack, no processing), and a scheduler started on an empty database
 // consumes the stream until its projection holds every slot and its index every node.
-int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connection& conn,
-          int nodes, int clients, const log::Logger& logger) {
-  if (!messaging::EnsureStream(conn, messaging::InventoryEventsStream()).ok()) return 1;
-  jsCtx* js = conn.js();
+int RunP8(testing::TestNats& nats, testing::TestPostgres& pg,
+          const std::shared_ptr<messaging::Connection>& conn, int nodes, int clients,
+          const log::Logger& logger) {
+  if (!messaging::EnsureStream(*conn, messaging::InventoryEventsStream()).ok()) return 1;
+  jsCtx* js = conn->js();
   jsPubOptions po;
   jsPubOptions_Init(&po);
   int64_t slots = 0;
@@ -420,41 +419,18 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connect
               static_cast<long long>(slots),
               std::chrono::duration<double>(Clock::now() - t_pub).count());
 
-  // Raw: an ephemeral pull consumer over the slot events, batches of 1,000, no acks.
-  const double raw_per_s = bench::RawPullPerSecond(js, "gpuaas.v1.evt.inventory.slot.>", slots);
+  // Raw: a pull consumer over the slot events, batches of 1,000, no acks.
+  const double raw_per_s = bench::RawPullPerSecond(conn, messaging::InventoryEventsStream().name,
+                                                   "gpuaas.v1.evt.inventory.slot.>", slots);
   if (raw_per_s == 0) return 1;
 
   // What the server alone costs a consumer like the scheduler's: a durable pull consumer with
   // explicit acks over the same slot events, fetched as the service fetches (messaging::Puller,
   // batches of 256) and each message acked, nothing else done with it.
-  double acked_per_s = 0;
-  {
-    messaging::ConsumerSpec spec;
-    spec.stream = messaging::InventoryEventsStream().name;
-    spec.durable = "p8-acked";
-    spec.filter_subject = "gpuaas.v1.evt.inventory.slot.>";
-    auto shared = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
-    if (!shared.ok() || !messaging::EnsureConsumer(**shared, spec).ok()) return 1;
-    auto puller = messaging::Puller::Open(*shared, spec.stream, spec.durable);
-    if (!puller.ok()) return 1;
-    int64_t got = 0;
-    const auto t = Clock::now();
-    while (got < slots && Clock::now() - t < std::chrono::minutes(20)) {
-      auto f = (*puller)->Fetch(256, 5000);
-      if (f.outcome != messaging::Puller::Outcome::kMessages) break;
-      for (natsMsg* m : f.msgs) {
-        (void)messaging::SettleMsg(**shared, m, messaging::Settle::kAck);
-        natsMsg_Destroy(m);
-      }
-      got += static_cast<int64_t>(f.msgs.size());
-    }
-    acked_per_s =
-        static_cast<double>(got) / std::chrono::duration<double>(Clock::now() - t).count();
-    std::printf("p8: acked consume (durable, explicit acks, no processing): %lld in %.1fs\n",
-                static_cast<long long>(got),
-                std::chrono::duration<double>(Clock::now() - t).count());
-    (void)js_DeleteConsumer(js, spec.stream.c_str(), spec.durable.c_str(), nullptr, nullptr);
-  }
+  const double acked_per_s = bench::ConsumePerSecond(conn, messaging::InventoryEventsStream().name,
+                                                     "gpuaas.v1.evt.inventory.slot.>", slots,
+                                                     "p8-acked", 256, /*ack=*/true);
+  if (acked_per_s == 0) return 1;
 
   // The scheduler on an empty database: projection and index from the stream.
   const std::string dsn = pg.CreateDatabase("p8");
@@ -524,7 +500,7 @@ int main(int argc, char** argv) {
   auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
   rpc::Client client(*conn);
-  if (p8_nodes > 0) return RunP8(nats, pg, **conn, p8_nodes, clients, logger);
+  if (p8_nodes > 0) return RunP8(nats, pg, *conn, p8_nodes, clients, logger);
 
   auto create = [&](const std::string& id, int gpus) {
     v1::CreateAllocationRequest r;

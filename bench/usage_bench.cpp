@@ -48,14 +48,15 @@ double Seconds(Clock::time_point since) {
 }
 
 std::unique_ptr<usage::UsageService> StartLedger(testing::TestNats& nats, const std::string& dsn) {
-  usage::UsageConfig cfg;
-  config::Schema schema;
-  cfg.Register(schema);
   auto env = nats.Env("usage");
   env["GPUAAS_POSTGRES_DSN"] = dsn;
   env["GPUAAS_LOG_LEVEL"] = "error";
-  if (auto r = schema.LoadFromString("", env); !r.ok()) return nullptr;
-  auto svc = std::make_unique<usage::UsageService>(cfg);
+  auto cfg = bench::LoadConfig<usage::UsageConfig>(env);
+  if (!cfg.ok()) {
+    std::fprintf(stderr, "usage config: %s\n", cfg.error().ToString().c_str());
+    return nullptr;
+  }
+  auto svc = std::make_unique<usage::UsageService>(*cfg);
   if (auto r = svc->Start(); !r.ok()) {
     std::fprintf(stderr, "usage: %s\n", r.error().ToString().c_str());
     return nullptr;
@@ -110,12 +111,12 @@ int64_t PublishAllocations(messaging::Connection& conn, int allocations) {
   return js_PublishAsyncComplete(js, &done) == NATS_OK ? n : -1;
 }
 
-int RunRebuild(testing::TestNats& nats, testing::TestPostgres& pg, messaging::Connection& conn,
-               int allocations) {
-  const int64_t events = PublishAllocations(conn, allocations);
+int RunRebuild(testing::TestNats& nats, testing::TestPostgres& pg,
+               const std::shared_ptr<messaging::Connection>& conn, int allocations) {
+  const int64_t events = PublishAllocations(*conn, allocations);
   if (events < 0) return 1;
-  const double raw_per_s =
-      bench::RawPullPerSecond(conn.js(), "gpuaas.v1.evt.scheduler.allocation.>", events);
+  const double raw_per_s = bench::RawPullPerSecond(conn, messaging::SchedulerEventsStream().name,
+                                                   "gpuaas.v1.evt.scheduler.allocation.>", events);
   if (raw_per_s == 0) return 1;
   const std::string dsn = pg.CreateDatabase("p9");
   const auto t = Clock::now();
@@ -270,7 +271,7 @@ int main(int argc, char** argv) {
   testing::TestPostgres pg(/*fsync=*/true);
   auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
   if (!conn.ok()) return 1;
-  if (allocations > 0 && RunRebuild(nats, pg, **conn, allocations) != 0) return 1;
+  if (allocations > 0 && RunRebuild(nats, pg, *conn, allocations) != 0) return 1;
   if (export_records > 0 && RunExport(nats, pg, *conn, export_records) != 0) return 1;
   return 0;
 }
