@@ -278,29 +278,36 @@ Result<messaging::Consumer*> Service::StartConsumer(messaging::ConsumerSpec spec
   return consumers_.back().get();
 }
 
-Result<messaging::Consumer*> Service::StartProjection(
-    const std::string& stream, const std::string& durable, const std::string& filter,
-    inbox::ApplyFn apply, std::shared_ptr<inbox::ProjectionStats> stats) {
+namespace {
+
+// A projection's consumer: default settings plus prefetch (short handlers; a replay's next batch
+// travels while one is applied).
+messaging::ConsumerSpec ProjectionSpec(const std::string& stream, const std::string& durable,
+                                       const std::string& filter) {
   messaging::ConsumerSpec spec;
   spec.stream = stream;
   spec.durable = durable;
   spec.filter_subject = filter;
-  spec.prefetch = true;  // short handlers; a replay's next batch travels while one is applied
+  spec.prefetch = true;
+  return spec;
+}
+
+}  // namespace
+
+Result<messaging::Consumer*> Service::StartProjection(
+    const std::string& stream, const std::string& durable, const std::string& filter,
+    inbox::ApplyFn apply, std::shared_ptr<inbox::ProjectionStats> stats) {
   auto one = inbox::ProjectionHandler(pool_, durable, apply, log_, stats);
   auto batch =
       inbox::ProjectionBatchHandler(pool_, durable, std::move(apply), {}, log_, std::move(stats));
-  return StartConsumer(spec, std::move(one), std::move(batch));
+  return StartConsumer(ProjectionSpec(stream, durable, filter), std::move(one), std::move(batch));
 }
 
 Result<messaging::Consumer*> Service::StartBatchProjection(
     const std::string& stream, const std::string& durable, const std::string& filter,
     inbox::ApplyFn apply, inbox::BatchApplyFn apply_many, int batch) {
-  messaging::ConsumerSpec spec;
-  spec.stream = stream;
-  spec.durable = durable;
-  spec.filter_subject = filter;
+  messaging::ConsumerSpec spec = ProjectionSpec(stream, durable, filter);
   spec.batch = batch;
-  spec.prefetch = true;
   auto one = inbox::ProjectionHandler(pool_, durable, apply, log_);
   auto many =
       inbox::ProjectionBatchHandler(pool_, durable, std::move(apply), std::move(apply_many), log_);

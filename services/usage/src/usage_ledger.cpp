@@ -2,7 +2,10 @@
 // policy is pure (usage_policy.hpp), so a batch runs it in memory, event by event in stream
 // order, exactly as one event per transaction would, and writes what changed with one statement
 // per table: the same events give the same records however they were batched.
-#include <fmt/format.h>
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
 
 #include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/outbox.hpp"

@@ -2,10 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "gpuaas/common/enums.hpp"
-#include "gpuaas/common/ids.hpp"
 #include "gpuaas/common/messaging.hpp"
-#include "gpuaas/common/outbox.hpp"
 #include "gpuaas/common/store.hpp"
 #include "gpuaas/v1/event.pb.h"
 #include "gpuaas/v1/usage.pb.h"
