@@ -98,6 +98,14 @@ std::vector<GroupCommit::Outcome> GroupCommit::RunGroup(const std::vector<Unit*>
       ran[i].kind = Outcome::kCommitted;
     }
     tx.commit();
+  } catch (const pqxx::in_doubt_error& e) {
+    // Lost during COMMIT: the group may have committed, so no unit runs again here; each
+    // caller retries with its own idempotency key (WithTx does the same).
+    lease->Discard();
+    for (auto& o : out) {
+      o = Outcome{Outcome::kFailed, Error::Unavailable(reason::kDbCommitInDoubt, e.what())};
+    }
+    return out;
   } catch (const std::exception& e) {
     bool retry = false;
     bool broken = false;

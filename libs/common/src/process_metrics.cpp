@@ -197,4 +197,35 @@ std::shared_ptr<Sampler> StartOutboxBacklog(std::shared_ptr<store::Pool> pool,
       });
 }
 
+std::shared_ptr<Sampler> StartDatabaseRole(std::shared_ptr<store::Pool> pool,
+                                           const std::string& service,
+                                           prometheus::Registry& registry,
+                                           std::chrono::milliseconds interval) {
+  const prometheus::Labels labels{{"service", service}};
+  auto* primary =
+      &prometheus::BuildGauge()
+           .Name("gpuaas_db_primary")
+           .Help("1 while this service's database connections reach a read-write primary")
+           .Register(registry)
+           .Add(labels);
+  auto* without = &prometheus::BuildGauge()
+                       .Name("gpuaas_db_no_primary_seconds")
+                       .Help("Seconds since this service last reached its primary (0: it does)")
+                       .Register(registry)
+                       .Add(labels);
+  auto* reconnects = &prometheus::BuildCounter()
+                          .Name("gpuaas_db_reconnects_total")
+                          .Help("Database connections opened again after one was lost")
+                          .Register(registry)
+                          .Add(labels);
+  auto sample = [pool = std::move(pool), primary, without, reconnects] {
+    (void)pool->Ping();
+    primary->Set(pool->primary() ? 1 : 0);
+    without->Set(pool->SecondsWithoutPrimary());
+    const double total = static_cast<double>(pool->reconnects());
+    if (total > reconnects->Value()) reconnects->Increment(total - reconnects->Value());
+  };
+  return std::make_shared<Sampler>(interval, std::move(sample));
+}
+
 }  // namespace gpuaas::metrics

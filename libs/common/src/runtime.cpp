@@ -197,6 +197,8 @@ Result<void> Service::OpenDatabase(std::chrono::steady_clock::time_point deadlin
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   AddReadinessCheck("postgres", [this]() { return pool_->Ping(); });
+  auto role = metrics::StartDatabaseRole(pool_, component_.name, *registry_);
+  OnDrain("database role sampler", [role] { role->Stop(); });
   return Ok();
 }
 

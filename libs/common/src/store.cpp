@@ -14,8 +14,35 @@ Pool::Lease::~Lease() {
   if (pool_) pool_->Release(std::move(c_));
 }
 
+namespace {
+int64_t SteadyNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+}  // namespace
+
+void Pool::Lease::Discard() {
+  c_.reset();
+  if (pool_) pool_->Lost();
+}
+
 Pool::Pool(PoolOptions opts, log::Logger logger)
-    : opts_(std::move(opts)), log_(std::move(logger)) {}
+    : opts_(std::move(opts)), log_(std::move(logger)), last_primary_ns_(SteadyNs()) {}
+
+void Pool::Lost() {
+  std::lock_guard lock(mu_);
+  lost_ += 1 + static_cast<int>(idle_.size());
+  open_ -= static_cast<int>(idle_.size());
+  idle_.clear();
+  primary_ = false;
+  cv_.notify_all();
+}
+
+double Pool::SecondsWithoutPrimary() const {
+  if (primary_.load()) return 0;
+  return static_cast<double>(SteadyNs() - last_primary_ns_.load()) / 1e9;
+}
 
 Result<Pool::Lease> Pool::Acquire() {
   std::unique_lock lock(mu_);
@@ -36,7 +63,13 @@ Result<Pool::Lease> Pool::Acquire() {
   ++open_;
   lock.unlock();
   try {
-    return Lease(this, Connect(opts_.dsn));
+    Lease lease(this, Connect(opts_.dsn));
+    std::lock_guard relock(mu_);
+    if (lost_ > 0) {
+      --lost_;
+      ++reconnects_;
+    }
+    return lease;
   } catch (const std::exception& e) {
     std::lock_guard relock(mu_);
     --open_;
@@ -62,13 +95,24 @@ void Pool::Release(std::unique_ptr<pqxx::connection> c) {
 }
 
 Result<void> Pool::Ping() {
-  return WithTx(
+  auto r = WithTx(
       *this,
       [](pqxx::work& tx) -> Result<void> {
-        tx.exec1("SELECT 1");
+        // With a multi-host DSN (target_session_attrs=read-write) a new connection reaches the
+        // primary; one opened before a switchover may now be on a standby.
+        if (tx.exec1("SELECT pg_is_in_recovery()")[0].as<bool>()) {
+          return Error::Unavailable(reason::kDbNotPrimary, "the server is a standby in recovery");
+        }
         return Ok();
       },
       TxOptions{1, false});
+  if (r.ok()) {
+    primary_ = true;
+    last_primary_ns_ = SteadyNs();
+  } else {
+    if (primary_.exchange(false)) last_primary_ns_ = SteadyNs();
+  }
+  return r;
 }
 
 Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
@@ -90,6 +134,11 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
     if (state.rfind("57P", 0) == 0 || state.rfind("08", 0) == 0) {
       *broken = true;
       return Error::Unavailable(reason::kDbUnavailable, e.what());
+    }
+    // 25006 read_only_sql_transaction: this connection is on a standby (a demoted primary).
+    if (state == "25006") {
+      *broken = true;
+      return Error::Unavailable(reason::kDbNotPrimary, e.what());
     }
     if (state == "40001" || state == "40P01") {
       *retry_tx = true;

@@ -79,4 +79,13 @@ std::shared_ptr<Sampler> StartOutboxBacklog(
     std::shared_ptr<store::Pool> pool, const std::string& service, prometheus::Registry& registry,
     log::Logger logger, std::chrono::milliseconds interval = std::chrono::seconds(5));
 
+// The database as this service sees it, every `interval` (a Pool::Ping, which the readiness
+// check also runs): gpuaas_db_primary{service} (1 while a pooled connection reaches a read-write
+// primary), gpuaas_db_no_primary_seconds{service} (how long it has not; 0 while it has) and
+// gpuaas_db_reconnects_total{service} (connections opened again after one was lost: a restart,
+// a failover).
+std::shared_ptr<Sampler> StartDatabaseRole(
+    std::shared_ptr<store::Pool> pool, const std::string& service, prometheus::Registry& registry,
+    std::chrono::milliseconds interval = std::chrono::seconds(1));
+
 }  // namespace gpuaas::metrics

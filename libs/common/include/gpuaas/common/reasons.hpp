@@ -56,6 +56,11 @@ inline constexpr Reason kStreamOutdated{"stream_outdated"};
 // ---- store: PostgreSQL pool, transactions, migrations (store.hpp) ----
 inline constexpr Reason kDbPoolExhausted{"db_pool_exhausted"};  // RESOURCE_EXHAUSTED: pool full
 inline constexpr Reason kDbUnavailable{"db_unavailable"};       // UNAVAILABLE: database unreachable
+// UNAVAILABLE: the connection broke during COMMIT, so whether it committed is unknown; not
+// retried inside (the unit may not be idempotent): the caller retries with the same request_id.
+inline constexpr Reason kDbCommitInDoubt{"db_commit_in_doubt"};
+// UNAVAILABLE: the server reached is a standby (in recovery), not the primary.
+inline constexpr Reason kDbNotPrimary{"db_not_primary"};
 inline constexpr Reason kTxConflict{"tx_conflict"};  // ABORTED: serialization failure/deadlock
 inline constexpr Reason kDbError{"db_error"};   // INTERNAL: other SQL error (details: sqlstate)
 inline constexpr Reason kInternal{"internal"};  // INTERNAL: unexpected exception in a transaction

@@ -5,6 +5,7 @@
 // a lost connection is UNAVAILABLE (retryable), everything else INTERNAL.
 #include <pqxx/pqxx>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -48,8 +49,9 @@ class Pool {
     ~Lease();
     pqxx::connection& operator*() { return *c_; }
     pqxx::connection* operator->() { return c_.get(); }
-    // The connection is broken: do not return it to the pool.
-    void Discard() { c_.reset(); }
+    // The connection is broken: do not return it to the pool. The idle ones go too: they were
+    // opened to the same server, which after a failover is gone or a standby.
+    void Discard();
 
    private:
     Pool* pool_ = nullptr;
@@ -58,20 +60,34 @@ class Pool {
 
   Pool(PoolOptions opts, log::Logger logger);
   Result<Lease> Acquire();
-  // SELECT 1 on a pooled connection.
+  // Whether a pooled connection reaches the primary: UNAVAILABLE db_unavailable when none
+  // connects, db_not_primary when the server is a standby (in recovery). Records the role.
   Result<void> Ping();
   const std::string& dsn() const { return opts_.dsn; }
   const log::Logger& logger() const { return log_; }
 
+  // What the last Ping saw (false before the first): the primary, read-write.
+  bool primary() const { return primary_.load(); }
+  // Seconds since a Ping last reached the primary (since the pool's creation if none did); 0
+  // while the last Ping did.
+  double SecondsWithoutPrimary() const;
+  // Connections opened again after a connection was lost (a restart, a failover).
+  int64_t reconnects() const { return reconnects_.load(); }
+
  private:
   friend class Lease;
   void Release(std::unique_ptr<pqxx::connection> c);
+  void Lost();
   PoolOptions opts_;
   log::Logger log_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_;
   int open_ = 0;
+  int lost_ = 0;  // connections lost and not opened again yet
+  std::atomic<bool> primary_{false};
+  std::atomic<int64_t> last_primary_ns_;  // steady clock
+  std::atomic<int64_t> reconnects_{0};
 };
 
 // Classifies an exception thrown by libpqxx (or anything else) as an Error.
@@ -96,7 +112,9 @@ void BackoffSleep(int attempt);
 }
 
 // Runs fn(tx) in a transaction and commits when it returns ok; an error value rolls back.
-// fn must be safe to run again (it is, if all its effects go through tx).
+// fn must be safe to run again (it is, if all its effects go through tx): a conflict, or a
+// connection lost before COMMIT, runs it again. A connection lost during COMMIT is not retried
+// (UNAVAILABLE db_commit_in_doubt): see docs/operations.md, "PostgreSQL high availability".
 template <typename F>
 auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval<pqxx::work&>())) {
   using R = decltype(fn(std::declval<pqxx::work&>()));
@@ -111,6 +129,11 @@ auto WithTx(Pool& pool, F&& fn, TxOptions opts = {}) -> decltype(fn(std::declval
       R r = fn(tx);
       if (r.ok()) tx.commit();
       return r;
+    } catch (const pqxx::in_doubt_error& e) {
+      // The connection broke during COMMIT (a failover, a crash): it may have committed. fn is
+      // not run again here; the caller's retry with the same idempotency key resolves it.
+      lease->Discard();
+      return R(Error::Unavailable(gpuaas::reason::kDbCommitInDoubt, e.what()));
     } catch (const std::exception& e) {
       bool retry = false;
       bool broken = false;
