@@ -33,6 +33,14 @@
 //                        are freed) is still live (requested, applying, active, drift, removing)
 //   pool_used_diff       a pool's `used` differs from its live exposures' endpoints
 //   endpoint_shared      two live exposures hold one public ip:port
+// With --ha, PostgreSQL is a pg_auto_failover formation (testing::TestHaPostgres) and its fault
+// is a failover: the primary's node killed -9, the standby promoted by the engine, the old one
+// back as the standby; every service reaches the new primary through its multi-host DSN.
+//   failovers, failover_promote_max_s, failover_ready_max_s  counted and measured (kill to the
+//                  monitor's new primary; kill to every service's /readyz 200 again)
+//   failover_stalls  a failover never promoted, services never ready, or the old primary never
+//                  back as the standby; failover_ready_max_s above --max-ready-s fails the run
+// `--ha --faults failover` injects only failovers (ctest chaos.failover in scripts/test).
 // and prints `R1 faults=... placements=... double_booked=0 lost=0 stuck=0
 // dead_lettered_retryable=0 ...`, exiting 1 when any check fails. scripts/chaos runs it.
 #include <signal.h>
@@ -69,6 +77,7 @@
 #include "gpuaas/v1/ingress.pb.h"
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
+#include "ha_postgres.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::chaos {
@@ -91,6 +100,14 @@ struct Options {
   int64_t usage_slack_ms = 2000;
   int max_pg_outage_s = 15;
   int min_faults = 0;
+  // PostgreSQL as a pg_auto_failover formation (monitor, primary, synchronous standby) instead
+  // of one server: its fault is a failover (the primary's machine killed, the standby promoted
+  // by the engine, the old primary back later as the new standby).
+  bool ha = false;
+  // "all": every kind of fault; "failover" (with --ha): only failovers, nothing else killed.
+  std::string faults = "all";
+  // With --ha: the longest a failover may leave a service not ready (kill to /readyz 200).
+  int max_ready_s = 30;
   int expose_percent = 50;
   int pool_ports = 64;
   uint64_t seed = 0;
@@ -138,6 +155,10 @@ class Campaign {
   void Spawn(Member& m);
   void Supervise();
   void Faults(bool servers);
+  // kill -9 of the primary's node (keeper and postgres), then waits for the engine to promote
+  // the standby and every service to be ready; after `outage` s the old primary's node comes
+  // back and rejoins as the standby (waited for: the next failover needs one).
+  void Failover(int outage);
   void Churn(int worker);
   // The operator's stream: drain a node (insisting until answered), keep it drained a while,
   // undrain it; the next node; until the churn ends.
@@ -204,6 +225,7 @@ class Campaign {
   std::mutex rng_mu_;
   std::unique_ptr<testing::TestNats> nats_;
   std::unique_ptr<testing::TestPostgres> pg_;
+  std::unique_ptr<testing::TestHaPostgres> ha_;  // instead of pg_ with --ha
   std::map<std::string, std::string> dsn_;
   std::vector<std::unique_ptr<Member>> members_;
   std::mutex members_mu_;
@@ -212,6 +234,10 @@ class Campaign {
   std::atomic<bool> faulting_{true};
   std::atomic<int> faults_{0};
   std::atomic<int> pg_faults_{0};
+  int failovers_ = 0;         // Failover() only
+  double promote_max_s_ = 0;  // kill to the monitor's new primary, the longest seen
+  double ready_max_s_ = 0;    // kill to every service ready again, the longest seen
+  int failover_stalls_ = 0;   // a failover that never promoted, or services never ready
   std::atomic<int> nats_faults_{0};
   std::atomic<int> crashed_{0};
   std::atomic<int> start_failures_{0};
@@ -250,12 +276,18 @@ void Campaign::Spawn(Member& m) {
 
 void Campaign::StartPlatform() {
   nats_ = std::make_unique<testing::TestNats>();
-  pg_ = std::make_unique<testing::TestPostgres>(/*fsync=*/true);
+  if (o_.ha) {
+    ha_ = std::make_unique<testing::TestHaPostgres>();
+    Say("postgres: pg_auto_failover formation up\n" + ha_->State());
+  } else {
+    pg_ = std::make_unique<testing::TestPostgres>(/*fsync=*/true);
+  }
   const std::string svc_bin = o_.bin_dir + "/services";
   const std::vector<std::string> services = {"inventory", "scheduler",  "ipam",
                                              "ingress",   "console-gw", "usage"};
   for (const auto& s : services) {
-    dsn_[s] = pg_->CreateDatabase(s == "console-gw" ? "console_gw" : s);
+    const std::string db = s == "console-gw" ? "console_gw" : s;
+    dsn_[s] = o_.ha ? ha_->CreateDatabase(db) : pg_->CreateDatabase(db);
     auto env = nats_->Env(s);
     env["GPUAAS_POSTGRES_DSN"] = dsn_[s];
     auto m = std::make_unique<Member>();
@@ -400,10 +432,14 @@ void Campaign::Faults(bool servers) {
     return std::uniform_int_distribution<int>(lo, hi)(rng_);
   };
   std::vector<Member*> bag;
+  const bool only_failovers = o_.faults == "failover";
+  if (only_failovers && !servers) return;
   while (churning_ || faults_ < o_.min_faults) {
     std::this_thread::sleep_for(
         std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
-    if (servers && pick(0, 2) < 2) {
+    if (servers && o_.ha && (only_failovers || pick(0, 2) < 2)) {
+      Failover(pick(1, o_.max_pg_outage_s));
+    } else if (servers && pick(0, 2) < 2) {
       // PostgreSQL: outages from 1 s to the longest asked for (a failover, a restart).
       const int outage = pick(1, o_.max_pg_outage_s);
       Say(fmt::format("fault {}: kill -9 postgres, {} s outage", faults_ + 1, outage));
@@ -443,6 +479,52 @@ void Campaign::Faults(bool servers) {
       Spawn(*m);
       m->down = false;
     }
+  }
+}
+
+void Campaign::Failover(int outage) {
+  const int old = ha_->Primary();
+  if (old < 0) {
+    Say("failover skipped: the formation has no settled primary\n" + ha_->State());
+    return;
+  }
+  Say(
+      fmt::format("fault {}: kill -9 the primary's machine (node{}: keeper and postgres), {} s "
+                  "until it is back",
+                  faults_ + 1, old + 1, outage));
+  const auto t0 = Clock::now();
+  ha_->KillNode(old);
+  faults_++;
+  pg_faults_++;
+  failovers_++;
+  const auto secs = [&] { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+  if (!WaitFor([&] { return ha_->Primary() == 1 - old; }, 120s, 100ms)) {
+    failover_stalls_++;
+    Say("FAILOVER STALLED: the standby was never promoted\n" + ha_->State());
+  } else {
+    const double promoted = secs();
+    promote_max_s_ = std::max(promote_max_s_, promoted);
+    // Ready again: every service answers /readyz 200 (each reaches the new primary).
+    const bool ready = WaitFor(
+        [&] {
+          std::lock_guard lock(members_mu_);
+          for (auto& m : members_) {
+            if (m->name.rfind("chaos-node", 0) == 0) continue;
+            if (m->down || !HttpOk(m->http_port, "/readyz")) return false;
+          }
+          return true;
+        },
+        120s, 100ms);
+    if (!ready) failover_stalls_++;
+    ready_max_s_ = std::max(ready_max_s_, secs());
+    Say(fmt::format("failover: node{} promoted after {:.1f} s, every service ready after {:.1f} s",
+                    2 - old, promoted, secs()));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(outage));
+  ha_->StartNode(old);
+  if (!WaitFor([&] { return ha_->HasSecondary(); }, 180s, 200ms)) {
+    failover_stalls_++;
+    Say("FAILOVER STALLED: the old primary never rejoined as the standby\n" + ha_->State());
   }
 }
 
@@ -1279,18 +1361,29 @@ void Campaign::Check() {
       "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
       "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={} "
       "drains={} mode_changes={} placed_on_draining={} node_state_diff={} host_op_errors={} "
-      "usage_records={} usage_diff={} usage_max_slack_ms={}",
+      "usage_records={} usage_diff={} usage_max_slack_ms={} failovers={} "
+      "failover_promote_max_s={:.1f} failover_ready_max_s={:.1f} failover_stalls={}",
       faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
       no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
       out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
       exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
       exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), mode_changes_,
       placed_on_draining, node_state_diff, host_op_errors_.load(), usage_records_, usage_diff,
-      usage_max_slack_us_ / 1000);
+      usage_max_slack_us_ / 1000, failovers_, promote_max_s_, ready_max_s_, failover_stalls_);
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
               projection_diff + crashed_.load() + create_errors_.load() +
               endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_ +
-              placed_on_draining + node_state_diff + host_op_errors_.load() + usage_diff;
+              placed_on_draining + node_state_diff + host_op_errors_.load() + usage_diff +
+              failover_stalls_;
+  if (o_.ha && failovers_ == 0) {
+    failures_++;
+    Say("no failover happened");
+  }
+  if (o_.ha && ready_max_s_ > o_.max_ready_s) {
+    failures_++;
+    Say(fmt::format("a failover left a service not ready for {:.1f} s (at most {} s)", ready_max_s_,
+                    o_.max_ready_s));
+  }
   if (usage_records_ == 0) {
     failures_++;
     Say("the usage ledger wrote no record");
@@ -1369,6 +1462,13 @@ int main(int argc, char** argv) {
                  "Share of the slices created with endpoints to expose (ssh, sometimes jupyter)")
       ->capture_default_str();
   app.add_option("--pool-ports", o.pool_ports, "Public ports of each node's port_range pool")
+      ->capture_default_str();
+  app.add_flag("--ha", o.ha, "PostgreSQL as a pg_auto_failover formation; its fault is a failover");
+  app.add_option("--faults", o.faults, "all, or failover (with --ha: only failovers)")
+      ->check(CLI::IsMember({"all", "failover"}))
+      ->capture_default_str();
+  app.add_option("--max-ready-s", o.max_ready_s,
+                 "With --ha: longest a failover may leave a service not ready")
       ->capture_default_str();
   app.add_option("--seed", o.seed, "Random seed (0 = time)");
   app.add_option("--out", o.out_dir, "Directory for logs and hosts (default: a temporary one)");
