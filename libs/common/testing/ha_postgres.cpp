@@ -151,12 +151,7 @@ std::string TestHaPostgres::Dsn(const std::string& db) const {
 }
 
 std::string TestHaPostgres::CreateDatabase(const std::string& prefix) {
-  static std::atomic<int> counter{0};
-  const std::string name = fmt::format("{}_{}_{}", prefix, getpid(), counter++);
-  pqxx::connection c(Dsn("postgres"));
-  pqxx::nontransaction tx(c);
-  tx.exec("CREATE DATABASE " + tx.quote_name(name));
-  return Dsn(name);
+  return Dsn(CreateUniqueDatabase(Dsn("postgres"), prefix));
 }
 
 int TestHaPostgres::Primary() const {

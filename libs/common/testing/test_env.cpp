@@ -459,13 +459,17 @@ std::string TestPostgres::Dsn(const std::string& db) const {
 
 std::string TestPostgres::AdminDsn() const { return Dsn("postgres"); }
 
-std::string TestPostgres::CreateDatabase(const std::string& prefix) {
+std::string CreateUniqueDatabase(const std::string& admin_dsn, const std::string& prefix) {
   static std::atomic<int> counter{0};
   const std::string name = fmt::format("{}_{}_{}", prefix, getpid(), counter++);
-  pqxx::connection c(Dsn("postgres"));
+  pqxx::connection c(admin_dsn);
   pqxx::nontransaction tx(c);
   tx.exec("CREATE DATABASE " + tx.quote_name(name));
-  return Dsn(name);
+  return name;
+}
+
+std::string TestPostgres::CreateDatabase(const std::string& prefix) {
+  return Dsn(CreateUniqueDatabase(Dsn("postgres"), prefix));
 }
 
 std::vector<StreamEvent> ReadStream(messaging::Connection& conn, const std::string& stream,

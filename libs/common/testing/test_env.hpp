@@ -181,6 +181,10 @@ class TestPostgres {
   Process proc_;
 };
 
+// Creates a database named `prefix`_<pid>_<n> (unique in this process) through `admin_dsn` and
+// returns its name.
+std::string CreateUniqueDatabase(const std::string& admin_dsn, const std::string& prefix);
+
 // One PostgreSQL cluster per test binary (started on first use); each test makes its own
 // database in it.
 TestPostgres& SharedPostgres();
