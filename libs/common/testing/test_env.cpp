@@ -461,7 +461,7 @@ std::string TestPostgres::AdminDsn() const { return Dsn("postgres"); }
 
 std::string CreateUniqueDatabase(const std::string& admin_dsn, const std::string& prefix) {
   static std::atomic<int> counter{0};
-  const std::string name = fmt::format("{}_{}_{}", prefix, getpid(), counter++);
+  std::string name = fmt::format("{}_{}_{}", prefix, getpid(), counter++);
   pqxx::connection c(admin_dsn);
   pqxx::nontransaction tx(c);
   tx.exec("CREATE DATABASE " + tx.quote_name(name));
