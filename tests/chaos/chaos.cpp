@@ -437,9 +437,11 @@ void Campaign::Faults(bool servers) {
   while (churning_ || faults_ < o_.min_faults) {
     std::this_thread::sleep_for(
         std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
-    if (servers && o_.ha && (only_failovers || pick(0, 2) < 2)) {
+    // One draw decides: PostgreSQL (2 in 3, or always with --faults failover) or nats-server.
+    const bool database = only_failovers || pick(0, 2) < 2;
+    if (servers && database && o_.ha) {
       Failover(pick(1, o_.max_pg_outage_s));
-    } else if (servers && pick(0, 2) < 2) {
+    } else if (servers && database) {
       // PostgreSQL: outages from 1 s to the longest asked for (a failover, a restart).
       const int outage = pick(1, o_.max_pg_outage_s);
       Say(fmt::format("fault {}: kill -9 postgres, {} s outage", faults_ + 1, outage));
