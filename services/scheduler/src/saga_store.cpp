@@ -144,10 +144,11 @@ std::vector<v1::BundleSlot> BundleSlots(pqxx::work& tx, const std::string& alloc
 
 int FreeClaims(pqxx::work& tx, const std::string& allocation_id) {
   return static_cast<int>(
-      store::Prepared(tx,
-                      "UPDATE allocation_resource_claims SET released_at = now(), phase = "
-                      "'released' WHERE allocation_id = $1 AND released_at IS NULL",
-                      allocation_id)
+      store::Prepared(
+          tx,
+          "UPDATE allocation_resource_claims SET released_at = clock_timestamp(), phase = "
+          "'released' WHERE allocation_id = $1 AND released_at IS NULL",
+          allocation_id)
           .affected_rows());
 }
 

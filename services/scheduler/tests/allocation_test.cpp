@@ -13,6 +13,7 @@
 #include <prometheus/registry.h>
 
 #include "allocation_rows.hpp"
+#include "allocation_store.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/group_commit.hpp"
 #include "gpuaas/common/ids.hpp"
@@ -28,6 +29,7 @@
 #include "gpuaas/v1/scheduler.pb.h"
 #include "lifecycle.hpp"
 #include "load_config.hpp"
+#include "saga_store.hpp"
 #include "scheduler_fixture.hpp"
 #include "scheduler_metrics.hpp"
 #include "test_env.hpp"
@@ -684,6 +686,46 @@ TEST_F(AllocationTest, ConcurrentCreatorsOnThreeReplicasNeverDoubleBook) {
   });
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(claimed, placed_gpus.load());
+}
+
+// A claim's stamps are the moments its rows were written, not its transaction's start. A create
+// late in a group transaction may take a slot whose release committed after that transaction
+// began; stamped with now() the new claim seemed to start before the old one ended (the long
+// chaos run's double_booked=2), though the unique index never let both be live.
+TEST_F(AllocationTest, AClaimTakenAfterAReleaseStartsAfterTheReleasedOneEnds) {
+  AddNode("stamp-a", 1);
+  AddNode("stamp-b", 1);
+  WaitProjected();
+  auto first = Create("stamp-first", 1);
+  auto second = Create("stamp-second", 1);
+  ASSERT_TRUE(first.ok() && second.ok());
+  pqxx::connection late(dsn_);
+  pqxx::work group(late);  // begun before the release
+  group.exec("SELECT 1");
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  std::string node;
+  std::string slot;
+  ASSERT_TRUE(store::WithTx(*pool_, [&](pqxx::work& tx) -> Result<void> {
+                auto r = tx.exec_params1(
+                    "SELECT node_id, slot_key FROM allocation_resource_claims WHERE "
+                    "allocation_id = $1::uuid",
+                    first->allocation().allocation_id());
+                node = r[0].as<std::string>();
+                slot = r[1].as<std::string>();
+                EXPECT_EQ(FreeClaims(tx, first->allocation().allocation_id()), 1);
+                return Ok();
+              }).ok());
+  InsertSlotClaims(group, second->allocation().allocation_id(), node, {slot});
+  group.commit();
+  pqxx::connection db(dsn_);
+  pqxx::nontransaction check(db);
+  const auto overlap = check.exec_params1(
+      "SELECT count(*) FROM allocation_resource_claims a JOIN allocation_resource_claims b ON "
+      "a.node_id = b.node_id AND a.slot_key = b.slot_key AND a.allocation_id <> b.allocation_id "
+      "WHERE a.node_id = $1 AND a.slot_key = $2 AND a.claimed_at < coalesce(b.released_at, "
+      "'infinity') AND b.claimed_at < coalesce(a.released_at, 'infinity')",
+      node, slot)[0];
+  EXPECT_EQ(overlap.as<int>(), 0);
 }
 
 // Group commit (scheduler.group_commit, on by default): creates that arrive together share a
