@@ -78,8 +78,33 @@ Result<Pool::Lease> Pool::Acquire() {
   }
 }
 
+namespace {
+// TCP keepalives and a user timeout, unless the DSN chose its own: a connection whose server
+// went silent mid-query (a network partition, a machine gone without a reset) fails within
+// about 15 s, and the pool reconnects, instead of waiting out TCP's retransmissions (~15 min).
+// libpq ignores them on Unix sockets.
+std::string WithTcpDefaults(const std::string& dsn) {
+  if (dsn.find("keepalives") != std::string::npos ||
+      dsn.find("tcp_user_timeout") != std::string::npos) {
+    return dsn;
+  }
+  static constexpr const char* kParams[] = {"keepalives=1", "keepalives_idle=5",
+                                            "keepalives_interval=2", "keepalives_count=3",
+                                            "tcp_user_timeout=15000"};
+  const bool uri = dsn.rfind("postgres://", 0) == 0 || dsn.rfind("postgresql://", 0) == 0;
+  std::string out = dsn;
+  char sep = uri ? (dsn.find('?') == std::string::npos ? '?' : '&') : ' ';
+  for (const char* p : kParams) {
+    if (!out.empty()) out += sep;
+    out += p;
+    if (uri) sep = '&';
+  }
+  return out;
+}
+}  // namespace
+
 std::unique_ptr<pqxx::connection> Connect(const std::string& dsn) {
-  auto c = std::make_unique<pqxx::connection>(dsn);
+  auto c = std::make_unique<pqxx::connection>(WithTcpDefaults(dsn));
   c->set_variable("jit", "off");
   return c;
 }
@@ -139,6 +164,14 @@ Error FromException(const std::exception& e, bool* retry_tx, bool* broken) {
     if (state == "25006") {
       *broken = true;
       return Error::Unavailable(reason::kDbNotPrimary, e.what());
+    }
+    // Class 53 insufficient resources (53100 disk_full, 53200 out_of_memory, 53300
+    // too_many_connections): the statement failed whole, and space or memory may come back, so
+    // the caller retries rather than failing for good (a consumer must not dead-letter it).
+    if (state.rfind("53", 0) == 0) {
+      Error err = Error::Unavailable(reason::kDbInsufficientResources, e.what());
+      err.details["sqlstate"] = state;
+      return err;
     }
     if (state == "40001" || state == "40P01") {
       *retry_tx = true;

@@ -61,6 +61,9 @@ inline constexpr Reason kDbUnavailable{"db_unavailable"};       // UNAVAILABLE: 
 inline constexpr Reason kDbCommitInDoubt{"db_commit_in_doubt"};
 // UNAVAILABLE: the server reached is a standby (in recovery), not the primary.
 inline constexpr Reason kDbNotPrimary{"db_not_primary"};
+// UNAVAILABLE: the server is out of a resource (SQLSTATE class 53: disk full, memory,
+// connections; details: sqlstate). Nothing was written, and the resource may come back.
+inline constexpr Reason kDbInsufficientResources{"db_insufficient_resources"};
 inline constexpr Reason kTxConflict{"tx_conflict"};  // ABORTED: serialization failure/deadlock
 inline constexpr Reason kDbError{"db_error"};   // INTERNAL: other SQL error (details: sqlstate)
 inline constexpr Reason kInternal{"internal"};  // INTERNAL: unexpected exception in a transaction
