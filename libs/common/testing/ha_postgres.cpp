@@ -1,5 +1,9 @@
 #include "ha_postgres.hpp"
 
+#include <pwd.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -19,16 +23,104 @@ pid_t PostmasterPid(const std::string& data) {
   in >> pid;
   return static_cast<pid_t>(pid);
 }
+
+// The last lines of a log, for an error message (the directory is gone after the test).
+std::string Tail(const std::string& path, size_t lines = 15) {
+  std::ifstream in(path);
+  std::vector<std::string> last;
+  for (std::string l; std::getline(in, l);) {
+    last.push_back(l);
+    if (last.size() > lines) last.erase(last.begin());
+  }
+  std::string out;
+  for (const auto& l : last) out += l + "\n";
+  return out;
+}
+
+uid_t Uid(const std::string& user) {
+  const passwd* pw = getpwnam(user.c_str());
+  if (pw == nullptr) {
+    throw std::runtime_error("no user " + user + " (scripts/install-deps adds it, as root)");
+  }
+  return pw->pw_uid;
+}
+
+// The partition's rules: every connection on the loopback interface is marked, when it opens,
+// with the bit of each node it joins to the rest of the formation (a connection of anyone but
+// root and node i to node i's port, or one of node i's to any other port); the `cut` chain
+// drops a node's bit while it is cut off. Marks follow a connection's packets both ways.
+std::string PartitionRules(const std::string& table, const std::vector<uint16_t>& ports,
+                           const std::vector<uid_t>& uids) {
+  std::string mark;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    const unsigned bit = 1U << i;
+    mark += fmt::format(
+        "    oifname \"lo\" ct state new tcp dport {0} meta skuid != {{ 0, {1} }} ct mark set ct "
+        "mark or {2:#x}\n"
+        "    oifname \"lo\" ct state new meta skuid {1} tcp dport != {0} ct mark set ct mark or "
+        "{2:#x}\n",
+        ports[i], uids[i], bit);
+  }
+  return fmt::format(
+      "table inet {} {{\n"
+      "  chain tag {{\n    type filter hook output priority 0; policy accept;\n{}  }}\n"
+      "  chain cut {{\n    type filter hook input priority 0; policy accept;\n  }}\n"
+      "}}\n",
+      table, mark);
+}
 }  // namespace
 
-TestHaPostgres::TestHaPostgres()
+TestHaPostgres::TestHaPostgres(int disk_mb, bool partitionable)
     : dir_(MakeTempDir("gpuaas-ha-pg")),
       bindir_(PostgresBinDir()),
       user_(geteuid() == 0 ? "postgres" : ""),
+      disk_mb_(disk_mb),
+      partitionable_(partitionable),
       monitor_port_(FreePort()) {
   for (auto& p : ports_) p = FreePort();
-  if (!user_.empty() && Shell("chown postgres: " + dir_) != 0) {
+  if (partitionable_ && user_.empty()) throw std::runtime_error("a partition needs root");
+  // Group postgres (every node's user) may enter and write (a keeper keeps backups beside its
+  // data directory, in backup/); each node's own directories are its user's.
+  if (!user_.empty() &&
+      Shell(fmt::format(
+          "mkdir -p {0}/backup && chown postgres: {0} {0}/backup && chmod 770 {0} {0}/backup",
+          dir_)) != 0) {
     throw std::runtime_error("chown failed");
+  }
+  for (int i = 0; i < kNodes && !user_.empty(); ++i) {
+    // The data directory (empty: initdb or the clone fills it) and the keeper's XDG directories
+    // exist up front: a missing runtime directory makes the keeper fall back to /tmp/pg_autoctl,
+    // which another node's user may own.
+    const std::string data = fmt::format("{}/node{}", dir_, i + 1);
+    const std::string home = data + "-home";
+    if (Shell(fmt::format("mkdir -p {0} {1}/config {1}/share {1}/run && chmod 700 {0} {1} && "
+                          "chown -R {2}:postgres {0} {1}",
+                          data, home, NodeUser(i))) != 0) {
+      throw std::runtime_error("cannot make " + data);
+    }
+  }
+  if (partitionable_) {
+    static std::atomic<int> formations{0};
+    nft_table_ = fmt::format("gpuaas_ha_{}_{}", getpid(), formations++);
+    const std::vector<uint16_t> ports(std::begin(ports_), std::end(ports_));
+    std::vector<uid_t> uids;
+    for (int i = 0; i < kNodes; ++i) uids.push_back(Uid(NodeUser(i)));
+    // In place before any connection of the formation opens, so each is marked from its first
+    // packet.
+    if (Shell(fmt::format("printf '%s' '{}' | nft -f -",
+                          PartitionRules(nft_table_, ports, uids))) != 0) {
+      throw std::runtime_error("cannot load the partition rules (nft)");
+    }
+  }
+  for (int i = 0; disk_mb_ > 0 && i < kNodes; ++i) {
+    // No blocks reserved for root: the filler takes them all.
+    const std::string img = fmt::format("{}/node{}.img", dir_, i + 1);
+    if (Shell(fmt::format("truncate -s {}M {} && mkfs.ext4 -q -m 0 -F {} && mkdir -p {} && "
+                          "mount -o loop {} {} && chown {}:postgres {}",
+                          disk_mb_, img, img, DiskDir(i), img, DiskDir(i), NodeUser(i),
+                          DiskDir(i))) != 0) {
+      throw std::runtime_error("cannot make node disk " + DiskDir(i));
+    }
   }
   monitor_.Spawn({"pg_autoctl", "create", "monitor", "--pgdata", dir_ + "/monitor", "--pgctl",
                   bindir_ + "/pg_ctl", "--pgport", std::to_string(monitor_port_), "--hostname",
@@ -67,14 +159,58 @@ TestHaPostgres::TestHaPostgres()
   StartNode(0);
   if (!WaitFor([&] { return Primary() == 0; }, std::chrono::seconds(90),
                std::chrono::milliseconds(200))) {
-    throw std::runtime_error("the first node never became primary; see " + dir_);
+    throw std::runtime_error("the first node never became primary; node1.log ends:\n" +
+                             Tail(dir_ + "/node1.log"));
   }
+  {
+    // Checkpoints keep the WAL small (the standby's clone copies the setting).
+    pqxx::connection c(
+        fmt::format("host=127.0.0.1 port={} user=postgres dbname=postgres", ports_[0]));
+    pqxx::nontransaction tx(c);
+    tx.exec("ALTER SYSTEM SET max_wal_size = '96MB'");
+    // A primary cut off from its standby notices within 5 s (30 s by default), and its keeper
+    // demotes it 5 s after it lost both the monitor and the standby (20 s by default): the
+    // window in which an isolated old primary still takes (unacknowledged) writes.
+    tx.exec("ALTER SYSTEM SET wal_sender_timeout = '5s'");
+    tx.exec("SELECT pg_reload_conf()");
+  }
+  TuneKeeper(0);
   StartNode(1);
   if (!WaitFor([&] { return HasSecondary(); }, std::chrono::seconds(120),
                std::chrono::milliseconds(200))) {
-    throw std::runtime_error("the second node never became a secondary; see " + dir_ + "\n" +
-                             State());
+    throw std::runtime_error("the second node never became a secondary:\n" + State() +
+                             "node2.log ends:\n" + Tail(dir_ + "/node2.log"));
   }
+  TuneKeeper(1);
+}
+
+void TestHaPostgres::TuneKeeper(int i) {
+  const std::string pgdata = " --pgdata " + DataDir(i);
+  if (NodeCtl(i, "config set timeout.network_partition_timeout 5" + pgdata) != 0 ||
+      NodeCtl(i, "reload" + pgdata) != 0) {
+    throw std::runtime_error(fmt::format("cannot set node{}'s network_partition_timeout", i + 1));
+  }
+}
+
+std::string TestHaPostgres::NodeUser(int i) const {
+  return partitionable_ ? fmt::format("gpuaas-pg{}", i + 1) : user_;
+}
+
+int TestHaPostgres::NodeCtl(int i, const std::string& args) const {
+  std::string env;
+  for (const auto& e : Env(fmt::format("node{}", i + 1))) env += e + " ";
+  const std::string as = NodeUser(i).empty() ? "" : "runuser -u " + NodeUser(i) + " -- ";
+  return Shell(fmt::format("{}env {}pg_autoctl {} >/dev/null 2>&1", as, env, args));
+}
+
+void TestHaPostgres::Partition(int i) {
+  if (nft_table_.empty()) throw std::runtime_error("the formation is not partitionable");
+  Shell(fmt::format("nft add rule inet {} cut ct mark and {:#x} == {:#x} drop", nft_table_, 1U << i,
+                    1U << i));
+}
+
+void TestHaPostgres::Heal() {
+  if (!nft_table_.empty()) Shell("nft flush chain inet " + nft_table_ + " cut");
 }
 
 TestHaPostgres::~TestHaPostgres() {
@@ -82,6 +218,8 @@ TestHaPostgres::~TestHaPostgres() {
   monitor_.Kill();
   const pid_t m = PostmasterPid(dir_ + "/monitor");
   if (m > 0) kill(m, SIGKILL);
+  for (int i = 0; disk_mb_ > 0 && i < kNodes; ++i) Shell("umount -l " + DiskDir(i));
+  if (!nft_table_.empty()) Shell("nft delete table inet " + nft_table_);
   std::filesystem::remove_all(dir_);
 }
 
@@ -99,11 +237,32 @@ std::string TestHaPostgres::MonitorDsn() const {
       monitor_port_);
 }
 
+std::string TestHaPostgres::DataDir(int i) const {
+  return disk_mb_ > 0 ? DiskDir(i) + "/data" : fmt::format("{}/node{}", dir_, i + 1);
+}
+
+void TestHaPostgres::FillDisk(int i) {
+  // fallocate takes nearly all at once; dd the last blocks until ENOSPC.
+  Shell(fmt::format(
+      "a=$(df --output=avail -B1 {0} | tail -1); fallocate -l $((a - 4194304)) {0}/filler; "
+      "dd if=/dev/zero of={0}/filler.tail bs=4096 >/dev/null 2>&1; sync",
+      DiskDir(i)));
+}
+
+void TestHaPostgres::FreeDisk(int i) {
+  Shell(fmt::format("rm -f {0}/filler {0}/filler.tail", DiskDir(i)));
+}
+
 void TestHaPostgres::StartNode(int i) {
   const std::string name = fmt::format("node{}", i + 1);
+  // Keepalives and a TCP user timeout: a keeper inside a query when its network goes away gives
+  // up in seconds instead of waiting for TCP to (without them a partitioned keeper never
+  // demoted its primary while the partition lasted).
   const std::string monitor = fmt::format(
-      "postgres://autoctl_node@127.0.0.1:{}/pg_auto_failover?sslmode=disable", monitor_port_);
-  const std::string data = dir_ + "/" + name;
+      "postgres://autoctl_node@127.0.0.1:{}/pg_auto_failover?sslmode=disable&keepalives_idle=2&"
+      "keepalives_interval=1&keepalives_count=2&tcp_user_timeout=4000",
+      monitor_port_);
+  const std::string data = DataDir(i);
   // Created (registered with the monitor, initdb or cloned) the first time; run afterwards.
   std::vector<std::string> argv = {"pg_autoctl", "run", "--pgdata", data};
   if (!std::filesystem::exists(data + "/PG_VERSION")) {
@@ -122,6 +281,8 @@ void TestHaPostgres::StartNode(int i) {
             "127.0.0.1",
             "--name",
             name,
+            "--username",
+            "postgres",
             "--auth",
             "trust",
             "--no-ssl",
@@ -129,15 +290,14 @@ void TestHaPostgres::StartNode(int i) {
             monitor,
             "--run"};
   }
-  nodes_[i].Spawn(argv, data + ".log", Env(name), user_);
+  nodes_[i].Spawn(argv, fmt::format("{}/{}.log", dir_, name), Env(name), NodeUser(i));
 }
 
 void TestHaPostgres::KillNode(int i) {
   // The keeper leads its process group (its supervisor and, through it, postgres); the
   // postmaster is also killed by pid in case it left the group.
   nodes_[i].Kill();
-  const std::string data = fmt::format("{}/node{}", dir_, i + 1);
-  const pid_t pm = PostmasterPid(data);
+  const pid_t pm = PostmasterPid(DataDir(i));
   if (pm > 0 && kill(pm, SIGKILL) == 0) {
     WaitFor([&] { return kill(pm, 0) != 0; }, std::chrono::seconds(10));
   }
