@@ -16,5 +16,7 @@ pkg_check_modules(PQXX REQUIRED IMPORTED_TARGET libpqxx)
 pkg_check_modules(LIBVIRT REQUIRED IMPORTED_TARGET libvirt)
 # The node-agent's image fetch (file://, http://, https://; resumable).
 pkg_check_modules(CURL REQUIRED IMPORTED_TARGET libcurl)
+# tests/chaos/net_delay.cpp (the chaos campaign's latency fault)
+pkg_check_modules(NFQUEUE REQUIRED IMPORTED_TARGET libnetfilter_queue)
 # Request tokens (gpuaas::auth): JWT ES256.
 pkg_check_modules(JWT REQUIRED IMPORTED_TARGET libjwt)

@@ -40,7 +40,19 @@
 //                  monitor's new primary; kill to every service's /readyz 200 again)
 //   failover_stalls  a failover never promoted, services never ready, or the old primary never
 //                  back as the standby; failover_ready_max_s above --max-ready-s fails the run
+// With --ha --disk-full each node's data (its WAL included) lives on a 1 GiB loop-mounted ext4,
+// and one PostgreSQL fault in three fills the primary's disk for the outage instead of a kill:
+// writes fail with SQLSTATE 53100 (retryable db_insufficient_resources), or the server stops if
+// its WAL cannot be written and the engine fails over; after the disk is freed the formation
+// must have a primary and a standby again (disk_full counts them; stalls are failover_stalls).
 // `--ha --faults failover` injects only failovers (ctest chaos.failover in scripts/test).
+// With --net-faults every service runs in its own network namespace (net_faults.hpp) and a third
+// fault stream cuts one service off PostgreSQL or nats-server (every packet dropped, both ways),
+// adds 200 ms to what it sends, or loses 5 % of its packets, for 5 s to --max-net-fault-s, while
+// the other streams go on; `net` counts them in the R1 line.
+//   net_stalls     a service not ready (/readyz 200) within 180 s of its network's heal;
+//                  net_recover_max_s is the longest heal-to-ready seen (a failover's readiness
+//                  wait leaves out a service under a network fault until it is ready again)
 // and prints `R1 faults=... placements=... double_booked=0 lost=0 stuck=0
 // dead_lettered_retryable=0 ...`, exiting 1 when any check fails. scripts/chaos runs it.
 #include <signal.h>
@@ -78,6 +90,7 @@
 #include "gpuaas/v1/inventory.pb.h"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "ha_postgres.hpp"
+#include "net_faults.hpp"
 #include "test_env.hpp"
 
 namespace gpuaas::chaos {
@@ -108,6 +121,12 @@ struct Options {
   std::string faults = "all";
   // With --ha: the longest a failover may leave a service not ready (kill to /readyz 200).
   int max_ready_s = 30;
+  // With --ha: each node's data on a small loop-mounted disk, and one PostgreSQL fault in three
+  // the primary's disk filled up instead of a kill (DiskFull).
+  bool disk_full = false;
+  // Services in network namespaces, and network faults among the faults (net_faults.hpp).
+  bool net_faults = false;
+  int max_net_fault_s = 20;
   int expose_percent = 50;
   int pool_ports = 64;
   uint64_t seed = 0;
@@ -128,6 +147,11 @@ struct Member {
   std::vector<std::string> env;
   std::string log;
   int http_port = 0;
+  std::string http_host = "127.0.0.1";  // its namespace's address with --net-faults
+  ServiceNet* net = nullptr;            // with --net-faults (services only)
+  // Under a network fault, from its injection until it was seen ready again after the heal: a
+  // failover's readiness wait leaves it out (its own recovery is measured by NetFaults).
+  std::atomic<bool> net_faulted{false};
   std::unique_ptr<Process> proc = std::make_unique<Process>();
   bool down = false;  // taken down on purpose (not to be restarted by the supervisor)
 };
@@ -139,9 +163,9 @@ std::vector<std::string> EnvList(const std::map<std::string, std::string>& m) {
   return out;
 }
 
-bool HttpOk(int port, const std::string& path) {
-  return testing::Shell(
-             fmt::format("curl -fsS -m 2 http://127.0.0.1:{}{} >/dev/null 2>&1", port, path)) == 0;
+bool HttpOk(const Member& m, const std::string& path) {
+  return testing::Shell(fmt::format("curl -fsS -m 2 http://{}:{}{} >/dev/null 2>&1", m.http_host,
+                                    m.http_port, path)) == 0;
 }
 
 class Campaign {
@@ -159,6 +183,11 @@ class Campaign {
   // the standby and every service to be ready; after `outage` s the old primary's node comes
   // back and rejoins as the standby (waited for: the next failover needs one).
   void Failover(int outage);
+  // The primary's disk filled for `outage` s, then freed; then waits for a primary and a
+  // standby (a server that stopped on a WAL write it could not make has been failed over).
+  void DiskFull(int outage);
+  // The third stream (--net-faults): a network fault on one service at a time.
+  void NetFaults();
   void Churn(int worker);
   // The operator's stream: drain a node (insisting until answered), keep it drained a while,
   // undrain it; the next node; until the churn ends.
@@ -227,6 +256,7 @@ class Campaign {
   std::unique_ptr<testing::TestPostgres> pg_;
   std::unique_ptr<testing::TestHaPostgres> ha_;  // instead of pg_ with --ha
   std::map<std::string, std::string> dsn_;
+  std::vector<std::unique_ptr<ServiceNet>> nets_;  // outlives the members inside them
   std::vector<std::unique_ptr<Member>> members_;
   std::mutex members_mu_;
   std::shared_ptr<messaging::Connection> conn_;
@@ -235,10 +265,14 @@ class Campaign {
   std::atomic<int> faults_{0};
   std::atomic<int> pg_faults_{0};
   int failovers_ = 0;         // Failover() only
+  int disk_fulls_ = 0;        // DiskFull() only
   double promote_max_s_ = 0;  // kill to the monitor's new primary, the longest seen
   double ready_max_s_ = 0;    // kill to every service ready again, the longest seen
   int failover_stalls_ = 0;   // a failover that never promoted, or services never ready
   std::atomic<int> nats_faults_{0};
+  std::atomic<int> net_faults_{0};
+  double net_recover_max_s_ = 0;  // heal to /readyz 200 again, the longest seen (NetFaults only)
+  int net_stalls_ = 0;            // a service not ready within 180 s of its network's heal
   std::atomic<int> crashed_{0};
   std::atomic<int> start_failures_{0};
   std::atomic<int> placements_{0};
@@ -277,7 +311,7 @@ void Campaign::Spawn(Member& m) {
 void Campaign::StartPlatform() {
   nats_ = std::make_unique<testing::TestNats>();
   if (o_.ha) {
-    ha_ = std::make_unique<testing::TestHaPostgres>();
+    ha_ = std::make_unique<testing::TestHaPostgres>(o_.disk_full ? 1024 : 0);
     Say("postgres: pg_auto_failover formation up\n" + ha_->State());
   } else {
     pg_ = std::make_unique<testing::TestPostgres>(/*fsync=*/true);
@@ -297,8 +331,20 @@ void Campaign::StartPlatform() {
     env["GPUAAS_SERVICE_INSTANCE_ID"] = s + "-1";
     env["GPUAAS_LOG_LEVEL"] = "info";
     if (s == "scheduler") env["GPUAAS_SCHEDULER_SWEEP_INTERVAL_MS"] = "1000";
-    m->env = EnvList(env);
     m->argv = {fmt::format("{}/{}/gpuaas-{}", svc_bin, s, s)};
+    if (o_.net_faults) {
+      // Inside its own namespace: the servers at the far end of its veth.
+      nets_.push_back(std::make_unique<ServiceNet>(static_cast<int>(nets_.size()),
+                                                   o_.bin_dir + "/tests/gpuaas-net-delay",
+                                                   o_.out_dir + "/" + s + ".net-delay.log"));
+      m->net = nets_.back().get();
+      for (const char* k : {"GPUAAS_POSTGRES_DSN", "GPUAAS_NATS_URL"}) {
+        env[k] = Rehost(env[k], m->net->host_ip());
+      }
+      m->argv = m->net->Wrap(m->argv);
+      m->http_host = m->net->ns_ip();
+    }
+    m->env = EnvList(env);
     m->log = o_.out_dir + "/" + s + ".log";
     members_.push_back(std::move(m));
   }
@@ -338,7 +384,7 @@ void Campaign::StartPlatform() {
   }
   for (auto& m : members_) Spawn(*m);
   for (auto& m : members_) {
-    if (!WaitFor([&] { return HttpOk(m->http_port, "/readyz"); }, 120s, 100ms)) {
+    if (!WaitFor([&] { return HttpOk(*m, "/readyz"); }, 120s, 100ms)) {
       throw std::runtime_error(m->name + " not ready; see " + m->log);
     }
   }
@@ -440,7 +486,11 @@ void Campaign::Faults(bool servers) {
     // One draw decides: PostgreSQL (2 in 3, or always with --faults failover) or nats-server.
     const bool database = only_failovers || pick(0, 2) < 2;
     if (servers && database && o_.ha) {
-      Failover(pick(1, o_.max_pg_outage_s));
+      if (o_.disk_full && pick(0, 2) == 0) {
+        DiskFull(pick(1, o_.max_pg_outage_s));
+      } else {
+        Failover(pick(1, o_.max_pg_outage_s));
+      }
     } else if (servers && database) {
       // PostgreSQL: outages from 1 s to the longest asked for (a failover, a restart).
       const int outage = pick(1, o_.max_pg_outage_s);
@@ -484,17 +534,44 @@ void Campaign::Faults(bool servers) {
   }
 }
 
+void Campaign::DiskFull(int outage) {
+  const int primary = ha_->Primary();
+  if (primary < 0) {
+    Say("disk fault skipped: the formation has no settled primary\n" + ha_->State());
+    return;
+  }
+  Say(fmt::format("fault {}: the primary's disk full (node{}) for {} s", faults_ + 1, primary + 1,
+                  outage));
+  ha_->FillDisk(primary);
+  faults_++;
+  pg_faults_++;
+  disk_fulls_++;
+  std::this_thread::sleep_for(std::chrono::seconds(outage));
+  ha_->FreeDisk(primary);
+  // A keeper whose PostgreSQL could not start again may have given up and exited.
+  for (int i = 0; i < testing::TestHaPostgres::kNodes; ++i) {
+    if (!ha_->NodeRunning(i)) ha_->StartNode(i);
+  }
+  if (!WaitFor([&] { return ha_->HasSecondary(); }, 180s, 200ms)) {
+    failover_stalls_++;
+    Say("DISK FAULT STALLED: no primary and standby again after the disk was freed\n" +
+        ha_->State());
+    return;
+  }
+  Say(fmt::format("disk freed; primary node{}\n{}", ha_->Primary() + 1, ha_->State()));
+}
+
 void Campaign::Failover(int outage) {
   const int old = ha_->Primary();
   if (old < 0) {
     Say("failover skipped: the formation has no settled primary\n" + ha_->State());
     return;
   }
+  const auto t0 = Clock::now();
   Say(
       fmt::format("fault {}: kill -9 the primary's machine (node{}: keeper and postgres), {} s "
                   "until it is back",
                   faults_ + 1, old + 1, outage));
-  const auto t0 = Clock::now();
   ha_->KillNode(old);
   faults_++;
   pg_faults_++;
@@ -511,8 +588,8 @@ void Campaign::Failover(int outage) {
         [&] {
           std::lock_guard lock(members_mu_);
           for (auto& m : members_) {
-            if (m->name.rfind("chaos-node", 0) == 0) continue;
-            if (m->down || !HttpOk(m->http_port, "/readyz")) return false;
+            if (m->name.rfind("chaos-node", 0) == 0 || m->net_faulted) continue;
+            if (m->down || !HttpOk(*m, "/readyz")) return false;
           }
           return true;
         },
@@ -527,6 +604,52 @@ void Campaign::Failover(int outage) {
   if (!WaitFor([&] { return ha_->HasSecondary(); }, 180s, 200ms)) {
     failover_stalls_++;
     Say("FAILOVER STALLED: the old primary never rejoined as the standby\n" + ha_->State());
+  }
+}
+
+void Campaign::NetFaults() {
+  auto pick = [&](int lo, int hi) {
+    std::lock_guard lock(rng_mu_);
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  };
+  std::vector<Member*> services;
+  for (auto& m : members_) {
+    if (m->net != nullptr) services.push_back(m.get());
+  }
+  std::vector<int> pg_ports;
+  if (o_.ha) {
+    for (int i = 0; i < testing::TestHaPostgres::kNodes; ++i) pg_ports.push_back(ha_->port(i));
+  } else {
+    pg_ports.push_back(pg_->port());
+  }
+  const std::vector<int> nats_ports = {nats_->port()};
+  while (churning_) {
+    std::this_thread::sleep_for(
+        std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
+    if (!churning_) break;
+    Member* m = services[static_cast<size_t>(pick(0, static_cast<int>(services.size()) - 1))];
+    const auto kind = static_cast<NetFault>(pick(0, 3));
+    const int secs = pick(5, std::max(5, o_.max_net_fault_s));
+    Say(fmt::format("fault {}: {}, {} for {} s", faults_ + 1, m->name, NetFaultName(kind), secs));
+    m->net_faulted = true;
+    m->net->Inject(kind, kind == NetFault::kPartitionNats ? nats_ports : pg_ports);
+    faults_++;
+    net_faults_++;
+    std::this_thread::sleep_for(std::chrono::seconds(secs));
+    m->net->Heal();
+    const auto healed = Clock::now();
+    // Ready again (a kill of it meanwhile is waited out too).
+    const bool ready = WaitFor([&] { return !m->down && HttpOk(*m, "/readyz"); }, 180s, 200ms);
+    const double took = std::chrono::duration<double>(Clock::now() - healed).count();
+    m->net_faulted = false;
+    if (!ready) {
+      net_stalls_++;
+      Say(fmt::format("NET STALL {}: not ready 180 s after its network healed; see {}", m->name,
+                      m->log));
+    } else {
+      net_recover_max_s_ = std::max(net_recover_max_s_, took);
+      Say(fmt::format("{}: network healed, ready again after {:.1f} s", m->name, took));
+    }
   }
 }
 
@@ -1035,7 +1158,8 @@ std::pair<int, int> Campaign::CheckHostOps() {
   int diff = 0;
   pqxx::connection db(Dsn("scheduler"));
   pqxx::nontransaction tx(db);
-  // A claim made by a transaction that began after the drain was answered, before the undrain.
+  // A claim written (claimed_at is clock_timestamp()) after the drain was answered, before the
+  // undrain: the drain's projection waited for every create that held the node's share lock.
   for (const auto& w : drains_) {
     for (const auto& row : tx.exec_params(
              "SELECT allocation_id::text FROM allocation_resource_claims WHERE node_id = $1 AND "
@@ -1357,26 +1481,32 @@ void Campaign::Check() {
   std::string failed;
   for (const auto& [reason, n] : failed_by_reason_) failed += fmt::format(" {}:{}", reason, n);
   report_ = fmt::format(
-      "R1 faults={} (postgres={} nats={}) placements={} no_placement={} failed=[{} ] "
+      "R1 faults={} (postgres={} nats={} net={}) placements={} no_placement={} failed=[{} ] "
       "double_booked={} lost={} stuck={} duplicated={} republished={} out_of_order={} "
       "dead_lettered_retryable={} dead_lettered={} projection_diff={} crashed={} "
       "restarts_after_start_failure={} exposed={} endpoints_checked={} live_exposures_kept={} "
       "endpoint_not_active={} exposure_leaked={} pool_used_diff={} endpoint_shared={} "
       "drains={} mode_changes={} placed_on_draining={} node_state_diff={} host_op_errors={} "
-      "usage_records={} usage_diff={} usage_max_slack_ms={} failovers={} "
-      "failover_promote_max_s={:.1f} failover_ready_max_s={:.1f} failover_stalls={}",
-      faults_.load(), pg_faults_.load(), nats_faults_.load(), placements_.load(),
-      no_placement_.load(), failed, double_booked, lost, stuck, duplicated, republished,
-      out_of_order, dead_retryable, dead, projection_diff, crashed_.load(), start_failures_.load(),
-      exposed_.load(), endpoints_checked_.load(), live_exposures_kept_, endpoint_not_active_.load(),
-      exposure_leaked_, pool_used_diff_, endpoint_shared_, drains_.size(), mode_changes_,
-      placed_on_draining, node_state_diff, host_op_errors_.load(), usage_records_, usage_diff,
-      usage_max_slack_us_ / 1000, failovers_, promote_max_s_, ready_max_s_, failover_stalls_);
+      "usage_records={} usage_diff={} usage_max_slack_ms={} failovers={} disk_full={} "
+      "failover_promote_max_s={:.1f} failover_ready_max_s={:.1f} failover_stalls={} "
+      "net_recover_max_s={:.1f} net_stalls={}",
+      faults_.load(), pg_faults_.load(), nats_faults_.load(), net_faults_.load(),
+      placements_.load(), no_placement_.load(), failed, double_booked, lost, stuck, duplicated,
+      republished, out_of_order, dead_retryable, dead, projection_diff, crashed_.load(),
+      start_failures_.load(), exposed_.load(), endpoints_checked_.load(), live_exposures_kept_,
+      endpoint_not_active_.load(), exposure_leaked_, pool_used_diff_, endpoint_shared_,
+      drains_.size(), mode_changes_, placed_on_draining, node_state_diff, host_op_errors_.load(),
+      usage_records_, usage_diff, usage_max_slack_us_ / 1000, failovers_, disk_fulls_,
+      promote_max_s_, ready_max_s_, failover_stalls_, net_recover_max_s_, net_stalls_);
   failures_ = double_booked + lost + stuck + duplicated + out_of_order + dead_retryable +
               projection_diff + crashed_.load() + create_errors_.load() +
               endpoint_not_active_.load() + exposure_leaked_ + pool_used_diff_ + endpoint_shared_ +
               placed_on_draining + node_state_diff + host_op_errors_.load() + usage_diff +
-              failover_stalls_;
+              failover_stalls_ + net_stalls_;
+  if (o_.net_faults && net_faults_ == 0) {
+    failures_++;
+    Say("no network fault happened");
+  }
   if (o_.ha && failovers_ == 0) {
     failures_++;
     Say("no failover happened");
@@ -1411,6 +1541,9 @@ int Campaign::Run() {
   std::thread supervisor([&] { Supervise(); });
   std::thread server_faults([&] { Faults(true); });
   std::thread process_faults([&] { Faults(false); });
+  std::thread net_faults([&] {
+    if (o_.net_faults) NetFaults();
+  });
   std::vector<std::thread> workers;
   workers.reserve(static_cast<size_t>(o_.workers));
   for (int w = 0; w < o_.workers; ++w) workers.emplace_back([this, w] { Churn(w); });
@@ -1420,6 +1553,7 @@ int Campaign::Run() {
   churning_ = false;
   server_faults.join();
   process_faults.join();
+  net_faults.join();
   faulting_ = false;
   for (auto& w : workers) w.join();
   host_ops.join();
@@ -1466,15 +1600,25 @@ int main(int argc, char** argv) {
   app.add_option("--pool-ports", o.pool_ports, "Public ports of each node's port_range pool")
       ->capture_default_str();
   app.add_flag("--ha", o.ha, "PostgreSQL as a pg_auto_failover formation; its fault is a failover");
+  app.add_flag("--disk-full", o.disk_full,
+               "With --ha: data on small loop disks; 1 PostgreSQL fault in 3 fills the primary's");
   app.add_option("--faults", o.faults, "all, or failover (with --ha: only failovers)")
       ->check(CLI::IsMember({"all", "failover"}))
       ->capture_default_str();
   app.add_option("--max-ready-s", o.max_ready_s,
                  "With --ha: longest a failover may leave a service not ready")
       ->capture_default_str();
+  app.add_flag("--net-faults", o.net_faults,
+               "Services in network namespaces; partitions, latency and loss among the faults");
+  app.add_option("--max-net-fault-s", o.max_net_fault_s, "Longest network fault (at least 5 s)")
+      ->capture_default_str();
   app.add_option("--seed", o.seed, "Random seed (0 = time)");
   app.add_option("--out", o.out_dir, "Directory for logs and hosts (default: a temporary one)");
   CLI11_PARSE(app, argc, argv);
+  if (o.disk_full && !o.ha) {
+    std::cerr << "--disk-full needs --ha\n";
+    return 2;
+  }
   if (o.seed == 0) o.seed = static_cast<uint64_t>(std::time(nullptr));
   if (o.out_dir.empty()) o.out_dir = gpuaas::testing::MakeTempDir("gpuaas-chaos");
   signal(SIGPIPE, SIG_IGN);
