@@ -109,7 +109,7 @@ struct Options {
   int fault_gap_ms = 2000;
   int max_outage_s = 10;
   // How far a usage record's boundary may be from the scheduler's timeline row of that step
-  // (the transaction's start against the row's clock_timestamp(), in milliseconds as announced).
+  // (the state change's clock_timestamp() against the row's, in milliseconds as announced).
   int64_t usage_slack_ms = 2000;
   int max_pg_outage_s = 15;
   int min_faults = 0;

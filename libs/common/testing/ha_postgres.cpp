@@ -104,6 +104,7 @@ TestHaPostgres::TestHaPostgres(int disk_mb, bool partitionable)
     nft_table_ = fmt::format("gpuaas_ha_{}_{}", getpid(), formations++);
     const std::vector<uint16_t> ports(std::begin(ports_), std::end(ports_));
     std::vector<uid_t> uids;
+    uids.reserve(kNodes);
     for (int i = 0; i < kNodes; ++i) uids.push_back(Uid(NodeUser(i)));
     // In place before any connection of the formation opens, so each is marked from its first
     // packet.

@@ -187,7 +187,8 @@ void SetAllocationState(pqxx::work& tx, const std::string& allocation_id, v1::Al
                         const std::string& detail) {
   store::Prepared(
       tx,
-      "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = now(), "
+      "UPDATE allocations SET state = $2, generation = generation + 1, updated_at = "
+      "clock_timestamp(), "
       "failure_stage = CASE WHEN $3 THEN $4 ELSE failure_stage END, "
       "failure_code = CASE WHEN $3 THEN $5 ELSE failure_code END, "
       "failure_detail = CASE WHEN $3 THEN $6 ELSE failure_detail END WHERE allocation_id = $1",

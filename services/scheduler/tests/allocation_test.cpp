@@ -728,6 +728,27 @@ TEST_F(AllocationTest, AClaimTakenAfterAReleaseStartsAfterTheReleasedOneEnds) {
   EXPECT_EQ(overlap.as<int>(), 0);
 }
 
+// A state change is stamped when it is written, not when its transaction began: the usage
+// ledger bills from `updated_at`, and a transaction that waited (a batch under 200 ms of added
+// latency, a lost packet's retransmissions) billed seconds the tenant never had (the long chaos
+// run's usage_diff=5).
+TEST_F(AllocationTest, AStateChangeIsStampedWhenItIsWrittenNotWhenItsTransactionBegan) {
+  AddNode("stamp-state", 1);
+  WaitProjected();
+  auto a = Create("stamp-state-1", 1);
+  ASSERT_TRUE(a.ok());
+  pqxx::connection c(dsn_);
+  pqxx::work tx(c);
+  tx.exec("SELECT 1");
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  SetAllocationState(tx, a->allocation().allocation_id(), v1::ALLOCATION_STATE_FAILED, false, "",
+                     "", "");
+  const auto waited = tx.exec_params1(
+      "SELECT extract(epoch from updated_at - now()) FROM allocations WHERE allocation_id = $1",
+      a->allocation().allocation_id())[0];
+  EXPECT_GE(waited.as<double>(), 0.19);
+}
+
 // Group commit (scheduler.group_commit, on by default): creates that arrive together share a
 // transaction and its commit; one that fails inside it (no capacity in its region) is undone on
 // its own and answered with its error, while the rest of its group commits.
