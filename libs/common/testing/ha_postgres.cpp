@@ -77,6 +77,15 @@ TestHaPostgres::TestHaPostgres(int disk_mb, bool partitionable)
       disk_mb_(disk_mb),
       partitionable_(partitionable),
       monitor_port_(FreePort()) {
+  try {
+    Start();
+  } catch (...) {
+    Cleanup();  // the destructor does not run for a constructor that threw
+    throw;
+  }
+}
+
+void TestHaPostgres::Start() {
   for (auto& p : ports_) p = FreePort();
   if (partitionable_ && user_.empty()) throw std::runtime_error("a partition needs root");
   // Group postgres (every node's user) may enter and write (a keeper keeps backups beside its
@@ -214,7 +223,9 @@ void TestHaPostgres::Heal() {
   if (!nft_table_.empty()) Shell("nft flush chain inet " + nft_table_ + " cut");
 }
 
-TestHaPostgres::~TestHaPostgres() {
+TestHaPostgres::~TestHaPostgres() { Cleanup(); }
+
+void TestHaPostgres::Cleanup() {
   for (int i = 0; i < kNodes; ++i) KillNode(i);
   monitor_.Kill();
   const pid_t m = PostmasterPid(dir_ + "/monitor");

@@ -65,6 +65,9 @@ class TestHaPostgres {
   std::string NodeUser(int i) const;
   // `pg_autoctl <args>` as node i's user with its environment (a keeper's configuration).
   int NodeCtl(int i, const std::string& args) const;
+  // The formation up (the constructor's work); Cleanup() undoes whatever of it was done.
+  void Start();
+  void Cleanup();
   // Node i's keeper demotes its primary 5 s after losing both the monitor and the standby.
   void TuneKeeper(int i);
   std::string dir_;
