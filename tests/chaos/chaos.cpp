@@ -177,6 +177,11 @@ class Campaign {
  private:
   void StartPlatform();
   void Spawn(Member& m);
+  // A uniform draw in [lo, hi] from the campaign's seeded generator (every stream draws here).
+  int Pick(int lo, int hi) {
+    std::lock_guard lock(rng_mu_);
+    return std::uniform_int_distribution<int>(lo, hi)(rng_);
+  }
   void Supervise();
   void Faults(bool servers);
   // kill -9 of the primary's node (keeper and postgres), then waits for the engine to promote
@@ -473,27 +478,23 @@ void Campaign::Supervise() {
 // Two fault streams run at once: `servers` takes PostgreSQL (2 of 3) or nats-server down, the
 // other kills the services and node-agents; so a service may be killed during a database outage.
 void Campaign::Faults(bool servers) {
-  auto pick = [&](int lo, int hi) {
-    std::lock_guard lock(rng_mu_);
-    return std::uniform_int_distribution<int>(lo, hi)(rng_);
-  };
   std::vector<Member*> bag;
   const bool only_failovers = o_.faults == "failover";
   if (only_failovers && !servers) return;
   while (churning_ || faults_ < o_.min_faults) {
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
+        std::chrono::milliseconds(o_.fault_gap_ms / 2 + Pick(0, o_.fault_gap_ms)));
     // One draw decides: PostgreSQL (2 in 3, or always with --faults failover) or nats-server.
-    const bool database = only_failovers || pick(0, 2) < 2;
+    const bool database = only_failovers || Pick(0, 2) < 2;
     if (servers && database && o_.ha) {
-      if (o_.disk_full && pick(0, 2) == 0) {
-        DiskFull(pick(1, o_.max_pg_outage_s));
+      if (o_.disk_full && Pick(0, 2) == 0) {
+        DiskFull(Pick(1, o_.max_pg_outage_s));
       } else {
-        Failover(pick(1, o_.max_pg_outage_s));
+        Failover(Pick(1, o_.max_pg_outage_s));
       }
     } else if (servers && database) {
       // PostgreSQL: outages from 1 s to the longest asked for (a failover, a restart).
-      const int outage = pick(1, o_.max_pg_outage_s);
+      const int outage = Pick(1, o_.max_pg_outage_s);
       Say(fmt::format("fault {}: kill -9 postgres, {} s outage", faults_ + 1, outage));
       pg_->Kill();
       faults_++;
@@ -501,7 +502,7 @@ void Campaign::Faults(bool servers) {
       std::this_thread::sleep_for(std::chrono::seconds(outage));
       pg_->Start();
     } else if (servers) {
-      const int outage = pick(1, o_.max_outage_s);
+      const int outage = Pick(1, o_.max_outage_s);
       Say(fmt::format("fault {}: kill -9 nats-server, {} s outage", faults_ + 1, outage));
       nats_->Kill();
       faults_++;
@@ -518,7 +519,7 @@ void Campaign::Faults(bool servers) {
       }
       Member* m = bag.back();
       bag.pop_back();
-      const int outage = pick(1, o_.max_outage_s);
+      const int outage = Pick(1, o_.max_outage_s);
       Say(fmt::format("fault {}: kill -9 {}, {} s outage", faults_ + 1, m->name, outage));
       {
         std::lock_guard lock(members_mu_);
@@ -608,10 +609,6 @@ void Campaign::Failover(int outage) {
 }
 
 void Campaign::NetFaults() {
-  auto pick = [&](int lo, int hi) {
-    std::lock_guard lock(rng_mu_);
-    return std::uniform_int_distribution<int>(lo, hi)(rng_);
-  };
   std::vector<Member*> services;
   for (auto& m : members_) {
     if (m->net != nullptr) services.push_back(m.get());
@@ -625,11 +622,11 @@ void Campaign::NetFaults() {
   const std::vector<int> nats_ports = {nats_->port()};
   while (churning_) {
     std::this_thread::sleep_for(
-        std::chrono::milliseconds(o_.fault_gap_ms / 2 + pick(0, o_.fault_gap_ms)));
+        std::chrono::milliseconds(o_.fault_gap_ms / 2 + Pick(0, o_.fault_gap_ms)));
     if (!churning_) break;
-    Member* m = services[static_cast<size_t>(pick(0, static_cast<int>(services.size()) - 1))];
-    const auto kind = static_cast<NetFault>(pick(0, 3));
-    const int secs = pick(5, std::max(5, o_.max_net_fault_s));
+    Member* m = services[static_cast<size_t>(Pick(0, static_cast<int>(services.size()) - 1))];
+    const auto kind = static_cast<NetFault>(Pick(0, 3));
+    const int secs = Pick(5, std::max(5, o_.max_net_fault_s));
     Say(fmt::format("fault {}: {}, {} for {} s", faults_ + 1, m->name, NetFaultName(kind), secs));
     m->net_faulted = true;
     m->net->Inject(kind, kind == NetFault::kPartitionNats ? nats_ports : pg_ports);
@@ -658,12 +655,8 @@ double UnixNow() {
 }
 
 void Campaign::HostOps() {
-  auto pick = [&](int lo, int hi) {
-    std::lock_guard lock(rng_mu_);
-    return std::uniform_int_distribution<int>(lo, hi)(rng_);
-  };
   for (int i = 0; churning_; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(pick(1000, 4000)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(Pick(1000, 4000)));
     if (!churning_) break;
     const std::string node = fmt::format("chaos-node-{:02d}", i % o_.nodes + 1);
     v1::DrainNodeRequest drain;
@@ -677,7 +670,7 @@ void Campaign::HostOps() {
     } else {
       Say(fmt::format("host op: {} draining, held by {}", node, d->holding_allocations_size()));
     }
-    const auto until = Clock::now() + std::chrono::milliseconds(pick(2000, 6000));
+    const auto until = Clock::now() + std::chrono::milliseconds(Pick(2000, 6000));
     while (churning_ && Clock::now() < until) std::this_thread::sleep_for(100ms);
     if (d.ok() && churning_) RoundTripMode(node);
     w.to = UnixNow();

@@ -2,8 +2,9 @@
 
 #include <unistd.h>
 
+#include <filesystem>
+#include <fstream>
 #include <stdexcept>
-#include <thread>
 
 #include <fmt/format.h>
 
@@ -36,6 +37,19 @@ std::string LoopbackNat(const std::string& table, const std::string& dev, const 
 std::string NftApply(const std::string& rules, const std::string& ns = "") {
   return fmt::format("printf '%s' '{}' | {}nft -f -", rules,
                      ns.empty() ? "" : "ip netns exec " + ns + " ");
+}
+
+// A table that drops, on the host's end `dev` of a service's veth, the packets coming from the
+// service that match `in` and those going to it that match `out`: before connection tracking on
+// the way in, after the replies' translation on the way out.
+std::string DropTable(const std::string& table, const std::string& dev, const std::string& in,
+                      const std::string& out) {
+  return fmt::format(
+      "table inet {0} {{\n"
+      "  chain in {{ type filter hook prerouting priority raw; iifname \"{1}\" {2} drop; }}\n"
+      "  chain out {{ type filter hook postrouting priority 300; oifname \"{1}\" {3} drop; }}\n"
+      "}}\n",
+      table, dev, in, out);
 }
 
 }  // namespace
@@ -101,37 +115,34 @@ void ServiceNet::Inject(NetFault f, const std::vector<int>& ports) {
     case NetFault::kPartitionNats: {
       std::string set;
       for (const int p : ports) set += (set.empty() ? "" : ", ") + std::to_string(p);
-      // Both directions, before connection tracking and after the replies' translation.
-      Must(NftApply(fmt::format(
-          "table inet {0} {{\n"
-          "  chain in {{ type filter hook prerouting priority raw; iifname \"{1}\" tcp dport {{ "
-          "{2} }} drop; }}\n"
-          "  chain out {{ type filter hook postrouting priority 300; oifname \"{1}\" tcp sport "
-          "{{ {2} }} drop; }}\n"
-          "}}\n",
-          fault_table_, host_if_, set)));
+      Must(NftApply(DropTable(fault_table_, host_if_, fmt::format("tcp dport {{ {} }}", set),
+                              fmt::format("tcp sport {{ {} }}", set))));
       break;
     }
     case NetFault::kDelay: {
       // Everything the service sends waits in the queue; --queue-bypass lets packets through
       // undelayed should the delayer be gone.
+      std::filesystem::remove(log_);
       delayer_.Spawn(Wrap({delay_bin_, "--queue", std::to_string(queue_), "--delay-ms", "200"}),
                      log_);
-      std::this_thread::sleep_for(std::chrono::milliseconds(300));  // bound before packets come
+      // Bound to its queue before the rule sends packets there.
+      if (!testing::WaitFor(
+              [&] {
+                std::ifstream in(log_);
+                std::string line;
+                return std::getline(in, line) && line.rfind("delaying", 0) == 0;
+              },
+              std::chrono::seconds(10), std::chrono::milliseconds(20))) {
+        throw std::runtime_error("gpuaas-net-delay did not start; see " + log_);
+      }
       queue_rule_ =
           fmt::format("OUTPUT -o {} -j NFQUEUE --queue-num {} --queue-bypass", ns_if_, queue_);
       Must(in_ns + "iptables -t mangle -A " + queue_rule_);
       break;
     }
     case NetFault::kLoss:
-      Must(NftApply(fmt::format(
-          "table inet {0} {{\n"
-          "  chain in {{ type filter hook prerouting priority raw; iifname \"{1}\" numgen random "
-          "mod 100 < 5 drop; }}\n"
-          "  chain out {{ type filter hook postrouting priority 300; oifname \"{1}\" numgen "
-          "random mod 100 < 5 drop; }}\n"
-          "}}\n",
-          fault_table_, host_if_)));
+      Must(NftApply(DropTable(fault_table_, host_if_, "numgen random mod 100 < 5",
+                              "numgen random mod 100 < 5")));
       break;
   }
 }
