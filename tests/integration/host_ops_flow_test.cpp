@@ -95,10 +95,27 @@ class HostOpsFlowTest : public ::testing::Test {
     slots->assign(shown.slots().begin(), shown.slots().end());
     return node_agent::HostRoot(root);
   }
-  // Once `node` has `slots` schedulable slots, a slice of `gpus` lands on it.
+  // The node's admin state as the scheduler's projection has it (inventory's answer to an
+  // undrain or a maintenance end comes a moment before the projection applies its event).
+  v1::NodeAdminState ProjectedAdminState(const std::string& node) {
+    v1::ListNodeHoldersRequest r;
+    r.set_node_id(node);
+    auto h = Call<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", r);
+    return h.ok() ? h->node().admin_state() : v1::NODE_ADMIN_STATE_UNSPECIFIED;
+  }
+  // Once the scheduler sees `node` active with `slots` schedulable slots, a slice of `gpus`
+  // lands on it.
   void ExpectSliceLands(const std::string& node, const std::string& pool, int slots,
                         const std::string& request_id, int gpus = 1) {
-    ASSERT_TRUE(testing::WaitFor([&] { return SchedulableSlots(node) == slots; }, 20s));
+    ASSERT_TRUE(testing::WaitFor(
+        [&] {
+          return ProjectedAdminState(node) == v1::NODE_ADMIN_STATE_ACTIVE &&
+                 SchedulableSlots(node) == slots;
+        },
+        20s))
+        << node << " is " << v1::NodeAdminState_Name(ProjectedAdminState(node))
+        << " in the scheduler's projection with " << SchedulableSlots(node)
+        << " schedulable slots, wanted active with " << slots;
     auto placed = p_.CreateSlice(request_id, pool, gpus);
     ASSERT_TRUE(placed.ok()) << placed.error().ToString();
     EXPECT_EQ(placed->node_id(), node);
