@@ -5,8 +5,10 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <stdexcept>
 #include <thread>
 
@@ -22,6 +24,45 @@ pid_t PostmasterPid(const std::string& data) {
   long pid = 0;
   in >> pid;
   return static_cast<pid_t>(pid);
+}
+
+// `pid` and every process below it (children of children), read from /proc before any dies.
+std::vector<pid_t> ProcessTree(pid_t pid) {
+  std::multimap<pid_t, pid_t> children;
+  for (const auto& e : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = e.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    // "pid (comm) state ppid ...": comm may hold spaces and ')', so read after the last one.
+    const auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long ppid = 0;
+    if (std::sscanf(stat.c_str() + close + 1, " %c %ld", &state, &ppid) == 2) {
+      children.emplace(static_cast<pid_t>(ppid), static_cast<pid_t>(std::stol(name)));
+    }
+  }
+  std::vector<pid_t> tree = {pid};
+  for (size_t i = 0; i < tree.size(); ++i) {
+    auto [from, to] = children.equal_range(tree[i]);
+    for (auto it = from; it != to; ++it) tree.push_back(it->second);
+  }
+  return tree;
+}
+
+// Kills a postmaster and its children (logger, background workers) at once, as a machine that
+// is lost: killed alone, some of its children were left behind as orphans.
+void KillPostmaster(pid_t pm) {
+  if (pm <= 0) return;
+  // A postmaster.pid left by a crash may name a pid that is now another program's.
+  std::ifstream comm(fmt::format("/proc/{}/comm", pm));
+  std::string name;
+  if (!std::getline(comm, name) || name != "postgres") return;
+  const auto tree = ProcessTree(pm);
+  for (pid_t p : tree) kill(p, SIGKILL);
+  WaitFor([&] { return kill(pm, 0) != 0; }, std::chrono::seconds(10));
 }
 
 // The last lines of a log, for an error message (the directory is gone after the test).
@@ -228,8 +269,7 @@ TestHaPostgres::~TestHaPostgres() { Cleanup(); }
 void TestHaPostgres::Cleanup() {
   for (int i = 0; i < kNodes; ++i) KillNode(i);
   monitor_.Kill();
-  const pid_t m = PostmasterPid(dir_ + "/monitor");
-  if (m > 0) kill(m, SIGKILL);
+  KillPostmaster(PostmasterPid(dir_ + "/monitor"));
   for (int i = 0; disk_mb_ > 0 && i < kNodes; ++i) Shell("umount -l " + DiskDir(i));
   if (!nft_table_.empty()) Shell("nft delete table inet " + nft_table_);
   std::filesystem::remove_all(dir_);
@@ -307,12 +347,9 @@ void TestHaPostgres::StartNode(int i) {
 
 void TestHaPostgres::KillNode(int i) {
   // The keeper leads its process group (its supervisor and, through it, postgres); the
-  // postmaster is also killed by pid in case it left the group.
+  // postmaster and its children are also killed by pid in case they left the group.
   nodes_[i].Kill();
-  const pid_t pm = PostmasterPid(DataDir(i));
-  if (pm > 0 && kill(pm, SIGKILL) == 0) {
-    WaitFor([&] { return kill(pm, 0) != 0; }, std::chrono::seconds(10));
-  }
+  KillPostmaster(PostmasterPid(DataDir(i)));
 }
 
 std::string TestHaPostgres::Dsn(const std::string& db) const {
