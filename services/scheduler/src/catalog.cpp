@@ -287,6 +287,17 @@ Result<std::pair<const Sku*, v1::NetworkMode>> Catalog::Validate(const std::stri
   return std::make_pair(s, effective);
 }
 
+std::vector<placement::OrderableShape> Catalog::OrderableSlices() const {
+  std::vector<placement::OrderableShape> out;
+  for (const auto& [name, sku] : skus_) {
+    if (sku.shape != v1::CAPACITY_SHAPE_GPU_SLICE) continue;
+    out.push_back({sku.gpu_sku,
+                   enums::Text(sku.fabric_type),
+                   {sku.allowed_gpu_counts.begin(), sku.allowed_gpu_counts.end()}});
+  }
+  return out;
+}
+
 v1::ListCatalogResponse Catalog::ToProto() const {
   v1::ListCatalogResponse out;
   for (const auto& [name, s] : skus_) {

@@ -275,8 +275,37 @@ void PlacementCache::Tally(const Node& n, int sign) {
       if (wrong[sku][i] > 0) agg.fabric[i].nodes_with_wrong += sign;
     }
   }
+  for (const auto& [sku, view] : Views("", n)) {
+    auto& agg = pool.skus[sku];
+    agg.free_complete += sign * static_cast<int64_t>(view.free.size());
+    const auto shapes = shapes_.find(sku);
+    agg.stranded +=
+        sign * (shapes == shapes_.end() ? static_cast<int64_t>(view.free.size())
+                                        : placement::StrandedGpus(view.free, shapes->second));
+    agg.whole_free_nodes += sign * (placement::WholeNodeFree(view) ? 1 : 0);
+  }
   if (pool.nodes == 0) region.pools.erase(n.pool);
   if (region.pools.empty() && region.unschedulable == 0) tallies_.erase(n.region);
+}
+
+void PlacementCache::SetOrderableShapes(const std::vector<placement::OrderableShape>& shapes) {
+  std::lock_guard lock(mu_);
+  shapes_.clear();
+  for (const auto& shape : shapes) shapes_[shape.gpu_sku].push_back(shape);
+}
+
+std::vector<PlacementCache::Capacity> PlacementCache::Capacities() const {
+  std::lock_guard lock(mu_);
+  std::vector<Capacity> out;
+  for (const auto& [region_name, region] : tallies_) {
+    for (const auto& [pool_name, pool] : region.pools) {
+      for (const auto& [sku, t] : pool.skus) {
+        out.push_back(
+            {region_name, pool_name, sku, t.free_complete, t.stranded, t.whole_free_nodes});
+      }
+    }
+  }
+  return out;
 }
 
 void PlacementCache::Drop(const std::string& node_id) {

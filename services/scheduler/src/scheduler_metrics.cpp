@@ -3,6 +3,8 @@
 #include <google/protobuf/util/time_util.h>
 
 #include <map>
+#include <set>
+#include <tuple>
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -13,6 +15,7 @@
 #include "allocation_store.hpp"
 #include "gpuaas/common/enums.hpp"
 #include "gpuaas/common/store.hpp"
+#include "gpuaas/scheduler/placement_cache.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -152,6 +155,43 @@ std::shared_ptr<metrics::Sampler> StartAllocationGauges(std::shared_ptr<store::P
           oldest->Add({{"state", state}}).Set(v.oldest_seconds);
         }
       });
+}
+
+std::shared_ptr<metrics::Sampler> StartCapacityGauges(std::shared_ptr<PlacementCache> cache,
+                                                      prometheus::Registry& registry,
+                                                      std::chrono::milliseconds interval) {
+  auto gauge = [&](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(registry);
+  };
+  auto* free = gauge("gpuaas_free_gpus",
+                     "Free GPUs the placement index can propose: schedulable slots with every "
+                     "binding and no claim (sampled from this replica's index)");
+  auto* stranded = gauge("gpuaas_stranded_gpus",
+                         "Free GPUs no slice the catalog offers can use (their node's free slots "
+                         "fit no mix of orderable GPU counts and fabrics; sampled)");
+  auto* whole = gauge("gpuaas_free_whole_nodes",
+                      "Nodes whose every slot of the SKU is free: could take the largest slice "
+                      "or move to bare metal (sampled)");
+  using Key = std::tuple<std::string, std::string, std::string>;
+  return std::make_shared<metrics::Sampler>(interval, [cache = std::move(cache), free, stranded,
+                                                       whole, seen = std::set<Key>()]() mutable {
+    std::set<Key> now;
+    for (const auto& c : cache->Capacities()) {
+      const std::map<std::string, std::string> labels = {
+          {"region", c.region}, {"pool", c.pool}, {"sku", c.sku}};
+      free->Add(labels).Set(static_cast<double>(c.free));
+      stranded->Add(labels).Set(static_cast<double>(c.stranded));
+      whole->Add(labels).Set(static_cast<double>(c.whole_free_nodes));
+      now.insert({c.region, c.pool, c.sku});
+    }
+    for (const auto& [region, pool, sku] : seen) {
+      if (now.count({region, pool, sku}) > 0) continue;
+      const std::map<std::string, std::string> labels = {
+          {"region", region}, {"pool", pool}, {"sku", sku}};
+      for (auto* family : {free, stranded, whole}) family->Remove(&family->Add(labels));
+    }
+    seen = std::move(now);
+  });
 }
 
 }  // namespace gpuaas::scheduler

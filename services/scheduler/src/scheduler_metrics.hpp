@@ -13,6 +13,10 @@
 //                                            sql, outcome = placed | stale (the re-check found
 //                                            them claimed or unschedulable) | held (locked by
 //                                            another placement)
+//   gpuaas_free_gpus{region,pool,sku}        free GPUs the placement index can propose
+//   gpuaas_stranded_gpus{region,pool,sku}    ... of them, those no orderable slice can use
+//   gpuaas_free_whole_nodes{region,pool,sku} nodes whose every slot of the SKU is free
+//                                            (the three from the index, when it is on)
 #include <chrono>
 #include <memory>
 #include <string>
@@ -61,6 +65,13 @@ class SchedulerMetrics {
 // (every state is present, 0 when it has none).
 std::shared_ptr<metrics::Sampler> StartAllocationGauges(
     std::shared_ptr<store::Pool> pool, prometheus::Registry& registry, log::Logger logger,
+    std::chrono::milliseconds interval = std::chrono::seconds(5));
+
+class PlacementCache;
+// gpuaas_free_gpus, gpuaas_stranded_gpus and gpuaas_free_whole_nodes{region,pool,sku} from the
+// placement index, every `interval` (a (region, pool, SKU) the index no longer has is removed).
+std::shared_ptr<metrics::Sampler> StartCapacityGauges(
+    std::shared_ptr<PlacementCache> cache, prometheus::Registry& registry,
     std::chrono::milliseconds interval = std::chrono::seconds(5));
 
 }  // namespace gpuaas::scheduler

@@ -218,8 +218,13 @@ Result<void> SchedulerService::Start() {
   svc_.OnDrain("allocation gauges", [gauges] { gauges->Stop(); });
   if (cfg_.placement_index) {
     placement_ = std::make_shared<PlacementCache>(cfg_.common.pg_dsn, svc_.log());
+    placement_->SetOrderableShapes(catalog->OrderableSlices());
     if (auto r = placement_->Start(); !r.ok()) return r;
-    svc_.OnDrain("placement index", [cache = placement_] { cache->Stop(); });
+    auto capacity = StartCapacityGauges(placement_, svc_.metrics());
+    svc_.OnDrain("placement index", [cache = placement_, capacity] {
+      capacity->Stop();
+      cache->Stop();
+    });
   }
   if (cfg_.group_commit) {
     group_ = std::make_unique<store::GroupCommit>(svc_.pg(), store::GroupCommit::Options{});

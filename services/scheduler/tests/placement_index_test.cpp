@@ -196,6 +196,50 @@ TEST_F(PlacementIndexServiceTest, AFreshIndexIsRankOverTheDatabaseAfterCreatesAn
   fresh.Stop();
 }
 
+// gpuaas_free_gpus / gpuaas_stranded_gpus / gpuaas_free_whole_nodes come from these counts.
+TEST_F(PlacementIndexServiceTest, StrandedCapacityFollowsClaimsAndTheShapesTheCatalogSells) {
+  AddNode("ib-0", 8);
+  AddNode("ib-1", 8);
+  AddNode("roce-0", 4, "us-east-1", false, true, v1::FABRIC_TYPE_ROCE);
+  WaitProjected();
+  ASSERT_TRUE(testing::WaitFor([&] { return Index().nodes() == 3; }));
+  // A second index that sells only even InfiniBand slices, next to the replica's own (the
+  // default catalog: 1, 2, 4 or 8 InfiniBand GPUs).
+  PlacementCache even(dsn_, log::Logger("test", "t", log::Level::kWarn));
+  even.SetOrderableShapes({{"h200-sxm", "infiniband", {2, 4, 8}}});
+  ASSERT_TRUE(even.Start().ok());
+  auto capacity = [](const PlacementCache& cache) {
+    for (const auto& c : cache.Capacities()) {
+      if (c.region == "us-east-1" && c.sku == "h200-sxm") {
+        return std::vector<int64_t>{c.free, c.stranded, c.whole_free_nodes};
+      }
+    }
+    return std::vector<int64_t>{};
+  };
+  // Nothing sells RoCE: its 4 are stranded under either catalog.
+  EXPECT_EQ(capacity(Index()), (std::vector<int64_t>{20, 4, 3}));
+  EXPECT_EQ(capacity(even), (std::vector<int64_t>{20, 4, 3}));
+
+  auto one = Create("one", 1);
+  ASSERT_TRUE(one.ok()) << one.error().ToString();
+  TakeNode(one->allocation().node_id() == "ib-0" ? "ib-1" : "ib-0");
+  // One IB node is taken and the other has 7 free: even slices strand one of them.
+  EXPECT_TRUE(testing::WaitFor([&] {
+    return capacity(Index()) == std::vector<int64_t>{11, 4, 1};
+  })) << ::testing::PrintToString(capacity(Index()));
+  EXPECT_TRUE(testing::WaitFor([&] {
+    return capacity(even) == std::vector<int64_t>{11, 5, 1};
+  })) << ::testing::PrintToString(capacity(even));
+
+  // The index kept up through every change counts what one read from scratch counts.
+  PlacementCache fresh(dsn_, log::Logger("test", "t", log::Level::kWarn));
+  fresh.SetOrderableShapes({{"h200-sxm", "infiniband", {2, 4, 8}}});
+  ASSERT_TRUE(fresh.Start().ok());
+  EXPECT_EQ(capacity(fresh), capacity(even));
+  fresh.Stop();
+  even.Stop();
+}
+
 TEST_F(PlacementIndexServiceTest, ALostListeningConnectionMeansAFullReadAgain) {
   for (int i = 0; i < 2; ++i) AddNode(fmt::format("gpu-{:02d}", i), 8);
   WaitProjected();

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gpuaas/common/result.hpp"
+#include "gpuaas/scheduler/stranded.hpp"
 #include "gpuaas/v1/scheduler.pb.h"
 #include "gpuaas/v1/types.pb.h"
 
@@ -52,6 +53,9 @@ class Catalog {
   // network_mode UNSPECIFIED means the SKU's default.
   Result<std::pair<const Sku*, v1::NetworkMode>> Validate(const std::string& sku, int gpu_count,
                                                           v1::NetworkMode network_mode) const;
+  // The slices tenants can order (gpu_slice SKUs: slot SKU, fabric, GPU counts), what the
+  // placement index measures stranded capacity against.
+  std::vector<placement::OrderableShape> OrderableSlices() const;
   // The catalog as gpuaas.v1.scheduler.catalog.list answers it.
   v1::ListCatalogResponse ToProto() const;
 

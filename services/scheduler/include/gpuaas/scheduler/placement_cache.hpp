@@ -31,6 +31,7 @@
 #include "gpuaas/common/log.hpp"
 #include "gpuaas/common/result.hpp"
 #include "gpuaas/scheduler/placement.hpp"
+#include "gpuaas/scheduler/stranded.hpp"
 
 namespace gpuaas::scheduler {
 
@@ -89,6 +90,23 @@ class PlacementCache {
   FreeCounts Count(const std::string& region, const std::string& pool, const std::string& sku,
                    const std::string& fabric, int gpus) const;
 
+  // The slices tenants can order (from the catalog), for the stranded capacity; set before
+  // Start, never after. Without it every free GPU counts as stranded.
+  void SetOrderableShapes(const std::vector<placement::OrderableShape>& shapes);
+  // Free capacity per (region, pool, SKU) as the index holds it, for gpuaas_free_gpus,
+  // gpuaas_stranded_gpus and gpuaas_free_whole_nodes: free = schedulable, complete slots
+  // without a claim; stranded = those no orderable slice can use (placement::StrandedGpus);
+  // whole nodes = nodes whose every slot of the SKU is free (placement::WholeNodeFree).
+  struct Capacity {
+    std::string region;
+    std::string pool;
+    std::string sku;
+    int64_t free = 0;
+    int64_t stranded = 0;
+    int64_t whole_free_nodes = 0;
+  };
+  std::vector<Capacity> Capacities() const;
+
   // Reads these nodes again in `tx` (a proposal the SQL re-check refused).
   void Refresh(pqxx::transaction_base& tx, const std::vector<std::string>& node_ids);
   // This replica's own commit claimed `slots` of `node_id` (applied now rather than when its
@@ -137,7 +155,10 @@ class PlacementCache {
     std::map<int64_t, int64_t> nodes_by_fit;  // matching free slots on a node -> nodes (> 0)
   };
   struct SkuTally {
-    int64_t free = 0;
+    int64_t free = 0;              // unclaimed schedulable slots, complete or not
+    int64_t free_complete = 0;     // ... with every binding (what placement may propose)
+    int64_t stranded = 0;          // ... that no orderable slice can use
+    int64_t whole_free_nodes = 0;  // nodes whose every slot of the SKU is free
     std::array<FabricTally, kFabrics.size()> fabric;
   };
   struct PoolTally {
@@ -176,6 +197,7 @@ class PlacementCache {
   // (region, sku) -> pools with a partition, for requests of any pool.
   std::map<std::pair<std::string, std::string>, std::set<std::string>> pools_;
   std::unordered_map<std::string, RegionTally> tallies_;
+  std::map<std::string, std::vector<placement::OrderableShape>> shapes_;  // by slot SKU
   std::atomic<bool> ready_{false};
   std::atomic<bool> stop_{false};
   std::atomic<bool> paused_{false};
