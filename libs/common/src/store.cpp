@@ -120,17 +120,28 @@ void Pool::Release(std::unique_ptr<pqxx::connection> c) {
 }
 
 Result<void> Pool::Ping() {
-  auto r = WithTx(
-      *this,
-      [](pqxx::work& tx) -> Result<void> {
-        // With a multi-host DSN (target_session_attrs=read-write) a new connection reaches the
-        // primary; one opened before a switchover may now be on a standby.
-        if (tx.exec1("SELECT pg_is_in_recovery()")[0].as<bool>()) {
-          return Error::Unavailable(reason::kDbNotPrimary, "the server is a standby in recovery");
-        }
-        return Ok();
-      },
-      TxOptions{1, false});
+  auto r = [&]() -> Result<void> {
+    auto lease = Acquire();
+    if (!lease.ok()) return lease.error();
+    try {
+      // With a multi-host DSN (target_session_attrs=read-write) a new connection reaches the
+      // primary; one opened before a switchover may now be on a standby. It is discarded with
+      // the idle ones (opened to the same server), so the next Ping connects anew and finds the
+      // new primary: kept, a service that writes nothing would stay unready for good.
+      pqxx::nontransaction tx(**lease);
+      if (tx.exec1("SELECT pg_is_in_recovery()")[0].as<bool>()) {
+        lease->Discard();
+        return Error::Unavailable(reason::kDbNotPrimary, "the server is a standby in recovery");
+      }
+      return Ok();
+    } catch (const std::exception& e) {
+      bool retry = false;
+      bool broken = false;
+      Error err = FromException(e, &retry, &broken);
+      if (broken) lease->Discard();
+      return err;
+    }
+  }();
   if (r.ok()) {
     primary_ = true;
     last_primary_ns_ = SteadyNs();

@@ -125,6 +125,10 @@ TEST(StoreFailoverTest, APoolFollowsAFailoverAndNeverLosesACommittedRow) {
   ASSERT_FALSE(standby.ok());
   EXPECT_EQ(standby.error().reason, reason::kDbNotPrimary) << standby.error().ToString();
   EXPECT_FALSE(on_standby.primary());
+  // The connection on the standby is not kept: the next Ping connects anew (and would find a
+  // primary there, were this server promoted meanwhile).
+  EXPECT_FALSE(on_standby.Ping().ok());
+  EXPECT_EQ(on_standby.reconnects(), 1);
   EXPECT_EQ(Count(standby_dsn, "SELECT count(*) FROM items"), 2);
 }
 
