@@ -111,9 +111,7 @@ struct NodeModel {
 };
 
 // 4 x the stranded GPUs for requests of n GPUs (see Fragmentation); integers keep it exact.
-int64_t Stranded4(int64_t node_mod, int64_t numa_mod, int64_t switch_mod) {
-  return 2 * node_mod + numa_mod + switch_mod;
-}
+int64_t Stranded4(int64_t numa_mod, int64_t switch_mod) { return 3 * numa_mod + switch_mod; }
 
 double FragmentationOf(const NodeModel& m, const MixVec& mix) {
   double total = 0;
@@ -126,7 +124,7 @@ double FragmentationOf(const NodeModel& m, const MixVec& mix) {
     for (const Domain& d : m.domains) {
       switch_mod += e.Mod(d.free);
     }
-    total += e.p * static_cast<double>(Stranded4(e.Mod(m.free), numa_mod, switch_mod)) / 4.0;
+    total += e.p * static_cast<double>(Stranded4(numa_mod, switch_mod)) / 4.0;
   }
   return total;
 }
@@ -310,7 +308,6 @@ class Picker {
     }
     double delta = 0;
     for (const MixEntry& e : mix_) {
-      const int64_t node = e.Mod(model_.free - gpus_) - e.Mod(model_.free);
       int64_t numa = 0;
       for (size_t g = 0; g < model_.groups.size(); ++g) {
         if (group_take_[g] == 0) {
@@ -328,7 +325,7 @@ class Picker {
         const int c = model_.domains[i].free;
         sw += e.Mod(c - take_[i]) - e.Mod(c);
       }
-      delta += e.p * static_cast<double>(Stranded4(node, numa, sw)) / 4.0;
+      delta += e.p * static_cast<double>(Stranded4(numa, sw)) / 4.0;
     }
     return delta;
   }
@@ -422,10 +419,13 @@ bool BaremetalEligible(const NodeView& node) {
 
 // Slice ranking key, packed lexicographically into 53 bits so that Choice.score (the key as a
 // double) is exact and strictly follows the order up to the node-id tie-break:
-//   bit 52      1 if the node could still be sold as baremetal (keep those for baremetal)
-//   bits 14..51 ΔF in steps of kDeltaResolution, offset by kDeltaLimit (38 bits)
+//   bits 15..52 ΔF in steps of kDeltaResolution, offset by kDeltaLimit (38 bits)
+//   bit 14      1 if the node could still be sold as baremetal (keep those for baremetal)
 //   bits 2..13  free slots left after the placement, capped at 4095 (12 bits)
 //   bits 0..1   locality tier of the picked group
+// ΔF comes before the bare-metal bit: ahead of it, the bit kept every whole node empty, small ones
+// included, while slices broke whole NUMA nodes of bigger nodes that NUMA-local and whole-node
+// requests need (the heterogeneous P4 trace, docs/benchmarks.md).
 constexpr int kTierBits = 2;
 constexpr int kFreeBits = 12;
 constexpr int kDeltaBits = 38;
@@ -435,8 +435,8 @@ static_assert(1 + kDeltaBits + kFreeBits + kTierBits == 53);
 uint64_t SliceKey(bool clean, int64_t q, int free_after, int tier) {
   const auto delta = static_cast<uint64_t>(q + kDeltaLimit);
   const auto left = static_cast<uint64_t>(std::clamp(free_after, 0, (1 << kFreeBits) - 1));
-  uint64_t key = clean ? 1 : 0;
-  key = (key << kDeltaBits) | delta;
+  uint64_t key = delta;
+  key = (key << 1) | (clean ? 1 : 0);
   key = (key << kFreeBits) | left;
   key = (key << kTierBits) | static_cast<uint64_t>(tier);
   return key;

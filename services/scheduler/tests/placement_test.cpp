@@ -115,14 +115,12 @@ TEST(PlacementTest, SmallSlicePrefersAlreadySlicedNodeOverCleanNode) {
   ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-sliced", "a-clean"}));
   EXPECT_LT(got[0].score, got[1].score);
 
-  // Even where the fragmentation measure alone would rather take a GPU from a small clean node
-  // (2 slots, one pair: ΔF 0) than break a whole NUMA node of a sliced one (ΔF 0.7).
-  NodeView small;
-  small.node_id = "a-small-clean";
-  small.total_slots = 2;
-  small.free = {StdSlot(0), StdSlot(1)};
-  EXPECT_EQ(Ids(Rank({small, StdNode("b-sliced", {4, 5, 6, 7})}, Slice(1), 10)),
-            (std::vector<std::string>{"b-sliced", "a-small-clean"}));
+  // Between nodes of equal fragmentation increase and equal fit, the one that could not be sold as
+  // baremetal anyway (here: a ninth slot unschedulable) goes first, whatever the ids say.
+  NodeView ninth = CleanNode("b-ninth-slot-down");
+  ninth.total_slots = 9;
+  EXPECT_EQ(Ids(Rank({CleanNode("a-clean"), ninth}, Slice(1), 10)),
+            (std::vector<std::string>{"b-ninth-slot-down", "a-clean"}));
 
   // A node without claims but with an unschedulable slot cannot be sold as baremetal either, so
   // it is not kept for baremetal.
@@ -364,8 +362,50 @@ TEST(PlacementTest, MultiGpuRequestNeverSpansNodes) {
   }
 }
 
+// A node of the heterogeneous P4 fleet with 4 GPUs: NUMA 0 holds g0-1, NUMA 1 g2-3, one switch per
+// pair. No NUMA-local 4-GPU request and no 8-GPU request can ever use it.
+NodeView SmallNode(const std::string& id, const std::string& fabric = "roce") {
+  NodeView node;
+  node.node_id = id;
+  node.total_slots = 4;
+  for (int i = 0; i < 4; ++i) {
+    node.free.push_back({"g" + std::to_string(i), i / 2, "sw" + std::to_string(i / 2), fabric});
+  }
+  return node;
+}
+
+TEST(PlacementTest, SmallSlicesFillASmallNodeBeforeBreakingAWholeNumaNode) {
+  // "a-big" has NUMA 0 in use and NUMA 1 whole: the only place left there for a NUMA-local
+  // 4-GPU request. A 1- or 2-GPU slice goes to the small whole node instead, although it is
+  // clean (could be sold as baremetal) and "a-big" sorts first; until 2026-11-28 the
+  // bare-metal bit came first and the slice broke NUMA 1.
+  for (const Request& req : {Slice(1, "roce"), Local(2, "roce"), Slice(2, "roce")}) {
+    const std::vector<Choice> got =
+        Rank({StdNode("a-big", {4, 5, 6, 7}, "roce"), SmallNode("b-small")}, req, 10);
+    ASSERT_EQ(Ids(got), (std::vector<std::string>{"b-small", "a-big"})) << req.gpus;
+    EXPECT_LT(got[0].score, got[1].score);
+  }
+  // A NUMA-local 4-GPU request cannot use the small node at all, and takes the whole NUMA node.
+  const std::vector<Choice> four =
+      Rank({StdNode("a-big", {4, 5, 6, 7}, "roce"), SmallNode("b-small")}, Local(4, "roce"), 10);
+  ASSERT_EQ(Ids(four), (std::vector<std::string>{"a-big"}));
+  EXPECT_EQ(four[0].slot_keys, (std::vector<std::string>{"gpu4", "gpu5", "gpu6", "gpu7"}));
+}
+
+TEST(PlacementTest, ASliceKeepsWholeNumaNodesAndWholeNodesFree) {
+  // A pair lands inside the NUMA node that is already broken (gpu0-1 free on NUMA 0) rather than
+  // in a whole NUMA node, on a node that is not whole, rather than on a whole node.
+  const std::vector<Choice> got = Rank({CleanNode("a-whole"), StdNode("b-whole-numa", {4, 5, 6, 7}),
+                                        StdNode("c-broken-numa", {0, 1, 4, 5, 6, 7})},
+                                       Slice(2), 10);
+  ASSERT_EQ(Ids(got), (std::vector<std::string>{"c-broken-numa", "b-whole-numa", "a-whole"}));
+  EXPECT_EQ(got[0].slot_keys, (std::vector<std::string>{"gpu0", "gpu1"}));
+  // Within one node, a single GPU comes from the NUMA node that is already broken.
+  EXPECT_EQ(PickSlots(StdNode("n", {2, 4, 5, 6, 7}), Slice(1)), (std::vector<std::string>{"gpu2"}));
+}
+
 TEST(PlacementTest, FragmentationHandComputedCases) {
-  // S(n) = 1/2 (f mod n) + 1/4 sum_numa (c mod n) + 1/4 sum_switch (c mod n)
+  // S(n) = 3/4 sum_numa (c mod n) + 1/4 sum_switch (c mod n)
   const auto slots = [](const std::vector<int>& idx) {
     std::vector<SlotView> out;
     out.reserve(idx.size());
@@ -380,13 +420,13 @@ TEST(PlacementTest, FragmentationHandComputedCases) {
   EXPECT_DOUBLE_EQ(Fragmentation(slots({0}), {{2, 1.0}}), 1.0);
   // Two GPUs on one NUMA node, different switches: only the switch level strands them.
   EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 2}), {{2, 1.0}}), 0.5);
-  // Two GPUs on different NUMA nodes: NUMA and switch levels.
-  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 4}), {{2, 1.0}}), 1.0);
-  // 5 free for 4-GPU requests: node 1, NUMA 0+1, switches 2+2+1 -> 1/2 + 1/4 + 5/4.
+  // Two GPUs on different NUMA nodes: no NUMA node can hold the pair -> 3/4 * 2 + 1/4 * 2.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 4}), {{2, 1.0}}), 2.0);
+  // 5 free for 4-GPU requests: NUMA 0+1, switches 2+2+1 -> 3/4 + 5/4.
   EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4}), {{4, 1.0}}), 2.0);
-  // An idle node for 8-GPU requests: no NUMA node or switch holds 8 -> 0 + 8/4 + 8/4.
-  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4, 5, 6, 7}), {{8, 1.0}}), 4.0);
-  // Default mix, gpu0-2 free: n=1 0; n=2 (1/2 + 1/4*1 + 1/4*1) = 1; n=4 and n=8 all 3.
+  // An idle node for 8-GPU requests: no NUMA node or switch holds 8 -> 3/4 * 8 + 8/4.
+  EXPECT_DOUBLE_EQ(Fragmentation(slots({0, 1, 2, 3, 4, 5, 6, 7}), {{8, 1.0}}), 8.0);
+  // Default mix, gpu0-2 free: n=1 0; n=2 (3/4*1 + 1/4*1) = 1; n=4 and n=8 all 3.
   EXPECT_NEAR(Fragmentation(slots({0, 1, 2}), DefaultMix()), 0.3 * 1 + 0.2 * 3 + 0.1 * 3, 1e-12);
   // Sizes and probabilities that cannot occur are ignored.
   EXPECT_DOUBLE_EQ(Fragmentation(slots({0}), {{0, 1.0}, {-2, 1.0}, {2, 0.0}, {4, -1.0}}), 0.0);

@@ -47,23 +47,30 @@ using Mix = std::map<int, double>;
 Mix DefaultMix();  // {1: .4, 2: .3, 4: .2, 8: .1}
 
 // Expected GPUs on a node that could not be used by the next request drawn from `mix`, given
-// the node's free slots grouped by locality (FGD-style fragmentation measure).
+// the node's free slots grouped by locality (FGD-style fragmentation measure, NUMA-local).
 //   F = sum over (n, p) in mix with n > 0, p > 0 of  p * S(n)
-//   S(n) = 1/2 * (f mod n) + 1/4 * sum_numa (c mod n) + 1/4 * sum_switch (c mod n)
-// f: free slots of the node; c: free slots of one NUMA node, or of one (NUMA node, PCIe switch)
-// pair. Slots of unknown NUMA (-1) form one NUMA group; "" is a switch name like any other.
-// (x mod n) is what is left once requests of n are packed inside that domain, so a GPU that no
-// request of n can use on this node counts 1, one usable only across NUMA nodes 1/2, one usable
-// only across switches 1/4. When n exceeds a domain's size every such GPU counts at that level,
-// so an idle node scores > 0 for large n; that part is the same for every node of a topology and
-// cancels in the increase that Rank compares.
+//   S(n) = 3/4 * sum_numa (c mod n) + 1/4 * sum_switch (c mod n)
+// c: free slots of one NUMA node, or of one (NUMA node, PCIe switch) pair. Slots of unknown NUMA
+// (-1) form one NUMA group; "" is a switch name like any other. (x mod n) is what is left once
+// requests of n are packed inside that domain: slices are placed inside one NUMA node whenever
+// they fit (PickSlots' locality order; `numa_local` requests must be), so a GPU that no request
+// of n can use inside its NUMA node counts 3/4, one usable only across switches 1/4. There is no
+// node-level term (until 2026-11-28 it weighed 1/2): it counted GPUs of different NUMA nodes as
+// packable together, so it favoured breaking a whole NUMA node of a big node over using a small
+// node whose NUMA nodes are too small for NUMA-local requests anyway. When n exceeds a domain's
+// size every such GPU counts at that level, so an idle node scores > 0 for large n; that part is
+// the same for every node of a topology and cancels in the increase that Rank compares. A whole
+// node stays free for requests bigger than a NUMA node because using it breaks whole NUMA nodes,
+// which the terms of the sizes that do fit in one count.
 double Fragmentation(const std::vector<SlotView>& free, const Mix& mix);
 
 // Up to `limit` choices, best first; deterministic for equal inputs (ties by node id).
 // Slices go to nodes that are not baremetal-claimed and where PickSlots finds a group, ordered by:
-// (1) nodes that could not be sold as baremetal anyway (claims, or unschedulable slots) first;
-// (2) the increase of Fragmentation(free, mix) the placement causes, in steps of 1e-6;
+// (1) the increase of Fragmentation(free, mix) the placement causes, in steps of 1e-6;
+// (2) nodes that could not be sold as baremetal anyway (claims, or unschedulable slots) first;
 // (3) fewer free slots left (best fit); (4) locality of the group; (5) node id.
+// (Until 2026-11-28 (2) came first: it kept small whole nodes empty while slices broke whole NUMA
+// nodes of big ones.)
 // Baremetal goes to nodes with no claim at all and every slot free (and of `fabric_type`, when
 // set), with at least `gpus` slots: fewest slots first, then node id.
 // `score` is that order packed into an exact double (only its order means anything): it never
