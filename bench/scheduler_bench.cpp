@@ -7,7 +7,10 @@
 //       with the same client count on the same PostgreSQL.
 //   P2 alloc_p99_ms=<x> nats_rtt_p99_ms=<r> fdatasync_ms=<f> ratio=<x/(r+f)>
 //       one creator paced at 50% of the P1 rate vs a raw NATS request/reply round trip and one
-//       8 KiB write+fdatasync on the same disk.
+//       8 KiB write+fdatasync on the same disk, both measured after the load (the old line).
+//   P2-alongside alloc_p99_ms=<x> pgbench_insert_p99_ms=<a> nats_rtt_p99_ms=<b> ratio=<x/(a+b)>
+//       the same creates vs baselines run alongside them, at their pace and client count
+//       (class Alongside): a disk's commit stall lands on both sides.
 //   P3 create_p99_<N>_ms=<x> create_p99_<M>_ms=<y> ratio=<x/y>
 //       the P2 creator at the same pace on each fleet (through the service over NATS), largest
 //       fleet over smallest: flat when the ratio is ~1.
@@ -46,12 +49,14 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <mutex>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -284,6 +289,75 @@ double PgbenchTps(testing::TestPostgres& pg, int clients, int seconds) {
   return tps;
 }
 
+// P2's baselines run alongside the paced creator, at its pace with its one client, so a commit
+// stall of the disk or a busy core lands on both sides: pgbench running a one-row INSERT (-R at
+// the creator's rate, one client; each transaction's latency from its log, schedule lag taken
+// out) and raw NATS request/replies to a trivial responder ("bench.echo") at the same pace.
+class Alongside {
+ public:
+  Alongside(testing::TestPostgres& pg, messaging::Connection& conn, double gap_s, int count)
+      : conn_(conn), gap_s_(gap_s), count_(count) {
+    dir_ = testing::MakeTempDir("gpuaas-p2-alongside");
+    const std::string psql =
+        fmt::format("{}/psql -h 127.0.0.1 -p {} -U postgres -q", pg.bindir(), pg.port());
+    testing::Shell(psql + " -c 'CREATE DATABASE p2base' postgres >/dev/null 2>&1");
+    testing::Shell(psql +
+                   " -c 'CREATE TABLE IF NOT EXISTS p2 (id bigserial PRIMARY KEY, v int NOT NULL, "
+                   "at timestamptz NOT NULL DEFAULT now())' p2base >/dev/null");
+    std::ofstream(dir_ + "/insert.sql")
+        << "\\set v random(1, 1000000)\nINSERT INTO p2 (v) VALUES (:v);\n";
+    const int secs = std::max(1, static_cast<int>(std::ceil(gap_s * count)));
+    pgbench_ = std::thread([this, &pg, secs] {
+      testing::Shell(fmt::format(
+          "cd {} && {}/pgbench -n -c 1 -j 1 -R {:.3f} -T {} -f insert.sql -l --log-prefix=p2 "
+          "-h 127.0.0.1 -p {} -U postgres p2base >pgbench.out 2>&1",
+          dir_, pg.bindir(), 1.0 / gap_s_, secs, pg.port()));
+    });
+    nats_ = std::thread([this] {
+      for (int i = 0; i < count_; ++i) {
+        const auto start = Clock::now();
+        if (conn_.Request("bench.echo", "ping", {}, std::chrono::seconds(2)).ok()) {
+          rtt_ms_.push_back(Ms(Clock::now() - start));
+        }
+        std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                  std::chrono::duration<double>(gap_s_)));
+      }
+    });
+  }
+  ~Alongside() { Join(); }
+  Alongside(const Alongside&) = delete;
+  Alongside& operator=(const Alongside&) = delete;
+
+  // Waits for both; then the insert latencies (ms) from pgbench's transaction log.
+  void Join() {
+    if (pgbench_.joinable()) pgbench_.join();
+    if (nats_.joinable()) nats_.join();
+    if (!insert_ms_.empty()) return;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      if (e.path().filename().string().rfind("p2.", 0) != 0) continue;
+      std::ifstream in(e.path());
+      // client_id transaction_no time script_no time_epoch time_us [schedule_lag]
+      for (std::string line; std::getline(in, line);) {
+        std::istringstream f(line);
+        long long client = 0, tx = 0, time_us = 0, script = 0, epoch = 0, us = 0, lag = 0;
+        if (!(f >> client >> tx >> time_us >> script >> epoch >> us)) continue;
+        f >> lag;
+        insert_ms_.push_back(static_cast<double>(time_us - lag) / 1000.0);
+      }
+    }
+  }
+  const std::vector<double>& insert_ms() const { return insert_ms_; }
+  const std::vector<double>& rtt_ms() const { return rtt_ms_; }
+
+ private:
+  messaging::Connection& conn_;
+  double gap_s_;
+  int count_;
+  std::string dir_;
+  std::thread pgbench_, nats_;
+  std::vector<double> insert_ms_, rtt_ms_;
+};
+
 // Resident set of this process, MiB (what the scheduler's process_resident_memory_bytes says).
 double RssMib() { return metrics::ReadProcessStats().resident_bytes / (1024.0 * 1024.0); }
 
@@ -333,6 +407,9 @@ std::unique_ptr<scheduler::SchedulerService> StartScheduler(testing::TestNats& n
   env["GPUAAS_LOG_LEVEL"] =
       std::getenv("BENCH_LOG_LEVEL") ? std::getenv("BENCH_LOG_LEVEL") : "error";
   env["GPUAAS_RPC_WORKERS"] = std::to_string(clients);
+  // The create path is measured, not the per-principal limits: with them (operator writes
+  // 200/s) P1's creates and releases were refused as rate_limited (until 2026-11-28).
+  env["GPUAAS_RPC_RATE_LIMITS"] = "";
   env["GPUAAS_POSTGRES_POOL_SIZE"] = std::to_string(clients + 2);
   env["GPUAAS_SCHEDULER_PLACEMENT_INDEX"] = index ? "true" : "false";
   env["GPUAAS_SCHEDULER_GROUP_COMMIT"] = group ? "true" : "false";
@@ -526,6 +603,16 @@ int main(int argc, char** argv) {
         "gpuaas.v1.scheduler.allocation.force_release", r, std::chrono::seconds(10));
   };
   const int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
+  // A trivial responder: the raw NATS round trip of P2's baselines.
+  natsSubscription* echo = nullptr;
+  natsConnection_Subscribe(
+      &echo, (*conn)->raw(), "bench.echo",
+      [](natsConnection* nc, natsSubscription*, natsMsg* m, void*) {
+        natsConnection_Publish(nc, natsMsg_GetReply(m), "ok", 2);
+        natsMsg_Destroy(m);
+      },
+      nullptr);
+  std::vector<double> along_insert_ms, along_rtt_ms;
 
   double rate = 0, tps = 0;
   std::chrono::duration<double> gap(0.2);
@@ -565,6 +652,13 @@ int main(int argc, char** argv) {
     if (f == 0) {
       // ---- P1: closed loop, C creators; each releases what it created to hold occupancy ----
       std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
+      std::mutex why_mu;
+      std::map<std::string, int64_t> why;  // failed creates and releases by reason
+      auto fail = [&](const Error& e) {
+        failed++;
+        std::lock_guard lock(why_mu);
+        why[e.reason]++;
+      };
       std::atomic<bool> stop{false};
       std::vector<std::thread> threads;
       threads.reserve(static_cast<size_t>(std::max(clients, 0)));
@@ -581,11 +675,11 @@ int main(int argc, char** argv) {
             } else if (r.error().reason == "no_placement") {
               rejected++;
             } else {
-              failed++;
+              fail(r.error());
             }
             if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
               const size_t k = rng() % mine.size();
-              if (!release(mine[k]).ok()) failed++;
+              if (auto rel = release(mine[k]); !rel.ok()) fail(rel.error());
               mine.erase(mine.begin() + static_cast<long>(k));
             }
           }
@@ -607,6 +701,9 @@ int main(int argc, char** argv) {
           "p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
           static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
           static_cast<long long>(failed.load()), elapsed, clients, nodes);
+      for (const auto& [reason, n] : why) {
+        std::printf("p1: failed: %lld %s\n", static_cast<long long>(n), reason.c_str());
+      }
       if (const store::GroupCommit* g = svc->group_commit(); g != nullptr) {
         const auto gs = g->stats();
         std::printf(
@@ -623,12 +720,19 @@ int main(int argc, char** argv) {
     // ---- the paced creator: P2 on the first fleet, P3 on each ----
     Fleet fl;
     fl.nodes = nodes;
+    std::unique_ptr<Alongside> along;
+    if (f == 0) along = std::make_unique<Alongside>(pg, **conn, gap.count(), 300);
     for (int i = 0; i < 300; ++i) {
       const auto start = Clock::now();
       auto r = create(fmt::format("p2-{}", i), kSizes[i % 10]);
       fl.create_ms.push_back(Ms(Clock::now() - start));
       if (r.ok()) (void)release(r->allocation().allocation_id());
       std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
+    }
+    if (along) {
+      along->Join();
+      along_insert_ms = along->insert_ms();
+      along_rtt_ms = along->rtt_ms();
     }
     fl.p99_ms = Percentile(fl.create_ms, 0.99);
     Report(fmt::format("alloc_create_paced_{}", nodes).c_str(), fl.create_ms);
@@ -687,22 +791,14 @@ int main(int argc, char** argv) {
     done.push_back(std::move(fl));
   }
 
-  // Baselines: raw request/reply to a trivial responder on the same server; fdatasync.
-  natsSubscription* sub = nullptr;
-  natsConnection_Subscribe(
-      &sub, (*conn)->raw(), "bench.echo",
-      [](natsConnection* nc, natsSubscription*, natsMsg* m, void*) {
-        natsConnection_Publish(nc, natsMsg_GetReply(m), "ok", 2);
-        natsMsg_Destroy(m);
-      },
-      nullptr);
+  // Baselines: raw request/reply to the trivial responder on the same server; fdatasync.
   std::vector<double> rtt_ms;
   for (int i = 0; i < 1000; ++i) {
     const auto start = Clock::now();
     if (!(*conn)->Request("bench.echo", "ping", {}, std::chrono::seconds(2)).ok()) return 1;
     rtt_ms.push_back(Ms(Clock::now() - start));
   }
-  natsSubscription_Destroy(sub);
+  natsSubscription_Destroy(echo);
   std::vector<double> sync_ms;
   {
     const std::string path = testing::MakeTempDir("gpuaas-fsync") + "/f";
@@ -723,6 +819,17 @@ int main(int argc, char** argv) {
   const double x = done.front().p99_ms, r = Percentile(rtt_ms, 0.99), fs = Percentile(sync_ms, 0.5);
   std::printf("P2 alloc_p99_ms=%.3f nats_rtt_p99_ms=%.3f fdatasync_ms=%.3f ratio=%.2f\n", x, r, fs,
               x / (r + fs));
+  if (!along_insert_ms.empty() && !along_rtt_ms.empty()) {
+    Report("p2_alongside_pgbench_insert", along_insert_ms);
+    Report("p2_alongside_nats_request_reply", along_rtt_ms);
+    const double a = Percentile(along_insert_ms, 0.99), b = Percentile(along_rtt_ms, 0.99);
+    std::printf(
+        "P2-alongside alloc_p99_ms=%.3f pgbench_insert_p99_ms=%.3f nats_rtt_p99_ms=%.3f "
+        "ratio=%.2f\n",
+        x, a, b, x / (a + b));
+  } else {
+    std::printf("P2-alongside not measured (pgbench's log or the round trips are missing)\n");
+  }
   if (done.size() > 1) {
     const auto big = std::max_element(
         done.begin(), done.end(), [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; });
