@@ -282,7 +282,7 @@ void PlacementCache::Tally(const Node& n, int sign) {
     agg.stranded +=
         sign * (shapes == shapes_.end() ? static_cast<int64_t>(view.free.size())
                                         : placement::StrandedGpus(view.free, shapes->second));
-    agg.whole_free_nodes += sign * (placement::WholeNodeFree(view) ? 1 : 0);
+    if (placement::WholeNodeFree(view)) agg.whole_free_nodes += sign;
   }
   if (pool.nodes == 0) region.pools.erase(n.pool);
   if (region.pools.empty() && region.unschedulable == 0) tallies_.erase(n.region);

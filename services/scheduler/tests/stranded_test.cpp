@@ -8,6 +8,7 @@ namespace {
 
 std::vector<SlotView> Free(int n, const std::string& fabric) {
   std::vector<SlotView> out;
+  out.reserve(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) out.push_back({fabric + std::to_string(i), 0, "", fabric});
   return out;
 }
