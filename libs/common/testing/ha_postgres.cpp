@@ -52,17 +52,23 @@ std::vector<pid_t> ProcessTree(pid_t pid) {
   return tree;
 }
 
-// Kills a postmaster and its children (logger, background workers) at once, as a machine that
-// is lost: killed alone, some of its children were left behind as orphans.
-void KillPostmaster(pid_t pm) {
-  if (pm <= 0) return;
-  // A postmaster.pid left by a crash may name a pid that is now another program's.
+// The postmaster of a data directory and its children (logger, background workers), read
+// while it runs: once it dies its children are someone else's. Empty when none runs (a
+// postmaster.pid left by a crash may name a pid that is now another program's).
+std::vector<pid_t> PostmasterTree(const std::string& data) {
+  const pid_t pm = PostmasterPid(data);
+  if (pm <= 0) return {};
   std::ifstream comm(fmt::format("/proc/{}/comm", pm));
   std::string name;
-  if (!std::getline(comm, name) || name != "postgres") return;
-  const auto tree = ProcessTree(pm);
+  if (!std::getline(comm, name) || name != "postgres") return {};
+  return ProcessTree(pm);
+}
+
+// Kills such a tree at once, as a machine that is lost (killed alone, the postmaster left
+// children behind as orphans), and waits for the postmaster to be gone.
+void KillTree(const std::vector<pid_t>& tree) {
   for (pid_t p : tree) kill(p, SIGKILL);
-  WaitFor([&] { return kill(pm, 0) != 0; }, std::chrono::seconds(10));
+  if (!tree.empty()) WaitFor([&] { return kill(tree[0], 0) != 0; }, std::chrono::seconds(10));
 }
 
 // The last lines of a log, for an error message (the directory is gone after the test).
@@ -268,8 +274,9 @@ TestHaPostgres::~TestHaPostgres() { Cleanup(); }
 
 void TestHaPostgres::Cleanup() {
   for (int i = 0; i < kNodes; ++i) KillNode(i);
+  const auto monitor_tree = PostmasterTree(dir_ + "/monitor");
   monitor_.Kill();
-  KillPostmaster(PostmasterPid(dir_ + "/monitor"));
+  KillTree(monitor_tree);
   for (int i = 0; disk_mb_ > 0 && i < kNodes; ++i) Shell("umount -l " + DiskDir(i));
   if (!nft_table_.empty()) Shell("nft delete table inet " + nft_table_);
   std::filesystem::remove_all(dir_);
@@ -348,8 +355,9 @@ void TestHaPostgres::StartNode(int i) {
 void TestHaPostgres::KillNode(int i) {
   // The keeper leads its process group (its supervisor and, through it, postgres); the
   // postmaster and its children are also killed by pid in case they left the group.
+  const auto tree = PostmasterTree(DataDir(i));
   nodes_[i].Kill();
-  KillPostmaster(PostmasterPid(DataDir(i)));
+  KillTree(tree);
 }
 
 std::string TestHaPostgres::Dsn(const std::string& db) const {
