@@ -57,6 +57,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <regex>
 #include <sstream>
@@ -550,255 +551,324 @@ int RunP8(testing::TestNats& nats, testing::TestPostgres& pg,
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+namespace {
+
+struct Args {
   std::vector<int> fleets = {50000, 1000};
-  int clients = 4, seconds = 10;
+  int clients = 4;
+  int seconds = 10;
   bool index = true;
   bool group = true;
   int p8_nodes = 0;
   int statements = 0;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--p8")) p8_nodes = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--nodes")) {
-      fleets.clear();
-      std::stringstream list(argv[i + 1]);
-      for (std::string n; std::getline(list, n, ',');) fleets.push_back(std::atoi(n.c_str()));
-    }
-    if (!std::strcmp(argv[i], "--clients")) clients = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--seconds")) seconds = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--index")) index = std::atoi(argv[i + 1]) != 0;
-    if (!std::strcmp(argv[i], "--group")) group = std::atoi(argv[i + 1]) != 0;
-    if (!std::strcmp(argv[i], "--statements")) statements = std::atoi(argv[i + 1]);
-  }
-  log::Logger logger("bench", "scheduler", log::Level::kError);
-  testing::TestNats nats;
-  testing::TestPostgres pg(/*fsync=*/true);
-  auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
-  if (!conn.ok()) return 1;
-  rpc::Client client(*conn);
-  if (p8_nodes > 0) return RunP8(nats, pg, *conn, p8_nodes, clients, logger);
+};
 
-  auto create = [&](const std::string& id, int gpus) {
-    v1::CreateAllocationRequest r;
-    r.set_tenant("bench");
-    r.set_request_id(id);
-    r.set_sku("h200-sxm-slice");
-    r.set_gpu_count(gpus);
-    r.set_region("us-east-1");
-    return client.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r,
-                                                     std::chrono::seconds(10));
+Args ParseArgs(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i + 1 < argc; ++i) {
+    if (!std::strcmp(argv[i], "--p8")) a.p8_nodes = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--nodes")) {
+      a.fleets.clear();
+      std::stringstream list(argv[i + 1]);
+      for (std::string n; std::getline(list, n, ',');) a.fleets.push_back(std::atoi(n.c_str()));
+    }
+    if (!std::strcmp(argv[i], "--clients")) a.clients = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--seconds")) a.seconds = std::atoi(argv[i + 1]);
+    if (!std::strcmp(argv[i], "--index")) a.index = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--group")) a.group = std::atoi(argv[i + 1]) != 0;
+    if (!std::strcmp(argv[i], "--statements")) a.statements = std::atoi(argv[i + 1]);
+  }
+  return a;
+}
+
+constexpr int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
+
+// The placement index of a filled fleet: how long the running replica took to hear of the fill
+// (notifications alone), and what a restarted replica's full read costs.
+struct IndexLoad {
+  double catch_up_ms = 0;
+  double load_ms = 0;
+  double heap_mib = 0;
+};
+
+// P1 to P3 and the read path over one NATS connection: each fleet gets a fresh database and
+// scheduler, P1 and P2 run on the first.
+class SchedulerBench {
+ public:
+  SchedulerBench(const Args& args, testing::TestNats& nats, testing::TestPostgres& pg,
+                 std::shared_ptr<messaging::Connection> conn, log::Logger logger)
+      : a_(args),
+        nats_(nats),
+        pg_(pg),
+        conn_(conn),
+        client_(std::move(conn)),
+        log_(std::move(logger)) {}
+
+  int Run();
+
+ private:
+  Result<v1::CreateAllocationResponse> Create(const std::string& id, int gpus);
+  // No node-agent answers tasks here. Releases are admin force-releases (a normal one would
+  // wait for vm.release); the allocation is `provisioning` (vm.provision was sent), so its
+  // claims then wait for the node's cleanup proof, which never comes: a release here does not
+  // give the GPUs back. The fleets are sized for it: P1 and the paced creates of the
+  // 50,000-node fleet take ~4,000 of its ~60,000 free GPUs (occupancy 85% -> ~86%); the
+  // 1,000-node fleet (~1,200 free) gets only the 300 paced creates, whose 8-GPU requests are
+  // refused anyway.
+  Result<v1::ReleaseAllocationResponse> Release(const std::string& id);
+  std::optional<IndexLoad> MeasureIndex(scheduler::SchedulerService& svc, const std::string& dsn,
+                                        int nodes);
+  // Closed loop, C creators; each releases what it created to hold occupancy. Placements/s.
+  std::optional<double> RunP1(scheduler::SchedulerService& svc, const std::string& dsn, int nodes);
+  // One creator paced at `gap`: P2 on the first fleet (with its baselines alongside), P3 on
+  // each.
+  void RunPaced(Fleet* fl, std::chrono::duration<double> gap, bool alongside);
+  // Pages of slot.list and allocation.list from anywhere in the fleet.
+  bool RunReads(Fleet* fl);
+  bool PrintResults(double rate, double tps);
+
+  const Args& a_;
+  testing::TestNats& nats_;
+  testing::TestPostgres& pg_;
+  std::shared_ptr<messaging::Connection> conn_;
+  rpc::Client client_;
+  log::Logger log_;
+  std::vector<Fleet> done_;
+  std::vector<double> along_insert_ms_, along_rtt_ms_;
+};
+
+Result<v1::CreateAllocationResponse> SchedulerBench::Create(const std::string& id, int gpus) {
+  v1::CreateAllocationRequest r;
+  r.set_tenant("bench");
+  r.set_request_id(id);
+  r.set_sku("h200-sxm-slice");
+  r.set_gpu_count(gpus);
+  r.set_region("us-east-1");
+  return client_.Call<v1::CreateAllocationResponse>("gpuaas.v1.scheduler.allocation.create", r,
+                                                    std::chrono::seconds(10));
+}
+
+Result<v1::ReleaseAllocationResponse> SchedulerBench::Release(const std::string& id) {
+  v1::ForceReleaseAllocationRequest r;
+  r.set_allocation_id(id);
+  r.set_reason("bench");
+  return client_.Call<v1::ReleaseAllocationResponse>("gpuaas.v1.scheduler.allocation.force_release",
+                                                     r, std::chrono::seconds(10));
+}
+
+std::optional<IndexLoad> SchedulerBench::MeasureIndex(scheduler::SchedulerService& svc,
+                                                      const std::string& dsn, int nodes) {
+  IndexLoad out;
+  const auto filled = Clock::now();
+  while (svc.placement_index()->nodes() < static_cast<size_t>(nodes)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    if (Clock::now() - filled > std::chrono::minutes(5)) {
+      std::fprintf(stderr, "index did not catch up with the fill\n");
+      return std::nullopt;
+    }
+  }
+  out.catch_up_ms = Ms(Clock::now() - filled);
+  const auto before = mallinfo2().uordblks;
+  auto fresh = std::make_unique<scheduler::PlacementCache>(dsn, log_);
+  const auto t = Clock::now();
+  if (!fresh->Start().ok()) return std::nullopt;
+  out.load_ms = Ms(Clock::now() - t);
+  out.heap_mib = static_cast<double>(mallinfo2().uordblks - before) / (1024.0 * 1024.0);
+  fresh->Stop();
+  return out;
+}
+
+std::optional<double> SchedulerBench::RunP1(scheduler::SchedulerService& svc,
+                                            const std::string& dsn, int nodes) {
+  std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
+  std::mutex why_mu;
+  std::map<std::string, int64_t> why;  // failed creates and releases by reason
+  auto fail = [&](const Error& e) {
+    failed++;
+    std::lock_guard lock(why_mu);
+    why[e.reason]++;
   };
-  // No node-agent answers tasks here. Releases are admin force-releases (a normal one would wait
-  // for vm.release); the allocation is `provisioning` (vm.provision was sent), so its claims
-  // then wait for the node's cleanup proof, which never comes: a release here does not give
-  // the GPUs back. The fleets are sized for it: P1 and the paced creates of the 50,000-node
-  // fleet take ~4,000 of its ~60,000 free GPUs (occupancy 85% -> ~86%); the 1,000-node fleet
-  // (~1,200 free) gets only the 300 paced creates, whose 8-GPU requests are refused anyway.
-  auto release = [&](const std::string& id) {
-    v1::ForceReleaseAllocationRequest r;
-    r.set_allocation_id(id);
-    r.set_reason("bench");
-    return client.Call<v1::ReleaseAllocationResponse>(
-        "gpuaas.v1.scheduler.allocation.force_release", r, std::chrono::seconds(10));
-  };
-  const int kSizes[] = {1, 1, 1, 1, 2, 2, 2, 4, 4, 8};  // 40/30/20/10 %
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<size_t>(std::max(a_.clients, 0)));
+  const auto t0 = Clock::now();
+  for (int c = 0; c < a_.clients; ++c) {
+    threads.emplace_back([&, c] {
+      std::mt19937 rng(static_cast<unsigned>(c + 1));
+      std::vector<std::string> mine;
+      for (int i = 0; !stop; ++i) {
+        auto r = Create(fmt::format("p1-{}-{}", c, i), kSizes[rng() % 10]);
+        if (r.ok()) {
+          placed++;
+          mine.push_back(r->allocation().allocation_id());
+        } else if (r.error().reason == "no_placement") {
+          rejected++;
+        } else {
+          fail(r.error());
+        }
+        if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
+          const size_t k = rng() % mine.size();
+          if (auto rel = Release(mine[k]); !rel.ok()) fail(rel.error());
+          mine.erase(mine.begin() + static_cast<long>(k));
+        }
+      }
+      for (const auto& id : mine) (void)Release(id);
+    });
+  }
+  const auto choices_before = IndexChoices(svc);
+  int statements = a_.statements;
+  if (statements > 0 && !ResetStatements(dsn)) statements = 0;
+  const CpuSample cpu_before = SampleCpu(pg_.port());
+  std::this_thread::sleep_for(std::chrono::seconds(a_.seconds));
+  PrintCpu("p1", cpu_before, SampleCpu(pg_.port()));
+  stop = true;
+  for (auto& t : threads) t.join();
+  if (statements > 0) PrintStatements(dsn, statements, placed.load());
+  PrintChoices("p1", choices_before, IndexChoices(svc));
+  const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
+  std::printf("p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
+              static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
+              static_cast<long long>(failed.load()), elapsed, a_.clients, nodes);
+  for (const auto& [reason, n] : why) {
+    std::printf("p1: failed: %lld %s\n", static_cast<long long>(n), reason.c_str());
+  }
+  if (const store::GroupCommit* g = svc.group_commit(); g != nullptr) {
+    const auto gs = g->stats();
+    std::printf(
+        "p1: group commit: %llu creates in %llu commits (%.2f per commit, at most %llu), %llu "
+        "run again alone\n",
+        static_cast<unsigned long long>(gs.units), static_cast<unsigned long long>(gs.groups),
+        gs.groups > 0 ? static_cast<double>(gs.units) / static_cast<double>(gs.groups) : 0.0,
+        static_cast<unsigned long long>(gs.largest), static_cast<unsigned long long>(gs.alone));
+  }
+  if (!Settle(dsn)) return std::nullopt;
+  return static_cast<double>(placed.load()) / elapsed;
+}
+
+void SchedulerBench::RunPaced(Fleet* fl, std::chrono::duration<double> gap, bool alongside) {
+  std::unique_ptr<Alongside> along;
+  if (alongside) along = std::make_unique<Alongside>(pg_, *conn_, gap.count(), 300);
+  for (int i = 0; i < 300; ++i) {
+    const auto start = Clock::now();
+    auto r = Create(fmt::format("p2-{}", i), kSizes[i % 10]);
+    fl->create_ms.push_back(Ms(Clock::now() - start));
+    if (r.ok()) (void)Release(r->allocation().allocation_id());
+    std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
+  }
+  if (along) {
+    along->Join();
+    along_insert_ms_ = along->insert_ms();
+    along_rtt_ms_ = along->rtt_ms();
+  }
+  fl->p99_ms = Percentile(fl->create_ms, 0.99);
+  Report(fmt::format("alloc_create_paced_{}", fl->nodes).c_str(), fl->create_ms);
+}
+
+bool SchedulerBench::RunReads(Fleet* fl) {
+  std::vector<double> slot_ms, alloc_ms;
+  std::mt19937 rng(7);
+  // 20 warm-up reads (10 of each), then 200 timed ones.
+  for (int i = -20; i < 200; ++i) {
+    const std::string from = fmt::format("n{:06d}", rng() % static_cast<unsigned>(fl->nodes));
+    const auto start = Clock::now();
+    bool ok = false;
+    if (i % 2 == 0) {
+      v1::ListProjectedSlotsRequest req;
+      req.set_page_token(from + "/gpu-0000:18:00.0");
+      ok = client_
+               .Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
+                                                     std::chrono::seconds(10))
+               .ok();
+      slot_ms.push_back(Ms(Clock::now() - start));
+    } else {
+      v1::ListAllocationsRequest req;
+      req.set_tenant("bench");
+      req.set_page_token(ids::NewUuidV7());
+      ok = client_
+               .Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", req,
+                                                  std::chrono::seconds(10))
+               .ok();
+      alloc_ms.push_back(Ms(Clock::now() - start));
+    }
+    if (!ok) return false;
+    if (i < 0) (i % 2 == 0 ? slot_ms : alloc_ms).pop_back();
+  }
+  std::vector<double> read_ms = slot_ms;
+  read_ms.insert(read_ms.end(), alloc_ms.begin(), alloc_ms.end());
+  fl->read_p99_ms = Percentile(read_ms, 0.99);
+  Report(fmt::format("slot_list_page_{}", fl->nodes).c_str(), slot_ms);
+  Report(fmt::format("alloc_list_page_{}", fl->nodes).c_str(), alloc_ms);
+  return true;
+}
+
+int SchedulerBench::Run() {
   // A trivial responder: the raw NATS round trip of P2's baselines.
   natsSubscription* echo = nullptr;
   natsConnection_Subscribe(
-      &echo, (*conn)->raw(), "bench.echo",
+      &echo, conn_->raw(), "bench.echo",
       [](natsConnection* nc, natsSubscription*, natsMsg* m, void*) {
         natsConnection_Publish(nc, natsMsg_GetReply(m), "ok", 2);
         natsMsg_Destroy(m);
       },
       nullptr);
-  std::vector<double> along_insert_ms, along_rtt_ms;
-
   double rate = 0, tps = 0;
   std::chrono::duration<double> gap(0.2);
-  std::vector<Fleet> done;
-  for (size_t f = 0; f < fleets.size(); ++f) {
-    const int nodes = fleets[f];
-    const std::string dsn = pg.CreateDatabase("sched");
-    auto svc = StartScheduler(nats, dsn, clients, index, group);
+  for (size_t f = 0; f < a_.fleets.size(); ++f) {
+    const int nodes = a_.fleets[f];
+    const std::string dsn = pg_.CreateDatabase("sched");
+    auto svc = StartScheduler(nats_, dsn, a_.clients, a_.index, a_.group);
     if (!svc) return 1;
-    store::Pool pool({dsn, 2, 5000}, logger);
+    store::Pool pool({dsn, 2, 5000}, log_);
     const auto fill_start = Clock::now();
     if (!Fill(pool, dsn, nodes)) return 1;
     const auto filled = Clock::now();
-    double catch_up_ms = 0, load_ms = 0, index_mib = 0;
-    if (index) {
-      // The running replica hears of the fill through notifications alone.
-      while (svc->placement_index()->nodes() < static_cast<size_t>(nodes)) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        if (Clock::now() - filled > std::chrono::minutes(5)) {
-          std::fprintf(stderr, "index did not catch up with the fill\n");
-          return 1;
-        }
-      }
-      catch_up_ms = Ms(Clock::now() - filled);
-      // What a restarted replica does: one full read.
-      const auto before = mallinfo2().uordblks;
-      auto fresh = std::make_unique<scheduler::PlacementCache>(dsn, logger);
-      const auto t = Clock::now();
-      if (!fresh->Start().ok()) return 1;
-      load_ms = Ms(Clock::now() - t);
-      index_mib = static_cast<double>(mallinfo2().uordblks - before) / (1024.0 * 1024.0);
-      fresh->Stop();
+    IndexLoad index;
+    if (a_.index) {
+      auto measured = MeasureIndex(*svc, dsn, nodes);
+      if (!measured) return 1;
+      index = *measured;
     }
     std::printf("fill: %d nodes x 8 slots in %.1fs\n", nodes,
                 std::chrono::duration<double>(filled - fill_start).count());
-
     if (f == 0) {
-      // ---- P1: closed loop, C creators; each releases what it created to hold occupancy ----
-      std::atomic<int64_t> placed{0}, rejected{0}, failed{0};
-      std::mutex why_mu;
-      std::map<std::string, int64_t> why;  // failed creates and releases by reason
-      auto fail = [&](const Error& e) {
-        failed++;
-        std::lock_guard lock(why_mu);
-        why[e.reason]++;
-      };
-      std::atomic<bool> stop{false};
-      std::vector<std::thread> threads;
-      threads.reserve(static_cast<size_t>(std::max(clients, 0)));
-      const auto t0 = Clock::now();
-      for (int c = 0; c < clients; ++c) {
-        threads.emplace_back([&, c] {
-          std::mt19937 rng(static_cast<unsigned>(c + 1));
-          std::vector<std::string> mine;
-          for (int i = 0; !stop; ++i) {
-            auto r = create(fmt::format("p1-{}-{}", c, i), kSizes[rng() % 10]);
-            if (r.ok()) {
-              placed++;
-              mine.push_back(r->allocation().allocation_id());
-            } else if (r.error().reason == "no_placement") {
-              rejected++;
-            } else {
-              fail(r.error());
-            }
-            if (mine.size() > 2) {  // keep occupancy steady: release an older one of ours
-              const size_t k = rng() % mine.size();
-              if (auto rel = release(mine[k]); !rel.ok()) fail(rel.error());
-              mine.erase(mine.begin() + static_cast<long>(k));
-            }
-          }
-          for (const auto& id : mine) (void)release(id);
-        });
-      }
-      const auto choices_before = IndexChoices(*svc);
-      if (statements > 0 && !ResetStatements(dsn)) statements = 0;
-      const CpuSample cpu_before = SampleCpu(pg.port());
-      std::this_thread::sleep_for(std::chrono::seconds(seconds));
-      PrintCpu("p1", cpu_before, SampleCpu(pg.port()));
-      stop = true;
-      for (auto& t : threads) t.join();
-      if (statements > 0) PrintStatements(dsn, statements, placed.load());
-      PrintChoices("p1", choices_before, IndexChoices(*svc));
-      const double elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-      rate = static_cast<double>(placed.load()) / elapsed;
-      std::printf(
-          "p1: %lld placed, %lld no_placement, %lld errors in %.1fs (%d clients, %d nodes)\n",
-          static_cast<long long>(placed.load()), static_cast<long long>(rejected.load()),
-          static_cast<long long>(failed.load()), elapsed, clients, nodes);
-      for (const auto& [reason, n] : why) {
-        std::printf("p1: failed: %lld %s\n", static_cast<long long>(n), reason.c_str());
-      }
-      if (const store::GroupCommit* g = svc->group_commit(); g != nullptr) {
-        const auto gs = g->stats();
-        std::printf(
-            "p1: group commit: %llu creates in %llu commits (%.2f per commit, at most "
-            "%llu), %llu run again alone\n",
-            static_cast<unsigned long long>(gs.units), static_cast<unsigned long long>(gs.groups),
-            gs.groups > 0 ? static_cast<double>(gs.units) / static_cast<double>(gs.groups) : 0.0,
-            static_cast<unsigned long long>(gs.largest), static_cast<unsigned long long>(gs.alone));
-      }
-      if (!Settle(dsn)) return 1;
+      auto p1 = RunP1(*svc, dsn, nodes);
+      if (!p1) return 1;
+      rate = *p1;
       // 50% load; bounded so a very slow P1 cannot stretch P2 into hours.
       gap = std::chrono::duration<double>(std::clamp(rate > 0 ? 2.0 / rate : 0.2, 0.0, 0.2));
     }
-    // ---- the paced creator: P2 on the first fleet, P3 on each ----
     Fleet fl;
     fl.nodes = nodes;
-    std::unique_ptr<Alongside> along;
-    if (f == 0) along = std::make_unique<Alongside>(pg, **conn, gap.count(), 300);
-    for (int i = 0; i < 300; ++i) {
-      const auto start = Clock::now();
-      auto r = create(fmt::format("p2-{}", i), kSizes[i % 10]);
-      fl.create_ms.push_back(Ms(Clock::now() - start));
-      if (r.ok()) (void)release(r->allocation().allocation_id());
-      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(gap));
-    }
-    if (along) {
-      along->Join();
-      along_insert_ms = along->insert_ms();
-      along_rtt_ms = along->rtt_ms();
-    }
-    fl.p99_ms = Percentile(fl.create_ms, 0.99);
-    Report(fmt::format("alloc_create_paced_{}", nodes).c_str(), fl.create_ms);
-    // ---- the read path: pages of slot.list and allocation.list anywhere in the fleet ----
-    {
-      std::vector<double> slot_ms, alloc_ms;
-      std::mt19937 rng(7);
-      // 20 warm-up reads (10 of each), then 200 timed ones.
-      for (int i = -20; i < 200; ++i) {
-        const std::string from = fmt::format("n{:06d}", rng() % static_cast<unsigned>(nodes));
-        const auto start = Clock::now();
-        bool ok = false;
-        if (i % 2 == 0) {
-          v1::ListProjectedSlotsRequest req;
-          req.set_page_token(from + "/gpu-0000:18:00.0");
-          ok = client
-                   .Call<v1::ListProjectedSlotsResponse>("gpuaas.v1.scheduler.slot.list", req,
-                                                         std::chrono::seconds(10))
-                   .ok();
-          slot_ms.push_back(Ms(Clock::now() - start));
-        } else {
-          v1::ListAllocationsRequest req;
-          req.set_tenant("bench");
-          req.set_page_token(ids::NewUuidV7());
-          ok = client
-                   .Call<v1::ListAllocationsResponse>("gpuaas.v1.scheduler.allocation.list", req,
-                                                      std::chrono::seconds(10))
-                   .ok();
-          alloc_ms.push_back(Ms(Clock::now() - start));
-        }
-        if (!ok) return 1;
-        if (i < 0) {
-          (i % 2 == 0 ? slot_ms : alloc_ms).pop_back();
-        }
-      }
-      std::vector<double> read_ms = slot_ms;
-      read_ms.insert(read_ms.end(), alloc_ms.begin(), alloc_ms.end());
-      fl.read_p99_ms = Percentile(read_ms, 0.99);
-      Report(fmt::format("slot_list_page_{}", nodes).c_str(), slot_ms);
-      Report(fmt::format("alloc_list_page_{}", nodes).c_str(), alloc_ms);
-    }
+    RunPaced(&fl, gap, f == 0);
+    if (!RunReads(&fl)) return 1;
     std::printf(
         "index nodes=%d full_load_ms=%.1f catch_up_ms=%.1f rss_mib=%.1f index_heap_mib=%.1f\n",
-        nodes, load_ms, catch_up_ms, RssMib(), index_mib);
+        nodes, index.load_ms, index.catch_up_ms, RssMib(), index.heap_mib);
     svc->Shutdown();
     svc.reset();
     // Its database goes, so its autovacuum does not run under the next measurements.
-    {
-      std::cmatch m;
-      if (std::regex_search(dsn.c_str(), m, std::regex("dbname=([a-z0-9_]+)"))) {
-        pqxx::connection admin(pg.AdminDsn());
-        pqxx::nontransaction(admin).exec("DROP DATABASE " + m[1].str() + " WITH (FORCE)");
-      }
+    std::cmatch m;
+    if (std::regex_search(dsn.c_str(), m, std::regex("dbname=([a-z0-9_]+)"))) {
+      pqxx::connection admin(pg_.AdminDsn());
+      pqxx::nontransaction(admin).exec("DROP DATABASE " + m[1].str() + " WITH (FORCE)");
     }
-    if (f == 0) tps = PgbenchTps(pg, clients, seconds);
-    done.push_back(std::move(fl));
+    if (f == 0) tps = PgbenchTps(pg_, a_.clients, a_.seconds);
+    done_.push_back(std::move(fl));
   }
+  const bool ok = PrintResults(rate, tps);
+  natsSubscription_Destroy(echo);
+  return ok ? 0 : 1;
+}
 
-  // Baselines: raw request/reply to the trivial responder on the same server; fdatasync.
+// Baselines after the load (raw request/reply to the trivial responder; an 8 KiB
+// write+fdatasync), then the P1, P2, P2-alongside, P3 and read lines.
+bool SchedulerBench::PrintResults(double rate, double tps) {
   std::vector<double> rtt_ms;
   for (int i = 0; i < 1000; ++i) {
     const auto start = Clock::now();
-    if (!(*conn)->Request("bench.echo", "ping", {}, std::chrono::seconds(2)).ok()) return 1;
+    if (!conn_->Request("bench.echo", "ping", {}, std::chrono::seconds(2)).ok()) return false;
     rtt_ms.push_back(Ms(Clock::now() - start));
   }
-  natsSubscription_Destroy(echo);
   std::vector<double> sync_ms;
   {
     const std::string path = testing::MakeTempDir("gpuaas-fsync") + "/f";
@@ -816,13 +886,14 @@ int main(int argc, char** argv) {
   Report("write_fdatasync_8k", sync_ms);
   std::printf("P1 placements_per_s=%.1f pgbench_tps=%.1f ratio=%.2f\n", rate, tps,
               tps > 0 ? rate / tps : 0.0);
-  const double x = done.front().p99_ms, r = Percentile(rtt_ms, 0.99), fs = Percentile(sync_ms, 0.5);
+  const double x = done_.front().p99_ms, r = Percentile(rtt_ms, 0.99),
+               fs = Percentile(sync_ms, 0.5);
   std::printf("P2 alloc_p99_ms=%.3f nats_rtt_p99_ms=%.3f fdatasync_ms=%.3f ratio=%.2f\n", x, r, fs,
               x / (r + fs));
-  if (!along_insert_ms.empty() && !along_rtt_ms.empty()) {
-    Report("p2_alongside_pgbench_insert", along_insert_ms);
-    Report("p2_alongside_nats_request_reply", along_rtt_ms);
-    const double a = Percentile(along_insert_ms, 0.99), b = Percentile(along_rtt_ms, 0.99);
+  if (!along_insert_ms_.empty() && !along_rtt_ms_.empty()) {
+    Report("p2_alongside_pgbench_insert", along_insert_ms_);
+    Report("p2_alongside_nats_request_reply", along_rtt_ms_);
+    const double a = Percentile(along_insert_ms_, 0.99), b = Percentile(along_rtt_ms_, 0.99);
     std::printf(
         "P2-alongside alloc_p99_ms=%.3f pgbench_insert_p99_ms=%.3f nats_rtt_p99_ms=%.3f "
         "ratio=%.2f\n",
@@ -830,11 +901,10 @@ int main(int argc, char** argv) {
   } else {
     std::printf("P2-alongside not measured (pgbench's log or the round trips are missing)\n");
   }
-  if (done.size() > 1) {
-    const auto big = std::max_element(
-        done.begin(), done.end(), [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; });
-    const auto small = std::min_element(
-        done.begin(), done.end(), [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; });
+  if (done_.size() > 1) {
+    auto by_nodes = [](const Fleet& a, const Fleet& b) { return a.nodes < b.nodes; };
+    const auto big = std::max_element(done_.begin(), done_.end(), by_nodes);
+    const auto small = std::min_element(done_.begin(), done_.end(), by_nodes);
     std::printf("P3 create_p99_%d_ms=%.3f create_p99_%d_ms=%.3f ratio=%.2f\n", big->nodes,
                 big->p99_ms, small->nodes, small->p99_ms,
                 small->p99_ms > 0 ? big->p99_ms / small->p99_ms : 0.0);
@@ -842,5 +912,20 @@ int main(int argc, char** argv) {
                 big->read_p99_ms, small->nodes, small->read_p99_ms,
                 small->read_p99_ms > 0 ? big->read_p99_ms / small->read_p99_ms : 0.0);
   }
-  return 0;
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const Args args = ParseArgs(argc, argv);
+  log::Logger logger("bench", "scheduler", log::Level::kError);
+  testing::TestNats nats;
+  testing::TestPostgres pg(/*fsync=*/true);
+  auto conn = messaging::Connection::Connect(nats.Options(testing::TestNats::kHarness), logger);
+  if (!conn.ok()) return 1;
+  if (args.p8_nodes > 0) return RunP8(nats, pg, *conn, args.p8_nodes, args.clients, logger);
+  SchedulerBench bench(args, nats, pg, *conn, logger);
+  return bench.Run();
 }
