@@ -97,11 +97,11 @@ class HostOpsFlowTest : public ::testing::Test {
   }
   // The node's admin state as the scheduler's projection has it (inventory's answer to an
   // undrain or a maintenance end comes a moment before the projection applies its event).
-  v1::NodeAdminState ProjectedAdminState(const std::string& node) {
+  v1::ProjectedNode Projected(const std::string& node) {
     v1::ListNodeHoldersRequest r;
     r.set_node_id(node);
     auto h = Call<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", r);
-    return h.ok() ? h->node().admin_state() : v1::NODE_ADMIN_STATE_UNSPECIFIED;
+    return h.ok() ? h->node() : v1::ProjectedNode();
   }
   // Once the scheduler sees `node` active with `slots` schedulable slots, a slice of `gpus`
   // lands on it.
@@ -109,11 +109,11 @@ class HostOpsFlowTest : public ::testing::Test {
                         const std::string& request_id, int gpus = 1) {
     ASSERT_TRUE(testing::WaitFor(
         [&] {
-          return ProjectedAdminState(node) == v1::NODE_ADMIN_STATE_ACTIVE &&
+          return Projected(node).admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
                  SchedulableSlots(node) == slots;
         },
         20s))
-        << node << " is " << v1::NodeAdminState_Name(ProjectedAdminState(node))
+        << node << " is " << v1::NodeAdminState_Name(Projected(node).admin_state())
         << " in the scheduler's projection with " << SchedulableSlots(node)
         << " schedulable slots, wanted active with " << slots;
     auto placed = p_.CreateSlice(request_id, pool, gpus);
@@ -471,11 +471,9 @@ TEST_F(HostOpsFlowTest, AModeChangeTakesADrainedNodeToBaremetalAndBack) {
   EXPECT_TRUE(Node(node).mode_blockers().empty());
   ASSERT_TRUE(Admin("gpuaas.v1.inventory.node.undrain", node).ok());
   ASSERT_TRUE(testing::WaitFor([&] {
-    v1::ListNodeHoldersRequest r;
-    r.set_node_id(node);
-    auto h = Call<v1::ListNodeHoldersResponse>("gpuaas.v1.scheduler.node.holders", r);
-    return h.ok() && h->node().admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
-           h->node().capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL;
+    const v1::ProjectedNode n = Projected(node);
+    return n.admin_state() == v1::NODE_ADMIN_STATE_ACTIVE &&
+           n.capacity_profile() == v1::CAPACITY_PROFILE_BAREMETAL;
   }));
   EXPECT_EQ(SchedulableSlots(node), 0) << "slots are not sold in baremetal mode";
   auto bm = CreateBaremetal(p_, "bm", "mode");

@@ -275,17 +275,19 @@ void PlacementCache::Tally(const Node& n, int sign) {
       if (wrong[sku][i] > 0) agg.fabric[i].nodes_with_wrong += sign;
     }
   }
-  for (const auto& [sku, view] : Views("", n)) {
-    auto& agg = pool.skus[sku];
-    agg.free_complete += sign * static_cast<int64_t>(view.free.size());
-    const auto shapes = shapes_.find(sku);
-    agg.stranded +=
-        sign * (shapes == shapes_.end() ? static_cast<int64_t>(view.free.size())
-                                        : placement::StrandedGpus(view.free, shapes->second));
-    if (placement::WholeNodeFree(view)) agg.whole_free_nodes += sign;
-  }
   if (pool.nodes == 0) region.pools.erase(n.pool);
   if (region.pools.empty() && region.unschedulable == 0) tallies_.erase(n.region);
+}
+
+void PlacementCache::TallyCapacity(const Node& n, const std::string& sku,
+                                   const placement::NodeView& view, int sign) {
+  auto& agg = tallies_[n.region].pools[n.pool].skus[sku];
+  agg.free_complete += sign * static_cast<int64_t>(view.free.size());
+  const auto shapes = shapes_.find(sku);
+  agg.stranded +=
+      sign * (shapes == shapes_.end() ? static_cast<int64_t>(view.free.size())
+                                      : placement::StrandedGpus(view.free, shapes->second));
+  if (placement::WholeNodeFree(view)) agg.whole_free_nodes += sign;
 }
 
 void PlacementCache::SetOrderableShapes(const std::vector<placement::OrderableShape>& shapes) {
@@ -312,9 +314,15 @@ void PlacementCache::Drop(const std::string& node_id) {
   auto it = nodes_.find(node_id);
   if (it == nodes_.end()) return;
   const Node& old = it->second;
-  Tally(old, -1);
   std::set<std::string> skus;
   for (const auto& s : old.slots) skus.insert(s.sku);
+  // The capacity it added, from the views the index holds (before Tally may drop its pool).
+  for (const auto& sku : skus) {
+    auto p = partitions_.find(PartitionKey(old.region, old.pool, sku));
+    if (p == partitions_.end()) continue;
+    if (const auto* view = p->second.index.Find(node_id)) TallyCapacity(old, sku, *view, -1);
+  }
+  Tally(old, -1);
   for (const auto& sku : skus) {
     const std::string key = PartitionKey(old.region, old.pool, sku);
     auto p = partitions_.find(key);
@@ -351,13 +359,14 @@ std::map<std::string, placement::NodeView> PlacementCache::Views(const std::stri
 
 void PlacementCache::Put(const std::string& node_id, Node node) {
   Drop(node_id);
+  Tally(node, +1);
   for (auto& [sku, view] : Views(node_id, node)) {
+    TallyCapacity(node, sku, view, +1);
     auto& p = partitions_[PartitionKey(node.region, node.pool, sku)];
     p.index.Upsert(std::move(view));
     if (node.region_enabled) p.enabled++;
     pools_[{node.region, sku}].insert(node.pool);
   }
-  Tally(node, +1);
   nodes_[node_id] = std::move(node);
 }
 

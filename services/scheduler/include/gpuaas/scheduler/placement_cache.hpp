@@ -172,6 +172,10 @@ class PlacementCache {
     std::map<std::string, PoolTally> pools;
   };
   void Tally(const Node& n, int sign);  // mu_ held
+  // Adds (sign +1) or takes back (-1) what `view`, the node's slots of `sku`, holds of the free,
+  // stranded and whole-node counts (mu_ held; after Tally(n, +1), before Tally(n, -1)).
+  void TallyCapacity(const Node& n, const std::string& sku, const placement::NodeView& view,
+                     int sign);
   static std::string PartitionKey(const std::string& region, const std::string& pool,
                                   const std::string& sku);
   static std::unordered_map<std::string, Node> Parse(const pqxx::result& rows);
