@@ -3,8 +3,8 @@
 // the same run:
 //   P1 placements_per_s=<x> pgbench_tps=<y> ratio=<x/y>
 //       closed loop, --clients C creators (1/2/4/8-GPU mix, each force-releasing what it
-//       created beyond 2 allocations; see `release` for what that gives back) vs pgbench TPC-B
-//       with the same client count on the same PostgreSQL.
+//       created beyond 2 allocations; see `SchedulerBench::Release` for what that gives back)
+//       vs pgbench TPC-B with the same client count on the same PostgreSQL.
 //   P2 alloc_p99_ms=<x> nats_rtt_p99_ms=<r> fdatasync_ms=<f> ratio=<x/(r+f)>
 //       one creator paced at 50% of the P1 rate vs a raw NATS request/reply round trip and one
 //       8 KiB write+fdatasync on the same disk, both measured after the load (the old line).
